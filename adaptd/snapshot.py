@@ -1,0 +1,168 @@
+"""The facts a policy decides on, and the decision it returns.
+
+Samplers and reports fill a frozen, timestamped :class:`Snapshot`; the job's own
+figures live in a frozen :class:`JobState`. A policy is a pure function of the two
+(see :mod:`adaptd.policy`), so the daemon, the client's embedded fallback and the
+simulator can all run the same policy objects unchanged.
+
+Every figure that may be unknown is typed ``X | None``: ``None`` means "not
+measured (yet)", never zero.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSample:
+    """One GPU as NVML saw it at the snapshot's time."""
+
+    index: int
+    uuid: str
+    name: str = ""
+    util_sm: float | None = None  # fraction 0..1
+    util_mem: float | None = None  # fraction 0..1
+    mem_used_bytes: int | None = None
+    mem_total_bytes: int | None = None
+    power_w: float | None = None
+    temperature_c: float | None = None
+    sm_clock_mhz: int | None = None
+    throttle_reasons: int | None = None  # NVML clocksThrottleReasons bit mask
+    ecc_corrected: int | None = None  # volatile counts
+    ecc_uncorrected: int | None = None
+    retired_pages_pending: bool | None = None
+    remapped_rows_pending: bool | None = None
+    xid_events: tuple[int, ...] = ()  # XID codes seen since the previous sample
+    pids: tuple[int, ...] = ()  # compute processes on this GPU
+
+
+@dataclass(frozen=True, slots=True)
+class StorageSample:
+    """One storage target (a mount) over the last sampling interval."""
+
+    target: str  # stable id, e.g. the mount point
+    mountpoint: str
+    fstype: str = ""
+    device: str | None = None  # block device for local disks, None for NFS/tmpfs
+    write_bytes_per_s: float | None = None
+    write_iops: float | None = None
+    busy_fraction: float | None = None  # 0..1
+    write_latency_s: float | None = None  # mean per write op
+    jobs: tuple[str, ...] = ()  # jobs whose checkpoint directory lives here
+    writing_jobs: tuple[str, ...] = ()  # jobs with a save in flight on this target
+
+
+@dataclass(frozen=True, slots=True)
+class HostSample:
+    """Host-wide figures."""
+
+    mem_available_bytes: int | None = None
+    mem_total_bytes: int | None = None
+    cpu_load: float | None = None  # 1-minute load average / cores
+    draining: bool = False  # the host is being drained (operator or shutdown)
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """Everything observed about the host at one moment.
+
+    ``time`` is a monotonic clock reading in seconds; policies compare times only
+    with other fields of the same snapshot/job state, never with a clock.
+    """
+
+    time: float
+    gpus: tuple[GpuSample, ...] = ()
+    storage: tuple[StorageSample, ...] = ()
+    host: HostSample | None = None
+
+    def storage_for(self, target: str | None) -> StorageSample | None:
+        """The sample for ``target``, or ``None`` when it is unknown."""
+        if target is None:
+            return None
+        for s in self.storage:
+            if s.target == target:
+                return s
+        return None
+
+    def gpus_of(self, pids: tuple[int, ...]) -> tuple[GpuSample, ...]:
+        """The GPUs that any of ``pids`` runs on."""
+        wanted = set(pids)
+        return tuple(g for g in self.gpus if wanted.intersection(g.pids))
+
+
+@dataclass(frozen=True, slots=True)
+class JobState:
+    """What is known about one job (all its ranks) when a policy decides.
+
+    Steps count *completed* training steps: ``step == 100`` means 100 steps are
+    done, and a save "at step 100" captures the state after them.
+    """
+
+    job: str
+    step: int = 0  # newest completed step reported by any rank
+    time: float = 0.0  # monotonic time of that report (same clock as Snapshot.time)
+    world_size: int = 1
+    gpus: int = 1  # GPUs the job uses (for its failure rate)
+    start_step: int = 0  # the step this incarnation resumed from
+    step_time_s: float | None = None  # recent mean step time
+    last_save_step: int | None = None  # newest save that was requested
+    last_save_time: float | None = None
+    last_durable_step: int | None = None  # newest save known durable
+    save_in_flight: bool = False
+    saves: int = 0
+    save_cost_s: float | None = None  # δ: blocking + extra step time per save
+    save_latency_s: float | None = None  # L: until durable
+    restore_s: float | None = None  # R: restart-and-restore time
+    mtbf_s: float | None = None  # M for the whole job
+    time_since_failure_s: float | None = None  # age since the last failure/restart
+    state_bytes: int | None = None
+    storage_target: str | None = None
+    pids: tuple[int, ...] = ()
+    urgent: str | None = None  # reason for an urgent save requested from outside
+    paused: bool = False  # non-urgent saves are held
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """A step-addressed save plan.
+
+    ``next_step``: save once ``next_step`` steps are complete (``None``: no save
+    planned). ``every_steps``: after that, save every K steps (``None``: no
+    repetition until a new decision). ``urgent``: save at the next step boundary,
+    whatever the plan says. ``interval_s`` and ``waste`` are the policy's view of
+    the interval in seconds and the expected waste fraction, for reporting.
+    """
+
+    next_step: int | None
+    every_steps: int | None = None
+    urgent: bool = False
+    reason: str = ""
+    policy: str = ""
+    interval_s: float | None = None
+    waste: float | None = None
+    tags: tuple[str, ...] = field(default=())
+
+    def due_after(self, step: int) -> int | None:
+        """The first planned save step strictly after ``step``.
+
+        Ranks that receive a plan late still agree on the grid
+        ``next_step + i * every_steps``.
+        """
+        if self.next_step is None:
+            return None
+        if self.next_step > step:
+            return self.next_step
+        if not self.every_steps:
+            return None
+        k = (step - self.next_step) // self.every_steps + 1
+        return self.next_step + k * self.every_steps
+
+    def same_plan(self, other: Decision | None) -> bool:
+        """True when ``other`` would make a job save at the same steps."""
+        return (
+            other is not None
+            and self.next_step == other.next_step
+            and self.every_steps == other.every_steps
+            and self.urgent == other.urgent
+        )

@@ -1,0 +1,1 @@
+"""Samplers that fill the daemon's snapshot: NVML (GPUs), storage and host."""

@@ -1,0 +1,1 @@
+"""The training-loop hook (import name ``adaptd.client``)."""

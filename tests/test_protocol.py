@@ -1,0 +1,70 @@
+"""Protocol validation: good messages round-trip, bad ones raise ProtocolError with a code."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from adaptd import protocol as p
+
+
+@pytest.mark.parametrize(
+    "msg",
+    [
+        p.Hello(v=p.VERSION, job="job-1", rank=3, world_size=8, pid=42, checkpoint_dir="/ck"),
+        p.Steps(v=p.VERSION, job="job-1", rank=0, step=100, count=50, mean_s=0.02, max_s=0.1),
+        p.SaveReport(
+            v=p.VERSION, job="j", rank=0, step=100, blocking_s=0.1, durable_s=1.2, bytes=10
+        ),
+        p.Goodbye(v=p.VERSION, job="j", rank=0, step=100),
+    ],
+)
+def test_client_messages_round_trip(msg) -> None:
+    assert p.decode_client(p.encode(msg)) == msg
+
+
+@pytest.mark.parametrize(
+    "msg",
+    [
+        p.Welcome(v=p.VERSION, job="j", rank=0),
+        p.Plan(v=p.VERSION, job="j", seq=1, next_step=100, every_steps=50, policy="fixed"),
+        p.Plan(v=p.VERSION, job="j", seq=2, next_step=None),
+        p.SaveNow(v=p.VERSION, job="j", reason="operator", at_step=7),
+        p.Error(v=p.VERSION, code="invalid", message="x"),
+    ],
+)
+def test_daemon_messages_round_trip(msg) -> None:
+    assert p.decode_daemon(p.encode(msg)) == msg
+
+
+def raw(**fields) -> bytes:
+    return msgspec.msgpack.encode(fields)
+
+
+@pytest.mark.parametrize(
+    ("frame", "code"),
+    [
+        (b"\xc1\xc1\xc1", "malformed"),
+        (b"", "malformed"),
+        (raw(kind="hello", v=1), "invalid"),  # job missing
+        (raw(kind="hello", v=1, job=""), "invalid"),  # empty id
+        (raw(kind="hello", v=1, job="../../etc"), "invalid"),  # id pattern
+        (raw(kind="hello", v=1, job="j", rank=-1), "invalid"),
+        (raw(kind="hello", v=1, job="j", rank="0"), "invalid"),  # wrong type
+        (raw(kind="hello", v=1, job="j", bogus=1), "invalid"),  # unknown field
+        (raw(kind="steps", v=1, job="j", rank=0, step=1, count=1, mean_s=-1.0), "invalid"),
+        (raw(kind="launch_missiles", v=1), "invalid"),
+        (
+            raw(kind="plan", v=1, job="j", seq=1, next_step=1),
+            "invalid",
+        ),  # daemon kind from a client
+        (raw(kind="hello", v=99, job="j"), "version"),
+        (raw(kind="hello", v=1, job="j", hostname="x" * (p.MAX_TEXT + 1)), "invalid"),
+        (b"\x00" * (p.MAX_MESSAGE_BYTES + 1), "too_large"),
+        (msgspec.msgpack.encode([1, 2, 3]), "invalid"),
+    ],
+)
+def test_bad_client_frames_are_rejected_with_a_code(frame: bytes, code: str) -> None:
+    with pytest.raises(p.ProtocolError) as info:
+        p.decode_client(frame)
+    assert info.value.code == code
