@@ -193,3 +193,7 @@ def parse(spec: str | Policy) -> Policy:
         name = name.strip()
         built.append(build(_load_factory(name), name, _split_settings(name, rest)))
     return built[0] if len(built) == 1 else AnyPolicy(tuple(built))
+
+
+#: The policy a job gets when neither it nor the daemon's config names one.
+DEFAULT_SPEC = "phased"

@@ -1,0 +1,56 @@
+"""Where the daemon's socket and state live, resolved the same way by daemon and client.
+
+Order for the job socket: an explicit path (``--socket``/``socket=``/config), then
+``$ADAPTD_SOCKET``, then the systemd runtime directory (``$RUNTIME_DIRECTORY``,
+i.e. ``/run/adaptd``), then ``/run/adaptd/adaptd.sock`` when that directory exists,
+then ``$XDG_RUNTIME_DIR/adaptd/adaptd.sock``, then a per-user temp directory.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+SOCKET_NAME = "adaptd.sock"
+SYSTEM_RUNTIME_DIR = Path("/run/adaptd")
+
+
+def runtime_dir() -> Path:
+    """The directory for the daemon's sockets (not created here)."""
+    if env := os.environ.get("RUNTIME_DIRECTORY"):  # set by systemd's RuntimeDirectory=
+        return Path(env.split(":")[0])
+    if SYSTEM_RUNTIME_DIR.is_dir() and os.access(SYSTEM_RUNTIME_DIR, os.W_OK | os.X_OK):
+        return SYSTEM_RUNTIME_DIR
+    if xdg := os.environ.get("XDG_RUNTIME_DIR"):
+        return Path(xdg) / "adaptd"
+    return Path(tempfile.gettempdir()) / f"adaptd-{os.getuid()}"
+
+
+def socket_path(explicit: str | os.PathLike[str] | None = None) -> Path:
+    """The job socket's filesystem path."""
+    if explicit:
+        return Path(explicit)
+    if env := os.environ.get("ADAPTD_SOCKET"):
+        return Path(env.removeprefix("ipc://"))
+    return runtime_dir() / SOCKET_NAME
+
+
+def endpoint(explicit: str | os.PathLike[str] | None = None) -> str:
+    """The ZeroMQ endpoint (``ipc://PATH``) for the job socket.
+
+    An explicit ``ipc://`` or ``tcp://`` endpoint is returned unchanged.
+    """
+    text = os.fspath(explicit) if explicit else os.environ.get("ADAPTD_SOCKET", "")
+    if text.startswith(("ipc://", "tcp://")):
+        return text
+    return f"ipc://{socket_path(explicit)}"
+
+
+def state_dir() -> Path:
+    """Where the daemon keeps its SQLite state: ``$STATE_DIRECTORY`` under systemd,
+    else ``$XDG_STATE_HOME/adaptd`` (``~/.local/state/adaptd``)."""
+    if env := os.environ.get("STATE_DIRECTORY"):
+        return Path(env.split(":")[0])
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "adaptd"
