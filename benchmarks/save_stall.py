@@ -4,7 +4,8 @@ For each state size, three ways of saving the same state are measured side by
 side, each in a fresh worker process so they do not share caches or memory:
 
 * ``sync``   — ``CheckpointManager.save()`` without async (the loop waits for the write);
-* ``tf-async`` — raw TensorFlow: ``CheckpointManager.save(options=CheckpointOptions(enable_async=True))``;
+* ``tf-async`` — raw TensorFlow: ``CheckpointManager.save()`` with
+  ``CheckpointOptions(enable_async=True)``;
 * ``adaptd`` — the adaptd hook, ``AdaptiveCheckpointer.step()`` with a fixed policy.
 
 The loop runs a training-like step (a matmul workload plus an optimizer-like
@@ -14,7 +15,8 @@ window that starts at the saving iteration of (iteration time − baseline), whe
 the baseline is the median iteration time with no save in sight. That counts the
 time blocked in the save call and the extra time of the following steps (TF
 defers its host copy into them, and the background write competes for CPU).
-Steady state: one warm-up save is made and discarded first.
+A save's window runs from the saving iteration until the write is durable, plus
+``--settle`` steps. Steady state: one warm-up save is made and discarded first.
 
 Usage::
 
@@ -32,7 +34,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 
 MODES = ("sync", "tf-async", "adaptd")
 
@@ -60,7 +61,7 @@ def _build(mb: int):
     return tf, state, train_step
 
 
-def worker(mode: str, mb: int, saves: int, interval: int, window: int, directory: str) -> dict:
+def worker(mode: str, mb: int, saves: int, interval: int, settle: int, directory: str) -> dict:
     tf, state, train_step = _build(mb)
     ckpt = tf.train.Checkpoint(state=state)
     manager = tf.train.CheckpointManager(ckpt, directory, max_to_keep=2)
@@ -88,7 +89,7 @@ def worker(mode: str, mb: int, saves: int, interval: int, window: int, directory
 
     for _ in range(10):  # trace and warm up
         train_step()
-    total = interval * (saves + 1) + window
+    total = interval * (saves + 1) + interval // 2
     times: list[float] = []
     for step in range(1, total + 1):
         t0 = time.perf_counter()
@@ -108,29 +109,40 @@ def worker(mode: str, mb: int, saves: int, interval: int, window: int, directory
         times.append(time.perf_counter() - t0)
     if hook is not None:
         hook.close()
-        reports = [r for r in hook.reports if r.ok]
-        latencies = [r.durable_s for r in reports[1:]]
+        latency = {r.step: r.durable_s for r in hook.reports if r.ok}
     else:
-        ckpt.sync() if hasattr(ckpt, "sync") else None
-        latencies = [durable_at[s] - save_called[s] for s in sorted(save_called)[1:] if s in durable_at]
-    # baseline: iterations well after the previous save and before the next one
-    quiet = [
-        times[i]
-        for i in range(len(times))
-        if window <= (i + 1) % interval < interval - 1 and i + 1 > interval
-    ] or times[:interval]
+        ckpt.sync()
+        latency = {s: durable_at[s] - save_called[s] for s in save_called if s in durable_at}
+    # The baseline: the median iteration over the second half of each interval,
+    # when the previous save has long been durable (checked below).
+    quiet = [t for i, t in enumerate(times) if (i + 1) % interval > interval // 2]
     base = statistics.median(quiet)
-    stalls = []
+    stalls, latencies = [], []
     for k in range(2, saves + 2):  # skip the warm-up save at step `interval`
-        start = k * interval - 1  # index of the saving iteration
-        stalls.append(sum(t - base for t in times[start : start + window]))
+        step = k * interval
+        if step not in latency:
+            raise RuntimeError(f"{mode}: the save at step {step} never became durable")
+        if latency[step] > 0.45 * interval * base:
+            raise RuntimeError(
+                f"{mode}: save {step} took {latency[step]:.2f}s, too long for the quiet window; "
+                f"raise --interval"
+            )
+        latencies.append(latency[step])
+        i, elapsed, stall = step - 1, 0.0, 0.0
+        while elapsed < latency[step] and i < len(times):  # iterations while the write runs
+            elapsed += times[i]
+            stall += times[i] - base
+            i += 1
+        for t in times[i : i + settle]:  # and a few after it, for deferred work
+            stall += t - base
+        stalls.append(stall)
     return {
         "mode": mode,
         "mb": mb,
         "baseline_step_s": base,
         "stall_s": statistics.median(stalls),
         "stalls_s": stalls,
-        "durable_s": statistics.median(latencies) if latencies else None,
+        "durable_s": statistics.median(latencies),
     }
 
 
@@ -138,18 +150,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="256,1024", help="state sizes in MB, comma-separated")
     parser.add_argument("--saves", type=int, default=4, help="measured saves per mode")
-    parser.add_argument("--interval", type=int, default=40, help="steps between saves")
-    parser.add_argument("--window", type=int, default=25, help="steps counted after each save")
+    parser.add_argument("--interval", type=int, default=150, help="steps between saves")
+    parser.add_argument("--settle", type=int, default=5, help="steps counted after durable")
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--mb", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--dir", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.window >= args.interval - 2:
-        parser.error(f"--window ({args.window}) must be below --interval - 2 ({args.interval - 2})")
     if args.worker:
-        out = worker(args.worker, args.mb, args.saves, args.interval, args.window, args.dir)
+        out = worker(args.worker, args.mb, args.saves, args.interval, args.settle, args.dir)
         print("RESULT " + json.dumps(out))
         return 0
     results = []
@@ -161,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"… {mode} {mb} MB", file=sys.stderr, flush=True)
                 cmd = [sys.executable, __file__, "--worker", mode, "--mb", str(mb),
                        "--saves", str(args.saves), "--interval", str(args.interval),
-                       "--window", str(args.window), "--dir", d]  # fmt: skip
+                       "--settle", str(args.settle), "--dir", d]  # fmt: skip
                 env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
                 proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
                 line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
@@ -177,7 +187,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"machine": _machine(), "results": results}, indent=2))
         return 0
     print(f"machine: {_machine()}")
-    print(f"{'size':>7} {'mode':>9} {'step ms':>8} {'stall ms':>9} {'× sync':>7} {'durable ms':>11}")
+    head = ("size", "mode", "step ms", "stall ms", "× sync", "durable ms")
+    print("{:>7} {:>9} {:>8} {:>9} {:>7} {:>11}".format(*head))
     for r in results:
         ratio = f"{r['vs_sync']:.2f}" if r["vs_sync"] is not None else "-"
         durable = f"{r['durable_s'] * 1e3:.0f}" if r["durable_s"] is not None else "-"
@@ -191,7 +202,8 @@ def main(argv: list[str] | None = None) -> int:
 def _machine() -> str:
     import platform
 
-    return f"{platform.node()} {platform.machine()} {os.cpu_count()} cores, Python {platform.python_version()}"
+    cpu = f"{platform.machine()} {os.cpu_count()} cores"
+    return f"{platform.node()} {cpu}, Python {platform.python_version()}"
 
 
 if __name__ == "__main__":
