@@ -1,0 +1,81 @@
+"""Start ``adaptd serve`` as a child process and wait until it listens.
+
+Used by ``adaptd demo``, the benchmarks and the end-to-end tests, so they all
+start the real daemon the same way: a separate process, its own socket, and a
+deadline instead of a guess.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import IO
+
+
+class DaemonStartError(RuntimeError):
+    """The daemon exited or did not bind its socket in time."""
+
+
+def wait_for_path(path: Path, proc: subprocess.Popen, deadline_s: float) -> None:
+    """Wait until ``path`` exists; raise if ``proc`` exits first or time runs out."""
+    end = time.monotonic() + deadline_s
+    while not path.exists():
+        if proc.poll() is not None:
+            raise DaemonStartError(
+                f"the daemon exited with status {proc.returncode} before binding {path}"
+            )
+        if time.monotonic() > end:
+            raise DaemonStartError(f"the daemon did not bind {path} within {deadline_s:.0f}s")
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=0.05)  # returns at once if the daemon dies
+
+
+def start_daemon(
+    socket: Path,
+    args: Sequence[str] = (),
+    *,
+    log: IO | int | None = subprocess.DEVNULL,
+    env: dict[str, str] | None = None,
+    deadline_s: float = 30.0,
+) -> subprocess.Popen:
+    """Start ``adaptd serve --socket SOCKET *args`` and return once it listens."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "adaptd.cli", "serve", "--socket", str(socket), *args],
+        stdout=log,
+        stderr=log,
+        env=env if env is not None else dict(os.environ),
+    )
+    try:
+        wait_for_path(socket, proc, deadline_s)
+    except BaseException:
+        stop_daemon(proc)
+        raise
+    return proc
+
+
+def stop_daemon(proc: subprocess.Popen, timeout_s: float = 15.0) -> int:
+    """SIGTERM the daemon and wait; SIGKILL it if it does not exit in time."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return proc.returncode
+
+
+@contextlib.contextmanager
+def running_daemon(socket: Path, args: Sequence[str] = (), **kwargs) -> Iterator[subprocess.Popen]:
+    """``with running_daemon(path) as proc:`` — started and listening; stopped on exit."""
+    proc = start_daemon(socket, args, **kwargs)
+    try:
+        yield proc
+    finally:
+        stop_daemon(proc)
