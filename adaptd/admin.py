@@ -1,0 +1,235 @@
+"""The operator's request-reply protocol on the daemon's admin socket.
+
+The admin socket (``adaptd.admin.sock`` beside the job socket, mode 0600) is separate
+from the job socket so that the two can be guarded differently: any job may
+report, only an operator may ask every job to save. Requests and replies are
+msgspec structs over msgpack, tagged by ``op``, strictly validated like the job
+protocol (:mod:`adaptd.protocol`) but versioned on their own.
+
+:func:`request` is the client side used by ``adaptd status`` (and later
+``save-now``/``drain``): one REQ socket per call, a deadline, never a hang.
+"""
+
+from __future__ import annotations
+
+import os
+import typing as t
+from pathlib import Path
+
+import msgspec
+import zmq
+
+from adaptd.protocol import MAX_MESSAGE_BYTES, JobId, Text
+
+#: Admin protocol version; bump on an incompatible change.
+ADMIN_VERSION = 1
+#: Largest admin request the daemon accepts. Replies (status) may be larger.
+MAX_REQUEST_BYTES = MAX_MESSAGE_BYTES
+
+
+class Request(
+    msgspec.Struct, frozen=True, kw_only=True, tag_field="op", forbid_unknown_fields=True
+):
+    v: int = ADMIN_VERSION
+
+
+class StatusRequest(Request, frozen=True, tag="status"):
+    """Everything the daemon knows about its jobs, and its own counters."""
+
+
+class SaveNowRequest(Request, frozen=True, tag="save_now"):
+    """Ask one job (``job``) or every active job (``job=None``) to save at its next step."""
+
+    job: JobId | None = None
+    reason: Text = "operator request"
+
+
+AnyRequest = t.Union[StatusRequest, SaveNowRequest]  # noqa: UP007
+
+
+# ------------------------------------------------------------------ replies
+
+
+class Reply(msgspec.Struct, frozen=True, kw_only=True, tag_field="op", forbid_unknown_fields=True):
+    v: int = ADMIN_VERSION
+
+
+class RankInfo(msgspec.Struct, frozen=True):
+    rank: int
+    pid: int
+    hostname: str
+    alive: bool
+    step: int
+    last_seen_s: float  # seconds since its last message
+    lost_reason: str = ""
+
+
+class PlanInfo(msgspec.Struct, frozen=True):
+    seq: int
+    next_step: int | None
+    every_steps: int | None
+    policy: str
+    reason: str
+    interval_s: float | None = None
+    waste: float | None = None
+
+
+class SaveInfo(msgspec.Struct, frozen=True):
+    step: int
+    ok: bool
+    blocking_s: float
+    durable_s: float
+    bytes: int
+    extra_step_s: float
+    age_s: float  # seconds since the report arrived
+    rank: int = 0
+    error: str = ""
+    reason: str = ""
+
+
+class JobInfo(msgspec.Struct, frozen=True):
+    job: str
+    state: str  # active | lost | finished
+    world_size: int
+    ranks: list[RankInfo]
+    step: int
+    start_step: int
+    step_time_s: float | None
+    policy: str
+    plan: PlanInfo | None
+    next_save_step: int | None  # the plan's next save after the current step
+    saves: int
+    failed_saves: int
+    save_cost_s: float | None
+    save_latency_s: float | None
+    last_save: SaveInfo | None
+    last_durable_step: int | None
+    waste: float | None  # the policy's predicted waste (newest decision)
+    restore_s: float | None
+    failures: int
+    incarnation: int
+    checkpoint_dir: str
+    urgent: str | None = None
+    lost_reason: str = ""
+    lost_s: float | None = None  # seconds since it was lost
+
+
+class DaemonInfo(msgspec.Struct, frozen=True):
+    version: str
+    pid: int
+    socket: str
+    admin_socket: str
+    default_policy: str
+    uptime_s: float
+    messages: int  # frames received on the job socket
+    by_kind: dict[str, int]
+    rejected: dict[str, int]  # by error code
+    sent: int
+    send_dropped: int  # replies dropped (peer gone or its queue full)
+    plans_sent: int
+    policy_errors: int
+    sink_errors: int
+    jobs_active: int
+    jobs_lost: int
+    peers: int
+
+
+class StatusReply(Reply, frozen=True, tag="status"):
+    daemon: DaemonInfo
+    jobs: list[JobInfo]
+
+
+class SaveNowReply(Reply, frozen=True, tag="save_now"):
+    jobs: list[str]  # the jobs asked to save
+    ranks: int  # how many rank sockets were sent SaveNow
+
+
+class ErrorReply(Reply, frozen=True, tag="error"):
+    code: str
+    message: str
+
+
+AnyReply = t.Union[StatusReply, SaveNowReply, ErrorReply]  # noqa: UP007
+
+_encoder = msgspec.msgpack.Encoder()
+_request_decoder = msgspec.msgpack.Decoder(AnyRequest)
+_reply_decoder = msgspec.msgpack.Decoder(AnyReply)
+
+
+class AdminError(Exception):
+    """An admin request failed: no daemon, no answer in time, or an error reply.
+
+    ``code`` is ``no_daemon``, ``timeout``, ``bad_reply`` or the daemon's error code.
+    """
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def encode(msg: Request | Reply) -> bytes:
+    return _encoder.encode(msg)
+
+
+def decode_request(frame: bytes) -> AnyRequest:
+    """Decode an operator's request; raises :class:`AdminError` (``invalid``, ``too_large``,
+    ``version``)."""
+    if len(frame) > MAX_REQUEST_BYTES:
+        raise AdminError("too_large", f"request of {len(frame)} bytes exceeds {MAX_REQUEST_BYTES}")
+    try:
+        req = _request_decoder.decode(frame)
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        raise AdminError("invalid", f"invalid admin request: {exc}") from None
+    if req.v != ADMIN_VERSION:
+        raise AdminError(
+            "version",
+            f"admin protocol {req.v} is not supported (the daemon speaks {ADMIN_VERSION})",
+        )
+    return req
+
+
+def decode_reply(frame: bytes) -> AnyReply:
+    try:
+        return _reply_decoder.decode(frame)
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        raise AdminError("bad_reply", f"the daemon's reply could not be read: {exc}") from None
+
+
+def admin_path(job_socket: str | os.PathLike[str]) -> Path:
+    """The admin socket beside a job socket: ``adaptd.sock`` -> ``adaptd.admin.sock``."""
+    p = Path(os.fspath(job_socket).removeprefix("ipc://"))
+    return p.with_name(f"{p.stem}.admin{p.suffix}")
+
+
+def request(job_socket: str | os.PathLike[str], req: Request, timeout_s: float = 3.0) -> AnyReply:
+    """Send ``req`` to the daemon serving ``job_socket`` and return its reply.
+
+    Raises :class:`AdminError`: ``no_daemon`` when the admin socket file is absent,
+    ``timeout`` when nothing answers within ``timeout_s`` (a stale socket file, or
+    a daemon that hangs), or the daemon's own error code for an :class:`ErrorReply`.
+    """
+    path = admin_path(job_socket)
+    if not path.exists():
+        raise AdminError("no_daemon", f"no adaptd daemon is running (no socket at {path})")
+    if not os.access(path, os.R_OK | os.W_OK):
+        raise AdminError(
+            "denied", f"no permission to use {path} (run as its owner, root or the admin group)"
+        )
+    ctx = zmq.Context.instance()
+    sock = ctx.socket(zmq.REQ)
+    try:
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(f"ipc://{path}")
+        sock.send(encode(req))
+        if not sock.poll(int(timeout_s * 1000), zmq.POLLIN):
+            raise AdminError(
+                "timeout",
+                f"the adaptd daemon at {path} did not answer within {timeout_s:g}s "
+                "(stale socket, or the daemon is stuck)",
+            )
+        reply = decode_reply(sock.recv())
+    finally:
+        sock.close(linger=0)
+    if isinstance(reply, ErrorReply):
+        raise AdminError(reply.code, reply.message)
+    return reply

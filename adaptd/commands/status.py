@@ -1,0 +1,124 @@
+"""``adaptd status``: the daemon's jobs, plans and save costs, as a table or JSON.
+
+Asks the admin socket beside the job socket, with a deadline: with no daemon it
+prints one line and exits 1, it never hangs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import msgspec
+
+HELP = "show the daemon's jobs, plans and telemetry"
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.add_argument("--socket", metavar="PATH", help="the daemon's job socket")
+    parser.add_argument(
+        "--timeout",
+        metavar="SECONDS",
+        type=float,
+        default=3.0,
+        help="give up when the daemon does not answer within this long (default: 3)",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from adaptd import admin, paths
+
+    try:
+        reply = admin.request(
+            paths.socket_path(args.socket), admin.StatusRequest(), timeout_s=args.timeout
+        )
+    except admin.AdminError as exc:
+        print(f"adaptd status: {exc}", file=sys.stderr)
+        return 1
+    assert isinstance(reply, admin.StatusReply)
+    if args.json:
+        sys.stdout.write(msgspec.json.format(msgspec.json.encode(reply), indent=2).decode())
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write(render(reply))
+    return 0
+
+
+def _num(value: float | int | None, unit: str = "", digits: int = 3) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, int):
+        return f"{value}{unit}"
+    return f"{value:.{digits}g}{unit}"
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1000:.0f}ms"
+
+
+def render(reply: object) -> str:
+    """The human table: one line per job, then its plan's reason, then the counters."""
+    from adaptd import admin
+
+    assert isinstance(reply, admin.StatusReply)
+    d = reply.daemon
+    lines = [
+        f"adaptd {d.version}  pid {d.pid}  up {d.uptime_s:.0f}s  socket {d.socket}",
+        f"default policy {d.default_policy}  jobs {d.jobs_active} active, {d.jobs_lost} lost  "
+        f"messages {d.messages}  sent {d.sent}  rejected "
+        + (", ".join(f"{k}={v}" for k, v in sorted(d.rejected.items())) or "0"),
+        "",
+    ]
+    if not reply.jobs:
+        lines.append("no jobs")
+        return "\n".join(lines) + "\n"
+    header = (
+        "JOB",
+        "STATE",
+        "RANKS",
+        "STEP",
+        "STEP_T",
+        "POLICY",
+        "NEXT",
+        "EVERY",
+        "SAVES",
+        "COST",
+        "DURABLE",
+        "WASTE",
+    )
+    rows = [header]
+    for j in reply.jobs:
+        alive = sum(r.alive for r in j.ranks)
+        plan = j.plan
+        last = j.last_save
+        rows.append(
+            (
+                j.job,
+                j.state,
+                f"{alive}/{j.world_size}",
+                str(j.step),
+                _num(j.step_time_s, "s"),
+                j.policy,
+                _num(j.next_save_step),
+                _num(plan.every_steps if plan else None),
+                f"{j.saves}" + (f"+{j.failed_saves}err" if j.failed_saves else ""),
+                _ms(j.save_cost_s),
+                _ms(last.durable_s if last else None),
+                _num(j.waste),
+            )
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    for r in rows:
+        lines.append("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
+    lines.append("")
+    for j in reply.jobs:
+        note = j.plan.reason if j.plan else "no plan yet"
+        if j.state == "lost":
+            note = f"lost: {j.lost_reason}"
+        if j.urgent:
+            note += f"  (save requested: {j.urgent})"
+        if j.last_save and not j.last_save.ok:
+            note += f"  (last save failed: {j.last_save.error})"
+        lines.append(f"{j.job}: {note}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,159 @@
+"""What the daemon tells its subscribers: job lifecycle, save reports and plan changes.
+
+The daemon's loop emits one frozen event per fact it learns. Subscribers (the
+SQLite store, the Prometheus metrics, the interval model learning failure rates)
+are plain callables ``sink(event) -> None`` passed to
+:class:`adaptd.server.Daemon`. They are called synchronously in the loop, so a
+sink must be quick: one that does I/O queues the event for its own thread. A sink
+that raises is counted and logged; it never stops the loop.
+
+Times are monotonic clock readings (``time.monotonic()``), the same clock as
+:attr:`adaptd.snapshot.Snapshot.time`; ``wall`` is the matching ``time.time()``
+for stores that need a calendar date.
+
+A failure, for the interval model, is a :class:`JobLost` (the job's ranks all
+vanished without a goodbye). The matching :class:`JobResumed` confirms it and
+carries the restart time R; a :class:`JobRevived` retracts it (the job was only
+silent, and spoke again from the same processes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from adaptd.protocol import SaveReport
+from adaptd.snapshot import Decision
+
+
+@dataclass(frozen=True, slots=True)
+class JobRegistered:
+    """A rank said hello. ``incarnation`` counts the job's runs (1 for the first)."""
+
+    time: float
+    wall: float
+    job: str
+    rank: int
+    world_size: int
+    pid: int
+    hostname: str
+    checkpoint_dir: str
+    resumed_from: int
+    incarnation: int
+
+
+@dataclass(frozen=True, slots=True)
+class JobLost:
+    """Every rank of the job is gone without a goodbye: a failure candidate.
+
+    ``step`` is the newest step any rank reported, ``last_durable_step`` the newest
+    save known durable (``None``: none yet), so ``step - last_durable_step`` is the
+    work at risk. ``last_seen`` is the time of the job's last message; ``time``
+    is when the loss was detected. ``reason`` says how (``"pid 123 gone"``,
+    ``"silent for 300s"``, ``"rank 0 restarted as pid 456"``).
+    """
+
+    time: float
+    wall: float
+    job: str
+    step: int
+    last_durable_step: int | None
+    last_seen: float
+    reason: str
+    gpus: int
+    world_size: int
+
+
+@dataclass(frozen=True, slots=True)
+class JobRevived:
+    """A job marked lost spoke again from the same processes: retract that loss."""
+
+    time: float
+    wall: float
+    job: str
+    lost_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class JobResumed:
+    """A lost job came back and reported its first step: the restart is over.
+
+    ``restart_s`` = first step report - ``lost_at`` (the restart-and-restore time R
+    fed to the job's tracker). ``lost_steps`` = ``last_step - resumed_from``, the
+    work redone.
+    """
+
+    time: float
+    wall: float
+    job: str
+    lost_at: float
+    last_step: int
+    resumed_from: int
+    restart_s: float
+
+    @property
+    def lost_steps(self) -> int:
+        return max(0, self.last_step - self.resumed_from)
+
+
+@dataclass(frozen=True, slots=True)
+class JobFinished:
+    """Every rank said goodbye: a clean end, not a failure."""
+
+    time: float
+    wall: float
+    job: str
+    step: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class SaveReported:
+    """A rank reported a save (``report.ok`` False: it failed). ``counted`` is False
+    for a duplicate report of a step another rank already reported."""
+
+    time: float
+    wall: float
+    job: str
+    report: SaveReport
+    counted: bool
+
+
+@dataclass(frozen=True, slots=True)
+class PlanChanged:
+    """The job's plan changed and was pushed to its ranks as plan ``seq``."""
+
+    time: float
+    wall: float
+    job: str
+    seq: int
+    step: int
+    decision: Decision
+    ranks: int
+
+
+@dataclass(frozen=True, slots=True)
+class SaveRequested:
+    """An urgent save was sent to the job's ranks (operator or urgent policy)."""
+
+    time: float
+    wall: float
+    job: str
+    step: int
+    reason: str
+    ranks: int
+
+
+Event = (
+    JobRegistered
+    | JobLost
+    | JobRevived
+    | JobResumed
+    | JobFinished
+    | SaveReported
+    | PlanChanged
+    | SaveRequested
+)
+
+#: A subscriber: called in the daemon's loop with each event; must not block.
+Sink = Callable[[Event], None]

@@ -1,0 +1,484 @@
+"""The daemon's jobs, their ranks, and whether they are still alive.
+
+Jobs are keyed by job id, ranks by rank number within a job; each ZeroMQ peer
+identity that said hello maps to exactly one (job, rank). Every job has one
+:class:`~adaptd.estimators.JobTracker` fed from its ranks' reports: the step is
+the newest step of any rank, step times come from the lead rank (the lowest
+live rank, normally 0) so a job of N ranks is not counted N times, and each
+saved step counts once whichever rank reports it first.
+
+Liveness: a rank whose process is gone (same host, same pid namespace: the pid
+no longer exists, is a zombie, or was reused by a younger process) or that has
+been silent for ``silence_timeout_s`` is *lost*. A job whose ranks are all gone
+and that did not say goodbye is lost, a failure candidate
+(:class:`~adaptd.events.JobLost`). When it says hello again resuming from an
+older step, the first step report ends the restart: :class:`~adaptd.events.JobResumed`
+with the restart time, which also goes to ``tracker.on_restart``.
+
+The registry is pure bookkeeping: callers pass the time in and it does no I/O
+other than asking its :class:`ProcessProbe` about pids, so tests drive it with a
+fake clock and real processes.
+"""
+
+from __future__ import annotations
+
+import os
+import time as _time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+from adaptd import events as ev
+from adaptd.estimators import JobTracker
+from adaptd.policy import Policy
+from adaptd.protocol import Goodbye, Hello, SaveReport, Steps
+from adaptd.snapshot import Decision
+
+JobStateName = Literal["active", "lost", "finished"]
+#: How a hello was understood.
+HelloKind = Literal["new", "join", "reconnect", "resume", "restart"]
+
+#: Inactive (lost or finished) jobs kept for resume detection and status.
+MAX_INACTIVE_JOBS = 1024
+#: Ranks over all jobs: bounds the state a flood of hellos can create.
+MAX_RANKS = 65_536
+
+
+class RegistryFull(Exception):
+    """No room for another rank; the message says how many are registered."""
+
+
+class ProcessProbe(Protocol):
+    """Tells whether a pid still names the process that said hello."""
+
+    def start_time(self, pid: int) -> float | None:
+        """An opaque start time of ``pid``, or ``None`` when it cannot be seen."""
+        ...
+
+    def alive(self, pid: int, start_time: float | None) -> bool:
+        """False when ``pid`` is gone, a zombie, or a different (younger) process."""
+        ...
+
+
+class ProcProbe:
+    """The real probe: ``/proc/<pid>/stat`` (state and start time), else ``kill(pid, 0)``.
+
+    Reading ``/proc`` directly keeps psutil in the telemetry modules that own it,
+    and tells a zombie (killed, not yet reaped by its parent) from a live process.
+    """
+
+    def __init__(self, proc: str = "/proc") -> None:
+        self.proc = proc
+
+    def _stat(self, pid: int) -> tuple[str, float] | None:
+        try:
+            with open(f"{self.proc}/{pid}/stat", "rb") as f:
+                text = f.read().decode("ascii", "replace")
+        except OSError:
+            return None
+        # "pid (comm) S ..." where comm may hold spaces and parentheses
+        rest = text[text.rfind(")") + 2 :].split()
+        try:
+            return rest[0], float(rest[19])  # field 3: state, field 22: starttime
+        except (IndexError, ValueError):
+            return None
+
+    def start_time(self, pid: int) -> float | None:
+        stat = self._stat(pid)
+        return None if stat is None else stat[1]
+
+    def alive(self, pid: int, start_time: float | None) -> bool:
+        stat = self._stat(pid)
+        if stat is not None:
+            state, started = stat
+            if state in ("Z", "X", "x"):
+                return False
+            return start_time is None or started == start_time
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True  # exists, owned by someone else
+        return True
+
+
+@dataclass
+class Rank:
+    """One process of a job, as its hello described it."""
+
+    rank: int
+    identity: bytes
+    pid: int
+    hostname: str
+    registered: float
+    last_seen: float
+    start_time: float | None = None  # from the probe; None: pid not checkable
+    step: int = 0
+    alive: bool = True
+    lost_reason: str = ""
+    last_sent: float = float("-inf")  # when the daemon last sent this rank anything
+
+    @property
+    def checkable(self) -> bool:
+        return self.pid > 0 and self.start_time is not None
+
+
+@dataclass
+class PendingResume:
+    lost_at: float
+    last_step: int
+    resumed_from: int
+
+
+@dataclass
+class Job:
+    """One training job: its ranks, tracker, policy and current plan."""
+
+    id: str
+    tracker: JobTracker
+    world_size: int
+    created: float
+    checkpoint_dir: str = ""
+    state: JobStateName = "active"
+    ranks: dict[int, Rank] = field(default_factory=dict)
+    incarnation: int = 1
+    policy_spec: str = ""
+    policy: Policy | None = None
+    plan: Decision | None = None  # the plan the ranks were last sent
+    plan_seq: int = 0
+    latest: Decision | None = None  # the newest decision (may equal the plan's grid)
+    urgent: str | None = None  # an operator's save request not yet answered by a save
+    urgent_sent: bool = False  # a policy's urgent decision was already sent
+    last_seen: float = 0.0
+    lost_at: float | None = None
+    lost_reason: str = ""
+    failures: int = 0
+    last_failure: float | None = None
+    pending_resume: PendingResume | None = None
+    last_save: SaveReport | None = None
+    last_save_time: float | None = None
+    counted_save_steps: set[int] = field(default_factory=set)
+    finished_reason: str = ""
+
+    def live_ranks(self) -> list[Rank]:
+        return [r for r in self.ranks.values() if r.alive]
+
+    def lead_rank(self) -> int | None:
+        live = [r.rank for r in self.ranks.values() if r.alive]
+        return min(live) if live else None
+
+    @property
+    def step(self) -> int:
+        return self.tracker.step
+
+
+class Registry:
+    """Jobs and ranks, with liveness; emits :mod:`adaptd.events` through ``emit``."""
+
+    def __init__(
+        self,
+        *,
+        emit: Callable[[ev.Event], None] = lambda event: None,
+        probe: ProcessProbe | None = None,
+        silence_timeout_s: float = 300.0,
+        hostname: str | None = None,
+        wall: Callable[[], float] = _time.time,
+        max_inactive_jobs: int = MAX_INACTIVE_JOBS,
+        max_ranks: int = MAX_RANKS,
+    ) -> None:
+        if not silence_timeout_s > 0:
+            raise ValueError(f"silence_timeout_s must be > 0 seconds, got {silence_timeout_s}")
+        self.emit = emit
+        self.probe: ProcessProbe = probe if probe is not None else ProcProbe()
+        self.silence_timeout_s = silence_timeout_s
+        self.hostname = hostname if hostname is not None else os.uname().nodename
+        self.wall = wall
+        self.max_inactive_jobs = max_inactive_jobs
+        self.max_ranks = max_ranks
+        self.jobs: dict[str, Job] = {}
+        self._peers: dict[bytes, tuple[str, int]] = {}
+
+    # ------------------------------------------------------------------ lookup
+
+    def __iter__(self) -> Iterator[Job]:
+        return iter(self.jobs.values())
+
+    def __len__(self) -> int:
+        return len(self.jobs)
+
+    def peer(self, identity: bytes) -> tuple[Job, Rank] | None:
+        """The (job, rank) a peer said hello as, or ``None``."""
+        where = self._peers.get(identity)
+        if where is None:
+            return None
+        job = self.jobs.get(where[0])
+        rank = job.ranks.get(where[1]) if job is not None else None
+        if rank is None or rank.identity != identity:
+            self._peers.pop(identity, None)
+            return None
+        return job, rank
+
+    @property
+    def peers(self) -> int:
+        return len(self._peers)
+
+    # ------------------------------------------------------------------ inputs
+
+    def hello(self, identity: bytes, msg: Hello, now: float) -> tuple[Job, Rank, HelloKind]:
+        """Register a rank. Raises :class:`RegistryFull` when no rank may be added.
+
+        The kind says what the hello meant: ``new`` job, a new rank ``join``-ing an
+        active job, a ``reconnect`` of a known process, a ``resume`` of a lost job,
+        or a ``restart`` of a finished one.
+        """
+        job = self.jobs.get(msg.job)
+        kind: HelloKind
+        if job is None:
+            if self.peers >= self.max_ranks:
+                raise RegistryFull(f"{self.peers} ranks are registered (the limit)")
+            job = self._new_job(msg, now)
+            kind = "new"
+        elif job.state == "lost":
+            kind = "resume"
+            self._new_incarnation(job, msg, now)
+            job.pending_resume = PendingResume(
+                job.lost_at or now, job.tracker.step, msg.resumed_from
+            )
+        elif job.state == "finished":
+            kind = "restart"
+            self._new_incarnation(job, msg, now)
+        else:
+            old = job.ranks.get(msg.rank)
+            if old is None:
+                if self.peers >= self.max_ranks:
+                    raise RegistryFull(f"{self.peers} ranks are registered (the limit)")
+                kind = "join"
+            elif old.pid == msg.pid and old.hostname == (msg.hostname or self.hostname):
+                kind = "reconnect"
+            else:
+                # a new process for a rank that never said goodbye: the previous run
+                # died and was restarted before liveness noticed
+                last_seen = job.last_seen
+                self._lose(job, now, f"rank {msg.rank} restarted as pid {msg.pid}", last_seen)
+                job.lost_at = last_seen
+                kind = "resume"
+                self._new_incarnation(job, msg, now)
+                job.pending_resume = PendingResume(last_seen, job.tracker.step, msg.resumed_from)
+        old = job.ranks.get(msg.rank)
+        if old is not None:
+            self._peers.pop(old.identity, None)
+        hostname = msg.hostname or self.hostname
+        start_time = None
+        if msg.pid > 0 and hostname == self.hostname:
+            start_time = self.probe.start_time(msg.pid)
+        rank = Rank(
+            rank=msg.rank,
+            identity=identity,
+            pid=msg.pid,
+            hostname=hostname,
+            registered=now,
+            last_seen=now,
+            start_time=start_time,
+            step=msg.resumed_from,
+        )
+        if old is not None and kind == "reconnect":
+            rank.step = max(old.step, msg.resumed_from)
+        job.ranks[msg.rank] = rank
+        self._peers[identity] = (job.id, msg.rank)
+        job.last_seen = now
+        if msg.checkpoint_dir:
+            job.checkpoint_dir = msg.checkpoint_dir
+        self.emit(
+            ev.JobRegistered(
+                time=now,
+                wall=self.wall(),
+                job=job.id,
+                rank=msg.rank,
+                world_size=msg.world_size,
+                pid=msg.pid,
+                hostname=hostname,
+                checkpoint_dir=msg.checkpoint_dir,
+                resumed_from=msg.resumed_from,
+                incarnation=job.incarnation,
+            )
+        )
+        return job, rank, kind
+
+    def steps(self, job: Job, rank: Rank, msg: Steps, now: float) -> None:
+        """A batch of step timings from ``rank``."""
+        self._heard(job, rank, now)
+        rank.step = max(rank.step, msg.step)
+        t = job.tracker
+        if rank.rank == job.lead_rank():
+            t.on_steps(now, msg.step, msg.count, msg.mean_s, msg.save_in_flight)
+        else:  # other ranks move the step only; their timings would count the job twice
+            t.on_steps(now, msg.step, 0, 0.0, t.save_in_flight)
+        pending = job.pending_resume
+        if pending is not None:
+            job.pending_resume = None
+            restart_s = max(0.0, now - pending.lost_at)
+            t.on_restart(restart_s)
+            self.emit(
+                ev.JobResumed(
+                    time=now,
+                    wall=self.wall(),
+                    job=job.id,
+                    lost_at=pending.lost_at,
+                    last_step=pending.last_step,
+                    resumed_from=pending.resumed_from,
+                    restart_s=restart_s,
+                )
+            )
+
+    def save_report(self, job: Job, rank: Rank, msg: SaveReport, now: float) -> bool:
+        """A save report; returns whether it taught the tracker (first report of a step,
+        or a failure)."""
+        self._heard(job, rank, now)
+        counted = not msg.ok or msg.step not in job.counted_save_steps
+        if counted:
+            job.tracker.on_save_report(
+                now,
+                msg.step,
+                blocking_s=msg.blocking_s,
+                durable_s=msg.durable_s,
+                extra_step_s=msg.extra_step_s,
+                ok=msg.ok,
+            )
+            if msg.ok:
+                job.counted_save_steps.add(msg.step)
+                if len(job.counted_save_steps) > 64:  # only recent steps can repeat
+                    job.counted_save_steps.discard(min(job.counted_save_steps))
+        if msg.ok:
+            job.urgent = None
+        job.last_save = msg
+        job.last_save_time = now
+        self.emit(ev.SaveReported(now, self.wall(), job.id, msg, counted))
+        return counted
+
+    def goodbye(self, job: Job, rank: Rank, msg: Goodbye, now: float) -> bool:
+        """A clean exit of one rank; returns True when it finished the job."""
+        self._heard(job, rank, now)
+        rank.step = max(rank.step, msg.step)
+        job.tracker.on_steps(now, msg.step, 0, 0.0, False)
+        del job.ranks[rank.rank]
+        self._peers.pop(rank.identity, None)
+        if job.ranks:
+            if not job.live_ranks():  # the others were lost before this goodbye
+                self._lose(job, now, "ranks lost before the last goodbye", job.last_seen)
+            return False
+        job.state = "finished"
+        job.finished_reason = msg.reason
+        self.emit(ev.JobFinished(now, self.wall(), job.id, job.tracker.step, msg.reason))
+        self._evict()
+        return True
+
+    def check(self, now: float) -> list[Job]:
+        """Mark ranks lost whose process is gone or that fell silent; returns the jobs
+        that became lost now."""
+        lost: list[Job] = []
+        for job in self.jobs.values():
+            if job.state != "active":
+                continue
+            for rank in job.ranks.values():
+                if not rank.alive:
+                    continue
+                if rank.checkable and not self.probe.alive(rank.pid, rank.start_time):
+                    self._rank_lost(rank, f"pid {rank.pid} gone")
+                elif now - rank.last_seen > self.silence_timeout_s:
+                    self._rank_lost(rank, f"silent for {now - rank.last_seen:.0f}s")
+            if job.ranks and not job.live_ranks():
+                reasons = sorted({r.lost_reason for r in job.ranks.values()})
+                self._lose(job, now, "; ".join(reasons), job.last_seen)
+                lost.append(job)
+        if lost:
+            self._evict()
+        return lost
+
+    # ------------------------------------------------------------------ internals
+
+    def _new_job(self, msg: Hello, now: float) -> Job:
+        tracker = JobTracker(
+            msg.job,
+            world_size=msg.world_size,
+            gpus=max(1, msg.gpus * msg.world_size),
+            start_step=msg.resumed_from,
+            state_bytes=msg.state_bytes or None,
+        )
+        job = Job(id=msg.job, tracker=tracker, world_size=msg.world_size, created=now)
+        job.last_seen = now
+        self.jobs[msg.job] = job
+        self._evict()
+        return job
+
+    def _new_incarnation(self, job: Job, msg: Hello, now: float) -> None:
+        """A new run of a known job: forget its ranks, keep what was learned."""
+        for r in job.ranks.values():
+            self._peers.pop(r.identity, None)
+        job.ranks.clear()
+        job.incarnation += 1
+        job.state = "active"
+        job.world_size = msg.world_size
+        job.urgent = None
+        job.urgent_sent = False
+        job.policy = None  # chosen again from this run's hello
+        t = job.tracker
+        t.world_size = msg.world_size
+        t.gpus = max(1, msg.gpus * msg.world_size)
+        t.start_step = msg.resumed_from
+        t.step = msg.resumed_from
+        t.save_in_flight = False
+        if msg.state_bytes:
+            t.state_bytes = msg.state_bytes
+        for name in ("last_save_step", "last_durable_step"):
+            value = getattr(t, name)
+            if value is not None and value > msg.resumed_from:
+                setattr(t, name, msg.resumed_from)
+        job.counted_save_steps.clear()
+        self.jobs[job.id] = self.jobs.pop(job.id)  # most recently active last
+
+    def _heard(self, job: Job, rank: Rank, now: float) -> None:
+        rank.last_seen = now
+        job.last_seen = now
+        if not rank.alive:
+            rank.alive = True
+            rank.lost_reason = ""
+        if job.state == "lost":
+            # the same processes spoke again: the loss was a false alarm
+            lost_at = job.lost_at if job.lost_at is not None else now
+            job.state = "active"
+            job.failures = max(0, job.failures - 1)
+            job.lost_at = None
+            self.emit(ev.JobRevived(now, self.wall(), job.id, lost_at))
+
+    def _rank_lost(self, rank: Rank, reason: str) -> None:
+        rank.alive = False
+        rank.lost_reason = reason
+
+    def _lose(self, job: Job, now: float, reason: str, last_seen: float) -> None:
+        job.state = "lost"
+        job.lost_at = now
+        job.lost_reason = reason
+        job.failures += 1
+        job.last_failure = now
+        self.emit(
+            ev.JobLost(
+                time=now,
+                wall=self.wall(),
+                job=job.id,
+                step=job.tracker.step,
+                last_durable_step=job.tracker.last_durable_step,
+                last_seen=last_seen,
+                reason=reason,
+                gpus=job.tracker.gpus,
+                world_size=job.world_size,
+            )
+        )
+
+    def _evict(self) -> None:
+        """Forget the oldest inactive jobs beyond the cap (dict order = activity order)."""
+        inactive = [j for j in self.jobs.values() if j.state != "active"]
+        for job in inactive[: max(0, len(inactive) - self.max_inactive_jobs)]:
+            for r in job.ranks.values():
+                self._peers.pop(r.identity, None)
+            del self.jobs[job.id]

@@ -1,0 +1,876 @@
+"""The daemon's loop: a ZeroMQ ROUTER for jobs, a ROUTER for operators, one thread.
+
+:class:`Daemon` binds the job socket (``ipc://`` per :mod:`adaptd.paths`) and the
+admin socket beside it, then runs one poll loop that
+
+- validates every frame (:mod:`adaptd.protocol`); a bad one gets an
+  :class:`~adaptd.protocol.Error` reply where a reply is possible and is counted
+  by code, never raised;
+- keeps jobs and ranks in a :class:`~adaptd.registry.Registry`;
+- after every report asks the job's policy for a decision and pushes a new
+  :class:`~adaptd.protocol.Plan` to all the job's ranks when the save steps change;
+- re-sends the current plan to a rank that reports after 2 s without hearing
+  from the daemon (the client's liveness signal);
+- calls ``tick()`` about once a second: liveness checks, then the ``tick_hooks``
+  (telemetry sampling, watchdog);
+- answers the admin socket (:mod:`adaptd.admin`).
+
+Seams for the parts that plug in later, all with harmless defaults:
+``snapshot_source`` (the telemetry sampler's newest frozen snapshot), ``sinks``
+(event subscribers: store, metrics, interval model; see :mod:`adaptd.events`) and
+``tick_hooks``. None of them may block: the loop waits on nothing but its poller,
+whose timeout is the next tick.
+
+The daemon runs in the calling thread (:meth:`Daemon.serve`, used by ``adaptd
+serve`` with signals wired to :meth:`Daemon.stop`) or in its own thread
+(:meth:`Daemon.start`, for the demo and tests).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import logging
+import os
+import socket as _socket
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+
+import zmq
+
+from adaptd import __version__, admin, paths
+from adaptd import events as ev
+from adaptd import policy as policy_mod
+from adaptd import protocol as p
+from adaptd.registry import Job, Rank, Registry, RegistryFull
+from adaptd.snapshot import Decision, Snapshot
+
+log = logging.getLogger("adaptd.server")
+
+#: A rank that reports after this long without hearing from the daemon gets the plan again.
+RESEND_AFTER_S = 2.0
+#: Liveness checks and tick hooks run this often.
+TICK_INTERVAL_S = 1.0
+#: Queued messages per peer (ZeroMQ high-water marks): beyond them ZeroMQ drops.
+HWM = 1000
+#: Frames above this are cut off by ZeroMQ (the peer is disconnected); between
+#: ``MAX_MESSAGE_BYTES`` and this they get a ``too_large`` error reply.
+HARD_MAX_FRAME = 4 * p.MAX_MESSAGE_BYTES
+#: Messages handled per socket per loop turn, so one flood cannot starve the rest.
+BATCH = 500
+#: Longest ipc path (sun_path is 108 bytes with its terminating NUL).
+MAX_IPC_PATH = 107
+#: Parsed policy specs kept (parsing reads entry-point metadata: do it once per spec).
+POLICY_CACHE = 256
+
+
+class DaemonError(Exception):
+    """The daemon cannot start: the message says what to change."""
+
+
+def logfmt(event: str, **fields: object) -> str:
+    """One structured log line: ``event=plan job=a seq=2 reason="every 50 steps"``."""
+    parts = [f"event={event}"]
+    for key, value in fields.items():
+        if value is None:
+            text = "-"
+        elif isinstance(value, float):
+            text = f"{value:.6g}"
+        else:
+            text = str(value)
+        if not text or any(c in text for c in ' "=\n'):
+            text = '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+        parts.append(f"{key}={text}")
+    return " ".join(parts)
+
+
+def same_saves(old: Decision, new: Decision, step: int) -> bool:
+    """True when a job following ``old`` would save at the same steps as under ``new``.
+
+    A grid policy re-decides "next at 200, every 100" once step 100 is passed, which
+    is the plan it already has; pushing it again would only be noise. Same grid
+    and the same next save after ``step`` means the same saves from now on.
+    """
+    if old.same_plan(new):
+        return True
+    return (
+        old.urgent == new.urgent
+        and old.every_steps == new.every_steps
+        and old.due_after(step) == new.due_after(step)
+    )
+
+
+def _snapshot_now() -> Snapshot:
+    return Snapshot(time=time.monotonic())
+
+
+class _Throttle:
+    """Logs the first few occurrences of each key, then every 1000th."""
+
+    def __init__(self, first: int = 5, every: int = 1000) -> None:
+        self.first, self.every = first, every
+        self.seen: Counter[str] = Counter()
+
+    def __call__(self, key: str) -> bool:
+        self.seen[key] += 1
+        n = self.seen[key]
+        return n <= self.first or n % self.every == 0
+
+
+class Daemon:
+    """The adaptd daemon. Construct, then :meth:`serve` (blocking) or :meth:`start` (thread).
+
+    Raises :class:`DaemonError` from the constructor for a bad ``policy`` or
+    socket, and from :meth:`open` when the socket is held by another live daemon
+    or cannot be bound.
+    """
+
+    def __init__(
+        self,
+        socket: str | os.PathLike[str] | None = None,
+        *,
+        policy: str = policy_mod.DEFAULT_SPEC,
+        snapshot_source: Callable[[], Snapshot] = _snapshot_now,
+        sinks: Iterable[ev.Sink] = (),
+        tick_hooks: Iterable[Callable[[float], None]] = (),
+        silence_timeout_s: float = 300.0,
+        resend_after_s: float = RESEND_AFTER_S,
+        tick_interval_s: float = TICK_INTERVAL_S,
+        clock: Callable[[], float] = time.monotonic,
+        registry: Registry | None = None,
+    ) -> None:
+        self.socket_path = _job_socket_path(socket)
+        self.admin_path = admin.admin_path(self.socket_path)
+        self.lock_path = self.socket_path.with_name(self.socket_path.name + ".lock")
+        for path in (self.socket_path, self.admin_path):
+            if len(os.fsencode(path)) > MAX_IPC_PATH:
+                raise DaemonError(
+                    f"socket path {str(path)!r} is {len(os.fsencode(path))} bytes; ipc paths "
+                    f"are limited to {MAX_IPC_PATH}: pass a shorter --socket"
+                )
+        try:
+            self.default_policy = policy_mod.parse(policy)
+        except policy_mod.PolicyError as exc:
+            raise DaemonError(f"--policy {policy!r}: {exc}") from None
+        self.default_spec = policy
+        if not silence_timeout_s > 0:
+            raise DaemonError(f"--silence-timeout must be > 0 seconds, got {silence_timeout_s}")
+        self.snapshot_source = snapshot_source
+        self.sinks: list[ev.Sink] = list(sinks)
+        self.tick_hooks: list[Callable[[float], None]] = list(tick_hooks)
+        self.resend_after_s = resend_after_s
+        self.tick_interval_s = tick_interval_s
+        self.clock = clock
+        self.registry = registry or Registry(emit=self.emit, silence_timeout_s=silence_timeout_s)
+        if registry is not None:
+            registry.emit = self.emit
+        self._policies: dict[str, policy_mod.Policy] = {}
+        self.counters: Counter[str] = Counter()
+        self.by_kind: Counter[str] = Counter()
+        self.rejected: Counter[str] = Counter()
+        self._throttle = _Throttle()
+        self._ctx: zmq.Context | None = None
+        self._jobs: zmq.Socket | None = None
+        self._admin: zmq.Socket | None = None
+        self._lock_fd: int | None = None
+        self._wake_r, self._wake_w = _socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._started = 0.0
+        self._opened = False
+
+    # ------------------------------------------------------------------ lifecycle
+
+    @property
+    def endpoint(self) -> str:
+        return f"ipc://{self.socket_path}"
+
+    @property
+    def wakeup_fd(self) -> int:
+        """A non-blocking fd for :func:`signal.set_wakeup_fd`: a signal wakes the poll."""
+        return self._wake_w.fileno()
+
+    def open(self) -> None:
+        """Take the lock, bind both sockets. Raises :class:`DaemonError`."""
+        if self._opened:
+            return
+        _prepare_dir(self.socket_path.parent)
+        self._lock()
+        try:
+            for path in (self.socket_path, self.admin_path):
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()  # stale: whoever bound it no longer holds the lock
+            self._ctx = zmq.Context()
+            self._jobs = self._ctx.socket(zmq.ROUTER)
+            self._admin = self._ctx.socket(zmq.ROUTER)
+            for s in (self._jobs, self._admin):
+                s.setsockopt(zmq.LINGER, 0)
+                s.setsockopt(zmq.SNDHWM, HWM)
+                s.setsockopt(zmq.RCVHWM, HWM)
+                s.setsockopt(zmq.MAXMSGSIZE, HARD_MAX_FRAME)
+            self._bind(self._jobs, self.socket_path, 0o660)
+            self._bind(self._admin, self.admin_path, 0o600)
+        except BaseException:
+            self._close_sockets()
+            self._unlock()
+            raise
+        self._started = self.clock()
+        self._opened = True
+        log.info(
+            logfmt(
+                "listening",
+                socket=self.socket_path,
+                admin=self.admin_path,
+                policy=self.default_spec,
+                pid=os.getpid(),
+            )
+        )
+
+    def serve(self) -> None:
+        """Open (if needed) and run the loop in this thread until :meth:`stop`; then close."""
+        self.open()
+        try:
+            self._loop()
+        finally:
+            self.close()
+
+    def start(self, timeout_s: float = 10.0) -> Daemon:
+        """Run the daemon in a background thread; returns once it is serving.
+
+        Raises :class:`DaemonError` (from :meth:`open`) in the caller's thread.
+        """
+        ready = threading.Event()
+        failure: list[BaseException] = []
+
+        def main() -> None:
+            try:
+                self.open()
+            except BaseException as exc:
+                failure.append(exc)
+                ready.set()
+                return
+            ready.set()
+            try:
+                self._loop()
+            finally:
+                self.close()
+
+        self._thread = threading.Thread(target=main, name="adaptd-daemon", daemon=True)
+        self._thread.start()
+        if not ready.wait(timeout_s):
+            raise DaemonError(f"the daemon did not start within {timeout_s:g}s")
+        if failure:
+            self._thread.join()
+            raise failure[0]
+        return self
+
+    def stop(self, timeout_s: float | None = 10.0) -> None:
+        """Ask the loop to end (safe from signal handlers and other threads).
+
+        From another thread it also waits up to ``timeout_s`` for the daemon thread.
+        """
+        self._stopping.set()
+        with contextlib.suppress(OSError):
+            self._wake_w.send(b"\0")
+        t = self._thread
+        if t is not None and t is not threading.current_thread() and timeout_s is not None:
+            t.join(timeout_s)
+
+    def __enter__(self) -> Daemon:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def close(self) -> None:
+        """Close the sockets, remove their files, release the lock."""
+        if not self._opened:
+            return
+        self._opened = False
+        self._close_sockets()
+        for path in (self.socket_path, self.admin_path):
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+        self._unlock()
+        log.info(logfmt("stopped", socket=self.socket_path))
+
+    # ------------------------------------------------------------------ loop
+
+    def _loop(self) -> None:
+        assert self._jobs is not None and self._admin is not None
+        poller = zmq.Poller()
+        poller.register(self._jobs, zmq.POLLIN)
+        poller.register(self._admin, zmq.POLLIN)
+        poller.register(self._wake_r.fileno(), zmq.POLLIN)
+        next_tick = self.clock() + self.tick_interval_s
+        while not self._stopping.is_set():
+            timeout_ms = max(0, int((next_tick - self.clock()) * 1000) + 1)
+            try:
+                ready = dict(poller.poll(timeout_ms))
+            except zmq.ZMQError as exc:
+                if exc.errno == errno.EINTR:
+                    continue
+                raise
+            if self._wake_r.fileno() in ready:
+                with contextlib.suppress(BlockingIOError, OSError):
+                    while self._wake_r.recv(4096):
+                        pass
+            if self._stopping.is_set():
+                break
+            if self._jobs in ready:
+                self._drain(self._jobs, self._on_job_frames)
+            if self._admin in ready:
+                self._drain(self._admin, self._on_admin_frames)
+            now = self.clock()
+            if now >= next_tick:
+                self.tick(now)
+                next_tick = now + self.tick_interval_s
+
+    def _drain(self, sock: zmq.Socket, handle: Callable[[list[bytes]], None]) -> None:
+        for _ in range(BATCH):
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK, copy=True)
+            except zmq.Again:
+                return
+            try:
+                handle(frames)
+            except Exception:  # a bug in one message's handling must not end the daemon
+                self.counters["internal_errors"] += 1
+                log.exception(logfmt("internal_error", parts=len(frames)))
+
+    def tick(self, now: float) -> None:
+        """Once a second: liveness, then the tick hooks (each guarded)."""
+        for job in self.registry.check(now):
+            log.warning(
+                logfmt(
+                    "job_lost",
+                    job=job.id,
+                    step=job.step,
+                    last_durable_step=job.tracker.last_durable_step,
+                    reason=job.lost_reason,
+                )
+            )
+        for hook in self.tick_hooks:
+            try:
+                hook(now)
+            except Exception:
+                self.counters["tick_errors"] += 1
+                if self._throttle(f"tick:{getattr(hook, '__name__', hook)!s}"):
+                    log.exception(logfmt("tick_hook_failed", hook=hook))
+
+    # ------------------------------------------------------------------ events
+
+    def emit(self, event: ev.Event) -> None:
+        """Hand ``event`` to every sink; a failing sink is counted and logged, never raised."""
+        for sink in self.sinks:
+            try:
+                sink(event)
+            except Exception:
+                self.counters["sink_errors"] += 1
+                if self._throttle(f"sink:{sink!r}"):
+                    log.exception(logfmt("sink_failed", sink=sink, event=type(event).__name__))
+
+    # ------------------------------------------------------------------ job socket
+
+    def _send(self, identity: bytes, msg: p.Message) -> bool:
+        assert self._jobs is not None
+        try:
+            self._jobs.send_multipart([identity, p.encode(msg)], zmq.NOBLOCK)
+        except zmq.Again:  # the peer's queue is full; ROUTER drops silently otherwise
+            self.counters["send_dropped"] += 1
+            return False
+        self.counters["sent"] += 1
+        return True
+
+    def _send_rank(self, rank: Rank, msg: p.Message, now: float) -> None:
+        if self._send(rank.identity, msg):
+            rank.last_sent = now
+
+    def _reject(
+        self, identity: bytes | None, code: str, message: str, *, counter: str = ""
+    ) -> None:
+        key = counter or code
+        self.rejected[key] += 1
+        if self._throttle(f"reject:{key}"):
+            log.warning(logfmt("rejected", code=key, peer=(identity or b"").hex(), message=message))
+        if identity is not None:
+            self._send(identity, p.Error(v=p.VERSION, code=code, message=message[: p.MAX_TEXT]))
+
+    def _on_job_frames(self, frames: list[bytes]) -> None:
+        self.counters["messages"] += 1
+        if len(frames) < 2:
+            self._reject(None, "malformed", "a frame without a peer identity")
+            return
+        identity = frames[0]
+        if len(frames) != 2:
+            self._reject(
+                identity,
+                "malformed",
+                f"expected one frame per message, got {len(frames) - 1}",
+                counter="multipart",
+            )
+            return
+        try:
+            msg = p.decode_client(frames[1])
+        except p.ProtocolError as exc:
+            self._reject(identity, exc.code, str(exc))
+            return
+        now = self.clock()
+        kind = type(msg).__name__.lower()
+        self.by_kind[kind] += 1
+        if isinstance(msg, p.Hello):
+            self._on_hello(identity, msg, now)
+            return
+        where = self.registry.peer(identity)
+        if where is None:
+            self._reject(
+                identity,
+                "unknown_peer",
+                f"{kind} for job {msg.job!r} rank {msg.rank} from a connection that has not "
+                "said hello (the daemon may have restarted): send hello again",
+            )
+            return
+        job, rank = where
+        if msg.job != job.id or msg.rank != rank.rank:
+            self._reject(
+                identity,
+                "wrong_job",
+                f"this connection said hello as job {job.id!r} rank {rank.rank}; "
+                f"it may not report for job {msg.job!r} rank {msg.rank}",
+            )
+            return
+        if isinstance(msg, p.Steps):
+            self.registry.steps(job, rank, msg, now)
+        elif isinstance(msg, p.SaveReport):
+            counted = self.registry.save_report(job, rank, msg, now)
+            log.info(
+                logfmt(
+                    "save",
+                    job=job.id,
+                    rank=rank.rank,
+                    step=msg.step,
+                    ok=msg.ok,
+                    blocking_s=msg.blocking_s,
+                    durable_s=msg.durable_s,
+                    extra_step_s=msg.extra_step_s,
+                    bytes=msg.bytes,
+                    reason=msg.reason,
+                    error=msg.error or None,
+                    counted=counted,
+                )
+            )
+        elif isinstance(msg, p.Goodbye):
+            finished = self.registry.goodbye(job, rank, msg, now)
+            log.info(
+                logfmt("goodbye", job=job.id, rank=rank.rank, step=msg.step, reason=msg.reason)
+            )
+            if finished:
+                log.info(logfmt("job_finished", job=job.id, step=job.step))
+            return
+        self._decide(job, now)
+        if job.plan is not None and now - rank.last_sent >= self.resend_after_s:
+            self._send_rank(rank, self._plan_message(job), now)
+
+    def _on_hello(self, identity: bytes, msg: p.Hello, now: float) -> None:
+        if msg.rank >= msg.world_size:
+            self._reject(
+                identity,
+                "invalid",
+                f"hello: rank {msg.rank} is outside world_size {msg.world_size}",
+            )
+            return
+        where = self.registry.peer(identity)
+        if where is not None and (where[0].id, where[1].rank) != (msg.job, msg.rank):
+            self._reject(
+                identity,
+                "wrong_job",
+                f"this connection already said hello as job {where[0].id!r} rank "
+                f"{where[1].rank}; open a new connection for job {msg.job!r} rank {msg.rank}",
+            )
+            return
+        try:
+            job, rank, kind = self.registry.hello(identity, msg, now)
+        except RegistryFull as exc:
+            self._reject(identity, "busy", f"the daemon cannot take more ranks: {exc}")
+            return
+        bad_policy: str | None = None
+        if job.policy is None:
+            spec = msg.policy or self.default_spec
+            try:
+                job.policy = self._policy(spec)
+                job.policy_spec = spec
+            except policy_mod.PolicyError as exc:
+                bad_policy = f"policy {msg.policy!r} refused, using {self.default_spec!r}: {exc}"
+                job.policy = self.default_policy
+                job.policy_spec = self.default_spec
+        elif msg.policy and msg.policy != job.policy_spec:
+            log.warning(
+                logfmt(
+                    "policy_ignored",
+                    job=job.id,
+                    rank=msg.rank,
+                    asked=msg.policy,
+                    using=job.policy_spec,
+                )
+            )
+        log.info(
+            logfmt(
+                "hello",
+                job=job.id,
+                rank=msg.rank,
+                world_size=msg.world_size,
+                pid=msg.pid,
+                resumed_from=msg.resumed_from,
+                kind=kind,
+                policy=job.policy_spec,
+            )
+        )
+        self._send_rank(
+            rank,
+            p.Welcome(v=p.VERSION, job=job.id, rank=rank.rank, daemon_version=__version__),
+            now,
+        )
+        if kind in ("resume", "restart"):
+            job.plan = None  # a new run: its ranks need a plan for their own steps
+        changed = self._decide(job, now)
+        if not changed and job.plan is not None:
+            self._send_rank(rank, self._plan_message(job), now)
+        if bad_policy is not None:
+            self._reject(identity, "bad_policy", bad_policy)
+
+    def _policy(self, spec: str) -> policy_mod.Policy:
+        cached = self._policies.get(spec)
+        if cached is None:
+            cached = policy_mod.parse(spec)
+            if len(self._policies) >= POLICY_CACHE:
+                self._policies.pop(next(iter(self._policies)))
+            self._policies[spec] = cached
+        return cached
+
+    def _plan_message(self, job: Job) -> p.Plan:
+        d = job.plan
+        assert d is not None
+        return p.Plan(
+            v=p.VERSION,
+            job=job.id,
+            seq=job.plan_seq,
+            next_step=d.next_step,
+            every_steps=d.every_steps if d.every_steps and d.every_steps >= 1 else None,
+            policy=(d.policy or job.policy_spec)[: p.MAX_TEXT],
+            reason=d.reason[: p.MAX_TEXT],
+            interval_s=d.interval_s if d.interval_s is not None and d.interval_s >= 0 else None,
+            waste=d.waste if d.waste is not None and d.waste >= 0 else None,
+        )
+
+    def _decide(self, job: Job, now: float) -> bool:
+        """Run the job's policy; push a plan (or SaveNow) when it changed. Returns whether
+        anything was pushed."""
+        if job.policy is None or job.state != "active":
+            return False
+        try:
+            snapshot = self.snapshot_source()
+        except Exception:
+            self.counters["snapshot_errors"] += 1
+            if self._throttle("snapshot"):
+                log.exception(logfmt("snapshot_failed"))
+            snapshot = Snapshot(time=now)
+        state = job.tracker.state(
+            time=max(job.tracker.time, now),
+            pids=tuple(r.pid for r in job.live_ranks() if r.pid > 0),
+            urgent=job.urgent,
+            storage_target=next((s.target for s in snapshot.storage if job.id in s.jobs), None),
+            time_since_failure_s=(now - job.last_failure) if job.last_failure is not None else None,
+        )
+        try:
+            decision = job.policy.decide(snapshot, state)
+        except Exception:
+            self.counters["policy_errors"] += 1
+            if self._throttle(f"policy:{job.policy_spec}"):
+                log.exception(logfmt("policy_failed", job=job.id, policy=job.policy_spec))
+            return False
+        if not isinstance(decision, Decision):
+            self.counters["policy_errors"] += 1
+            if self._throttle(f"policy-type:{job.policy_spec}"):
+                log.error(
+                    logfmt(
+                        "policy_failed",
+                        job=job.id,
+                        policy=job.policy_spec,
+                        error=f"returned {type(decision).__name__}, not a Decision",
+                    )
+                )
+            return False
+        job.latest = decision
+        if decision.urgent:
+            if job.urgent_sent:
+                return False
+            job.urgent_sent = True
+            self._save_now(job, decision.reason or "urgent", now)
+            return True
+        job.urgent_sent = False
+        if job.plan is not None and same_saves(job.plan, decision, state.step):
+            return False
+        job.plan = decision
+        job.plan_seq += 1
+        plan = self._plan_message(job)
+        ranks = job.live_ranks()
+        for r in ranks:
+            self._send_rank(r, plan, now)
+        self.counters["plans_sent"] += len(ranks)
+        log.info(
+            logfmt(
+                "plan",
+                job=job.id,
+                seq=plan.seq,
+                step=state.step,
+                next_step=plan.next_step,
+                every_steps=plan.every_steps,
+                policy=plan.policy,
+                reason=plan.reason,
+                interval_s=plan.interval_s,
+                waste=plan.waste,
+                ranks=len(ranks),
+            )
+        )
+        self.emit(
+            ev.PlanChanged(now, time.time(), job.id, plan.seq, state.step, decision, len(ranks))
+        )
+        return True
+
+    def _save_now(self, job: Job, reason: str, now: float) -> int:
+        msg = p.SaveNow(v=p.VERSION, job=job.id, reason=reason[: p.MAX_TEXT])
+        ranks = job.live_ranks()
+        for r in ranks:
+            self._send_rank(r, msg, now)
+        log.info(logfmt("save_now", job=job.id, step=job.step, reason=reason, ranks=len(ranks)))
+        self.emit(ev.SaveRequested(now, time.time(), job.id, job.step, reason, len(ranks)))
+        return len(ranks)
+
+    # ------------------------------------------------------------------ admin socket
+
+    def _on_admin_frames(self, frames: list[bytes]) -> None:
+        assert self._admin is not None
+        self.counters["admin_requests"] += 1
+        # REQ peers send [identity, b"", body]; DEALER peers [identity, body]
+        if len(frames) == 3 and frames[1] == b"":
+            envelope, body = frames[:2], frames[2]
+        elif len(frames) == 2:
+            envelope, body = frames[:1], frames[1]
+        else:
+            envelope, body = frames[:1], None
+        try:
+            if body is None:
+                raise admin.AdminError("invalid", f"expected one frame, got {len(frames) - 1}")
+            reply = self._admin_reply(admin.decode_request(body))
+        except admin.AdminError as exc:
+            self.rejected[f"admin_{exc.code}"] += 1
+            reply = admin.ErrorReply(code=exc.code, message=str(exc))
+        with contextlib.suppress(zmq.Again):
+            self._admin.send_multipart([*envelope, admin.encode(reply)], zmq.NOBLOCK)
+
+    def _admin_reply(self, req: admin.AnyRequest) -> admin.AnyReply:
+        now = self.clock()
+        if isinstance(req, admin.StatusRequest):
+            return self.status(now)
+        if isinstance(req, admin.SaveNowRequest):
+            if req.job is None:
+                jobs = [j for j in self.registry if j.state == "active"]
+            else:
+                job = self.registry.jobs.get(req.job)
+                if job is None or job.state != "active":
+                    active = sorted(j.id for j in self.registry if j.state == "active")
+                    shown = ", ".join(active[:20]) or "none"
+                    state = "unknown" if job is None else job.state
+                    raise admin.AdminError(
+                        "unknown_job",
+                        f"job {req.job!r} is {state}; active jobs: {shown}",
+                    )
+                jobs = [job]
+            ranks = 0
+            for job in jobs:
+                job.urgent = req.reason
+                ranks += self._save_now(job, req.reason, now)
+            return admin.SaveNowReply(jobs=[j.id for j in jobs], ranks=ranks)
+        raise admin.AdminError("invalid", f"unsupported request {type(req).__name__}")
+
+    def status(self, now: float | None = None) -> admin.StatusReply:
+        """What ``adaptd status`` shows: every job and the daemon's counters."""
+        now = self.clock() if now is None else now
+        jobs = [self._job_info(j, now) for j in self.registry]
+        c = self.counters
+        daemon = admin.DaemonInfo(
+            version=__version__,
+            pid=os.getpid(),
+            socket=str(self.socket_path),
+            admin_socket=str(self.admin_path),
+            default_policy=self.default_spec,
+            uptime_s=now - self._started,
+            messages=c["messages"],
+            by_kind=dict(self.by_kind),
+            rejected=dict(self.rejected),
+            sent=c["sent"],
+            send_dropped=c["send_dropped"],
+            plans_sent=c["plans_sent"],
+            policy_errors=c["policy_errors"],
+            sink_errors=c["sink_errors"],
+            jobs_active=sum(j.state == "active" for j in self.registry),
+            jobs_lost=sum(j.state == "lost" for j in self.registry),
+            peers=self.registry.peers,
+        )
+        return admin.StatusReply(daemon=daemon, jobs=jobs)
+
+    def _job_info(self, job: Job, now: float) -> admin.JobInfo:
+        t = job.tracker
+        plan = None
+        if job.plan is not None:
+            d = job.plan
+            plan = admin.PlanInfo(
+                seq=job.plan_seq,
+                next_step=d.next_step,
+                every_steps=d.every_steps,
+                policy=d.policy or job.policy_spec,
+                reason=d.reason,
+                interval_s=d.interval_s,
+                waste=d.waste,
+            )
+        last = None
+        if job.last_save is not None and job.last_save_time is not None:
+            s = job.last_save
+            last = admin.SaveInfo(
+                step=s.step,
+                ok=s.ok,
+                blocking_s=s.blocking_s,
+                durable_s=s.durable_s,
+                bytes=s.bytes,
+                extra_step_s=s.extra_step_s,
+                age_s=now - job.last_save_time,
+                rank=s.rank,
+                error=s.error,
+                reason=s.reason,
+            )
+        return admin.JobInfo(
+            job=job.id,
+            state=job.state,
+            world_size=job.world_size,
+            ranks=[
+                admin.RankInfo(
+                    rank=r.rank,
+                    pid=r.pid,
+                    hostname=r.hostname,
+                    alive=r.alive,
+                    step=r.step,
+                    last_seen_s=now - r.last_seen,
+                    lost_reason=r.lost_reason,
+                )
+                for r in sorted(job.ranks.values(), key=lambda r: r.rank)
+            ],
+            step=t.step,
+            start_step=t.start_step,
+            step_time_s=t.step_time_s,
+            policy=job.policy_spec,
+            plan=plan,
+            next_save_step=job.plan.due_after(t.step - 1) if job.plan is not None else None,
+            saves=t.saves,
+            failed_saves=t.failed_saves,
+            save_cost_s=t.save_cost_s,
+            save_latency_s=t.save_latency_s,
+            last_save=last,
+            last_durable_step=t.last_durable_step,
+            waste=job.latest.waste if job.latest is not None else None,
+            restore_s=t.restore_s,
+            failures=job.failures,
+            incarnation=job.incarnation,
+            checkpoint_dir=job.checkpoint_dir,
+            urgent=job.urgent,
+            lost_reason=job.lost_reason if job.state == "lost" else "",
+            lost_s=(now - job.lost_at) if job.state == "lost" and job.lost_at is not None else None,
+        )
+
+    # ------------------------------------------------------------------ files
+
+    def _bind(self, sock: zmq.Socket, path: Path, mode: int) -> None:
+        try:
+            sock.bind(f"ipc://{path}")
+        except zmq.ZMQError as exc:
+            raise DaemonError(f"cannot bind {path}: {exc.strerror}") from None
+        os.chmod(path, mode)
+
+    def _lock(self) -> None:
+        try:
+            fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        except OSError as exc:
+            raise DaemonError(
+                f"cannot open the lock file {self.lock_path}: {exc.strerror}"
+            ) from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 64).decode("ascii", "replace").strip() or "unknown"
+            os.close(fd)
+            raise DaemonError(
+                f"another adaptd daemon (pid {holder}) is serving {self.socket_path}; "
+                "stop it first, or pass a different --socket"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self._lock_fd = fd
+
+    def _unlock(self) -> None:
+        # The lock file stays: unlinking it would let a starting daemon lock an orphaned inode.
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    def _close_sockets(self) -> None:
+        for s in (self._jobs, self._admin):
+            if s is not None:
+                s.close(linger=0)
+        self._jobs = self._admin = None
+        if self._ctx is not None:
+            self._ctx.term()
+            self._ctx = None
+
+
+def _job_socket_path(socket: str | os.PathLike[str] | None) -> Path:
+    text = os.fspath(socket) if socket else os.environ.get("ADAPTD_SOCKET", "")
+    if text.startswith("tcp://"):
+        raise DaemonError(
+            f"socket {text!r}: TCP endpoints need CURVE authentication, which is not "
+            "supported yet; use an ipc path"
+        )
+    return paths.socket_path(text.removeprefix("ipc://") or None)
+
+
+def _per_user_dirs() -> Sequence[Path]:
+    out = [Path(tempfile.gettempdir()) / f"adaptd-{os.getuid()}"]
+    if xdg := os.environ.get("XDG_RUNTIME_DIR"):
+        out.append(Path(xdg) / "adaptd")
+    return out
+
+
+def _prepare_dir(directory: Path) -> None:
+    """Create the socket's directory; a per-user one must be ours and private (0700)."""
+    private = directory in _per_user_dirs()
+    try:
+        directory.mkdir(mode=0o700 if private else 0o777, parents=True, exist_ok=True)
+    except OSError as exc:
+        raise DaemonError(
+            f"cannot create the socket directory {directory}: {exc.strerror}; "
+            "pass --socket in a writable directory"
+        ) from None
+    if private:
+        st = os.lstat(directory)
+        if directory.is_symlink() or st.st_uid != os.getuid():
+            raise DaemonError(
+                f"{directory} is not a directory owned by uid {os.getuid()}; "
+                "remove it or pass --socket elsewhere"
+            )
+        if st.st_mode & 0o077:
+            os.chmod(directory, 0o700)
