@@ -259,9 +259,7 @@ class Nvml:
         self._open_event_set()
         for i in range(self.count):
             self._handle(i)
-        log.info(
-            "NVML: %d GPU(s), driver %s", self.count, self.system.get(SYSTEM_CALLS[0]) or "?"
-        )
+        log.info("NVML: %d GPU(s), driver %s", self.count, self.system.get(SYSTEM_CALLS[0]) or "?")
 
     # ---------------------------------------------------------------- plumbing
 
@@ -504,7 +502,7 @@ class NoGpus:
         return None
 
 
-def open(lib: Any | None = None) -> Nvml | NoGpus:  # noqa: A001  (nvml.open reads well)
+def open(lib: Any | None = None) -> Nvml | NoGpus:
     """Start GPU sampling; never raises for a missing GPU stack.
 
     Returns an :class:`Nvml` session, or a :class:`NoGpus` after logging, once,
@@ -515,4 +513,3 @@ def open(lib: Any | None = None) -> Nvml | NoGpus:  # noqa: A001  (nvml.open rea
     except NvmlUnavailable as exc:
         log.warning("GPU telemetry disabled: %s", exc)
         return NoGpus(exc)
-
