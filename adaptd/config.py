@@ -1,0 +1,511 @@
+"""The daemon's configuration: one TOML file, validated completely at start.
+
+A file is optional: every setting has a default that works on a single host
+(sockets in the runtime directory, state in the state directory, metrics on
+127.0.0.1:9465). A file overrides what it names; anything it names that adaptd does
+not know is an error, with a did-you-mean, so a typo never silently does nothing.
+
+Layout (see ``systemd/adaptd.toml`` for a commented example)::
+
+    [daemon]      socket, admin_socket, socket_mode, admin_socket_mode, socket_group,
+                  state_dir, db_path, log_level, sample_interval_s, liveness_timeout_s,
+                  drain_grace_s, watchdog
+    [policy]      default, gpu_mtbf_hours
+    [metrics]     listen, slow_save_s
+    [retention]   days, rows
+    [jobs."PATTERN"]   policy, paused            (PATTERN: a job id or a glob)
+    [storage."NAME"]   path, max_concurrent_saves
+
+:func:`load` is what ``adaptd serve`` and ``adaptd serve --check-config`` call: it
+returns a frozen :class:`Config` or raises :class:`ConfigError` whose message names
+the dotted key, the bad value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import difflib
+import fnmatch
+import json
+import logging
+import math
+import os
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields, is_dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from adaptd import paths
+from adaptd.estimators import PRIOR_GPU_MTBF_S
+from adaptd.policy import DEFAULT_SPEC, PolicyError, parse
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on 3.10 only
+    import tomli as tomllib
+
+#: Where ``adaptd serve`` looks for a config file when none is given.
+DEFAULT_CONFIG_PATH = Path("/etc/adaptd/adaptd.toml")
+#: Environment variable naming a config file (used when ``--config`` is absent).
+CONFIG_ENV = "ADAPTD_CONFIG"
+#: The metrics address when the file does not name one.
+DEFAULT_METRICS_LISTEN = "127.0.0.1:9465"
+ADMIN_SOCKET_NAME = "admin.sock"
+DB_NAME = "adaptd.sqlite3"
+
+LOG_LEVELS = {
+    "debug": logging.DEBUG,
+    "info": logging.INFO,
+    "warning": logging.WARNING,
+    "error": logging.ERROR,
+}
+_OFF = ("", "off", "none", "disabled")
+
+
+class ConfigError(ValueError):
+    """The configuration cannot be used; the message says where, what and what is allowed.
+
+    ``key`` is the dotted path of the offending setting (``""`` for the file itself).
+    """
+
+    def __init__(self, message: str, *, key: str = "", source: str = "") -> None:
+        prefix = f"{source}: " if source else ""
+        super().__init__(prefix + message)
+        self.key = key
+        self.source = source
+
+
+@dataclass(frozen=True)
+class JobOverride:
+    """Settings for jobs whose id matches ``pattern`` (exact id or shell glob)."""
+
+    pattern: str
+    policy: str | None = None  # a policy spec, validated with adaptd.policy.parse
+    paused: bool | None = None  # start the job with non-urgent saves held
+
+
+@dataclass(frozen=True)
+class StorageTarget:
+    """A named storage location the daemon watches and schedules saves on.
+
+    ``max_concurrent_saves`` staggers saves of different jobs onto one target
+    (``None``: no limit).
+    """
+
+    name: str
+    path: Path
+    max_concurrent_saves: int | None = None
+
+
+@dataclass(frozen=True)
+class Config:
+    """The daemon's validated settings. Paths are absolute and already resolved."""
+
+    socket: str  # filesystem path of the job socket, or an ipc:// / tcp:// endpoint
+    admin_socket: Path
+    socket_mode: int = 0o660
+    admin_socket_mode: int = 0o600
+    socket_group: str | None = None  # chgrp the job socket to this group (None: leave it)
+    state_dir: Path = field(default_factory=paths.state_dir)
+    db_path: Path = field(default_factory=lambda: paths.state_dir() / DB_NAME)
+    log_level: str = "info"
+    sample_interval_s: float = 1.0
+    liveness_timeout_s: float = 60.0
+    drain_grace_s: float = 90.0
+    watchdog: bool = True
+    default_policy: str = DEFAULT_SPEC
+    gpu_mtbf_s: float = PRIOR_GPU_MTBF_S
+    slow_save_s: float = 1.0  # a save blocking longer counts as slow (metrics, alerts)
+    metrics_listen: tuple[str, int] | None = ("127.0.0.1", 9465)
+    retention_days: float = 30.0
+    retention_rows: int = 200_000
+    jobs: tuple[JobOverride, ...] = ()
+    storage: Mapping[str, StorageTarget] = field(default_factory=lambda: MappingProxyType({}))
+    source: str = ""  # the file this came from ("" for built-in defaults)
+
+    @property
+    def log_level_number(self) -> int:
+        """The :mod:`logging` level for :attr:`log_level`."""
+        return LOG_LEVELS[self.log_level]
+
+    @property
+    def endpoint(self) -> str:
+        """The ZeroMQ endpoint the daemon binds for jobs."""
+        return paths.endpoint(self.socket)
+
+    @property
+    def metrics_url(self) -> str | None:
+        """Where Prometheus scrapes (``None`` when metrics are off)."""
+        if self.metrics_listen is None:
+            return None
+        host, port = self.metrics_listen
+        host = f"[{host}]" if ":" in host else host
+        return f"http://{host}:{port}/metrics"
+
+    def job_override(self, job: str) -> JobOverride | None:
+        """The override for ``job``: an exact id wins, else the first matching glob."""
+        for o in self.jobs:
+            if o.pattern == job:
+                return o
+        for o in self.jobs:
+            if fnmatch.fnmatchcase(job, o.pattern):
+                return o
+        return None
+
+    def policy_for(self, job: str) -> str:
+        """The policy spec ``job`` gets from the config (its override or the default)."""
+        o = self.job_override(job)
+        return o.policy if o is not None and o.policy else self.default_policy
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready view, for ``serve --check-config`` and ``status``."""
+        d: dict[str, Any] = {f.name: _plain(getattr(self, f.name)) for f in fields(self)}
+        d["socket_mode"] = oct(self.socket_mode)
+        d["admin_socket_mode"] = oct(self.admin_socket_mode)
+        d["metrics_url"] = self.metrics_url
+        return d
+
+
+def _plain(v: Any) -> Any:
+    """Dataclasses, mappings and paths as JSON-ready values."""
+    if is_dataclass(v) and not isinstance(v, type):
+        return {f.name: _plain(getattr(v, f.name)) for f in fields(v)}
+    if isinstance(v, Path):
+        return str(v)
+    if isinstance(v, Mapping):
+        return {k: _plain(x) for k, x in v.items()}
+    if isinstance(v, list | tuple):
+        return [_plain(x) for x in v]
+    return v
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def default_path(env: Mapping[str, str] | None = None) -> Path | None:
+    """The file ``serve`` reads without ``--config``: ``$ADAPTD_CONFIG``, else
+    ``/etc/adaptd/adaptd.toml`` if it exists, else none (built-in defaults)."""
+    env = os.environ if env is None else env
+    if explicit := env.get(CONFIG_ENV):
+        return Path(explicit)
+    return DEFAULT_CONFIG_PATH if DEFAULT_CONFIG_PATH.is_file() else None
+
+
+def load(path: str | os.PathLike[str] | None = None) -> Config:
+    """Read and validate the config: the daemon's start and ``serve --check-config``.
+
+    ``path=None`` uses :func:`default_path` (and pure defaults when that is none).
+    Raises :class:`ConfigError` when the file is missing, unreadable, not TOML, or
+    any setting is unknown or invalid.
+    """
+    chosen = Path(path) if path is not None else default_path()
+    if chosen is None:
+        return from_mapping({})
+    source = str(chosen)
+    try:
+        raw = chosen.read_bytes()
+    except FileNotFoundError:
+        raise ConfigError(
+            "config file not found; create it (see systemd/adaptd.toml for an example) "
+            "or leave --config out to run with defaults",
+            source=source,
+        ) from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file: {exc.strerror}", source=source) from None
+    return loads(raw.decode("utf-8", errors="replace"), source=source)
+
+
+def loads(text: str, *, source: str = "<config>") -> Config:
+    """Validate TOML ``text``; raises :class:`ConfigError`."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"not valid TOML: {exc}", source=source) from None
+    return from_mapping(data, source=source)
+
+
+def from_mapping(data: Mapping[str, Any], *, source: str = "") -> Config:
+    """Validate an already-parsed TOML document; raises :class:`ConfigError`."""
+    return _Reader(source).config(data)
+
+
+# --------------------------------------------------------------------------- validation
+
+_SECTIONS = ("daemon", "policy", "metrics", "retention", "jobs", "storage")
+_DAEMON_KEYS = (
+    "socket",
+    "admin_socket",
+    "socket_mode",
+    "admin_socket_mode",
+    "socket_group",
+    "state_dir",
+    "db_path",
+    "log_level",
+    "sample_interval_s",
+    "liveness_timeout_s",
+    "drain_grace_s",
+    "watchdog",
+)
+_POLICY_KEYS = ("default", "gpu_mtbf_hours")
+_METRICS_KEYS = ("listen", "slow_save_s")
+_RETENTION_KEYS = ("days", "rows")
+_JOB_KEYS = ("policy", "paused")
+_STORAGE_KEYS = ("path", "max_concurrent_saves")
+
+
+class _Reader:
+    """Walks the document, checking each key against what is allowed."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+
+    def fail(self, key: str, message: str) -> ConfigError:
+        return ConfigError(f"{key}: {message}", key=key, source=self.source)
+
+    def table(self, data: Any, where: str, allowed: tuple[str, ...]) -> Mapping[str, Any]:
+        if not isinstance(data, Mapping):
+            raise self.fail(where, f"must be a table, got {_show(data)}")
+        for key in data:
+            if key not in allowed:
+                dotted = f"{where}.{key}" if where else key
+                near = difflib.get_close_matches(key, allowed, n=1, cutoff=0.6)
+                hint = f"; did you mean {near[0]!r}?" if near else ""
+                listed = ", ".join(allowed)
+                what = "setting" if where else "section"
+                raise self.fail(dotted, f"unknown {what}{hint} (allowed here: {listed})")
+        return data
+
+    # -- typed getters: each returns the default when the key is absent
+
+    def number(
+        self,
+        t: Mapping[str, Any],
+        where: str,
+        key: str,
+        default: float,
+        *,
+        minimum: float,
+        exclusive: bool = True,
+        integer: bool = False,
+    ) -> Any:
+        if key not in t:
+            return default
+        v = t[key]
+        dotted = f"{where}.{key}"
+        kind = "an integer" if integer else "a number"
+        ok_type = isinstance(v, int) if integer else isinstance(v, int | float)
+        if isinstance(v, bool) or not ok_type or (isinstance(v, float) and not math.isfinite(v)):
+            raise self.fail(dotted, f"must be {kind}, got {_show(v)}")
+        if (v <= minimum) if exclusive else (v < minimum):
+            bound = f"> {minimum:g}" if exclusive else f">= {minimum:g}"
+            raise self.fail(dotted, f"must be {bound}, got {_show(v)}")
+        return v if integer else float(v)
+
+    def boolean(self, t: Mapping[str, Any], where: str, key: str, default: Any) -> Any:
+        if key not in t:
+            return default
+        v = t[key]
+        if not isinstance(v, bool):
+            raise self.fail(f"{where}.{key}", f"must be true or false, got {_show(v)}")
+        return v
+
+    def string(self, t: Mapping[str, Any], where: str, key: str, default: Any) -> Any:
+        if key not in t:
+            return default
+        v = t[key]
+        if not isinstance(v, str):
+            raise self.fail(f"{where}.{key}", f"must be a string, got {_show(v)}")
+        return v
+
+    def path(self, t: Mapping[str, Any], where: str, key: str, default: Path) -> Path:
+        v = self.string(t, where, key, None)
+        if v is None:
+            return default
+        p = Path(v).expanduser()
+        if not v.strip() or not p.is_absolute():
+            raise self.fail(f"{where}.{key}", f"must be an absolute path, got {_show(v)}")
+        return p
+
+    def mode(self, t: Mapping[str, Any], where: str, key: str, default: int) -> int:
+        if key not in t:
+            return default
+        v, dotted = t[key], f"{where}.{key}"
+        if isinstance(v, str):
+            try:
+                v = int(v, 8)
+            except ValueError:
+                raise self.fail(dotted, f'must be an octal mode like "0660", got {v!r}') from None
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= 0o777:
+            raise self.fail(dotted, f"must be a file mode 0000..0777 (e.g. 0o660), got {_show(v)}")
+        if not v & 0o200:
+            raise self.fail(dotted, f"{oct(v)} leaves the owner unable to connect; add u+w")
+        return v
+
+    def policy_spec(self, t: Mapping[str, Any], where: str, key: str, default: Any) -> Any:
+        spec = self.string(t, where, key, None)
+        if spec is None:
+            return default
+        try:
+            parse(spec)
+        except PolicyError as exc:
+            raise self.fail(f"{where}.{key}", f"invalid policy spec {spec!r}: {exc}") from None
+        return spec
+
+    # -- sections
+
+    def config(self, data: Mapping[str, Any]) -> Config:
+        self.table(data, "", _SECTIONS)
+        d = self.table(data.get("daemon", {}), "daemon", _DAEMON_KEYS)
+        p = self.table(data.get("policy", {}), "policy", _POLICY_KEYS)
+        m = self.table(data.get("metrics", {}), "metrics", _METRICS_KEYS)
+        r = self.table(data.get("retention", {}), "retention", _RETENTION_KEYS)
+
+        socket = self.socket(d)
+        run_dir = paths.runtime_dir()
+        state_dir = self.path(d, "daemon", "state_dir", paths.state_dir())
+        group = self.string(d, "daemon", "socket_group", None)
+        if group is not None and not group.strip():
+            raise self.fail("daemon.socket_group", "must be a group name, got an empty string")
+        level = self.string(d, "daemon", "log_level", "info").lower()
+        if level not in LOG_LEVELS:
+            raise self.fail(
+                "daemon.log_level", f"must be one of {', '.join(LOG_LEVELS)}, got {level!r}"
+            )
+        sample = self.number(d, "daemon", "sample_interval_s", 1.0, minimum=0)
+        liveness = self.number(d, "daemon", "liveness_timeout_s", 60.0, minimum=0)
+        if liveness < sample:
+            raise self.fail(
+                "daemon.liveness_timeout_s",
+                f"must be at least daemon.sample_interval_s ({sample:g}), got {liveness:g}",
+            )
+        mtbf_h = self.number(p, "policy", "gpu_mtbf_hours", PRIOR_GPU_MTBF_S / 3600, minimum=0)
+        return Config(
+            socket=socket,
+            admin_socket=self.path(d, "daemon", "admin_socket", run_dir / ADMIN_SOCKET_NAME),
+            socket_mode=self.mode(d, "daemon", "socket_mode", 0o660),
+            admin_socket_mode=self.mode(d, "daemon", "admin_socket_mode", 0o600),
+            socket_group=group,
+            state_dir=state_dir,
+            db_path=self.path(d, "daemon", "db_path", state_dir / DB_NAME),
+            log_level=level,
+            sample_interval_s=sample,
+            liveness_timeout_s=liveness,
+            drain_grace_s=self.number(d, "daemon", "drain_grace_s", 90.0, minimum=0),
+            watchdog=self.boolean(d, "daemon", "watchdog", True),
+            default_policy=self.policy_spec(p, "policy", "default", DEFAULT_SPEC),
+            gpu_mtbf_s=mtbf_h * 3600.0,
+            slow_save_s=self.number(m, "metrics", "slow_save_s", 1.0, minimum=0),
+            metrics_listen=self.listen(m),
+            retention_days=self.number(r, "retention", "days", 30.0, minimum=0),
+            retention_rows=self.number(r, "retention", "rows", 200_000, minimum=1, integer=True,
+                                       exclusive=False),
+            jobs=self.jobs(data.get("jobs", {})),
+            storage=self.storage(data.get("storage", {})),
+            source=self.source,
+        )  # fmt: skip
+
+    def socket(self, d: Mapping[str, Any]) -> str:
+        v = self.string(d, "daemon", "socket", None)
+        if v is None:
+            return str(paths.socket_path())
+        if v.startswith("ipc://"):
+            rest = v.removeprefix("ipc://")
+            if not Path(rest).is_absolute():
+                raise self.fail("daemon.socket", f"ipc endpoint needs an absolute path, got {v!r}")
+            return rest
+        if v.startswith("tcp://"):
+            host, sep, port = v.removeprefix("tcp://").rpartition(":")
+            if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise self.fail(
+                    "daemon.socket", f"tcp endpoint must look like tcp://HOST:PORT, got {v!r}"
+                )
+            return v
+        if "://" in v:
+            raise self.fail(
+                "daemon.socket", f"must be a path, ipc://PATH or tcp://HOST:PORT, got {v!r}"
+            )
+        p = Path(v).expanduser()
+        if not p.is_absolute():
+            raise self.fail("daemon.socket", f"must be an absolute path, got {v!r}")
+        return str(p)
+
+    def listen(self, m: Mapping[str, Any]) -> tuple[str, int] | None:
+        v = m.get("listen", DEFAULT_METRICS_LISTEN)
+        if v is False:
+            return None
+        if not isinstance(v, str):
+            raise self.fail("metrics.listen", f'must be "HOST:PORT" or "off", got {_show(v)}')
+        if v.strip().lower() in _OFF:
+            return None
+        return parse_listen(v, key="metrics.listen", fail=self.fail)
+
+    def jobs(self, data: Any) -> tuple[JobOverride, ...]:
+        if not isinstance(data, Mapping):
+            raise self.fail("jobs", f'must be a table of [jobs."ID"] sections, got {_show(data)}')
+        out = []
+        for pattern, body in data.items():
+            where = f'jobs."{pattern}"'
+            t = self.table(body, where, _JOB_KEYS)
+            out.append(
+                JobOverride(
+                    pattern=pattern,
+                    policy=self.policy_spec(t, where, "policy", None),
+                    paused=self.boolean(t, where, "paused", None),
+                )
+            )
+        return tuple(out)
+
+    def storage(self, data: Any) -> Mapping[str, StorageTarget]:
+        if not isinstance(data, Mapping):
+            raise self.fail(
+                "storage", f'must be a table of [storage."NAME"] sections, got {_show(data)}'
+            )
+        out: dict[str, StorageTarget] = {}
+        for name, body in data.items():
+            where = f'storage."{name}"'
+            t = self.table(body, where, _STORAGE_KEYS)
+            if "path" not in t:
+                raise self.fail(f"{where}.path", "is required (the target's mount point)")
+            limit = None
+            if "max_concurrent_saves" in t:
+                limit = self.number(t, where, "max_concurrent_saves", 0, minimum=1, integer=True,
+                                    exclusive=False)  # fmt: skip
+            out[name] = StorageTarget(
+                name=name, path=self.path(t, where, "path", Path("/")), max_concurrent_saves=limit
+            )
+        return MappingProxyType(out)
+
+
+def parse_listen(
+    text: str,
+    *,
+    key: str = "listen",
+    fail: Callable[[str, str], Exception] | None = None,
+) -> tuple[str, int]:
+    """``"HOST:PORT"`` or ``"[V6]:PORT"`` -> ``(host, port)``; port 0 picks a free one.
+
+    Raises :class:`ConfigError` (or what ``fail`` builds) naming ``key``.
+    """
+    fail = fail or (lambda k, msg: ConfigError(f"{k}: {msg}", key=k))
+    host, sep, port = text.strip().rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise fail(key, f'must be "HOST:PORT" (e.g. "127.0.0.1:9465") or "off", got {text!r}')
+    return host, int(port)
+
+
+def _show(v: Any) -> str:
+    """A value as TOML writes it, with its TOML type: ``true (boolean)``, ``"x" (string)``."""
+    kinds = {bool: "boolean", int: "integer", float: "float", str: "string"}
+    kind = next((n for t, n in kinds.items() if type(v) is t), None)
+    if kind is None:
+        return (
+            "a table"
+            if isinstance(v, Mapping)
+            else "an array"
+            if isinstance(v, list)
+            else "a value"
+        )
+    return f"{json.dumps(v)} ({kind})"
