@@ -1,0 +1,137 @@
+"""The whole decision loop: a real daemon process and real TensorFlow job processes.
+
+No part is faked: ``adaptd serve`` runs as a child process on its own ipc socket,
+the training job (:mod:`adaptd.client.demo_job`, a Keras model with Dropout, Adam
+and a shuffled tf.data pipeline) runs as another, and they talk over ZeroMQ.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from queue import Empty, Queue
+
+import pytest
+
+from adaptd.spawn import running_daemon, start_daemon, stop_daemon
+
+pytestmark = [pytest.mark.slow, pytest.mark.tf]
+
+ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONUNBUFFERED="1")
+
+
+class Job:
+    """A demo_job child process whose JSON events are read on a thread."""
+
+    def __init__(self, tmp: Path, socket: Path, steps: int, *extra: str) -> None:
+        self.log = open(tmp / "job.log", "a")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "adaptd.client.demo_job", "--dir", str(tmp / "ckpts"),
+             "--steps", str(steps), "--socket", str(socket), *extra],
+            stdout=subprocess.PIPE, stderr=self.log, text=True, env=ENV,
+        )  # fmt: skip
+        self.events: Queue[dict] = Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            if line.startswith("{"):
+                self.events.put(json.loads(line))
+        self.events.put({"event": "eof"})
+
+    def until(self, pred, timeout: float = 120.0) -> Iterator[dict]:
+        """Yield events until one satisfies ``pred`` (returned last); fail on EOF/timeout."""
+        while True:
+            try:
+                ev = self.events.get(timeout=timeout)
+            except Empty:
+                pytest.fail(f"no matching event within {timeout}s")
+            if ev["event"] == "eof" and not pred(ev):
+                pytest.fail(f"job exited ({self.proc.wait()}) before the expected event")
+            yield ev
+            if pred(ev):
+                return
+
+    def wait(self, timeout: float = 180.0) -> list[dict]:
+        events = list(self.until(lambda e: e["event"] == "eof", timeout))
+        assert self.proc.wait(timeout=30) == 0, f"the job failed; see {self.log.name}"
+        return events
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()
+
+
+def test_daemon_plans_reach_the_job_and_saves_follow_them(tmp_path: Path) -> None:
+    sock = tmp_path / "adaptd.sock"
+    with running_daemon(sock, ["--policy", "fixed:steps=40"]):
+        job = Job(tmp_path, sock, 130)
+        try:
+            events = job.wait()
+        finally:
+            job.stop()
+    plans = [e for e in events if e["event"] == "plan"]
+    saves = [e for e in events if e["event"] == "save"]
+    assert plans and plans[-1]["mode"] == "daemon", plans
+    assert "every 40 steps" in plans[-1]["reason"]
+    assert [s["step"] for s in saves] == [40, 80, 120]
+    assert all(s["ok"] and s["bytes"] > 1_000_000 and s["durable_s"] > 0 for s in saves)
+    # checkpoints are numbered by the global step and readable by plain TF tools
+    names = sorted(p.name for p in (tmp_path / "ckpts").glob("ckpt-*.index"))
+    assert names == ["ckpt-120.index", "ckpt-40.index", "ckpt-80.index"]
+
+
+def test_sigkill_then_resume_continues_from_the_newest_durable_save(tmp_path: Path) -> None:
+    sock = tmp_path / "adaptd.sock"
+    with running_daemon(sock, ["--policy", "fixed:steps=30"]):
+        job = Job(tmp_path, sock, 200)
+        try:
+            durable = 0
+            for ev in job.until(lambda e: e["event"] == "progress" and e["step"] >= 100):
+                if ev["event"] == "save" and ev["ok"]:
+                    durable = max(durable, ev["step"])
+            job.proc.send_signal(signal.SIGKILL)
+            job.proc.wait()
+        finally:
+            job.stop()
+        assert durable >= 60
+        resumed = Job(tmp_path, sock, 200)
+        try:
+            events = resumed.wait()
+        finally:
+            resumed.stop()
+    start = next(e for e in events if e["event"] == "start")
+    assert durable <= start["step"] < 110 and start["step"] % 30 == 0
+    saves = [e["step"] for e in events if e["event"] == "save" and e["ok"]]
+    # numbering continues on the same grid after the resume: no ckpt-1 again
+    assert saves and all(s > start["step"] and s % 30 == 0 for s in saves[:-1])
+    assert not list((tmp_path / "ckpts").glob("*_temp*"))
+
+
+def test_job_falls_back_without_daemon_and_reconnects_when_one_starts(tmp_path: Path) -> None:
+    sock = tmp_path / "adaptd.sock"
+    job = Job(tmp_path, sock, 100_000, "--policy", "fixed:steps=25")
+    daemon = None
+    try:
+        list(job.until(lambda e: e["event"] == "plan" and e["mode"] == "embedded"))
+        list(job.until(lambda e: e["event"] == "save" and e["ok"]))  # saves without a daemon
+        daemon = start_daemon(sock)
+        list(job.until(lambda e: e["event"] == "plan" and e["mode"] == "daemon", timeout=60))
+        stop_daemon(daemon)  # and the daemon goes away again: back to the embedded policy
+        daemon = None
+        list(job.until(lambda e: e["event"] == "plan" and e["mode"] == "embedded", timeout=60))
+        saved = list(job.until(lambda e: e["event"] == "save", timeout=60))
+        assert saved[-1]["ok"]
+    finally:
+        job.stop()
+        if daemon is not None:
+            stop_daemon(daemon)
