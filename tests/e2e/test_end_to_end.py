@@ -135,3 +135,21 @@ def test_job_falls_back_without_daemon_and_reconnects_when_one_starts(tmp_path: 
         job.stop()
         if daemon is not None:
             stop_daemon(daemon)
+
+
+def test_demo_command_kills_resumes_and_summarises(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "adaptd.cli", "demo", "--dir", str(tmp_path), "--steps", "240",
+         "--kill-at", "0.5", "--policy", "fixed:steps=50", "--json"],
+        capture_output=True, text=True, env=ENV, timeout=300,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = json.loads(out.stdout)
+    assert summary["completed"] and summary["steps"] == 240
+    assert summary["killed_at_step"] >= 120
+    # the newest durable save before the kill at 120..: step 100, or 50 if 100 was still writing
+    resumed = summary["resumed_from_step"]
+    assert resumed in (50, 100) and resumed >= summary["last_durable_before_kill"]
+    assert summary["lost_steps"] == summary["killed_at_step"] - resumed
+    assert summary["saves"] >= 4 and summary["failed_saves"] == 0
+    assert summary["mean_bytes"] > 1_000_000 and summary["mean_durable_s"] > 0
