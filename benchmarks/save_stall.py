@@ -109,7 +109,7 @@ def worker(mode: str, mb: int, saves: int, interval: int, settle: int, directory
         times.append(time.perf_counter() - t0)
     if hook is not None:
         hook.close()
-        latency = {r.step: r.durable_s for r in hook.reports if r.ok}
+        latency = {r.step: r.durable_s for r in hook.history if r.ok}
     else:
         ckpt.sync()
         latency = {s: durable_at[s] - save_called[s] for s in save_called if s in durable_at}
