@@ -27,7 +27,8 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 
 bench: $(STAMP)
-	$(BIN)/python benchmarks/run_all.py
+	$(BIN)/python benchmarks/hook_cost.py
+	$(BIN)/python benchmarks/save_stall.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache
