@@ -1,1 +1,29 @@
-"""The training-loop hook (import name ``adaptd.client``)."""
+"""The training-loop hook (import name ``adaptd.client``).
+
+``AdaptiveCheckpointer`` for custom loops, ``AdaptiveCheckpointCallback`` for
+``model.fit``. Both need TensorFlow, which is imported only when one of them is
+first used, so the pure helpers (``adaptd.client.schedule``, ``costs``, ``link``,
+``files``, ``ranks``) import without it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from adaptd.client.callback import AdaptiveCheckpointCallback
+    from adaptd.client.checkpointer import AdaptiveCheckpointer
+
+__all__ = ["AdaptiveCheckpointCallback", "AdaptiveCheckpointer"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "AdaptiveCheckpointer":
+        from adaptd.client.checkpointer import AdaptiveCheckpointer
+
+        return AdaptiveCheckpointer
+    if name == "AdaptiveCheckpointCallback":
+        from adaptd.client.callback import AdaptiveCheckpointCallback
+
+        return AdaptiveCheckpointCallback
+    raise AttributeError(f"module 'adaptd.client' has no attribute {name!r}")

@@ -1,0 +1,739 @@
+"""The training-loop hook: :class:`AdaptiveCheckpointer`.
+
+It owns a ``tf.train.Checkpoint`` of the user's trackables (plus the global step and
+the Keras seed-generator states), a ``tf.train.CheckpointManager`` that numbers
+checkpoints by the global step, a non-blocking ZeroMQ link to the daemon and an
+embedded copy of the policy stack for when there is no daemon.
+
+Threads: the training thread calls :meth:`step`; TensorFlow's async-checkpoint
+thread writes; one watcher thread of ours waits for each write to end and records
+its outcome. The training thread reads that outcome on its next tick, so every
+report, log line and plan change happens on the training thread.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import signal
+import socket as _socket
+import threading
+import warnings
+import weakref
+from collections.abc import Callable
+from pathlib import Path
+from queue import SimpleQueue
+from time import perf_counter
+from typing import Any
+
+import msgspec
+import tensorflow as tf
+
+from adaptd import paths, protocol
+from adaptd.client import files, keras_compat, ranks
+from adaptd.client.costs import Baseline, SaveWindow, StepClock
+from adaptd.client.link import DaemonLink
+from adaptd.client.schedule import NEVER, Due, SaveSchedule
+from adaptd.estimators import JobTracker
+from adaptd.policy import DEFAULT_SPEC, Policy, PolicyError, parse
+from adaptd.snapshot import Snapshot
+
+log = logging.getLogger("adaptd.client")
+
+#: Checkpoint keys the hook adds next to the user's trackables.
+STEP_KEY = "adaptd_global_step"
+SEEDS_KEY = "adaptd_keras_seeds"
+_RESERVED = {STEP_KEY, SEEDS_KEY, "save_counter"}
+_INF = float("inf")
+
+
+class _Pending:
+    """One save between the save call and its report."""
+
+    __slots__ = (
+        "blocking_s",
+        "done",
+        "error",
+        "finished_at",
+        "nbytes",
+        "path",
+        "reason",
+        "started_at",
+        "step",
+        "window",
+        "written_at",
+    )
+
+    def __init__(self, step: int, path: str, started_at: float, reason: str) -> None:
+        self.step = step
+        self.path = path
+        self.started_at = started_at
+        self.reason = reason
+        self.blocking_s = 0.0
+        self.window: SaveWindow | None = None
+        self.written_at: float | None = None  # set by TF's write callback (TF's thread)
+        self.finished_at: float | None = None  # set by the watcher when TF's thread is done
+        self.error = ""
+        self.nbytes = 0
+        self.done = threading.Event()
+
+    def written(self, save_path: str) -> None:  # TF calls this after a successful write
+        self.written_at = perf_counter()
+
+
+class AdaptiveCheckpointer:
+    """Saves ``trackables`` asynchronously at the steps the daemon (or the embedded
+    policy) plans, and reports what each save cost.
+
+    Args:
+        directory: where checkpoints go (created if missing).
+        job: job id shared by all ranks (letters, digits, ``_.:@+-``).
+        max_to_keep: checkpoints kept by the ``CheckpointManager`` (None: all).
+        policy: a spec such as ``"fixed:steps=100"`` or a policy object; overrides
+            the daemon's choice (sent in Hello) and drives the embedded fallback.
+            Default: the daemon's choice, and :data:`adaptd.policy.DEFAULT_SPEC`
+            embedded.
+        socket: daemon endpoint or socket path (default :func:`adaptd.paths.endpoint`).
+        rank, world_size: this process's place in the job (default: environment,
+            see :mod:`adaptd.client.ranks`).
+        daemon_timeout: seconds of silence after a send before the daemon counts
+            as gone (also how long to wait for the first Welcome).
+        handle_sigterm: on SIGTERM save at the next step, wait until durable, then
+            let the signal take effect. Installed only from the main thread.
+        poll_interval: wall seconds between socket polls in :meth:`step`.
+        report_interval: wall seconds between step-time reports to the daemon.
+        decide_interval: wall seconds between embedded re-decisions.
+        **trackables: what to checkpoint (``model=``, ``optimizer=``,
+            ``data_iterator=``, ``rng=``, any ``tf`` trackable).
+
+    Raises:
+        ValueError: an argument is invalid (the message names it and the value).
+        PolicyError: ``policy`` does not parse.
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        *,
+        job: str,
+        max_to_keep: int | None = 5,
+        policy: str | Policy | None = None,
+        socket: str | os.PathLike[str] | None = None,
+        rank: int | None = None,
+        world_size: int | None = None,
+        daemon_timeout: float = 5.0,
+        handle_sigterm: bool = True,
+        poll_interval: float = 0.025,
+        report_interval: float = 1.0,
+        decide_interval: float = 5.0,
+        **trackables: Any,
+    ) -> None:
+        if not isinstance(directory, (str, os.PathLike)) or not os.fspath(directory):
+            raise ValueError(f"directory must be a non-empty path, got {directory!r}")
+        try:
+            msgspec.convert(job, protocol.JobId)
+        except msgspec.ValidationError:
+            raise ValueError(
+                f"job must be 1-256 characters of letters, digits and _.:@+- "
+                f"(not starting with one of .:@+-), got {job!r}"
+            ) from None
+        if max_to_keep is not None and (
+            isinstance(max_to_keep, bool) or not isinstance(max_to_keep, int) or max_to_keep < 1
+        ):
+            raise ValueError(f"max_to_keep must be an integer >= 1 or None, got {max_to_keep!r}")
+        for name, value in (
+            ("poll_interval", poll_interval),
+            ("report_interval", report_interval),
+            ("decide_interval", decide_interval),
+        ):
+            if not isinstance(value, (int, float)) or not value > 0:
+                raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+        if not trackables:
+            raise ValueError(
+                "nothing to checkpoint: pass the state as keywords, "
+                "e.g. AdaptiveCheckpointer(dir, job=..., model=model, optimizer=opt)"
+            )
+        for key, value in trackables.items():
+            if key in _RESERVED:
+                raise ValueError(f"the checkpoint key {key!r} is reserved by adaptd; rename it")
+            if not isinstance(value, tf.__internal__.tracking.Trackable):
+                raise ValueError(
+                    f"{key}= must be a TensorFlow trackable (model, optimizer, tf.Variable, "
+                    f"tf.data iterator, tf.random.Generator, ...), got {type(value).__name__}"
+                )
+        self.directory = Path(directory)
+        self.job = job
+        self.rank, self.world_size = ranks.resolve(rank, world_size)
+        self.policy: Policy = parse(policy if policy is not None else DEFAULT_SPEC)
+        self._policy_spec = _spec_of(policy)
+        # A policy object cannot be sent to the daemon, so it is run here and the
+        # daemon's plans are ignored (its urgent SaveNow requests are still honoured).
+        self._local_only = policy is not None and not isinstance(policy, str)
+        self.endpoint = paths.endpoint(socket)
+        self._poll_s = float(poll_interval)
+        self._report_s = float(report_interval)
+        self._decide_s = float(decide_interval)
+        self._handle_sigterm = bool(handle_sigterm)
+        self._trackables = dict(trackables)
+
+        self._step_var = tf.Variable(0, dtype=tf.int64, trainable=False, name=STEP_KEY)
+        extra: dict[str, Any] = {STEP_KEY: self._step_var}
+        seeds = keras_compat.seed_states(trackables.values())
+        if seeds:
+            extra[SEEDS_KEY] = seeds
+        self.checkpoint = tf.train.Checkpoint(**trackables, **extra)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.manager = tf.train.CheckpointManager(
+            self.checkpoint, str(self.directory), max_to_keep=max_to_keep
+        )
+        self._link = DaemonLink(self.endpoint, timeout_s=daemon_timeout)
+
+        # Hot-path state: step() reads these three and nothing else.
+        self._n = 0
+        self._due = 0  # 0: the first step() runs the slow path, which starts the hook
+        self._tick_at = 0.0
+
+        self._started = False
+        self._closed = False
+        self._keras_fixed = False
+        self._schedule = SaveSchedule()
+        self._tracker: JobTracker | None = None
+        self._clock: StepClock | None = None
+        self._baseline: Baseline | None = None
+        self._pending: _Pending | None = None
+        self._watch_q: SimpleQueue[_Pending | None] = SimpleQueue()
+        self._watcher: threading.Thread | None = None
+        self._report_at = self._decide_at = self._hello_at = self._deadline_at = 0.0
+        self._daemon_mode = False
+        self._warned = False
+        self._fell_back = False
+        self._error_codes: set[str] = set()
+        self._preempt: int | None = None
+        self._prev_handler: Any = None
+        self._sigterm_installed = False
+        self.resumed_from = 0
+        self.restore_s: float | None = None
+        self.state_bytes = 0
+        #: Every finished save, as sent to the daemon (failed ones too).
+        self.history: list[protocol.SaveReport] = []
+        self.failed_saves = 0
+        self._atexit = _weak_close(self)
+        atexit.register(self._atexit)
+
+    # ------------------------------------------------------------------ public API
+
+    def restore_or_initialize(self) -> int:
+        """Restore the newest checkpoint, if any; return the step to continue from.
+
+        Removes leftovers of interrupted writes first. Call once, before the first
+        :meth:`step`. Raises RuntimeError when called twice or after :meth:`step`,
+        and whatever TensorFlow raises when the checkpoint does not match the state.
+        """
+        if self._started:
+            raise RuntimeError("restore_or_initialize() must be called once, before step()")
+        files.remove_orphans(self.directory)
+        latest = self.manager.latest_checkpoint
+        start = 0
+        restore_s = None
+        if latest:
+            t0 = perf_counter()
+            keras_compat.build_optimizers(self._trackables)
+            status = self.checkpoint.restore(latest)
+            status.assert_existing_objects_matched()
+            start = int(self._step_var.numpy())
+            if start == 0:  # written without our step variable: trust the name ckpt-N
+                start = _number_of(latest)
+            restore_s = perf_counter() - t0
+            log.info("restored %s: continuing from step %d (%.3fs)", latest, start, restore_s)
+        self._start(start, restore_s)
+        return start
+
+    def step(self) -> None:
+        """Call once per finished training step. Costs well under a microsecond unless
+        a save is due or the socket's poll time has come."""
+        now = perf_counter()
+        n = self._n + 1
+        self._n = n
+        if n >= self._due or now >= self._tick_at:
+            self._boundary(n, now)
+
+    def request_save(self, reason: str = "requested") -> None:
+        """Save at the next step boundary, whatever the plan says."""
+        self._schedule.request(self._n + 1, reason, self._n)
+        self._due = self._schedule.due
+
+    def close(self, timeout: float | None = 300.0) -> None:
+        """Wait up to ``timeout`` seconds for an in-flight save, report it, say goodbye
+        to the daemon and close the socket. Idempotent."""
+        self._finish(timeout, goodbye="closed")
+
+    def __enter__(self) -> AdaptiveCheckpointer:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        reason = "closed" if exc_type is None else f"exception: {exc_type.__name__}"
+        self._finish(300.0, goodbye=reason)
+
+    @property
+    def step_count(self) -> int:
+        """Completed steps (the global step)."""
+        return self._n
+
+    @property
+    def save_in_flight(self) -> bool:
+        """True while a save's background write has not ended."""
+        p = self._pending
+        return p is not None and not p.done.is_set()
+
+    @property
+    def mode(self) -> str:
+        """``"daemon"`` when the daemon's plan is in force, else ``"embedded"``."""
+        return self._schedule.source
+
+    @property
+    def next_save(self) -> Due | None:
+        """The step the next save is planned at, and why."""
+        return self._schedule.next_due()
+
+    @property
+    def latest_checkpoint(self) -> str | None:
+        return self.manager.latest_checkpoint
+
+    @property
+    def stats(self) -> dict[str, int]:
+        """Counters: messages sent, dropped (no daemon), bad frames received, failed saves."""
+        return {
+            "sent": self._link.sent,
+            "dropped": self._link.dropped,
+            "bad_frames": self._link.bad_frames,
+            "saves": len(self.history),
+            "failed_saves": self.failed_saves,
+        }
+
+    # ------------------------------------------------------------------ start
+
+    def _start(self, start: int, restore_s: float | None) -> None:
+        now = perf_counter()
+        self._started = True
+        self.resumed_from = start
+        self.restore_s = restore_s
+        self._n = start
+        self.state_bytes = _state_bytes(self.checkpoint)
+        gpus = len(tf.config.list_physical_devices("GPU"))
+        self._tracker = JobTracker(
+            self.job,
+            world_size=self.world_size,
+            gpus=max(1, gpus),
+            start_step=start,
+            state_bytes=self.state_bytes,
+        )
+        if restore_s is not None:
+            self._tracker.on_restart(restore_s)
+        self._gpus = gpus
+        self._clock = StepClock(start, now)
+        self._baseline = Baseline(start, now)
+        self._schedule.last_saved_step = start if start else None
+        self._watcher = threading.Thread(
+            target=self._watch, name="adaptd-save-watcher", daemon=True
+        )
+        self._watcher.start()
+        self._send_hello(now)
+        self._deadline_at = now + self._link.timeout_s
+        self._report_at = now + self._report_s
+        self._decide(start, now)
+        self._install_sigterm()
+        self._due = self._schedule.due
+        self._tick_at = now + self._poll_s
+
+    def _send_hello(self, now: float) -> None:
+        self._link.send(
+            protocol.Hello(
+                v=protocol.VERSION,
+                job=self.job,
+                rank=self.rank,
+                world_size=self.world_size,
+                pid=os.getpid(),
+                checkpoint_dir=str(self.directory.resolve())[: protocol.MAX_TEXT],
+                state_bytes=self.state_bytes,
+                resumed_from=self.resumed_from,
+                gpus=self._gpus,
+                policy=self._policy_spec or "",
+                hostname=_socket.gethostname()[: protocol.MAX_TEXT],
+            ),
+            now,
+        )
+        self._hello_at = now + 1.0
+
+    # ------------------------------------------------------------------ slow path
+
+    def _boundary(self, n: int, now: float) -> None:
+        if not self._started:
+            if self._closed:
+                self._due, self._tick_at = NEVER, _INF
+                return
+            self._start(0, None)
+            self._n = n
+        if now >= self._tick_at:
+            self._tick(n, now)
+        if self._preempt is not None:
+            self._on_preempt(n)
+            return
+        if n >= self._schedule.due:
+            self._save(n, self._schedule.due_reason)
+        self._due = self._schedule.due
+
+    def _tick(self, n: int, now: float) -> None:
+        self._tick_at = now + self._poll_s
+        link = self._link
+        for msg in link.receive(now):
+            self._on_message(msg, n, now)
+        if self._daemon_mode and not link.alive(now):
+            self._lost_daemon(n, now, f"no message for {link.timeout_s:g}s")
+        elif not link.welcomed:
+            if now >= self._hello_at:
+                self._send_hello(now)
+            if not self._warned and now >= self._deadline_at:
+                self._lost_daemon(n, now, f"no answer within {link.timeout_s:g}s")
+        pending = self._pending
+        if pending is not None and pending.done.is_set() and n > pending.step:
+            self._report(pending, n, now)
+        if now >= self._report_at:
+            self._report_at = now + self._report_s
+            batch = self._clock.batch(n, now)
+            if batch is not None:
+                in_flight = self.save_in_flight
+                self._tracker.on_steps(now, n, batch.count, batch.mean_s, in_flight)
+                link.send(
+                    protocol.Steps(
+                        v=protocol.VERSION,
+                        job=self.job,
+                        rank=self.rank,
+                        step=n,
+                        count=batch.count,
+                        mean_s=batch.mean_s,
+                        save_in_flight=in_flight,
+                    ),
+                    now,
+                )
+        if (self._local_only or not self._daemon_mode) and now >= self._decide_at:
+            self._decide(n, now)
+
+    def _on_message(self, msg: protocol.DaemonMessage, n: int, now: float) -> None:
+        if isinstance(msg, protocol.Welcome):
+            if not self._daemon_mode:
+                self._daemon_mode = True
+                if self._fell_back:
+                    log.info("adaptd daemon at %s is back: its plan is in force", self.endpoint)
+        elif isinstance(msg, protocol.Plan):
+            if msg.job != self.job or not self._link.welcomed or self._local_only:
+                return
+            self._daemon_mode = True
+            if self._schedule.apply_plan(msg, n):
+                log.info("plan from the daemon: %s", _describe(self._schedule))
+        elif isinstance(msg, protocol.SaveNow):
+            if msg.job == self.job:
+                log.info("daemon asks for a save now: %s", msg.reason)
+                self._schedule.save_now(msg, n)
+        elif isinstance(msg, protocol.Error):
+            if msg.code == "unknown_peer":
+                log.info("the daemon does not know this job (restarted?): saying hello again")
+                self._link.forget()
+                self._send_hello(now)
+            elif msg.code not in self._error_codes:
+                self._error_codes.add(msg.code)
+                log.warning("the daemon refused a message (%s): %s", msg.code, msg.message)
+
+    def _lost_daemon(self, n: int, now: float, why: str) -> None:
+        self._daemon_mode = False
+        self._fell_back = True
+        self._link.forget()
+        self._schedule.daemon_lost()
+        text = (
+            f"adaptd: no daemon at {self.endpoint} ({why}); deciding in-process with "
+            f"policy {self._policy_spec or _name_of(self.policy)!r} until it answers"
+        )
+        if not self._warned:
+            self._warned = True
+            log.warning("%s", text)
+            warnings.warn(text, RuntimeWarning, stacklevel=5)
+        else:
+            log.warning("%s", text)
+        self._decide(n, now)
+
+    def _decide(self, n: int, now: float) -> None:
+        self._decide_at = now + self._decide_s
+        state = self._tracker.state(
+            step=n,
+            time=now,
+            save_in_flight=self.save_in_flight,
+            last_save_step=self._schedule.last_saved_step,
+        )
+        try:
+            decision = self.policy.decide(Snapshot(time=now), state)
+        except Exception as exc:  # a broken plugin must not stop training
+            log.error("policy %s failed: %s", _name_of(self.policy), exc)
+            return
+        if self._schedule.set_embedded(decision, n):
+            log.info("embedded plan: %s", _describe(self._schedule))
+
+    # ------------------------------------------------------------------ saving
+
+    def _save(self, n: int, reason: str) -> None:
+        t0 = perf_counter()
+        prev = self._pending
+        if prev is not None:  # one save in flight at a time: TF would wait here too
+            prev.done.wait()
+            self._report(prev, n, t0)
+        baseline = self._baseline.close(n, t0)
+        self._schedule.saved(n)
+        self._tracker.on_save_requested(t0, n)
+        prefix = os.path.join(str(self.directory), f"ckpt-{n}")  # CheckpointManager's name
+        pending = _Pending(n, prefix, t0, reason)
+        try:
+            self._step_var.assign(n)
+            if not self._keras_fixed:
+                keras_compat.fix_async_copies(tf.train.TrackableView(self.checkpoint).descendants())
+                self._keras_fixed = True
+            options = tf.train.CheckpointOptions(
+                enable_async=True, experimental_write_callbacks=[pending.written]
+            )
+            pending.path = self.manager.save(checkpoint_number=n, options=options)
+        except Exception as exc:  # reported, never raised into the training loop
+            pending.error = f"{type(exc).__name__}: {exc}"
+            _clear_async_error(self.checkpoint)
+            pending.finished_at = perf_counter()
+            pending.done.set()
+        t1 = perf_counter()
+        pending.blocking_s = t1 - t0
+        pending.window = SaveWindow(baseline, n, t1)
+        self._clock.blocked(pending.blocking_s)
+        self._pending = pending
+        if not pending.done.is_set():
+            self._watch_q.put(pending)
+
+    def _watch(self) -> None:
+        """Watcher thread: wait for each write to end; record time, size and errors."""
+        while True:
+            pending = self._watch_q.get()
+            if pending is None:
+                return
+            try:
+                self.checkpoint.sync()
+            except Exception as exc:
+                pending.error = f"{type(exc).__name__}: {exc}"
+            pending.finished_at = perf_counter()
+            err = _clear_async_error(self.checkpoint)
+            if err is not None:
+                pending.error = f"{type(err).__name__}: {err}"
+            elif pending.written_at is None and not pending.error:
+                pending.error = "the write ended without TensorFlow's completion callback"
+            if pending.error:
+                files.remove_checkpoint(pending.path)
+            else:
+                pending.nbytes = files.checkpoint_bytes(pending.path)
+            pending.done.set()
+
+    def _report(self, pending: _Pending, n: int, now: float) -> None:
+        self._pending = None
+        ok = not pending.error
+        extra = pending.window.extra(n, now) if pending.window is not None else 0.0
+        durable = (pending.finished_at or now) - pending.started_at
+        report = protocol.SaveReport(
+            v=protocol.VERSION,
+            job=self.job,
+            rank=self.rank,
+            step=pending.step,
+            blocking_s=pending.blocking_s,
+            durable_s=max(0.0, durable),
+            bytes=pending.nbytes,
+            extra_step_s=extra,
+            ok=ok,
+            error=pending.error[: protocol.MAX_TEXT],
+            path=pending.path[: protocol.MAX_TEXT],
+            reason=pending.reason[: protocol.MAX_TEXT],
+        )
+        self.history.append(report)
+        self._tracker.on_save_report(
+            now,
+            pending.step,
+            blocking_s=report.blocking_s,
+            durable_s=report.durable_s,
+            extra_step_s=extra,
+            ok=ok,
+        )
+        self._baseline.restart(n, now)
+        if ok:
+            log.info(
+                "saved step %d: blocking %.1f ms, durable %.1f ms, %.2f MB, extra step %.1f ms",
+                pending.step,
+                report.blocking_s * 1e3,
+                report.durable_s * 1e3,
+                report.bytes / 1e6,
+                extra * 1e3,
+            )
+        else:
+            self.failed_saves += 1
+            log.error(
+                "save at step %d failed (%s); latest stays %s",
+                pending.step,
+                pending.error,
+                self.manager.latest_checkpoint,
+            )
+        self._link.send(report, now)
+        if self._local_only or not self._daemon_mode:
+            self._decide(n, now)
+
+    # ------------------------------------------------------------------ SIGTERM, close
+
+    def _install_sigterm(self) -> None:
+        if not self._handle_sigterm:
+            return
+        if threading.current_thread() is not threading.main_thread():
+            log.info("not on the main thread: SIGTERM is not handled by the hook")
+            return
+        prev = signal.getsignal(signal.SIGTERM)
+        if prev is signal.SIG_IGN or prev is None:
+            return  # SIGTERM is ignored, or owned by non-Python code: leave it alone
+        self._prev_handler = prev
+        signal.signal(signal.SIGTERM, self._on_sigterm)
+        self._sigterm_installed = True
+
+    def _on_sigterm(self, signum: int, frame: Any) -> None:
+        # Runs between two bytecodes of the main thread: only flag; step() acts on it.
+        self._preempt = signum
+        self._due = 0
+
+    def _restore_sigterm(self) -> None:
+        if self._sigterm_installed:
+            self._sigterm_installed = False
+            try:
+                signal.signal(signal.SIGTERM, self._prev_handler)
+            except (ValueError, TypeError) as exc:  # not the main thread any more
+                log.debug("could not restore the SIGTERM handler: %s", exc)
+
+    def _on_preempt(self, n: int) -> None:
+        log.warning("SIGTERM: saving step %d, then exiting", n)
+        self._finish(None, goodbye="SIGTERM")
+
+    def _finish(self, timeout: float | None, goodbye: str) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._due, self._tick_at = NEVER, _INF
+        signum = self._preempt
+        try:
+            if self._started:
+                n = self._n
+                now = perf_counter()
+                if signum is not None and self._schedule.last_saved_step != n:
+                    self._save(n, "SIGTERM")
+                pending = self._pending
+                if pending is not None:
+                    if pending.done.wait(timeout):
+                        self._report(pending, n, perf_counter())
+                    else:
+                        log.warning(
+                            "the save of step %d was not durable after %ss; exiting anyway",
+                            pending.step,
+                            timeout,
+                        )
+                now = perf_counter()
+                batch = self._clock.batch(n, now)
+                if batch is not None:
+                    self._link.send(
+                        protocol.Steps(
+                            v=protocol.VERSION,
+                            job=self.job,
+                            rank=self.rank,
+                            step=n,
+                            count=batch.count,
+                            mean_s=batch.mean_s,
+                        ),
+                        now,
+                    )
+                self._link.send(
+                    protocol.Goodbye(
+                        v=protocol.VERSION, job=self.job, rank=self.rank, step=n, reason=goodbye
+                    ),
+                    now,
+                )
+                self._watch_q.put(None)
+        finally:
+            self._link.close(linger_ms=200)
+            self._restore_sigterm()
+            atexit.unregister(self._atexit)
+        if signum is not None:
+            log.warning("re-delivering signal %d", signum)
+            os.kill(os.getpid(), signum)
+
+
+# ---------------------------------------------------------------------- helpers
+
+
+def _weak_close(ckptr: AdaptiveCheckpointer) -> Callable[[], None]:
+    ref = weakref.ref(ckptr)
+
+    def close_at_exit() -> None:
+        obj = ref()
+        if obj is not None:
+            obj.close(timeout=60.0)
+
+    return close_at_exit
+
+
+def _clear_async_error(ckpt: tf.train.Checkpoint) -> BaseException | None:
+    """Take the error TF's async thread stored, so it is reported once by us instead of
+    being raised into the next save (or at interpreter exit)."""
+    helper = getattr(ckpt, "_async_checkpointer_impl", None)
+    err = getattr(helper, "_async_error", None)
+    if err is not None:
+        helper._async_error = None
+    return err
+
+
+def _number_of(path: str) -> int:
+    tail = path.rsplit("-", 1)[-1]
+    return int(tail) if tail.isdigit() else 0
+
+
+def _state_bytes(ckpt: tf.train.Checkpoint) -> int:
+    total = 0
+    seen: set[int] = set()
+    for obj in tf.train.TrackableView(ckpt).descendants():
+        shape, dtype = getattr(obj, "shape", None), getattr(obj, "dtype", None)
+        if shape is None or dtype is None or not hasattr(obj, "assign") or id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        try:
+            total += int(tf.TensorShape(shape).num_elements() or 0) * tf.as_dtype(dtype).size
+        except (TypeError, ValueError):
+            continue
+    return total
+
+
+def _name_of(policy: Policy) -> str:
+    return type(policy).__name__
+
+
+def _spec_of(policy: str | Policy | None) -> str | None:
+    """The spec to send in Hello: the string as given, or None for a policy object
+    (the daemon cannot run an object it does not have; the hook runs it locally)."""
+    if policy is None:
+        return None
+    if isinstance(policy, str):
+        return policy
+    return None
+
+
+def _describe(schedule: SaveSchedule) -> str:
+    d = schedule.decision
+    due = schedule.next_due()
+    if d is None:
+        return "no save planned"
+    where = f"next save at step {due.step}" if due else "no save planned"
+    every = f", then every {d.every_steps}" if d.every_steps else ""
+    return f"{where}{every} ({d.policy or '?'}: {d.reason})"
+
+
+__all__ = ["AdaptiveCheckpointer", "PolicyError"]

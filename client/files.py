@@ -1,0 +1,82 @@
+"""Checkpoint files on disk: leftovers of killed writes, and the size of one checkpoint.
+
+TensorFlow writes a checkpoint ``ckpt-N`` into ``ckpt-N_temp/`` and then merges it
+into ``ckpt-N.index`` + ``ckpt-N.data-*``; the ``checkpoint`` state file is replaced
+atomically through ``checkpoint.tmp<uuid>``. A process killed mid-write leaves the
+temporary names behind. They are never read (``latest`` only ever names merged
+checkpoints), so they are safe to remove before the next run writes.
+"""
+
+from __future__ import annotations
+
+import glob
+import logging
+import os
+import shutil
+from pathlib import Path
+
+log = logging.getLogger("adaptd.client")
+
+
+def orphans(directory: str | os.PathLike[str]) -> list[Path]:
+    """Temporary files and folders of interrupted writes in ``directory``."""
+    root = Path(directory)
+    if not root.is_dir():
+        return []
+    found = []
+    for entry in root.iterdir():
+        name = entry.name
+        if "_temp" in name or name.startswith("checkpoint.tmp"):
+            found.append(entry)
+    return sorted(found)
+
+
+def remove_orphans(directory: str | os.PathLike[str]) -> list[Path]:
+    """Remove :func:`orphans`; returns what was removed. Failures are logged, not raised:
+    a leftover that cannot be removed costs disk space, not correctness."""
+    removed = []
+    for path in orphans(directory):
+        try:
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
+        except OSError as exc:
+            log.warning("could not remove the leftover %s of an interrupted save: %s", path, exc)
+            continue
+        removed.append(path)
+    if removed:
+        log.info(
+            "removed %d leftover(s) of interrupted saves in %s: %s",
+            len(removed),
+            directory,
+            ", ".join(p.name for p in removed),
+        )
+    return removed
+
+
+def checkpoint_bytes(prefix: str) -> int:
+    """Total size of the files of the checkpoint ``prefix`` (``.index`` + ``.data-*``)."""
+    total = 0
+    for name in [f"{prefix}.index", *glob.glob(glob.escape(prefix) + ".data-*")]:
+        try:
+            total += os.stat(name).st_size
+        except OSError:
+            continue
+    return total
+
+
+def remove_checkpoint(prefix: str) -> None:
+    """Best-effort removal of a failed checkpoint's files, so nothing half-written lingers."""
+    for name in [
+        f"{prefix}.index",
+        *glob.glob(glob.escape(prefix) + ".data-*"),
+        f"{prefix}_temp",
+    ]:
+        try:
+            if os.path.isdir(name):
+                shutil.rmtree(name)
+            elif os.path.lexists(name):
+                os.unlink(name)
+        except OSError as exc:
+            log.warning("could not remove %s of the failed save: %s", name, exc)

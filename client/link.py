@@ -1,0 +1,127 @@
+"""The hook's ZeroMQ connection to the daemon, and whether the daemon is alive.
+
+A DEALER socket with ``LINGER=0`` (closing never waits for the daemon) and
+``IMMEDIATE=1`` (nothing is queued for a daemon that is not there: a send to no
+peer fails at once instead of piling up stale reports). Every send is
+non-blocking; a message that cannot go out is dropped and counted. Frames that do
+not decode are dropped and counted too: a broken daemon must not break training.
+
+Liveness is judged from the times passed in (no clock here): the daemon counts as
+present once it has sent Welcome, and as lost when nothing arrived for
+``timeout_s`` after something was sent.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import zmq
+
+from adaptd import protocol
+
+log = logging.getLogger("adaptd.client")
+
+
+class DaemonLink:
+    """One DEALER connection to ``endpoint``; never raises on send or receive."""
+
+    def __init__(self, endpoint: str, *, timeout_s: float = 5.0) -> None:
+        if not timeout_s > 0:
+            raise ValueError(f"daemon_timeout must be > 0 seconds, got {timeout_s!r}")
+        self.endpoint = endpoint
+        self.timeout_s = timeout_s
+        self._context = zmq.Context.instance()
+        sock = self._context.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.IMMEDIATE, 1)
+        sock.setsockopt(zmq.SNDHWM, 100)
+        sock.setsockopt(zmq.RCVHWM, 100)
+        sock.setsockopt(zmq.MAXMSGSIZE, protocol.MAX_MESSAGE_BYTES)
+        try:
+            sock.connect(endpoint)
+        except zmq.ZMQError as exc:
+            sock.close(0)
+            raise ValueError(
+                f"socket={endpoint!r} is not a usable ZeroMQ endpoint: {exc}"
+            ) from None
+        self._sock: zmq.Socket | None = sock
+        self.sent = 0
+        self.dropped = 0  # sends refused (no daemon connected, or its queue full)
+        self.bad_frames = 0  # frames that did not decode
+        self.welcomed = False
+        self.last_rx: float | None = None  # time of the newest message from the daemon
+        self.first_tx_since_rx: float | None = None  # oldest send not yet answered by anything
+
+    # ------------------------------------------------------------------ I/O
+
+    def send(self, msg: protocol.Message, now: float) -> bool:
+        """Queue ``msg`` without blocking; False (and counted) when it was dropped."""
+        sock = self._sock
+        if sock is None:
+            return False
+        try:
+            sock.send(protocol.encode(msg), zmq.NOBLOCK)
+        except zmq.Again:
+            self.dropped += 1
+            return False
+        except zmq.ZMQError as exc:
+            self.dropped += 1
+            log.debug("send to %s failed: %s", self.endpoint, exc)
+            return False
+        self.sent += 1
+        if self.first_tx_since_rx is None:
+            self.first_tx_since_rx = now
+        return True
+
+    def receive(self, now: float) -> list[protocol.DaemonMessage]:
+        """All messages waiting now (never blocks)."""
+        sock = self._sock
+        out: list[protocol.DaemonMessage] = []
+        if sock is None:
+            return out
+        while sock.poll(0, zmq.POLLIN):
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            except zmq.ZMQError as exc:
+                log.debug("receive from %s failed: %s", self.endpoint, exc)
+                break
+            self.last_rx = now
+            self.first_tx_since_rx = None
+            # A single frame; tolerate an empty delimiter frame in front of it.
+            try:
+                msg = protocol.decode_daemon(frames[-1])
+            except protocol.ProtocolError as exc:
+                self.bad_frames += 1
+                if self.bad_frames == 1:
+                    log.warning("dropping a bad message from the daemon (%s): %s", exc.code, exc)
+                continue
+            if isinstance(msg, protocol.Welcome):
+                self.welcomed = True
+            out.append(msg)
+        return out
+
+    # ------------------------------------------------------------------ liveness
+
+    def alive(self, now: float) -> bool:
+        """Welcomed, and not silent for ``timeout_s`` since an unanswered send."""
+        if not self.welcomed:
+            return False
+        pending = self.first_tx_since_rx
+        return pending is None or now - pending < self.timeout_s
+
+    def forget(self) -> None:
+        """The daemon is considered gone: require a new Welcome before trusting it."""
+        self.welcomed = False
+        self.first_tx_since_rx = None
+
+    def close(self, linger_ms: int = 0) -> None:
+        """Close the socket; ``linger_ms`` lets a last message (Goodbye) go out."""
+        if self._sock is not None:
+            self._sock.close(linger_ms)
+            self._sock = None
+
+    @property
+    def closed(self) -> bool:
+        return self._sock is None

@@ -1,0 +1,121 @@
+"""A small, deterministic training job with the hook, run as a subprocess by the tests.
+
+    python train_script.py CKPT_DIR OUT_FILE --steps N [--policy SPEC] [--socket EP]
+                           [--pad-mb M] [--step-sleep S]
+
+Prints ``step N`` after each step, ``inflight N`` when a save's write is in flight
+right after the step, ``start N`` after restoring, ``saved N`` when a save report
+arrives, and writes the final model, optimizer and RNG state as raw bytes to OUT_FILE.
+Keras model with Dropout, Adam, a shuffled tf.data pipeline and a tf.random.Generator.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from adaptd.client import AdaptiveCheckpointer
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("ckpt_dir")
+    p.add_argument("out")
+    p.add_argument("--steps", type=int, required=True)
+    p.add_argument("--policy", default="fixed:steps=5")
+    p.add_argument("--socket", default=None)
+    p.add_argument("--pad-mb", type=float, default=0.0)
+    p.add_argument("--step-sleep", type=float, default=0.0)
+    p.add_argument("--job", default="train-script")
+    args = p.parse_args()
+
+    tf.config.experimental.enable_op_determinism()
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    keras.utils.set_random_seed(1234)
+
+    rng = np.random.default_rng(7)
+    x = rng.normal(size=(256, 8)).astype("float32")
+    y = (x @ rng.normal(size=(8, 1))).astype("float32")
+    ds = (
+        tf.data.Dataset.from_tensor_slices((x, y))
+        .shuffle(256, seed=5, reshuffle_each_iteration=True)
+        .repeat()
+        .batch(16)
+    )
+    it = iter(ds)
+    model = keras.Sequential(
+        [
+            keras.Input((8,)),
+            keras.layers.Dense(16, activation="relu"),
+            keras.layers.Dropout(0.3),
+            keras.layers.Dense(1),
+        ]
+    )
+    opt = keras.optimizers.Adam(1e-2)
+    gen = tf.random.Generator.from_seed(99)
+    extra = {}
+    if args.pad_mb:
+        # bulk state so that a write takes long enough to be killed mid-way
+        n = int(args.pad_mb * 1e6 / 4)
+        extra["pad"] = tf.Variable(tf.zeros([n], tf.float32), trainable=False)
+
+    @tf.function
+    def train_step(xb, yb):
+        noise = gen.normal(tf.shape(xb), stddev=0.01)
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean((model(xb + noise, training=True) - yb) ** 2)
+        grads = tape.gradient(loss, model.trainable_variables)
+        opt.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+        return loss
+
+    ckptr = AdaptiveCheckpointer(
+        args.ckpt_dir,
+        job=args.job,
+        policy=args.policy,
+        socket=args.socket,
+        daemon_timeout=1.0,
+        model=model,
+        optimizer=opt,
+        data_iterator=it,
+        rng=gen,
+        **extra,
+    )
+    start = ckptr.restore_or_initialize()
+    print(f"start {start}", flush=True)
+    reported = 0
+    for step in range(start, args.steps):
+        xb, yb = next(it)
+        train_step(xb, yb)
+        if args.pad_mb and ckptr.save_in_flight:
+            extra["pad"].assign_add(tf.ones_like(extra["pad"]))  # keep the pad moving
+        ckptr.step()
+        print(f"step {step + 1}", flush=True)
+        if ckptr.save_in_flight:
+            print(f"inflight {step + 1}", flush=True)
+        while reported < len(ckptr.history):
+            r = ckptr.history[reported]
+            print(f"saved {r.step} ok={r.ok}", flush=True)
+            reported += 1
+        if args.step_sleep:
+            time.sleep(args.step_sleep)
+    ckptr.close()
+    state = [v.numpy() for v in model.weights] + [v.numpy() for v in opt.variables]
+    state.append(gen.state.numpy())
+    with open(args.out, "wb") as f:
+        for a in state:
+            f.write(np.ascontiguousarray(a).tobytes())
+    print("done", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
