@@ -215,8 +215,9 @@ class Daemon:
                 s.setsockopt(zmq.SNDHWM, HWM)
                 s.setsockopt(zmq.RCVHWM, HWM)
                 s.setsockopt(zmq.MAXMSGSIZE, HARD_MAX_FRAME)
-            self._bind(self._jobs, self.socket_path, 0o660)
+            # admin first: once the job socket exists, the daemon answers both
             self._bind(self._admin, self.admin_path, 0o600)
+            self._bind(self._jobs, self.socket_path, 0o660)
         except BaseException:
             self._close_sockets()
             self._unlock()
@@ -347,16 +348,7 @@ class Daemon:
 
     def tick(self, now: float) -> None:
         """Once a second: liveness, then the tick hooks (each guarded)."""
-        for job in self.registry.check(now):
-            log.warning(
-                logfmt(
-                    "job_lost",
-                    job=job.id,
-                    step=job.step,
-                    last_durable_step=job.tracker.last_durable_step,
-                    reason=job.lost_reason,
-                )
-            )
+        self.registry.check(now)
         for hook in self.tick_hooks:
             try:
                 hook(now)
@@ -369,6 +361,7 @@ class Daemon:
 
     def emit(self, event: ev.Event) -> None:
         """Hand ``event`` to every sink; a failing sink is counted and logged, never raised."""
+        _log_job_event(event)
         for sink in self.sinks:
             try:
                 sink(event)
@@ -467,12 +460,10 @@ class Daemon:
                 )
             )
         elif isinstance(msg, p.Goodbye):
-            finished = self.registry.goodbye(job, rank, msg, now)
+            self.registry.goodbye(job, rank, msg, now)
             log.info(
                 logfmt("goodbye", job=job.id, rank=rank.rank, step=msg.step, reason=msg.reason)
             )
-            if finished:
-                log.info(logfmt("job_finished", job=job.id, step=job.step))
             return
         self._decide(job, now)
         if job.plan is not None and now - rank.last_sent >= self.resend_after_s:
@@ -836,6 +827,34 @@ class Daemon:
         if self._ctx is not None:
             self._ctx.term()
             self._ctx = None
+
+
+def _log_job_event(event: ev.Event) -> None:
+    if isinstance(event, ev.JobLost):
+        log.warning(
+            logfmt(
+                "job_lost",
+                job=event.job,
+                step=event.step,
+                last_durable_step=event.last_durable_step,
+                reason=event.reason,
+            )
+        )
+    elif isinstance(event, ev.JobResumed):
+        log.info(
+            logfmt(
+                "job_resumed",
+                job=event.job,
+                resumed_from=event.resumed_from,
+                last_step=event.last_step,
+                lost_steps=event.lost_steps,
+                restart_s=event.restart_s,
+            )
+        )
+    elif isinstance(event, ev.JobRevived):
+        log.info(logfmt("job_revived", job=event.job))
+    elif isinstance(event, ev.JobFinished):
+        log.info(logfmt("job_finished", job=event.job, step=event.step, reason=event.reason))
 
 
 def _job_socket_path(socket: str | os.PathLike[str] | None) -> Path:

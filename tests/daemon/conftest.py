@@ -1,0 +1,44 @@
+"""Fixtures for the daemon tests; the helper classes live in daemon_helpers.py."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import zmq
+from daemon_helpers import DaemonProc
+
+
+@pytest.fixture
+def sock_dir() -> Iterator[Path]:
+    """A short directory under /tmp (ipc paths are limited to 107 bytes)."""
+    d = Path(tempfile.mkdtemp(prefix="adt-", dir="/tmp"))
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def zctx() -> Iterator[zmq.Context]:
+    ctx = zmq.Context()
+    yield ctx
+    ctx.destroy(linger=0)
+
+
+@pytest.fixture
+def daemon_proc(sock_dir: Path) -> Iterator[DaemonProc]:
+    d = DaemonProc(sock_dir / "adaptd.sock")
+    yield d
+    d.stop()
+
+
+@pytest.fixture(scope="module")
+def shared_daemon() -> Iterator[DaemonProc]:
+    """One daemon for the tests that only need one to talk to (each uses its own job ids)."""
+    d_dir = Path(tempfile.mkdtemp(prefix="adt-", dir="/tmp"))
+    d = DaemonProc(d_dir / "adaptd.sock")
+    yield d
+    d.stop()
+    shutil.rmtree(d_dir, ignore_errors=True)

@@ -1,0 +1,190 @@
+"""Helpers for the daemon tests: a real daemon (subprocess or thread), raw DEALER peers.
+
+Every wait is on the thing itself with a deadline: a daemon log line (read from
+its stderr pipe), a daemon event (from an in-process sink), a reply on a socket.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import msgspec
+import zmq
+
+from adaptd import admin
+from adaptd import protocol as p
+from adaptd.server import Daemon
+from adaptd.spawn import start_daemon, stop_daemon
+
+HERE = Path(__file__).parent
+DEADLINE = 10.0
+
+
+class Peer:
+    """A raw DEALER socket speaking adaptd.protocol, as a job's rank would."""
+
+    def __init__(self, ctx: zmq.Context, endpoint: str) -> None:
+        self.sock = ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.connect(endpoint)
+
+    def send(self, msg: p.Message) -> None:
+        self.sock.send(p.encode(msg))
+
+    def send_raw(self, *frames: bytes) -> None:
+        self.sock.send_multipart(list(frames))
+
+    def recv(self, timeout: float = DEADLINE) -> p.DaemonMessage:
+        if not self.sock.poll(int(timeout * 1000)):
+            raise TimeoutError(f"no message from the daemon within {timeout}s")
+        return p.decode_daemon(self.sock.recv())
+
+    def expect(self, kind: type, timeout: float = DEADLINE):
+        msg = self.recv(timeout)
+        assert isinstance(msg, kind), f"expected {kind.__name__}, got {msg!r}"
+        return msg
+
+    def silent_for(self, seconds: float) -> bool:
+        """True when nothing arrives within ``seconds`` (used to check for absence)."""
+        return not self.sock.poll(int(seconds * 1000))
+
+    def hello(self, job: str, rank: int = 0, **kw) -> p.Plan:
+        self.send(p.Hello(v=p.VERSION, job=job, rank=rank, **kw))
+        welcome = self.expect(p.Welcome)
+        assert (welcome.job, welcome.rank) == (job, rank)
+        return self.expect(p.Plan)
+
+    def steps(self, job: str, step: int, rank: int = 0, count: int = 10, mean_s: float = 0.01):
+        self.send(p.Steps(v=p.VERSION, job=job, rank=rank, step=step, count=count, mean_s=mean_s))
+
+    def close(self) -> None:
+        self.sock.close(linger=0)
+
+
+class LogWatch:
+    """Collects a process's stderr lines in a thread; waits for a line with a deadline."""
+
+    def __init__(self, stream) -> None:
+        self.lines: list[str] = []
+        self._cond = threading.Condition()
+        self._thread = threading.Thread(target=self._read, args=(stream,), daemon=True)
+        self._thread.start()
+
+    def _read(self, stream) -> None:
+        for raw in iter(stream.readline, b""):
+            with self._cond:
+                self.lines.append(raw.decode(errors="replace").rstrip("\n"))
+                self._cond.notify_all()
+
+    def wait_for(self, *needles: str, timeout: float = DEADLINE) -> str:
+        """The first line (from the start) holding every needle."""
+
+        def found() -> str | None:
+            return next((ln for ln in self.lines if all(n in ln for n in needles)), None)
+
+        with self._cond:
+            if not self._cond.wait_for(lambda: found() is not None, timeout):
+                tail = "\n".join(self.lines[-20:])
+                raise TimeoutError(f"no log line with {needles} within {timeout}s; log:\n{tail}")
+            return found()  # type: ignore[return-value]
+
+    def text(self) -> str:
+        with self._cond:
+            return "\n".join(self.lines)
+
+
+class DaemonProc:
+    """A real ``python -m adaptd.cli serve`` child with its stderr watched."""
+
+    def __init__(self, socket: Path, args: tuple[str, ...] = ()) -> None:
+        self.socket = socket
+        self.proc = start_daemon(socket, args, log=subprocess.PIPE)
+        self.log = LogWatch(self.proc.stderr)
+
+    @property
+    def endpoint(self) -> str:
+        return f"ipc://{self.socket}"
+
+    def status(self) -> admin.StatusReply:
+        reply = admin.request(self.socket, admin.StatusRequest(), timeout_s=DEADLINE)
+        assert isinstance(reply, admin.StatusReply)
+        return reply
+
+    def job(self, job: str) -> admin.JobInfo:
+        return next(j for j in self.status().jobs if j.job == job)
+
+    def stop(self) -> int:
+        return stop_daemon(self.proc)
+
+
+class EventLog:
+    """An in-process sink: records events and wakes waiters."""
+
+    def __init__(self) -> None:
+        self.events: list = []
+        self._cond = threading.Condition()
+
+    def __call__(self, event) -> None:
+        with self._cond:
+            self.events.append(event)
+            self._cond.notify_all()
+
+    def wait_for(self, kind: type, pred: Callable = lambda e: True, timeout: float = DEADLINE):
+        def found():
+            return next((e for e in self.events if isinstance(e, kind) and pred(e)), None)
+
+        with self._cond:
+            if not self._cond.wait_for(lambda: found() is not None, timeout):
+                raise TimeoutError(f"no {kind.__name__} event within {timeout}s: {self.events}")
+            return found()
+
+    def of(self, kind: type) -> list:
+        with self._cond:
+            return [e for e in self.events if isinstance(e, kind)]
+
+
+@contextlib.contextmanager
+def thread_daemon(socket: Path, **kw) -> Iterator[tuple[Daemon, EventLog]]:
+    sink = EventLog()
+    d = Daemon(socket, sinks=[sink], **kw).start()
+    try:
+        yield d, sink
+    finally:
+        d.stop()
+
+
+class FakeJob:
+    """A child process that says hello with its own pid and reports steps until killed."""
+
+    def __init__(
+        self, endpoint: str, job: str, rank: int = 0, world_size: int = 1, resumed_from: int = 0
+    ) -> None:
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                str(HERE / "fake_job.py"),
+                endpoint,
+                job,
+                str(rank),
+                str(world_size),
+                str(resumed_from),
+            ],
+            stdout=subprocess.PIPE,
+        )
+        self.log = LogWatch(self.proc.stdout)
+
+    def wait_ready(self) -> dict:
+        return msgspec.json.decode(self.log.wait_for('"ready"').encode())
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait()  # reaped: the pid is really gone
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.kill()
