@@ -18,6 +18,7 @@ import logging
 import os
 import signal
 import socket as _socket
+import sys
 import threading
 import warnings
 import weakref
@@ -46,6 +47,8 @@ STEP_KEY = "adaptd_global_step"
 SEEDS_KEY = "adaptd_keras_seeds"
 _RESERVED = {STEP_KEY, SEEDS_KEY, "save_counter"}
 _INF = float("inf")
+#: Default nice value of TensorFlow's async-save thread (see ``writer_nice``).
+DEFAULT_WRITER_NICE = 10
 
 
 class _Pending:
@@ -104,6 +107,11 @@ class AdaptiveCheckpointer:
         poll_interval: wall seconds between socket polls in :meth:`step`.
         report_interval: wall seconds between step-time reports to the daemon.
         decide_interval: wall seconds between embedded re-decisions.
+        writer_nice: nice value (0-19) given to TensorFlow's async-save thread, so
+            the background write yields the CPU to the training step instead of
+            competing with it (Linux per-thread nice; elsewhere, or with 0/None,
+            nothing changes). Higher values shorten the loop's stall and lengthen
+            the time until durable when the CPUs are busy.
         **trackables: what to checkpoint (``model=``, ``optimizer=``,
             ``data_iterator=``, ``rng=``, any ``tf`` trackable).
 
@@ -127,6 +135,7 @@ class AdaptiveCheckpointer:
         poll_interval: float = 0.025,
         report_interval: float = 1.0,
         decide_interval: float = 5.0,
+        writer_nice: int | None = DEFAULT_WRITER_NICE,
         **trackables: Any,
     ) -> None:
         if not isinstance(directory, (str, os.PathLike)) or not os.fspath(directory):
@@ -149,6 +158,15 @@ class AdaptiveCheckpointer:
         ):
             if not isinstance(value, (int, float)) or not value > 0:
                 raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+        if writer_nice is not None and (
+            isinstance(writer_nice, bool)
+            or not isinstance(writer_nice, int)
+            or not 0 <= writer_nice <= 19
+        ):
+            raise ValueError(
+                f"writer_nice must be an integer from 0 to 19 (or None to leave the "
+                f"writer's priority alone), got {writer_nice!r}"
+            )
         if not trackables:
             raise ValueError(
                 "nothing to checkpoint: pass the state as keywords, "
@@ -176,6 +194,10 @@ class AdaptiveCheckpointer:
         self._decide_s = float(decide_interval)
         self._handle_sigterm = bool(handle_sigterm)
         self._trackables = dict(trackables)
+        self._writer_nice_wanted = writer_nice or 0
+        self._writer_tid: int | None = None
+        #: The nice value applied to TF's async-save thread (None: not applied).
+        self.writer_nice: int | None = None
 
         self._step_var = tf.Variable(0, dtype=tf.int64, trainable=False, name=STEP_KEY)
         extra: dict[str, Any] = {STEP_KEY: self._step_var}
@@ -249,14 +271,29 @@ class AdaptiveCheckpointer:
         self._start(start, restore_s)
         return start
 
-    def step(self) -> None:
-        """Call once per finished training step. Costs well under a microsecond unless
-        a save is due or the socket's poll time has come."""
+    def step(self, steps: int = 1) -> None:
+        """Call once per finished training step (``steps``: how many finished since
+        the previous call, e.g. ``steps_per_execution``). Costs well under a
+        microsecond unless a save is due or the socket's poll time has come."""
         now = perf_counter()
-        n = self._n + 1
+        n = self._n + steps
         self._n = n
         if n >= self._due or now >= self._tick_at:
             self._boundary(n, now)
+
+    def save(self, reason: str = "requested") -> None:
+        """Save the current step now (asynchronously), unless it is already saved.
+
+        For a final save before :meth:`close`. Raises RuntimeError after close().
+        """
+        if self._closed:
+            raise RuntimeError("save() after close(): the checkpointer is closed")
+        if not self._started:
+            self._start(0, None)
+        n = self._n
+        if self._schedule.last_saved_step != n:
+            self._save(n, reason)
+            self._due = self._schedule.due
 
     def request_save(self, reason: str = "requested") -> None:
         """Save at the next step boundary, whatever the plan says."""
@@ -499,6 +536,8 @@ class AdaptiveCheckpointer:
                 enable_async=True, experimental_write_callbacks=[pending.written]
             )
             pending.path = self.manager.save(checkpoint_number=n, options=options)
+            if self._writer_tid is None and self._writer_nice_wanted:
+                self._renice_writer()
         except Exception as exc:  # reported, never raised into the training loop
             pending.error = f"{type(exc).__name__}: {exc}"
             _clear_async_error(self.checkpoint)
@@ -511,6 +550,30 @@ class AdaptiveCheckpointer:
         self._pending = pending
         if not pending.done.is_set():
             self._watch_q.put(pending)
+
+    def _renice_writer(self) -> None:
+        """Lower the priority of TF's async-save thread (created by the first save).
+
+        Linux gives each thread its own nice value (``setpriority`` on a thread id);
+        elsewhere the same call would renice the whole process, so it is skipped.
+        """
+        helper = getattr(self.checkpoint, "_async_checkpointer_impl", None)
+        thread = getattr(helper, "_async_save_thread", None)
+        tid = getattr(thread, "native_id", None)
+        if tid is None:
+            return
+        self._writer_tid = tid
+        if not sys.platform.startswith("linux") or not hasattr(os, "setpriority"):
+            log.debug("writer_nice: per-thread priorities are Linux-only; left alone")
+            return
+        try:
+            # never raise a priority: a process already nicer than asked keeps its value
+            nice = max(self._writer_nice_wanted, os.getpriority(os.PRIO_PROCESS, tid))
+            os.setpriority(os.PRIO_PROCESS, tid, nice)
+        except OSError as exc:
+            log.info("could not set the save thread's nice value: %s", exc)
+            return
+        self.writer_nice = nice
 
     def _watch(self) -> None:
         """Watcher thread: wait for each write to end; record time, size and errors."""

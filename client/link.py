@@ -8,7 +8,7 @@ not decode are dropped and counted too: a broken daemon must not break training.
 
 Liveness is judged from the times passed in (no clock here): the daemon counts as
 present once it has sent Welcome, and as lost when nothing arrived for
-``timeout_s`` after something was sent.
+``timeout_s`` after something was sent (or refused: with no peer every send is).
 """
 
 from __future__ import annotations
@@ -36,7 +36,6 @@ class DaemonLink:
         sock.setsockopt(zmq.IMMEDIATE, 1)
         sock.setsockopt(zmq.SNDHWM, 100)
         sock.setsockopt(zmq.RCVHWM, 100)
-        sock.setsockopt(zmq.MAXMSGSIZE, protocol.MAX_MESSAGE_BYTES)
         try:
             sock.connect(endpoint)
         except zmq.ZMQError as exc:
@@ -59,6 +58,10 @@ class DaemonLink:
         sock = self._sock
         if sock is None:
             return False
+        # A refused send counts as unanswered too: once a dead daemon's peer is gone
+        # (IMMEDIATE=1) every send is refused, and that silence must still time out.
+        if self.first_tx_since_rx is None:
+            self.first_tx_since_rx = now
         try:
             sock.send(protocol.encode(msg), zmq.NOBLOCK)
         except zmq.Again:
@@ -69,8 +72,6 @@ class DaemonLink:
             log.debug("send to %s failed: %s", self.endpoint, exc)
             return False
         self.sent += 1
-        if self.first_tx_since_rx is None:
-            self.first_tx_since_rx = now
         return True
 
     def receive(self, now: float) -> list[protocol.DaemonMessage]:

@@ -22,10 +22,13 @@ NEVER = 1 << 62
 
 @dataclass(frozen=True, slots=True)
 class Due:
-    """The next save: at ``step``, because of ``reason``."""
+    """The next save: at ``step``, because of ``reason``; ``policy`` names who planned
+    it and ``source`` whose plan is in force (``"daemon"``/``"embedded"``)."""
 
     step: int
     reason: str
+    policy: str = ""
+    source: str = ""
 
 
 class SaveSchedule:
@@ -46,6 +49,7 @@ class SaveSchedule:
         self.last_saved_step: int | None = None
         self.due = NEVER
         self.due_reason = ""
+        self.due_urgent = False
 
     # ------------------------------------------------------------------ inputs
 
@@ -129,16 +133,20 @@ class SaveSchedule:
         floor = step - 1
         if self.last_saved_step is not None:
             floor = max(floor, self.last_saved_step)
-        due, reason = NEVER, ""
+        due, reason, urgent = NEVER, "", False
         if self.decision is not None:
             nxt = self.decision.due_after(floor)
             if nxt is not None:
                 due, reason = nxt, self.decision.reason
         if self.urgent_step is not None and self.urgent_step <= due:
-            due, reason = max(self.urgent_step, floor + 1), self.urgent_reason
+            due, reason, urgent = max(self.urgent_step, floor + 1), self.urgent_reason, True
         self.due = due
         self.due_reason = reason
+        self.due_urgent = urgent
 
     def next_due(self) -> Due | None:
         """The planned save, or None when none is planned."""
-        return None if self.due >= NEVER else Due(self.due, self.due_reason)
+        if self.due >= NEVER:
+            return None
+        policy = "urgent" if self.due_urgent or self.decision is None else self.decision.policy
+        return Due(self.due, self.due_reason, policy, self.source)
