@@ -241,10 +241,9 @@ class Registry:
             kind = "new"
         elif job.state == "lost":
             kind = "resume"
-            self._new_incarnation(job, msg, now)
-            job.pending_resume = PendingResume(
-                job.lost_at or now, job.tracker.step, msg.resumed_from
-            )
+            pending = PendingResume(job.lost_at or now, job.tracker.step, msg.resumed_from)
+            self._new_incarnation(job, msg, now)  # resets the tracker's step: read it first
+            job.pending_resume = pending
         elif job.state == "finished":
             kind = "restart"
             self._new_incarnation(job, msg, now)
@@ -263,8 +262,9 @@ class Registry:
                 self._lose(job, now, f"rank {msg.rank} restarted as pid {msg.pid}", last_seen)
                 job.lost_at = last_seen
                 kind = "resume"
+                pending = PendingResume(last_seen, job.tracker.step, msg.resumed_from)
                 self._new_incarnation(job, msg, now)
-                job.pending_resume = PendingResume(last_seen, job.tracker.step, msg.resumed_from)
+                job.pending_resume = pending
         old = job.ranks.get(msg.rank)
         if old is not None:
             self._peers.pop(old.identity, None)

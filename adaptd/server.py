@@ -416,7 +416,7 @@ class Daemon:
             self._reject(identity, exc.code, str(exc))
             return
         now = self.clock()
-        kind = type(msg).__name__.lower()
+        kind = str(type(msg).__struct_config__.tag)  # the wire name: "save_report"
         self.by_kind[kind] += 1
         if isinstance(msg, p.Hello):
             self._on_hello(identity, msg, now)

@@ -1,0 +1,128 @@
+"""The registry's bookkeeping, driven with explicit times; the pid probe with real processes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from adaptd import events as ev
+from adaptd import protocol as p
+from adaptd.registry import ProcProbe, Registry, RegistryFull
+from adaptd.server import same_saves
+from adaptd.snapshot import Decision
+
+V = p.VERSION
+
+
+def hello(job: str, rank: int = 0, world: int = 2, **kw) -> p.Hello:
+    return p.Hello(v=V, job=job, rank=rank, world_size=world, **kw)
+
+
+def steps(job: str, rank: int, step: int, count: int = 10, mean_s: float = 0.1) -> p.Steps:
+    return p.Steps(v=V, job=job, rank=rank, step=step, count=count, mean_s=mean_s)
+
+
+def save(job: str, rank: int, step: int, ok: bool = True, blocking: float = 0.1) -> p.SaveReport:
+    return p.SaveReport(
+        v=V, job=job, rank=rank, step=step, blocking_s=blocking, durable_s=1.0, bytes=1, ok=ok
+    )
+
+
+def test_step_from_any_rank_timings_from_the_lead_only() -> None:
+    reg = Registry()
+    job, r0, _ = reg.hello(b"a", hello("j", 0), 0.0)
+    _, r1, kind = reg.hello(b"b", hello("j", 1), 0.0)
+    assert kind == "join"
+    reg.steps(job, r1, steps("j", 1, 20, mean_s=9.0), 1.0)  # rank 1 is ahead, and slow
+    assert job.tracker.step == 20 and job.tracker.step_time_s is None
+    reg.steps(job, r0, steps("j", 0, 15, mean_s=0.2), 2.0)
+    assert job.tracker.step == 20 and job.tracker.step_time_s == pytest.approx(0.2)
+
+
+def test_each_saved_step_counts_once_failures_always() -> None:
+    reg = Registry()
+    job, r0, _ = reg.hello(b"a", hello("j", 0), 0.0)
+    _, r1, _ = reg.hello(b"b", hello("j", 1), 0.0)
+    assert reg.save_report(job, r0, save("j", 0, 10), 1.0) is True
+    assert reg.save_report(job, r1, save("j", 1, 10, blocking=5.0), 1.1) is False
+    assert job.tracker.saves == 1 and job.tracker.save_cost_s == pytest.approx(0.1)
+    assert reg.save_report(job, r1, save("j", 1, 20, ok=False), 2.0) is True
+    assert job.tracker.failed_saves == 1 and job.tracker.last_durable_step == 10
+
+
+def test_liveness_by_silence_and_all_ranks_gone() -> None:
+    seen: list[ev.Event] = []
+    reg = Registry(emit=seen.append, silence_timeout_s=10)
+    job, r0, _ = reg.hello(b"a", hello("j", 0), 0.0)
+    _, r1, _ = reg.hello(b"b", hello("j", 1), 0.0)
+    reg.steps(job, r1, steps("j", 1, 5), 8.0)
+    assert reg.check(10.5) == [] and not r0.alive and r1.alive  # one rank silent: job lives
+    assert reg.check(18.5) == [job] and job.state == "lost"
+    lost = [e for e in seen if isinstance(e, ev.JobLost)]
+    assert len(lost) == 1 and lost[0].step == 5 and lost[0].last_seen == 8.0
+    assert reg.check(30.0) == []  # reported once
+
+
+def test_resume_restart_and_reconnect_kinds() -> None:
+    seen: list[ev.Event] = []
+    reg = Registry(emit=seen.append, silence_timeout_s=1)
+    job, r0, kind = reg.hello(b"a", hello("j", 0, 1, pid=0), 0.0)
+    assert kind == "new"
+    assert reg.hello(b"a2", hello("j", 0, 1, pid=0), 0.1)[2] == "reconnect"
+    assert reg.peer(b"a") is None  # the old connection no longer speaks for the rank
+    reg.steps(job, job.ranks[0], steps("j", 0, 100), 0.5)
+    reg.check(2.0)
+    job, r0, kind = reg.hello(b"c", hello("j", 0, 1, resumed_from=60), 5.0)
+    assert kind == "resume" and job.tracker.step == 60 and job.incarnation == 2
+    reg.steps(job, r0, steps("j", 0, 61), 7.5)
+    (resumed,) = [e for e in seen if isinstance(e, ev.JobResumed)]
+    assert resumed.restart_s == pytest.approx(5.5) and resumed.lost_steps == 40
+    assert job.tracker.restore_s == pytest.approx(5.5)
+    reg.goodbye(job, r0, p.Goodbye(v=V, job="j", rank=0, step=70), 8.0)
+    assert job.state == "finished"
+    assert reg.hello(b"d", hello("j", 0, 1, resumed_from=70), 9.0)[2] == "restart"
+
+
+def test_bounds_on_ranks_and_inactive_jobs() -> None:
+    reg = Registry(max_ranks=3, max_inactive_jobs=2, silence_timeout_s=1)
+    for i in range(3):
+        reg.hello(bytes([i]), hello(f"j{i}", 0, 1), 0.0)
+    with pytest.raises(RegistryFull, match="3 ranks"):
+        reg.hello(b"x", hello("j9", 0, 1), 0.0)
+    reg.check(5.0)  # all three lost; only the two most recent inactive jobs are kept
+    assert len(reg) == 2
+
+
+def test_proc_probe_tells_live_zombie_and_reused_pids() -> None:
+    probe = ProcProbe()
+    me = probe.start_time(os.getpid())
+    assert me is not None and probe.alive(os.getpid(), me)
+    assert not probe.alive(os.getpid(), me + 1)  # the pid now names a different process
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE
+    )
+    started = probe.start_time(child.pid)
+    assert probe.alive(child.pid, started)
+    child.kill()
+    # killed but not reaped: a zombie, which is gone for our purposes
+    os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)
+    assert not probe.alive(child.pid, started)
+    child.wait()
+    assert not probe.alive(child.pid, started)
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "step", "same"),
+    [
+        (Decision(100, 100), Decision(200, 100), 150, True),  # the grid moved on: same saves
+        (Decision(1100, 100), Decision(600, 100), 500, False),  # resumed below the old plan
+        (Decision(50, 50), Decision(1300, 300), 1001, False),  # new interval
+        (Decision(50, 50), Decision(100, 50, urgent=True), 60, False),
+        (Decision(None), Decision(None, reason="other"), 5, True),
+    ],
+)
+def test_same_saves(old: Decision, new: Decision, step: int, same: bool) -> None:
+    assert same_saves(old, new, step) is same
