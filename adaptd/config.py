@@ -13,7 +13,8 @@ Layout (see ``systemd/adaptd.toml`` for a commented example)::
     [policy]      default, gpu_mtbf_hours
     [metrics]     listen, slow_save_s
     [retention]   days, rows
-    [jobs."PATTERN"]   policy, paused            (PATTERN: a job id or a glob)
+    [jobs."PATTERN"]   policy, paused   (PATTERN: a job id or a glob; an exact id's
+                                         entry wins, matching globs fill the rest)
     [storage."NAME"]   path, max_concurrent_saves
 
 :func:`load` is what ``adaptd serve`` and ``adaptd serve --check-config`` call: it
@@ -144,14 +145,17 @@ class Config:
         return f"http://{host}:{port}/metrics"
 
     def job_override(self, job: str) -> JobOverride | None:
-        """The override for ``job``: an exact id wins, else the first matching glob."""
-        for o in self.jobs:
-            if o.pattern == job:
-                return o
-        for o in self.jobs:
-            if fnmatch.fnmatchcase(job, o.pattern):
-                return o
-        return None
+        """The settings for ``job``: an exact id's entry first, then each matching glob
+        in file order fills what the entries before it left unset."""
+        matching = [o for o in self.jobs if o.pattern == job]
+        matching += [
+            o for o in self.jobs if o.pattern != job and fnmatch.fnmatchcase(job, o.pattern)
+        ]
+        if not matching:
+            return None
+        policy = next((o.policy for o in matching if o.policy is not None), None)
+        paused = next((o.paused for o in matching if o.paused is not None), None)
+        return JobOverride(pattern=matching[0].pattern, policy=policy, paused=paused)
 
     def policy_for(self, job: str) -> str:
         """The policy spec ``job`` gets from the config (its override or the default)."""

@@ -141,8 +141,16 @@ class Metrics:
     # ---------------------------------------------------------------- events
 
     def on_job_started(self, job: str, *, time: float) -> None:
-        """A job (re)connected at wall time ``time``; the no-save alert counts from here."""
+        """A job (re)connected at wall time ``time``; the no-save alert counts from here.
+
+        Its counters and histograms are created at zero now, so the first slow save
+        or failure is an *increase* that ``increase()``/``rate()`` can see.
+        """
         self.started.labels(job).set(time)
+        for metric in (self.save_blocking, self.save_durable, self.save_bytes, self.failures):
+            metric.labels(job)
+        for result in ("ok", "failed"):
+            self.saves.labels(job, result)
         self.bad_streak.labels(job).set(self._streaks.get(job, 0))
         self.paused.labels(job).set(0)
 
