@@ -1,20 +1,30 @@
 """Turn a job's raw reports into the figures policies read.
 
-:class:`JobTracker` is fed step reports, save requests and save reports (by the
-daemon for every job it serves, and by the client's embedded fallback for its own
-job) and produces a frozen :class:`~adaptd.snapshot.JobState`. It is pure
-bookkeeping: callers pass the time in, so it is deterministic and testable.
+:class:`JobTracker` is fed step reports, save requests, save reports and the
+job's life-cycle (failure, restart) by the daemon for every job it serves, by the
+client's embedded fallback for its own job, and by the simulator, and produces a
+frozen :class:`~adaptd.snapshot.JobState`. It is pure bookkeeping: callers pass
+the time in, so it is deterministic and testable.
 
-Estimates are robust to outliers (medians over a short window) yet follow a
-change within a few observations: an NFS storm that makes saves 10x slower moves
-the save-cost estimate after about half the window.
+- δ (save cost) and L (durable latency) come from :class:`LevelEstimate`: a
+  median over recent saves, robust to one outlier, that jumps to a new level once
+  two saves in a row agree on it, so an NFS storm that makes saves 10x slower is
+  followed after two saves and left after two more.
+- M comes from :class:`FailureRate`, a Gamma–Poisson posterior on the per-GPU
+  failure rate, shared by all the jobs on a host and fed by the failures and the
+  GPU-seconds the trackers watch. Job M = per-GPU M ÷ the job's GPUs.
+- Everything learned exports to a plain JSON-able dict (:meth:`JobTracker.learned`,
+  :meth:`FailureRate.to_dict`) for the daemon's store, and imports back.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
 from collections import deque
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from adaptd.snapshot import JobState
 
@@ -24,6 +34,159 @@ PRIOR_GPU_MTBF_S = 16_384 * 54 * 24 * 3600 / 419
 
 #: Saves remembered for the cost estimates.
 SAVE_WINDOW = 5
+
+#: How far (as a factor) two consecutive saves must sit from the current estimate,
+#: on the same side, for the estimate to jump to them.
+LEVEL_JUMP = 2.0
+
+#: Version of the dicts :meth:`JobTracker.learned` and :meth:`FailureRate.to_dict` write.
+LEARNED_VERSION = 1
+
+
+class LevelEstimate:
+    """A robust running level: median of a short window, with change detection.
+
+    A median alone ignores one outlier but needs half the window to follow a real
+    shift. Here, when the two newest observations both differ from the median by
+    more than ``jump``x in the same direction, the window restarts from them, so a
+    10x slow-down is tracked after two observations and recovery after two more.
+    """
+
+    def __init__(self, window: int = SAVE_WINDOW, jump: float = LEVEL_JUMP) -> None:
+        if window < 2:
+            raise ValueError(f"window must be >= 2 observations, got {window}")
+        if not jump > 1:
+            raise ValueError(f"jump must be a factor > 1, got {jump}")
+        self.jump = jump
+        self._values: deque[float] = deque(maxlen=window)
+        self._last: float | None = None
+        self._median: float | None = None
+
+    def add(self, value: float) -> None:
+        """Record one observation (non-negative seconds)."""
+        if not (value >= 0 and math.isfinite(value)):
+            raise ValueError(f"observation must be a finite number >= 0, got {value!r}")
+        level = self.value
+        prev = self._last
+        self._last = value
+        if level is not None and prev is not None and len(self._values) > 2:
+            hi, lo = level * self.jump, level / self.jump
+            if (value > hi and prev > hi) or (value < lo and prev < lo):
+                self._values.clear()
+                self._values.append(prev)
+        self._values.append(value)
+        self._median = statistics.median(self._values)
+
+    @property
+    def value(self) -> float | None:
+        return self._median
+
+    def values(self) -> list[float]:
+        return list(self._values)
+
+    def load(self, values: Iterable[float]) -> None:
+        self._values.clear()
+        for v in values:
+            self._values.append(float(v))
+        self._last = self._values[-1] if self._values else None
+        self._median = statistics.median(self._values) if self._values else None
+
+
+@dataclasses.dataclass
+class FailureRate:
+    """Gamma–Poisson posterior on failures per GPU-second.
+
+    Prior: Gamma(α₀, β₀) with α₀ = ``prior_failures`` pseudo-failures seen over
+    β₀ = α₀ · ``prior_gpu_mtbf_s`` GPU-seconds, i.e. the prior mean rate is
+    1/``prior_gpu_mtbf_s``. Observing ``n`` failures over ``E`` GPU-seconds gives
+    Gamma(α₀ + n, β₀ + E); :attr:`gpu_mtbf_s` is 1 / posterior-mean rate. A weak
+    prior (one pseudo-failure) lets a host's own history take over within a few
+    failures, while a quiet host slowly earns a longer MTBF.
+    """
+
+    prior_gpu_mtbf_s: float = PRIOR_GPU_MTBF_S
+    prior_failures: float = 1.0
+    failures: float = 0.0
+    gpu_seconds: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not (self.prior_gpu_mtbf_s > 0 and math.isfinite(self.prior_gpu_mtbf_s)):
+            raise ValueError(f"prior_gpu_mtbf_s must be > 0 seconds, got {self.prior_gpu_mtbf_s!r}")
+        if not self.prior_failures > 0:
+            raise ValueError(f"prior_failures must be > 0, got {self.prior_failures!r}")
+        if self.failures < 0 or self.gpu_seconds < 0:
+            raise ValueError(
+                f"failures and gpu_seconds must be >= 0, got {self.failures}, {self.gpu_seconds}"
+            )
+
+    @property
+    def alpha(self) -> float:
+        return self.prior_failures + self.failures
+
+    @property
+    def beta(self) -> float:
+        return self.prior_failures * self.prior_gpu_mtbf_s + self.gpu_seconds
+
+    @property
+    def gpu_mtbf_s(self) -> float:
+        """Per-GPU MTBF in seconds (1 / posterior mean of the rate)."""
+        return self.beta / self.alpha
+
+    def observe(self, gpu_seconds: float) -> None:
+        """Add watched exposure (GPUs × seconds a job ran without failing)."""
+        if gpu_seconds > 0:
+            self.gpu_seconds += gpu_seconds
+
+    def failure(self, count: int = 1) -> None:
+        """Count ``count`` observed failures."""
+        if count < 0:
+            raise ValueError(f"failure count must be >= 0, got {count}")
+        self.failures += count
+
+    def credible_mtbf_s(self, q: float) -> float:
+        """The ``q`` quantile of the per-GPU MTBF posterior (e.g. 0.05 / 0.95)."""
+        from scipy.stats import gamma
+
+        if not 0 < q < 1:
+            raise ValueError(f"quantile must be in (0, 1), got {q}")
+        # MTBF = 1/rate, so its q quantile is 1 / the rate's (1-q) quantile
+        return 1.0 / float(gamma.ppf(1.0 - q, self.alpha, scale=1.0 / self.beta))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "version": LEARNED_VERSION,
+            "prior_gpu_mtbf_s": self.prior_gpu_mtbf_s,
+            "prior_failures": self.prior_failures,
+            "failures": self.failures,
+            "gpu_seconds": self.gpu_seconds,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> FailureRate:
+        """Rebuild from :meth:`to_dict`; raises :class:`ValueError` on a foreign dict."""
+        if data.get("version") != LEARNED_VERSION:
+            raise ValueError(
+                f"failure-rate record has version {data.get('version')!r}, "
+                f"expected {LEARNED_VERSION}; discard it to start from the prior"
+            )
+        return cls(
+            prior_gpu_mtbf_s=float(data["prior_gpu_mtbf_s"]),
+            prior_failures=float(data["prior_failures"]),
+            failures=float(data["failures"]),
+            gpu_seconds=float(data["gpu_seconds"]),
+        )
+
+
+def extra_time_from_util(util_before: float, util_during: float, in_flight_s: float) -> float:
+    """Extra step time a write caused, seen from NVML: the utilisation it took away.
+
+    A GPU that was ``util_before`` busy and sags to ``util_during`` while a write
+    runs for ``in_flight_s`` lost ``(1 − during/before) · in_flight_s`` of compute:
+    the same interference the hook measures as longer steps.
+    """
+    if in_flight_s <= 0 or util_before <= 0:
+        return 0.0
+    return max(0.0, 1.0 - util_during / util_before) * in_flight_s
 
 
 class JobTracker:
@@ -39,6 +202,7 @@ class JobTracker:
         state_bytes: int | None = None,
         gpu_mtbf_s: float = PRIOR_GPU_MTBF_S,
         step_time_halflife: float = 200.0,
+        failure_rate: FailureRate | None = None,
     ) -> None:
         if gpu_mtbf_s <= 0:
             raise ValueError(f"gpu_mtbf_s must be > 0, got {gpu_mtbf_s}")
@@ -47,7 +211,8 @@ class JobTracker:
         self.gpus = max(1, gpus)
         self.start_step = start_step
         self.state_bytes = state_bytes
-        self.gpu_mtbf_s = gpu_mtbf_s
+        #: Shared by the jobs of a host when the caller passes one in.
+        self.failure_rate = failure_rate or FailureRate(prior_gpu_mtbf_s=gpu_mtbf_s)
         self._halflife = step_time_halflife
         self.step = start_step
         self.time = 0.0
@@ -58,16 +223,32 @@ class JobTracker:
         self.save_in_flight = False
         self.saves = 0
         self.failed_saves = 0
-        self._costs: deque[float] = deque(maxlen=SAVE_WINDOW)
-        self._latencies: deque[float] = deque(maxlen=SAVE_WINDOW)
+        self.failures = 0
+        self._costs = LevelEstimate()
+        self._latencies = LevelEstimate()
+        self._restores = LevelEstimate()
         self.restore_s: float | None = None
+        self.life_start: float | None = None  # first report of this incarnation
+        self.last_failure_time: float | None = None
+        self._watch_time: float | None = None  # exposure is counted from here
+        self._last_accrued = 0.0
 
     # -------------------------------------------------------------- inputs
 
     def on_steps(
         self, time: float, step: int, count: int, mean_s: float, save_in_flight: bool = False
     ) -> None:
-        """A batch of ``count`` steps with mean duration ``mean_s`` ended at ``step``."""
+        """A batch of ``count`` steps with mean duration ``mean_s`` ended at ``step``.
+
+        The time since the previous report counts as watched exposure
+        (job GPUs × seconds) for the failure-rate posterior.
+        """
+        if self.life_start is None:
+            self.life_start = time
+        if self._watch_time is not None and time > self._watch_time:
+            self._last_accrued = time - self._watch_time
+            self.failure_rate.observe(self._last_accrued * self.gpus)
+        self._watch_time = time if self._watch_time is None else max(self._watch_time, time)
         self.time = max(self.time, time)
         self.step = max(self.step, step)
         self.save_in_flight = save_in_flight
@@ -95,8 +276,14 @@ class JobTracker:
         durable_s: float,
         extra_step_s: float = 0.0,
         ok: bool = True,
+        gpu_sag_s: float | None = None,
     ) -> None:
-        """A save finished (or failed). Only successful saves teach the cost model."""
+        """A save finished (or failed). Only successful saves teach the cost model.
+
+        δ = ``blocking_s`` + the extra step time the write caused: the hook's
+        ``extra_step_s``, or ``gpu_sag_s`` (the same interference seen as NVML
+        utilisation sag, see :func:`extra_time_from_util`) when that is larger.
+        """
         self.time = max(self.time, time)
         self.save_in_flight = False
         if self.last_save_step is None or step > self.last_save_step:
@@ -107,45 +294,134 @@ class JobTracker:
             return
         self.saves += 1
         self.last_durable_step = max(step, self.last_durable_step or 0)
-        self._costs.append(blocking_s + extra_step_s)
-        self._latencies.append(durable_s)
+        extra = max(extra_step_s, gpu_sag_s or 0.0)
+        self._costs.add(blocking_s + extra)
+        self._latencies.add(max(durable_s, blocking_s))
 
     def on_restart(self, restore_s: float) -> None:
-        self.restore_s = restore_s
+        """The job is back after ``restore_s`` seconds away (vanished → first step).
+
+        The down time is not exposure: whatever the last step report counted of it
+        is taken back from the failure-rate posterior.
+        """
+        self._restores.add(max(0.0, restore_s))
+        self.restore_s = self._restores.value
+        retract = min(max(0.0, restore_s), self._last_accrued) * self.gpus
+        if retract > 0:
+            self.failure_rate.gpu_seconds = max(0.0, self.failure_rate.gpu_seconds - retract)
+        self._last_accrued = 0.0
+
+    def on_failure(self, time: float) -> None:
+        """The job failed: it vanished without a goodbye and came back (or will) from
+        an older step. Counts one failure and restarts the age clock."""
+        self.failures += 1
+        self.failure_rate.failure()
+        self.last_failure_time = time
+        if self._watch_time is not None and time > self._watch_time:
+            self.failure_rate.observe((time - self._watch_time) * self.gpus)
+        self._watch_time = None
+        self._last_accrued = 0.0
+        self.save_in_flight = False
+
+    def on_resume(self, time: float, step: int) -> None:
+        """A new incarnation starts from checkpoint ``step`` at ``time`` (hello)."""
+        self.start_step = step
+        self.step = step
+        self.time = max(self.time, time)
+        self.save_in_flight = False
+        for name in ("last_save_step", "last_durable_step"):
+            value = getattr(self, name)
+            if value is not None and value > step:
+                setattr(self, name, step)
+        self.last_save_time = None
+        self.life_start = time
+        self._watch_time = time
+        self._last_accrued = 0.0
 
     # -------------------------------------------------------------- outputs
 
     @property
     def save_cost_s(self) -> float | None:
-        return statistics.median(self._costs) if self._costs else None
+        return self._costs.value
 
     @property
     def save_latency_s(self) -> float | None:
-        return statistics.median(self._latencies) if self._latencies else None
+        return self._latencies.value
+
+    @property
+    def gpu_mtbf_s(self) -> float:
+        return self.failure_rate.gpu_mtbf_s
 
     @property
     def mtbf_s(self) -> float:
-        return self.gpu_mtbf_s / self.gpus
+        return self.failure_rate.gpu_mtbf_s / self.gpus
+
+    def time_since_failure_s(self, now: float | None = None) -> float | None:
+        """Age of the job since its last failure, else since its first report."""
+        now = self.time if now is None else now
+        origin = self.last_failure_time if self.last_failure_time is not None else self.life_start
+        return None if origin is None else max(0.0, now - origin)
 
     def state(self, **overrides: object) -> JobState:
         """The current :class:`JobState`; ``overrides`` set fields the tracker does not own."""
-        base = JobState(
-            job=self.job,
-            step=self.step,
-            time=self.time,
-            world_size=self.world_size,
-            gpus=self.gpus,
-            start_step=self.start_step,
-            step_time_s=self.step_time_s,
-            last_save_step=self.last_save_step,
-            last_save_time=self.last_save_time,
-            last_durable_step=self.last_durable_step,
-            save_in_flight=self.save_in_flight,
-            saves=self.saves,
-            save_cost_s=self.save_cost_s,
-            save_latency_s=self.save_latency_s,
-            restore_s=self.restore_s,
-            mtbf_s=self.mtbf_s,
-            state_bytes=self.state_bytes,
-        )
-        return dataclasses.replace(base, **overrides) if overrides else base
+        fields: dict[str, Any] = {
+            "job": self.job,
+            "step": self.step,
+            "time": self.time,
+            "world_size": self.world_size,
+            "gpus": self.gpus,
+            "start_step": self.start_step,
+            "step_time_s": self.step_time_s,
+            "last_save_step": self.last_save_step,
+            "last_save_time": self.last_save_time,
+            "last_durable_step": self.last_durable_step,
+            "save_in_flight": self.save_in_flight,
+            "saves": self.saves,
+            "save_cost_s": self._costs.value,
+            "save_latency_s": self._latencies.value,
+            "restore_s": self.restore_s,
+            "mtbf_s": self.mtbf_s,
+            "time_since_failure_s": self.time_since_failure_s(),
+            "state_bytes": self.state_bytes,
+        }
+        if overrides:
+            fields.update(overrides)
+        return JobState(**fields)  # one constructor call: the simulator calls this a lot
+
+    # -------------------------------------------------------------- persistence
+
+    def learned(self) -> dict[str, Any]:
+        """What this tracker learned about the job, as a plain JSON-able dict.
+
+        The failure-rate posterior is not included: it belongs to the host (see
+        :meth:`FailureRate.to_dict`).
+        """
+        return {
+            "version": LEARNED_VERSION,
+            "save_costs_s": self._costs.values(),
+            "save_latencies_s": self._latencies.values(),
+            "restores_s": self._restores.values(),
+            "step_time_s": self.step_time_s,
+            "saves": self.saves,
+            "failures": self.failures,
+        }
+
+    def load_learned(self, data: Mapping[str, Any]) -> None:
+        """Restore what :meth:`learned` exported (e.g. after a daemon restart).
+
+        Raises :class:`ValueError` for a dict of another version, so a stale record
+        is reported instead of silently mis-read.
+        """
+        if data.get("version") != LEARNED_VERSION:
+            raise ValueError(
+                f"learned record for job {self.job!r} has version {data.get('version')!r}, "
+                f"expected {LEARNED_VERSION}; discard it to relearn from scratch"
+            )
+        self._costs.load(data.get("save_costs_s", ()))
+        self._latencies.load(data.get("save_latencies_s", ()))
+        self._restores.load(data.get("restores_s", ()))
+        self.restore_s = self._restores.value
+        st = data.get("step_time_s")
+        self.step_time_s = float(st) if st is not None else self.step_time_s
+        self.saves = int(data.get("saves", self.saves))
+        self.failures = int(data.get("failures", self.failures))

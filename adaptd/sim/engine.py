@@ -1,0 +1,303 @@
+"""A discrete-event simulation of one training run with failures.
+
+It drives a real policy object and a real :class:`~adaptd.estimators.JobTracker`
+with synthetic snapshots, step reports and save reports, jumping from event to
+event (save due, write durable, failure, restart done, storage phase boundary,
+end of training) instead of looping over steps.
+
+The model, the same as :func:`adaptd.model.waste_fraction`'s: the loop computes
+at one step per ``step_time_s``; a save blocks it for ``blocking_s``, then the
+write runs asynchronously until ``latency_s`` after the call, during which a
+fraction ``slowdown`` of compute is lost; at most one save is in flight (a save
+that comes due meanwhile waits for the write to finish and a new decision).
+Failures follow a renewal process in wall-clock time and strike anywhere, during
+compute, saves and restarts: the job loses the work since its last *durable*
+checkpoint (and any write in flight), restarts for ``restore_s`` (again, if a
+failure strikes the restart), and resumes from that checkpoint.
+
+Every second of wall time is accounted to exactly one of useful work, checkpoint
+overhead (blocking + slow-down), lost work or restart.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from adaptd.estimators import JobTracker
+from adaptd.policy import Policy
+from adaptd.sim.scenario import Scenario
+from adaptd.snapshot import GpuSample, Snapshot, StorageSample
+
+JOB = "sim"
+TARGET = "sim-storage"
+PID = 1
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """What one simulated run spent its wall time on (seconds)."""
+
+    wall_s: float
+    useful_s: float
+    checkpoint_overhead_s: float
+    lost_work_s: float
+    restart_s: float
+    saves: int
+    failures: int
+
+    @property
+    def goodput(self) -> float:
+        return self.useful_s / self.wall_s
+
+    @property
+    def waste_s(self) -> float:
+        return self.wall_s - self.useful_s
+
+
+class FailureClock:
+    """Failure times of one seed, the same whichever policy runs (common random numbers)."""
+
+    CHUNK = 256
+
+    def __init__(self, scenario: Scenario, seed: int) -> None:
+        self._trace = list(scenario.trace) if scenario.trace is not None else None
+        self._rng = np.random.default_rng([seed, 0xADA])
+        self._scn = scenario
+        self._buf: list[float] = []
+        self._i = 0
+        self._t = 0.0
+
+    def _refill(self) -> None:
+        s = self._scn
+        if s.distribution == "weibull":
+            gaps = s.weibull_scale_s * self._rng.weibull(s.weibull_shape, self.CHUNK)
+        else:
+            gaps = self._rng.exponential(s.job_mtbf_s, self.CHUNK)
+        times = self._t + np.cumsum(gaps)
+        self._t = float(times[-1])
+        self._buf = times.tolist()
+        self._i = 0
+
+    def next(self) -> float:
+        """The next failure time (``inf`` when a trace is exhausted)."""
+        if self._trace is not None:
+            return self._trace.pop(0) if self._trace else math.inf
+        if self._i >= len(self._buf):
+            self._refill()
+        t = self._buf[self._i]
+        self._i += 1
+        return t
+
+
+class _Run:
+    def __init__(self, scenario: Scenario, policy: Policy, seed: int) -> None:
+        self.s = scenario
+        self.policy = policy
+        self.clock = FailureClock(scenario, seed)
+        self.tracker = JobTracker(JOB, gpus=scenario.gpus)
+        self.st = scenario.step_time_s
+        self.slow = scenario.slowdown
+        self.t = 0.0
+        self.pos = 0.0  # completed work, in steps
+        self.durable = 0  # newest durable checkpoint (step)
+        self.write_end: float | None = None
+        self.write = (0, 0.0, 0.0)  # step, blocking_s, latency_s of the save in flight
+        self.overhead = self.lost = self.restart = 0.0
+        self.saves = self.failures = 0
+        self.next_fail = self.clock.next()
+        self.reported_step = 0
+        self.run_wall = 0.0  # compute wall time since the last step report
+        self.due = scenario.steps
+        self.first_report = True
+        self.vanished_at: float | None = None
+        self._parts: dict[
+            tuple[bool, float], tuple[tuple[GpuSample, ...], tuple[StorageSample, ...]]
+        ] = {}
+
+    # ---------------------------------------------------------------- progress
+
+    def time_to(self, target: float) -> float:
+        need = target - self.pos
+        if need <= 0:
+            return self.t
+        we = self.write_end
+        if we is not None and we > self.t:
+            slow_steps = (we - self.t) * (1.0 - self.slow) / self.st
+            if slow_steps >= need:
+                return self.t + need * self.st / (1.0 - self.slow)
+            return we + (need - slow_steps) * self.st
+        return self.t + need * self.st
+
+    def advance(self, t_new: float) -> None:
+        dt = t_new - self.t
+        if dt <= 0:
+            return
+        we = self.write_end
+        slow = 0.0
+        if we is not None and we > self.t:
+            slow = min(t_new, we) - self.t
+        self.overhead += self.slow * slow
+        self.pos += (dt - self.slow * slow) / self.st
+        self.run_wall += dt
+        self.t = t_new
+
+    # ---------------------------------------------------------------- tracker I/O
+
+    def report(self) -> None:
+        step = int(self.pos + 1e-9)
+        count = step - self.reported_step
+        if count > 0:
+            self.tracker.on_steps(
+                self.t, step, count, self.run_wall / count, self.write_end is not None
+            )
+            self.reported_step = step
+            self.run_wall = 0.0
+
+    def decide(self) -> None:
+        self.report()
+        writing = self.write_end is not None
+        _, lf = self.s.factors(self.t)
+        key = (writing, lf)
+        parts = self._parts.get(key)
+        if parts is None:  # the samples take few distinct values: build each once
+            parts = self._parts[key] = (
+                (
+                    GpuSample(
+                        index=0,
+                        uuid="sim-gpu-0",
+                        util_sm=(1.0 - self.slow) if writing else 1.0,
+                        pids=(PID,),
+                    ),
+                ),
+                (
+                    StorageSample(
+                        target=TARGET,
+                        mountpoint="/sim",
+                        # a target slowed down lf-fold has 1 - 1/lf of its capacity taken
+                        busy_fraction=1.0 - 1.0 / lf if lf > 1 else 0.0,
+                        jobs=(JOB,),
+                        writing_jobs=(JOB,) if writing else (),
+                    ),
+                ),
+            )
+        snap = Snapshot(time=self.t, gpus=parts[0], storage=parts[1])
+        job = self.tracker.state(time=self.t, storage_target=TARGET, pids=(PID,))
+        d = self.policy.decide(snap, job)
+        cur = int(self.pos + 1e-9)
+        due = cur + 1 if d.urgent else d.due_after(cur)
+        self.due = self.s.steps if due is None else min(due, self.s.steps)
+
+    # ---------------------------------------------------------------- events
+
+    def fail(self) -> None:
+        """A failure at ``self.t``: lose the work since the durable checkpoint, restart."""
+        self.report()
+        self.failures += 1
+        self.lost += (self.pos - self.durable) * self.st
+        self.write_end = None
+        self.tracker.on_failure(self.t)
+        self.vanished_at = self.t
+        self.next_fail = self.clock.next()
+        while self.next_fail < self.t + self.s.restore_s:  # the restart fails too
+            self.restart += self.next_fail - self.t
+            self.t = self.next_fail
+            self.failures += 1
+            self.next_fail = self.clock.next()
+        self.restart += self.s.restore_s
+        self.t += self.s.restore_s
+        self.pos = float(self.durable)
+        self.reported_step = self.durable
+        self.run_wall = 0.0
+        self.tracker.on_resume(self.t, self.durable)
+        self.tracker.on_restart(self.t - self.vanished_at)
+        self.first_report = True
+        self.decide()
+
+    def start_save(self) -> None:
+        step = self.due
+        self.pos = float(step)
+        self.report()
+        bf, lf = self.s.factors(self.t)
+        blocking = self.s.blocking_s * bf
+        latency = max(self.s.latency_s * lf, blocking)
+        self.tracker.on_save_requested(self.t, step)
+        if self.next_fail < self.t + blocking:
+            self.overhead += self.next_fail - self.t
+            self.t = self.next_fail
+            self.fail()
+            return
+        self.saves += 1
+        call = self.t
+        self.overhead += blocking
+        self.t += blocking
+        self.write = (step, blocking, latency)
+        self.write_end = call + latency
+        if self.write_end <= self.t:
+            self.finish_write()
+        else:
+            self.decide()
+
+    def finish_write(self) -> None:
+        step, blocking, latency = self.write
+        self.write_end = None
+        self.durable = step
+        self.report()
+        self.tracker.on_save_report(
+            self.t,
+            step,
+            blocking_s=blocking,
+            durable_s=latency,
+            extra_step_s=self.slow * (latency - blocking),
+        )
+        self.decide()
+
+    def run(self) -> RunResult:
+        n = self.s.steps
+        self.tracker.on_resume(0.0, 0)
+        self.decide()
+        while True:
+            t_end = self.time_to(n)
+            events = [(self.next_fail, 0), (t_end, 1)]
+            if self.write_end is not None:
+                events.append((self.write_end, 2))
+            t_due = self.time_to(self.due)
+            if self.due < n and (self.write_end is None or t_due >= self.write_end):
+                events.append((t_due, 3))
+            if self.first_report:
+                events.append((self.time_to(math.floor(self.pos + 1e-9) + 1), 4))
+            boundary = self.s.next_boundary(self.t)
+            if boundary < math.inf:
+                events.append((boundary, 5))
+            t_next, kind = min(events)
+            self.advance(t_next)
+            if kind == 0:
+                self.fail()
+            elif kind == 1:
+                self.pos = float(n)
+                break
+            elif kind == 2:
+                self.finish_write()
+            elif kind == 3:
+                self.start_save()
+            elif kind == 4:
+                self.first_report = False
+                self.decide()
+            else:
+                self.decide()
+        return RunResult(
+            wall_s=self.t,
+            useful_s=n * self.st,
+            checkpoint_overhead_s=self.overhead,
+            lost_work_s=self.lost,
+            restart_s=self.restart,
+            saves=self.saves,
+            failures=self.failures,
+        )
+
+
+def run(scenario: Scenario, policy: Policy, seed: int) -> RunResult:
+    """Simulate one run of ``scenario`` under ``policy`` with failure seed ``seed``."""
+    return _Run(scenario, policy, seed).run()

@@ -1,0 +1,130 @@
+"""Run several policies over many seeds of one scenario and average the results."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
+from typing import IO
+
+from adaptd.policies.daly import Daly
+from adaptd.policy import Policy, parse
+from adaptd.sim.engine import RunResult, run
+from adaptd.sim.scenario import Scenario
+
+#: Spec of the policy that knows the scenario's true δ and M in advance.
+ORACLE = "oracle"
+
+FIELDS = ("wall_s", "useful_s", "checkpoint_overhead_s", "lost_work_s", "restart_s")
+
+
+def resolve(spec: str, scenario: Scenario) -> Policy:
+    """A policy for ``spec``; ``oracle`` is Daly with the scenario's true δ and M."""
+    if spec.strip() == ORACLE:
+        return Daly(save_cost_s=scenario.save_cost_s, mtbf_s=scenario.job_mtbf_s)
+    return parse(spec)
+
+
+@dataclass(frozen=True)
+class Summary:
+    """Means over seeds for one policy (``policy`` echoes the spec as given)."""
+
+    policy: str
+    runs: tuple[RunResult, ...]
+
+    def mean(self, name: str) -> float:
+        return statistics.fmean(getattr(r, name) for r in self.runs)
+
+    @property
+    def goodput(self) -> float:
+        return self.mean("useful_s") / self.mean("wall_s")
+
+    @property
+    def waste_s(self) -> float:
+        return self.mean("wall_s") - self.mean("useful_s")
+
+    def goodput_stderr(self) -> float:
+        if len(self.runs) < 2:
+            return 0.0
+        return statistics.stdev(r.goodput for r in self.runs) / len(self.runs) ** 0.5
+
+    def as_json(self) -> dict[str, float | str]:
+        out: dict[str, float | str] = {"policy": self.policy, "goodput": self.goodput}
+        for name in FIELDS:
+            out[name] = self.mean(name)
+        out["saves"] = self.mean("saves")
+        out["failures"] = self.mean("failures")
+        return out
+
+
+def _run_one(scenario: Scenario, spec: str, seed: int) -> RunResult:
+    return run(scenario, resolve(spec, scenario), seed)
+
+
+def compare(
+    scenario: Scenario,
+    specs: Sequence[str],
+    seeds: int,
+    progress: Callable[[int, int], None] | None = None,
+    jobs: int | None = None,
+) -> list[Summary]:
+    """Every policy on seeds ``0..seeds-1``; the same seed gives every policy the
+    same failure times, so differences come from the policies alone.
+
+    ``jobs``: worker processes (default: the CPU count; 1 runs in this process).
+    Results do not depend on it. ``progress(done, total)`` is called after each run.
+    Raises :class:`~adaptd.policy.PolicyError` for a bad spec before anything runs.
+    """
+    if seeds < 1:
+        raise ValueError(f"--seeds must be >= 1, got {seeds}")
+    for spec in specs:
+        resolve(spec, scenario)  # fail fast, in this process, with the spec's error
+    tasks = [(i, spec, seed) for i, spec in enumerate(specs) for seed in range(seeds)]
+    jobs = min(jobs or os.cpu_count() or 1, len(tasks))
+    results: dict[tuple[int, int], RunResult] = {}
+    if jobs <= 1:
+        policies = [resolve(spec, scenario) for spec in specs]
+        for n, (i, _spec, seed) in enumerate(tasks, 1):
+            results[i, seed] = run(scenario, policies[i], seed)
+            if progress is not None:
+                progress(n, len(tasks))
+    else:
+        ctx = multiprocessing.get_context("fork" if sys.platform == "linux" else "spawn")
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
+            futures = {
+                pool.submit(_run_one, scenario, spec, seed): (i, seed) for i, spec, seed in tasks
+            }
+            for n, fut in enumerate(as_completed(futures), 1):
+                results[futures[fut]] = fut.result()
+                if progress is not None:
+                    progress(n, len(tasks))
+    return [
+        Summary(spec, tuple(results[i, seed] for seed in range(seeds)))
+        for i, spec in enumerate(specs)
+    ]
+
+
+class ProgressBar:
+    """A one-line bar on a terminal; silent when the stream is not a TTY."""
+
+    def __init__(self, stream: IO[str] | None = None, width: int = 30) -> None:
+        self.stream = stream or sys.stderr
+        self.enabled = self.stream.isatty()
+        self.width = width
+        self.start = time.monotonic()
+
+    def __call__(self, done: int, total: int) -> None:
+        if not self.enabled:
+            return
+        filled = int(self.width * done / total)
+        elapsed = time.monotonic() - self.start
+        bar = "#" * filled + "-" * (self.width - filled)
+        self.stream.write(f"\r[{bar}] {done}/{total} runs {elapsed:5.1f}s")
+        if done == total:
+            self.stream.write("\n")
+        self.stream.flush()

@@ -1,0 +1,283 @@
+"""Simulator scenarios: a TOML file (or a built-in name) describing a training run.
+
+The format is a contract (``adaptd simulate --scenario``)::
+
+    name = "my-run"                 # optional; default: the file name
+    description = "..."             # optional
+    [job]
+    steps = 500000                  # training steps to complete
+    step_time_s = 1.2
+    gpus = 128
+    [checkpoint]
+    blocking_s = 0.8                # the loop is blocked this long per save
+    latency_s = 5.0                 # save call -> durable (>= blocking_s; default blocking_s)
+    slowdown = 0.05                 # fraction of step time lost while a write is in flight
+    restore_s = 120                 # restart and restore after a failure
+    [failures]
+    distribution = "exponential"    # or "weibull"
+    mtbf_gpu_hours = 50000          # per GPU; the job's mean = this / gpus
+    weibull_shape = 0.7             # for "weibull"
+    trace = [3600.0, 7200.5]        # optional: these failure times (s), instead of random ones
+    [[phases]]                      # optional storage slow-downs
+    start_s = 7200
+    end_s = 10800
+    blocking_factor = 10
+    latency_factor = 10
+    every_s = 21600                 # optional (an addition): the phase recurs with this period
+
+Loading validates every field and raises :class:`ScenarioError` naming the field,
+the value and what is expected.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from adaptd.model import HOUR, weibull_scale
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on 3.10 only
+    import tomli as tomllib
+
+
+class ScenarioError(ValueError):
+    """A scenario file or name is invalid; the message says which field and why."""
+
+
+@dataclass(frozen=True)
+class Phase:
+    """A storage slow-down: saves started inside it cost ``blocking_factor`` x the
+    blocking time and ``latency_factor`` x the latency."""
+
+    start_s: float
+    end_s: float
+    blocking_factor: float = 1.0
+    latency_factor: float = 1.0
+    every_s: float | None = None
+
+    def active(self, t: float) -> bool:
+        offset = t - self.start_s
+        if offset < 0:
+            return False
+        if self.every_s:
+            offset %= self.every_s
+        return offset < self.end_s - self.start_s
+
+    def next_boundary(self, t: float) -> float:
+        """The first time after ``t`` at which this phase starts or ends."""
+        if t < self.start_s:
+            return self.start_s
+        length = self.end_s - self.start_s
+        if not self.every_s:
+            return self.end_s if t < self.end_s else math.inf
+        k = math.floor((t - self.start_s) / self.every_s)
+        begin = self.start_s + k * self.every_s
+        return begin + length if t < begin + length else begin + self.every_s
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One training run with its failure process and storage behaviour."""
+
+    name: str
+    steps: int
+    step_time_s: float
+    gpus: int
+    blocking_s: float
+    latency_s: float
+    slowdown: float
+    restore_s: float
+    distribution: str = "exponential"
+    mtbf_gpu_hours: float = 50_000.0
+    weibull_shape: float = 1.0
+    trace: tuple[float, ...] | None = None
+    phases: tuple[Phase, ...] = ()
+    description: str = ""
+
+    @property
+    def job_mtbf_s(self) -> float:
+        """The job's mean time between failures: per-GPU MTBF ÷ GPUs."""
+        return self.mtbf_gpu_hours * HOUR / self.gpus
+
+    @property
+    def save_cost_s(self) -> float:
+        """The true δ outside slow-downs: blocking + slowdown x the write's duration."""
+        return self.blocking_s + self.slowdown * (self.latency_s - self.blocking_s)
+
+    @property
+    def weibull_scale_s(self) -> float:
+        return weibull_scale(self.job_mtbf_s, self.weibull_shape)
+
+    def factors(self, t: float) -> tuple[float, float]:
+        """(blocking factor, latency factor) for a save started at ``t``."""
+        bf = lf = 1.0
+        for p in self.phases:
+            if p.active(t):
+                bf *= p.blocking_factor
+                lf *= p.latency_factor
+        return bf, lf
+
+    def next_boundary(self, t: float) -> float:
+        return min((p.next_boundary(t) for p in self.phases), default=math.inf)
+
+
+def builtin_names() -> list[str]:
+    """Names of the scenarios shipped with adaptd."""
+    folder = resources.files("adaptd.sim") / "scenarios"
+    return sorted(p.name[: -len(".toml")] for p in folder.iterdir() if p.name.endswith(".toml"))
+
+
+def load(name_or_path: str | Path) -> Scenario:
+    """A scenario from a TOML file path or a built-in name.
+
+    Raises :class:`ScenarioError` when neither exists or the content is invalid.
+    """
+    path = Path(name_or_path)
+    if path.is_file():
+        text, default_name, where = path.read_text(encoding="utf-8"), path.stem, str(path)
+    else:
+        res = resources.files("adaptd.sim") / "scenarios" / f"{name_or_path}.toml"
+        if not res.is_file():
+            raise ScenarioError(
+                f"scenario {str(name_or_path)!r} is neither a file nor a built-in scenario "
+                f"(built-in: {', '.join(builtin_names())})"
+            )
+        text, default_name, where = (
+            res.read_text(encoding="utf-8"),
+            str(name_or_path),
+            f"built-in {name_or_path}",
+        )
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ScenarioError(f"{where}: not valid TOML: {exc}") from None
+    return from_dict(data, default_name=default_name, where=where)
+
+
+def _get(table: Mapping[str, Any], section: str, key: str, kind: type, default: Any = ...) -> Any:
+    if key not in table:
+        if default is ...:
+            raise ScenarioError(f"[{section}] {key} is required")
+        return default
+    value = table[key]
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+        raise ScenarioError(
+            f"[{section}] {key} must be a {kind.__name__}, got {value!r} ({type(value).__name__})"
+        )
+    return value
+
+
+def _known(table: Mapping[str, Any], section: str, keys: set[str]) -> None:
+    extra = set(table) - keys
+    if extra:
+        raise ScenarioError(
+            f"[{section}] has unknown key(s) {', '.join(sorted(extra))}; "
+            f"known: {', '.join(sorted(keys))}"
+        )
+
+
+def from_dict(
+    data: Mapping[str, Any], *, default_name: str = "scenario", where: str = ""
+) -> Scenario:
+    """Build and validate a :class:`Scenario` from parsed TOML."""
+    try:
+        return _from_dict(data, default_name)
+    except ScenarioError as exc:
+        raise ScenarioError(f"{where}: {exc}" if where else str(exc)) from None
+
+
+def _from_dict(data: Mapping[str, Any], default_name: str) -> Scenario:
+    _known(data, "top level", {"name", "description", "job", "checkpoint", "failures", "phases"})
+    job = data.get("job") or {}
+    ck = data.get("checkpoint") or {}
+    fl = data.get("failures") or {}
+    _known(job, "job", {"steps", "step_time_s", "gpus"})
+    _known(ck, "checkpoint", {"blocking_s", "latency_s", "slowdown", "restore_s"})
+    _known(fl, "failures", {"distribution", "mtbf_gpu_hours", "weibull_shape", "trace"})
+    steps = _get(job, "job", "steps", int)
+    step_time = _get(job, "job", "step_time_s", float)
+    gpus = _get(job, "job", "gpus", int, 1)
+    blocking = _get(ck, "checkpoint", "blocking_s", float)
+    latency = _get(ck, "checkpoint", "latency_s", float, blocking)
+    slowdown = _get(ck, "checkpoint", "slowdown", float, 0.0)
+    restore = _get(ck, "checkpoint", "restore_s", float, 0.0)
+    dist = _get(fl, "failures", "distribution", str, "exponential")
+    mtbf_h = _get(fl, "failures", "mtbf_gpu_hours", float, 50_000.0)
+    shape = _get(fl, "failures", "weibull_shape", float, 1.0)
+    trace_raw = _get(fl, "failures", "trace", list, None)
+    checks = [
+        (steps >= 1, "[job] steps must be >= 1", steps),
+        (step_time > 0, "[job] step_time_s must be > 0", step_time),
+        (gpus >= 1, "[job] gpus must be >= 1", gpus),
+        (blocking >= 0, "[checkpoint] blocking_s must be >= 0", blocking),
+        (
+            latency >= blocking,
+            "[checkpoint] latency_s (save call to durable) must be >= blocking_s",
+            latency,
+        ),
+        (0 <= slowdown < 1, "[checkpoint] slowdown must be a fraction in [0, 1)", slowdown),
+        (restore >= 0, "[checkpoint] restore_s must be >= 0", restore),
+        (
+            dist in ("exponential", "weibull"),
+            '[failures] distribution must be "exponential" or "weibull"',
+            dist,
+        ),
+        (mtbf_h > 0, "[failures] mtbf_gpu_hours must be > 0", mtbf_h),
+        (0.05 <= shape <= 20, "[failures] weibull_shape must be in [0.05, 20]", shape),
+    ]
+    for ok, message, value in checks:
+        if not ok:
+            raise ScenarioError(f"{message}, got {value!r}")
+    trace = None
+    if trace_raw is not None:
+        try:
+            trace = tuple(sorted(float(x) for x in trace_raw))
+        except (TypeError, ValueError):
+            raise ScenarioError(
+                f"[failures] trace must be a list of seconds, got {trace_raw!r}"
+            ) from None
+        if any(x < 0 for x in trace):
+            raise ScenarioError("[failures] trace times must be >= 0 seconds")
+    phases = []
+    for i, ph in enumerate(data.get("phases") or []):
+        sec = f"phases.{i}"
+        _known(ph, sec, {"start_s", "end_s", "blocking_factor", "latency_factor", "every_s"})
+        p = Phase(
+            start_s=_get(ph, sec, "start_s", float),
+            end_s=_get(ph, sec, "end_s", float),
+            blocking_factor=_get(ph, sec, "blocking_factor", float, 1.0),
+            latency_factor=_get(ph, sec, "latency_factor", float, 1.0),
+            every_s=_get(ph, sec, "every_s", float, None),
+        )
+        if not 0 <= p.start_s < p.end_s:
+            raise ScenarioError(f"[{sec}] needs 0 <= start_s < end_s, got {p.start_s}, {p.end_s}")
+        if p.blocking_factor <= 0 or p.latency_factor <= 0:
+            raise ScenarioError(f"[{sec}] factors must be > 0")
+        if p.every_s is not None and p.every_s < p.end_s - p.start_s:
+            raise ScenarioError(f"[{sec}] every_s must be >= end_s - start_s, got {p.every_s}")
+        phases.append(p)
+    return Scenario(
+        name=str(data.get("name") or default_name),
+        description=str(data.get("description") or ""),
+        steps=steps,
+        step_time_s=step_time,
+        gpus=gpus,
+        blocking_s=blocking,
+        latency_s=latency,
+        slowdown=slowdown,
+        restore_s=restore,
+        distribution=dist,
+        mtbf_gpu_hours=mtbf_h,
+        weibull_shape=shape,
+        trace=trace,
+        phases=tuple(phases),
+    )

@@ -1,0 +1,73 @@
+"""``daly``: Daly's higher-order optimum interval, fitted online (the core of the default)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from adaptd import model
+from adaptd.policies.interval import plan
+from adaptd.policy import PolicyError
+from adaptd.snapshot import Decision, JobState, Snapshot
+
+
+def cost_figures(
+    job: JobState, save_cost_s: float | None, mtbf_s: float | None
+) -> tuple[float, float] | None:
+    """(δ, M) from the settings when given, else from the job; ``None`` until δ is known."""
+    delta = save_cost_s if save_cost_s is not None else job.save_cost_s
+    mtbf = mtbf_s if mtbf_s is not None else job.mtbf_s
+    if delta is None or mtbf is None or mtbf <= 0:
+        return None
+    return max(delta, 1e-6), mtbf
+
+
+def probe(job: JobState, probe_s: float, policy: str) -> Decision:
+    """Before the first measured save: save after ``probe_s`` to learn what a save costs."""
+    return plan(
+        job,
+        probe_s,
+        policy=policy,
+        reason=f"no save measured yet: probing after {probe_s:g}s",
+    )
+
+
+def check_settings(name: str, probe_s: float, save_cost_s: float | None, mtbf_s: float | None):
+    if not probe_s > 0:
+        raise PolicyError(f"{name}: probe_s must be > 0 seconds, got {probe_s}")
+    if save_cost_s is not None and save_cost_s < 0:
+        raise PolicyError(f"{name}: save_cost_s must be >= 0 seconds, got {save_cost_s}")
+    if mtbf_s is not None and not mtbf_s > 0:
+        raise PolicyError(f"{name}: mtbf_s must be > 0 seconds, got {mtbf_s}")
+
+
+@dataclass(frozen=True)
+class Daly:
+    """Save every Daly-optimal interval for the job's measured save cost δ and MTBF M.
+
+    ``probe_s``: before any save was measured, save once after this much training to
+    learn δ. ``save_cost_s`` / ``mtbf_s`` pin δ or M instead of reading them from the
+    job (the simulator's ``oracle`` pins both to the scenario's true values).
+    """
+
+    probe_s: float = 300.0
+    save_cost_s: float | None = None
+    mtbf_s: float | None = None
+
+    def __post_init__(self) -> None:
+        check_settings("daly", self.probe_s, self.save_cost_s, self.mtbf_s)
+
+    def decide(self, snapshot: Snapshot, job: JobState) -> Decision:
+        figures = cost_figures(job, self.save_cost_s, self.mtbf_s)
+        if figures is None:
+            return probe(job, self.probe_s, "daly")
+        delta, mtbf = figures
+        tau = model.daly_interval(delta, mtbf)
+        return plan(
+            job,
+            tau,
+            policy="daly",
+            reason=f"Daly: δ={delta:.3g}s, M={mtbf:.4g}s → every {tau:.4g}s",
+            waste=model.waste_approx(
+                tau, delta, mtbf, job.save_latency_s or 0.0, job.restore_s or 0.0
+            ),
+        )

@@ -1,0 +1,61 @@
+"""``guards``: hard limits around any policy.
+
+Never lose more than ``max_lost_s`` of work (the plan is pulled in so that the
+gap between saves is at most that), and never save more often than the durable
+latency allows: at most one save is in flight, so saves come at least ``L``
+apart and none is planned before the one in flight is durable. Urgent saves pass.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from adaptd.policies.interval import anchor, inner_policy, steps_ceil
+from adaptd.policy import Policy, PolicyError
+from adaptd.snapshot import Decision, JobState, Snapshot
+
+
+@dataclass(frozen=True)
+class Guards:
+    """Wraps ``inner`` (default ``daly``) with ``max_lost_s`` (seconds; ``None``: no
+    cap) and ``latency_floor`` (respect the durable latency; default on)."""
+
+    inner: str | Policy = "daly"
+    max_lost_s: float | None = None
+    latency_floor: bool = True
+    policy: Policy = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.max_lost_s is not None and not self.max_lost_s > 0:
+            raise PolicyError(f"guards: max_lost_s must be > 0 seconds, got {self.max_lost_s}")
+        object.__setattr__(self, "policy", inner_policy("guards", self.inner))
+
+    def decide(self, snapshot: Snapshot, job: JobState) -> Decision:
+        d = self.policy.decide(snapshot, job)
+        if d.urgent:
+            return d
+        base = anchor(job)
+        nxt, every, notes = d.next_step, d.every_steps, []
+        if self.max_lost_s is not None:
+            cap = steps_ceil(self.max_lost_s, job.step_time_s)
+            if cap is not None and (nxt is None or nxt > base + cap):
+                nxt = max(base + cap, job.step + 1)
+                every = min(every or cap, cap)
+                notes.append(f"capped: at most {self.max_lost_s:g}s of work at risk")
+        if self.latency_floor and nxt is not None and job.save_latency_s:
+            floor = steps_ceil(job.save_latency_s, job.step_time_s)
+            if floor is not None:
+                earliest = base + floor
+                if job.save_in_flight and job.last_save_time is not None:
+                    left = job.save_latency_s - (job.time - job.last_save_time)
+                    earliest = max(earliest, job.step + (steps_ceil(left, job.step_time_s) or 1))
+                if nxt < earliest:
+                    nxt = earliest
+                    every = max(every or floor, floor)
+                    notes.append(f"floored: a save takes {job.save_latency_s:.3g}s to be durable")
+        if not notes:
+            return d
+        return dataclasses.replace(
+            d, next_step=nxt, every_steps=every, reason=f"{d.reason}; {'; '.join(notes)}"
+        )

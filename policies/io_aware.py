@@ -1,0 +1,73 @@
+"""``io_aware``: defer a due save while its storage target is saturated or busy with
+another job's save, by a bounded amount, so jobs sharing a target stagger."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from adaptd.policies.interval import anchor, inner_policy
+from adaptd.policy import Policy, PolicyError
+from adaptd.snapshot import Decision, JobState, Snapshot
+
+
+@dataclass(frozen=True)
+class IoAware:
+    """Wraps ``inner`` (a spec or a policy, default ``daly``).
+
+    While the job's storage target is saturated (``busy_fraction`` ≥ ``busy``) or
+    at least ``max_writers`` other jobs on it have a save in flight, a planned save
+    is pushed back, but never beyond ``max_defer`` × the inner interval past when it
+    was due. Once the target clears, an overdue save happens at the next step.
+    Urgent decisions pass through untouched.
+    """
+
+    inner: str | Policy = "daly"
+    busy: float = 0.8
+    max_writers: int = 1
+    max_defer: float = 0.5
+    policy: Policy = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not 0 < self.busy <= 1:
+            raise PolicyError(f"io_aware: busy must be a fraction in (0, 1], got {self.busy}")
+        if self.max_writers < 1:
+            raise PolicyError(f"io_aware: max_writers must be >= 1, got {self.max_writers}")
+        if not 0 <= self.max_defer <= 10:
+            raise PolicyError(
+                f"io_aware: max_defer must be in [0, 10] intervals, got {self.max_defer}"
+            )
+        object.__setattr__(self, "policy", inner_policy("io_aware", self.inner))
+
+    def decide(self, snapshot: Snapshot, job: JobState) -> Decision:
+        d = self.policy.decide(snapshot, job)
+        if d.urgent or d.next_step is None or not d.every_steps:
+            return d
+        due = anchor(job) + d.every_steps
+        deadline = due + round(self.max_defer * d.every_steps)
+        why = self.congestion(snapshot, job)
+        if why is not None and job.step < deadline:
+            return dataclasses.replace(
+                d,
+                next_step=max(deadline, job.step + 1),
+                reason=f"{d.reason}; deferred: {why} (at most until step {deadline})",
+                tags=(*d.tags, "deferred"),
+            )
+        if why is None and due <= job.step and d.next_step > job.step + 1:
+            # a deferred save the inner policy's grid would skip: take it now
+            return dataclasses.replace(
+                d, next_step=job.step + 1, reason=f"{d.reason}; storage clear, saving the overdue"
+            )
+        return d
+
+    def congestion(self, snapshot: Snapshot, job: JobState) -> str | None:
+        """Why the job's storage target should not take a save now, or ``None``."""
+        target = snapshot.storage_for(job.storage_target)
+        if target is None:
+            return None
+        if target.busy_fraction is not None and target.busy_fraction >= self.busy:
+            return f"{target.target} is {target.busy_fraction:.0%} busy"
+        others = [j for j in target.writing_jobs if j != job.job]
+        if len(others) >= self.max_writers:
+            return f"{len(others)} other job(s) writing to {target.target}"
+        return None
