@@ -196,4 +196,4 @@ def parse(spec: str | Policy) -> Policy:
 
 
 #: The policy a job gets when neither it nor the daemon's config names one.
-DEFAULT_SPEC = "phased"
+DEFAULT_SPEC = "default"
