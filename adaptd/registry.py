@@ -173,6 +173,17 @@ class Job:
         return self.tracker.step
 
 
+def default_tracker(msg: Hello) -> JobTracker:
+    """A job's tracker from its first hello: GPUs of all ranks, its resume step."""
+    return JobTracker(
+        msg.job,
+        world_size=msg.world_size,
+        gpus=max(1, msg.gpus * msg.world_size),
+        start_step=msg.resumed_from,
+        state_bytes=msg.state_bytes or None,
+    )
+
+
 class Registry:
     """Jobs and ranks, with liveness; emits :mod:`adaptd.events` through ``emit``."""
 
@@ -186,6 +197,7 @@ class Registry:
         wall: Callable[[], float] = _time.time,
         max_inactive_jobs: int = MAX_INACTIVE_JOBS,
         max_ranks: int = MAX_RANKS,
+        tracker_factory: Callable[[Hello], JobTracker] | None = None,
     ) -> None:
         if not silence_timeout_s > 0:
             raise ValueError(f"silence_timeout_s must be > 0 seconds, got {silence_timeout_s}")
@@ -196,6 +208,9 @@ class Registry:
         self.wall = wall
         self.max_inactive_jobs = max_inactive_jobs
         self.max_ranks = max_ranks
+        #: Builds a new job's tracker from its first hello (e.g. to share one failure
+        #: rate across the host's jobs, or to load what the store learned).
+        self.tracker_factory = tracker_factory or default_tracker
         self.jobs: dict[str, Job] = {}
         self._peers: dict[bytes, tuple[str, int]] = {}
 
@@ -398,13 +413,7 @@ class Registry:
     # ------------------------------------------------------------------ internals
 
     def _new_job(self, msg: Hello, now: float) -> Job:
-        tracker = JobTracker(
-            msg.job,
-            world_size=msg.world_size,
-            gpus=max(1, msg.gpus * msg.world_size),
-            start_step=msg.resumed_from,
-            state_bytes=msg.state_bytes or None,
-        )
+        tracker = self.tracker_factory(msg)
         job = Job(id=msg.job, tracker=tracker, world_size=msg.world_size, created=now)
         job.last_seen = now
         self.jobs[msg.job] = job
