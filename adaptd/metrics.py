@@ -32,7 +32,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import generate_latest, start_http_server
 from prometheus_client.registry import Collector
 
-from adaptd import __version__
+from adaptd import __version__, events
 from adaptd.snapshot import Snapshot
 from adaptd.store import DecisionRecord, FailureRecord, SaveRecord
 
@@ -137,6 +137,8 @@ class Metrics:
         self._lock = threading.Lock()
         self._streaks: dict[str, int] = {}
         self._planned_s: dict[str, float] = {}
+        self._live: set[str] = set()  # for on_event's connected-jobs count
+        self._incarnations: dict[str, int] = {}
 
     # ---------------------------------------------------------------- events
 
@@ -154,14 +156,21 @@ class Metrics:
         self.bad_streak.labels(job).set(self._streaks.get(job, 0))
         self.paused.labels(job).set(0)
 
-    def on_save(self, rec: SaveRecord) -> None:
-        """A save report arrived (the same record the store keeps)."""
+    def on_save(self, rec: SaveRecord, *, counted: bool = True) -> None:
+        """A save report arrived (the same record the store keeps).
+
+        Every rank's report feeds the time histograms and the bytes; ``counted=False``
+        (another rank already reported this step) keeps it out of the save count and
+        the bad-save streak, so four ranks of one failed save are one failure.
+        """
         job = rec.job
         self.save_blocking.labels(job).observe(rec.blocking_s)
         if rec.ok:
             self.save_durable.labels(job).observe(rec.durable_s)
             self.save_bytes.labels(job).inc(rec.bytes)
-            self.last_save.labels(job).set(rec.ended)
+            self.last_save.labels(job).set(max(rec.ended, self._last_save_time(job)))
+        if not counted:
+            return
         self.saves.labels(job, "ok" if rec.ok else "failed").inc()
         planned = self._planned_s.get(job)
         bad = (
@@ -173,6 +182,12 @@ class Metrics:
             streak = self._streaks.get(job, 0) + 1 if bad else 0
             self._streaks[job] = streak
         self.bad_streak.labels(job).set(streak)
+
+    def _last_save_time(self, job: str) -> float:
+        sample = self.registry.get_sample_value(
+            "adaptd_job_last_save_timestamp_seconds", {JOB: job}
+        )
+        return sample or 0.0
 
     def on_decision(self, rec: DecisionRecord) -> None:
         """A plan was decided for a job. Unknown figures (``None``) are removed, not zeroed."""
@@ -239,6 +254,37 @@ class Metrics:
         with self._lock:
             self._streaks.pop(job, None)
             self._planned_s.pop(job, None)
+
+    def on_event(self, ev: events.Event) -> None:
+        """An :data:`adaptd.events.Sink`: update the metrics from the daemon's event.
+
+        Also keeps ``adaptd_jobs_connected`` (jobs registered and neither finished
+        nor lost). A lost job keeps its series (it may resume, and the no-save alert
+        should fire if it does not); a finished one is removed.
+        """
+        if isinstance(ev, events.JobRegistered):
+            if self._incarnations.get(ev.job) != ev.incarnation:
+                self._incarnations[ev.job] = ev.incarnation
+                self.on_job_started(ev.job, time=ev.wall)
+            self._live.add(ev.job)
+        elif isinstance(ev, events.SaveReported):
+            rec = SaveRecord.from_report(ev.report, received=ev.wall)
+            self.on_save(rec, counted=ev.counted)
+        elif isinstance(ev, events.PlanChanged):
+            self.on_decision(
+                DecisionRecord.from_decision(ev.job, ev.decision, time=ev.wall, step=ev.step)
+            )
+        elif isinstance(ev, events.JobResumed):
+            self.failures.labels(ev.job).inc()
+        elif isinstance(ev, events.JobLost):
+            self._live.discard(ev.job)
+        elif isinstance(ev, events.JobRevived):
+            self._live.add(ev.job)
+        elif isinstance(ev, events.JobFinished):
+            self._live.discard(ev.job)
+            self._incarnations.pop(ev.job, None)
+            self.remove_job(ev.job)
+        self.jobs.set(len(self._live))
 
     # ---------------------------------------------------------------- output
 

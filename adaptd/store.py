@@ -41,7 +41,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, TypeVar
 
-from adaptd import paths
+from adaptd import events, paths
 from adaptd.protocol import SaveReport
 from adaptd.snapshot import Decision
 
@@ -563,6 +563,34 @@ class Store:
                 "ON CONFLICT (scope, key) DO UPDATE SET value=excluded.value, "
                 "updated=excluded.updated",
                 [(s, k, v, t) for (s, k), (v, t) in self._params.items()],
+            )
+
+    def on_event(self, ev: events.Event) -> None:
+        """An :data:`adaptd.events.Sink`: queue what the daemon's event says.
+
+        Every rank's save report is a row; a plan change and an urgent save request
+        are decisions; a confirmed failure (:class:`~adaptd.events.JobResumed`) is a
+        failure row dated when the job was lost. Only queues: cheap in the loop.
+        """
+        if isinstance(ev, events.SaveReported):
+            self.record_save(SaveRecord.from_report(ev.report, received=ev.wall))
+        elif isinstance(ev, events.PlanChanged):
+            self.record_decision(
+                DecisionRecord.from_decision(ev.job, ev.decision, time=ev.wall, step=ev.step)
+            )
+        elif isinstance(ev, events.SaveRequested):
+            self.record_decision(
+                DecisionRecord(ev.job, ev.wall, ev.step, None, urgent=True, reason=ev.reason)
+            )
+        elif isinstance(ev, events.JobResumed):
+            self.record_failure(
+                FailureRecord(
+                    job=ev.job,
+                    time=ev.wall - ev.restart_s,
+                    lost_at_step=ev.last_step,
+                    resumed_step=ev.resumed_from,
+                    restart_s=ev.restart_s,
+                )
             )
 
     # ---------------------------------------------------------------- retention
