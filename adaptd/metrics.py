@@ -137,6 +137,7 @@ class Metrics:
         self._lock = threading.Lock()
         self._streaks: dict[str, int] = {}
         self._planned_s: dict[str, float] = {}
+        self._last_saved: dict[str, float] = {}
         self._live: set[str] = set()  # for on_event's connected-jobs count
         self._incarnations: dict[str, int] = {}
 
@@ -168,7 +169,10 @@ class Metrics:
         if rec.ok:
             self.save_durable.labels(job).observe(rec.durable_s)
             self.save_bytes.labels(job).inc(rec.bytes)
-            self.last_save.labels(job).set(max(rec.ended, self._last_save_time(job)))
+            with self._lock:  # ranks' reports may arrive out of order: keep the newest
+                newest = max(rec.ended, self._last_saved.get(job, rec.ended))
+                self._last_saved[job] = newest
+            self.last_save.labels(job).set(newest)
         if not counted:
             return
         self.saves.labels(job, "ok" if rec.ok else "failed").inc()
@@ -182,12 +186,6 @@ class Metrics:
             streak = self._streaks.get(job, 0) + 1 if bad else 0
             self._streaks[job] = streak
         self.bad_streak.labels(job).set(streak)
-
-    def _last_save_time(self, job: str) -> float:
-        sample = self.registry.get_sample_value(
-            "adaptd_job_last_save_timestamp_seconds", {JOB: job}
-        )
-        return sample or 0.0
 
     def on_decision(self, rec: DecisionRecord) -> None:
         """A plan was decided for a job. Unknown figures (``None``) are removed, not zeroed."""
@@ -254,6 +252,7 @@ class Metrics:
         with self._lock:
             self._streaks.pop(job, None)
             self._planned_s.pop(job, None)
+            self._last_saved.pop(job, None)
 
     def on_event(self, ev: events.Event) -> None:
         """An :data:`adaptd.events.Sink`: update the metrics from the daemon's event.
