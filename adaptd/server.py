@@ -54,6 +54,9 @@ log = logging.getLogger("adaptd.server")
 
 #: A rank that reports after this long without hearing from the daemon gets the plan again.
 RESEND_AFTER_S = 2.0
+#: A new decision whose interval and next save moved by at most this fraction of the
+#: current interval keeps the current plan (see :func:`same_saves`).
+REPLAN_TOLERANCE = 0.05
 #: Liveness checks and tick hooks run this often.
 TICK_INTERVAL_S = 1.0
 #: Queued messages per peer (ZeroMQ high-water marks): beyond them ZeroMQ drops.
@@ -89,20 +92,31 @@ def logfmt(event: str, **fields: object) -> str:
     return " ".join(parts)
 
 
-def same_saves(old: Decision, new: Decision, step: int) -> bool:
-    """True when a job following ``old`` would save at the same steps as under ``new``.
+def same_saves(old: Decision, new: Decision, step: int, tolerance: float = 0.0) -> bool:
+    """True when a job following ``old`` saves at (nearly) the same steps as under ``new``.
 
-    A grid policy re-decides "next at 200, every 100" once step 100 is passed, which
-    is the plan it already has; pushing it again would only be noise. Same grid
-    and the same next save after ``step`` means the same saves from now on.
+    A grid policy re-deciding "next at 200, every 100" once step 100 is passed has
+    the plan it already has; pushing it again would only be noise. Same grid and the
+    same next save after ``step`` means the same saves from now on. With
+    ``tolerance`` > 0, an interval and next save that both moved by at most that
+    fraction of the old interval also count as the same: an optimal-interval policy
+    re-fits its interval to every step-time report, and the waste curve is flat
+    near its optimum (10 % off the interval costs well under 1 % more waste), so
+    re-planning for it would churn plans once a second for nothing.
     """
     if old.same_plan(new):
         return True
-    return (
-        old.urgent == new.urgent
-        and old.every_steps == new.every_steps
-        and old.due_after(step) == new.due_after(step)
-    )
+    if old.urgent != new.urgent:
+        return False
+    old_next, new_next = old.due_after(step), new.due_after(step)
+    if old.every_steps == new.every_steps and old_next == new_next:
+        return True
+    if tolerance <= 0 or not old.every_steps or not new.every_steps:
+        return False
+    if old_next is None or new_next is None:
+        return False
+    slack = tolerance * old.every_steps
+    return abs(new.every_steps - old.every_steps) <= slack and abs(new_next - old_next) <= slack
 
 
 def _snapshot_now() -> Snapshot:
@@ -141,6 +155,7 @@ class Daemon:
         silence_timeout_s: float = 300.0,
         resend_after_s: float = RESEND_AFTER_S,
         tick_interval_s: float = TICK_INTERVAL_S,
+        replan_tolerance: float = REPLAN_TOLERANCE,
         clock: Callable[[], float] = time.monotonic,
         registry: Registry | None = None,
     ) -> None:
@@ -165,6 +180,9 @@ class Daemon:
         self.tick_hooks: list[Callable[[float], None]] = list(tick_hooks)
         self.resend_after_s = resend_after_s
         self.tick_interval_s = tick_interval_s
+        if not 0 <= replan_tolerance < 1:
+            raise DaemonError(f"replan_tolerance must be in [0, 1), got {replan_tolerance}")
+        self.replan_tolerance = replan_tolerance
         self.clock = clock
         self.registry = registry or Registry(emit=self.emit, silence_timeout_s=silence_timeout_s)
         if registry is not None:
@@ -606,7 +624,9 @@ class Daemon:
             self._save_now(job, decision.reason or "urgent", now)
             return True
         job.urgent_sent = False
-        if job.plan is not None and same_saves(job.plan, decision, state.step):
+        if job.plan is not None and same_saves(
+            job.plan, decision, state.step, self.replan_tolerance
+        ):
             return False
         job.plan = decision
         job.plan_seq += 1

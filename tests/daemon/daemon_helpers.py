@@ -23,6 +23,9 @@ from adaptd.spawn import start_daemon, stop_daemon
 
 HERE = Path(__file__).parent
 DEADLINE = 10.0
+#: The tests' daemon default: a fixed grid, so plans change only where a test expects
+#: (the package default learns from step times and would re-plan as they arrive).
+PINNED = "phased"
 
 
 class Peer:
@@ -58,6 +61,16 @@ class Peer:
         welcome = self.expect(p.Welcome)
         assert (welcome.job, welcome.rank) == (job, rank)
         return self.expect(p.Plan)
+
+    def barrier(self, job: str, rank: int = 0, **kw) -> list[p.DaemonMessage]:
+        """Say hello again (a reconnect) and return what arrived before its Welcome: the
+        pipe is ordered, so everything sent before was handled by then."""
+        self.send(p.Hello(v=p.VERSION, job=job, rank=rank, **kw))
+        before = []
+        while not isinstance(msg := self.recv(), p.Welcome):
+            before.append(msg)
+        self.expect(p.Plan)
+        return before
 
     def steps(self, job: str, step: int, rank: int = 0, count: int = 10, mean_s: float = 0.01):
         self.send(p.Steps(v=p.VERSION, job=job, rank=rank, step=step, count=count, mean_s=mean_s))
@@ -101,7 +114,7 @@ class LogWatch:
 class DaemonProc:
     """A real ``python -m adaptd.cli serve`` child with its stderr watched."""
 
-    def __init__(self, socket: Path, args: tuple[str, ...] = ()) -> None:
+    def __init__(self, socket: Path, args: tuple[str, ...] = ("--policy", PINNED)) -> None:
         self.socket = socket
         self.proc = start_daemon(socket, args, log=subprocess.PIPE)
         self.log = LogWatch(self.proc.stderr)
@@ -151,6 +164,7 @@ class EventLog:
 @contextlib.contextmanager
 def thread_daemon(socket: Path, **kw) -> Iterator[tuple[Daemon, EventLog]]:
     sink = EventLog()
+    kw.setdefault("policy", PINNED)
     d = Daemon(socket, sinks=[sink], **kw).start()
     try:
         yield d, sink

@@ -123,3 +123,22 @@ def test_fast_restart_before_liveness_noticed(sock_dir, zctx) -> None:
         # the old connection is no longer that rank
         old.steps("fast-1", 41)
         assert old.expect(p.Error).code == "unknown_peer"
+
+
+def test_default_policy_does_not_churn_plans_on_noisy_step_times(sock_dir, zctx) -> None:
+    """The package default re-fits its interval to each report; ±5 % step-time noise
+    must not push a new plan every second."""
+    import random
+
+    from adaptd.policy import DEFAULT_SPEC
+
+    with thread_daemon(sock_dir / "adaptd.sock", policy=DEFAULT_SPEC) as (daemon, sink):
+        peer = Peer(zctx, daemon.endpoint)
+        peer.hello("noisy-1", pid=0)
+        rng = random.Random(7)
+        for i in range(1, 61):
+            peer.steps("noisy-1", i * 20, count=20, mean_s=0.05 * (1 + rng.uniform(-0.05, 0.05)))
+        pushed = peer.barrier("noisy-1", pid=0)  # all 60 reports were handled
+        changes = [e for e in sink.of(ev.PlanChanged) if e.job == "noisy-1"]
+        assert 1 <= len(changes) <= 3, [(e.step, e.decision) for e in changes]
+        assert len(pushed) == len(changes) - 1  # the first plan came with the hello

@@ -26,6 +26,7 @@ def test_hello_gets_welcome_then_plan(shared_daemon, zctx) -> None:
 
 
 def test_daemon_default_policy_when_job_names_none(shared_daemon, zctx) -> None:
+    # shared_daemon runs with --policy phased (daemon_helpers.PINNED)
     plan = Peer(zctx, shared_daemon.endpoint).hello("default-1")
     assert plan.policy == "phased" and (plan.next_step, plan.every_steps) == (50, 50)
 

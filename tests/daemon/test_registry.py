@@ -126,3 +126,17 @@ def test_proc_probe_tells_live_zombie_and_reused_pids() -> None:
 )
 def test_same_saves(old: Decision, new: Decision, step: int, same: bool) -> None:
     assert same_saves(old, new, step) is same
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "step", "same"),
+    [
+        (Decision(5800, 5800), Decision(5864, 5864), 120, True),  # re-fit: 1 % apart
+        (Decision(5800, 5800), Decision(6400, 6400), 120, False),  # 10 % apart: re-plan
+        (Decision(5800, 5800), Decision(5000, 5800), 120, False),  # save moved earlier
+        (Decision(5800, 5800), Decision(5850, None), 120, False),  # no longer repeating
+        (Decision(5800, 5800), Decision(5810, 5810, urgent=True), 120, False),
+    ],
+)
+def test_same_saves_with_tolerance(old: Decision, new: Decision, step: int, same: bool) -> None:
+    assert same_saves(old, new, step, tolerance=0.05) is same
