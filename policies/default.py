@@ -24,7 +24,7 @@ class Default:
     probe_s: float = 300.0
     busy: float = 0.8
     max_writers: int = 1
-    max_defer: float = 0.5
+    max_defer: float = 1.0
     max_lost_s: float | None = None
     degraded_every_s: float = 300.0
     stack: Policy = field(init=False, repr=False, compare=False)

@@ -25,7 +25,7 @@ class IoAware:
     inner: str | Policy = "daly"
     busy: float = 0.8
     max_writers: int = 1
-    max_defer: float = 0.5
+    max_defer: float = 1.0
     policy: Policy = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:

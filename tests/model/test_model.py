@@ -1,0 +1,144 @@
+"""The interval model against hand-computed values and its defining properties."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from adaptd import model
+
+# (δ, M, Young, Daly), worked by hand: Young = √(2δM); with x = δ/2M,
+# Daly = Young·(1 + √x/3 + x/9) − δ.
+TABLE = [
+    # δ=30, M=10986: Young = √659160 = 811.887; x = 0.0013653, √x = 0.036950
+    # Daly = 811.887 · 1.012468 − 30 = 792.010
+    (30.0, 10986.0, 811.887, 792.010),
+    # δ=8, M=2e5: Young = √3.2e6 = 1788.854; x = 2e-5, √x = 0.0044721
+    # Daly = 1788.854 · 1.0014929 − 8 = 1783.525
+    (8.0, 2e5, 1788.854, 1783.525),
+    # δ=50, M=100: x = 0.25: Young = 100; Daly = 100 · (1 + 0.5/3 + 0.25/9) − 50 = 69.444
+    (50.0, 100.0, 100.0, 69.444),
+    # δ ≥ 2M: Daly saves once per expected failure, τ = M
+    (200.0, 100.0, 200.0, 100.0),
+    (500.0, 100.0, math.sqrt(2 * 500 * 100), 100.0),
+    (0.0, 100.0, 0.0, 0.0),
+]
+
+
+@pytest.mark.parametrize(("delta", "mtbf", "young", "daly"), TABLE)
+def test_young_and_daly_match_hand_computed_values(delta, mtbf, young, daly) -> None:
+    assert model.young_interval(delta, mtbf) == pytest.approx(young, abs=1e-3)
+    assert model.daly_interval(delta, mtbf) == pytest.approx(daly, abs=1e-3)
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda: model.daly_interval(-1, 10), "save_cost_s"),
+        (lambda: model.young_interval(1, 0), "mtbf_s"),
+        (lambda: model.waste_fraction(0, 1, 10), "interval_s"),
+        (lambda: model.weibull_interval(0, 1, 10, shape=0), "shape"),
+        (lambda: model.job_mtbf(100, 0), "gpus"),
+    ],
+)
+def test_invalid_figures_are_named(call, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
+positive = st.floats(min_value=1e-3, max_value=1e7, allow_nan=False)
+
+
+@settings(max_examples=200, deadline=None)
+@given(delta=positive, mtbf=positive, factor=st.floats(min_value=1.001, max_value=100))
+def test_interval_grows_with_cost_and_mtbf(delta, mtbf, factor) -> None:
+    for f in (model.young_interval, model.daly_interval):
+        assert f(delta * factor, mtbf) >= f(delta, mtbf)
+        assert f(delta, mtbf * factor) >= f(delta, mtbf)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    mtbf=st.floats(min_value=100, max_value=1e7),
+    ratio=st.floats(min_value=1e-6, max_value=0.05),
+    latency=st.floats(min_value=0, max_value=1),
+    restart=st.floats(min_value=0, max_value=1),
+)
+def test_waste_is_minimised_at_dalys_interval(mtbf, ratio, latency, restart) -> None:
+    delta = ratio * mtbf
+    tau = model.daly_interval(delta, mtbf)
+    args = (delta, mtbf, latency * mtbf * 0.01, restart * mtbf * 0.01)
+    w = model.waste_fraction(tau, *args)
+    for f in (0.9, 0.97, 1.03, 1.1):
+        assert w <= model.waste_fraction(tau * f, *args) + 1e-12
+    # and Daly's closed form is within 0.5% of the exact optimum
+    assert tau == pytest.approx(model.optimal_interval(delta, mtbf), rel=5e-3)
+
+
+def test_waste_fraction_reduces_to_dalys_model_and_first_order() -> None:
+    tau, delta, m, r = 800.0, 30.0, 11000.0, 600.0
+    daly_total = m * math.exp(r / m) * math.expm1((tau + delta) / m)
+    assert model.waste_fraction(tau, delta, m, 0.0, r) == pytest.approx(1 - tau / daly_total)
+    # for τ ≪ M the exact waste is close to δ/τ + (τ/2 + L + R)/M
+    exact = model.waste_fraction(tau, delta, m, 100.0, r, blocking_s=20.0)
+    approx = model.waste_approx(tau, delta, m, 100.0, r)
+    assert exact == pytest.approx(approx, rel=0.1)
+
+
+def test_latency_and_restart_add_waste_but_do_not_move_the_optimum() -> None:
+    delta, m = 20.0, 40000.0
+    taus = [500 + 10 * i for i in range(150)]
+    best = [
+        min(taus, key=lambda t, L=L, R=R: model.waste_fraction(t, delta, m, L, R, blocking_s=5))
+        for L, R in ((5, 0), (300, 0), (5, 900), (300, 900))
+    ]
+    assert len(set(best)) == 1
+    assert model.waste_fraction(1200, delta, m, 300, 900, 5) > model.waste_fraction(
+        1200, delta, m, 5, 0, 5
+    )
+
+
+def test_async_floor_keeps_one_save_in_flight() -> None:
+    assert model.async_floor(30.0, 120.0) == 120.0
+    assert model.async_floor(300.0, 120.0) == 300.0
+    assert model.async_floor(300.0, None) == 300.0
+
+
+def test_weibull_shape_one_is_the_exponential_optimum() -> None:
+    delta, m = 22.0, 43945.0
+    for age in (0.0, 5000.0, 50000.0):  # memoryless: the age does not matter
+        assert model.weibull_interval(age, delta, m, 1.0) == pytest.approx(
+            model.optimal_interval(delta, m), rel=2e-3
+        )
+
+
+def test_weibull_bursty_failures_want_short_intervals_early_and_long_later() -> None:
+    delta, m = 22.0, 43945.0
+    early = model.weibull_interval(60.0, delta, m, 0.7, restart_s=300)
+    later = [model.weibull_interval(a, delta, m, 0.7, restart_s=300) for a in (1e4, 5e4, 2e5)]
+    assert early < model.daly_interval(delta, m) < later[-1]
+    assert later == sorted(later)
+
+
+def test_weibull_cost_ratio_agrees_with_numeric_integration() -> None:
+    from scipy.integrate import quad
+
+    age, tau, delta, m, k, r = 3000.0, 900.0, 20.0, 40000.0, 0.7, 300.0
+    lam = model.weibull_scale(m, k)
+
+    def surv(x: float) -> float:
+        return math.exp((age / lam) ** k - ((age + x) / lam) ** k)
+
+    integral, _ = quad(surv, 0, tau + delta)
+    p = surv(tau + delta)
+    expected = (integral + (1 - p) * r) / (p * tau)
+    assert model.weibull_cost_ratio(tau, age, delta, m, k, r) == pytest.approx(expected, rel=1e-9)
+
+
+def test_weibull_scale_gives_the_mean() -> None:
+    lam = model.weibull_scale(1000.0, 0.7)
+    assert lam * math.gamma(1 + 1 / 0.7) == pytest.approx(1000.0)
+    assert model.job_mtbf(50000 * 3600, 16384) == pytest.approx(10986.3, rel=1e-4)
