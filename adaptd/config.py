@@ -112,7 +112,7 @@ class Config:
     db_path: Path = field(default_factory=lambda: paths.state_dir() / DB_NAME)
     log_level: str = "info"
     sample_interval_s: float = 1.0
-    liveness_timeout_s: float = 60.0
+    liveness_timeout_s: float = 300.0  # matches `serve --silence-timeout`
     drain_grace_s: float = 90.0
     watchdog: bool = True
     default_policy: str = DEFAULT_SPEC
@@ -377,7 +377,7 @@ class _Reader:
                 "daemon.log_level", f"must be one of {', '.join(LOG_LEVELS)}, got {level!r}"
             )
         sample = self.number(d, "daemon", "sample_interval_s", 1.0, minimum=0)
-        liveness = self.number(d, "daemon", "liveness_timeout_s", 60.0, minimum=0)
+        liveness = self.number(d, "daemon", "liveness_timeout_s", 300.0, minimum=0)
         if liveness < sample:
             raise self.fail(
                 "daemon.liveness_timeout_s",
