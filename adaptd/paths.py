@@ -2,7 +2,8 @@
 
 Order for the job socket: an explicit path (``--socket``/``socket=``/config), then
 ``$ADAPTD_SOCKET``, then the systemd runtime directory (``$RUNTIME_DIRECTORY``,
-i.e. ``/run/adaptd``), then ``/run/adaptd/adaptd.sock`` when that directory exists,
+i.e. ``/run/adaptd``), then ``/run/adaptd/adaptd.sock`` when that directory is writable or already
+holds the socket (a job in group ``adaptd`` can search it but not write it),
 then ``$XDG_RUNTIME_DIR/adaptd/adaptd.sock``, then a per-user temp directory.
 """
 
@@ -20,7 +21,11 @@ def runtime_dir() -> Path:
     """The directory for the daemon's sockets (not created here)."""
     if env := os.environ.get("RUNTIME_DIRECTORY"):  # set by systemd's RuntimeDirectory=
         return Path(env.split(":")[0])
-    if SYSTEM_RUNTIME_DIR.is_dir() and os.access(SYSTEM_RUNTIME_DIR, os.W_OK | os.X_OK):
+    # The system daemon's directory (0750, group adaptd): a job may only *search*
+    # it, so a socket already there counts as much as write access does.
+    if os.access(SYSTEM_RUNTIME_DIR, os.X_OK) and (
+        os.access(SYSTEM_RUNTIME_DIR, os.W_OK) or (SYSTEM_RUNTIME_DIR / SOCKET_NAME).exists()
+    ):
         return SYSTEM_RUNTIME_DIR
     if xdg := os.environ.get("XDG_RUNTIME_DIR"):
         return Path(xdg) / "adaptd"
