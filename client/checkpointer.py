@@ -32,7 +32,7 @@ import msgspec
 import tensorflow as tf
 
 from adaptd import paths, protocol
-from adaptd.client import files, keras_compat, ranks
+from adaptd.client import async_fixes, files, ranks
 from adaptd.client.costs import Baseline, SaveWindow, StepClock
 from adaptd.client.link import DaemonLink
 from adaptd.client.schedule import NEVER, Due, SaveSchedule
@@ -201,7 +201,7 @@ class AdaptiveCheckpointer:
 
         self._step_var = tf.Variable(0, dtype=tf.int64, trainable=False, name=STEP_KEY)
         extra: dict[str, Any] = {STEP_KEY: self._step_var}
-        seeds = keras_compat.seed_states(trackables.values())
+        seeds = async_fixes.seed_states(trackables)
         if seeds:
             extra[SEEDS_KEY] = seeds
         self.checkpoint = tf.train.Checkpoint(**trackables, **extra)
@@ -260,7 +260,8 @@ class AdaptiveCheckpointer:
         restore_s = None
         if latest:
             t0 = perf_counter()
-            keras_compat.build_optimizers(self._trackables)
+            self._drop_seeds_missing_from(latest)
+            async_fixes.build_optimizers(self._trackables)
             status = self.checkpoint.restore(latest)
             status.assert_existing_objects_matched()
             start = int(self._step_var.numpy())
@@ -270,6 +271,18 @@ class AdaptiveCheckpointer:
             log.info("restored %s: continuing from step %d (%.3fs)", latest, start, restore_s)
         self._start(start, restore_s)
         return start
+
+    def _drop_seeds_missing_from(self, path: str) -> None:
+        """Keras creates its global seed generator lazily, so an older checkpoint may
+        lack it; it is then left as it is instead of failing the restore."""
+        seeds = getattr(self.checkpoint, SEEDS_KEY, None)
+        if seeds is None:
+            return
+        names = {name for name, _ in tf.train.list_variables(path)}
+        for key in list(seeds):
+            if f"{SEEDS_KEY}/{key}/.ATTRIBUTES/VARIABLE_VALUE" not in names:
+                log.info("%s has no state for the Keras seed generator %r: left as is", path, key)
+                del seeds[key]
 
     def step(self, steps: int = 1) -> None:
         """Call once per finished training step (``steps``: how many finished since
@@ -418,6 +431,10 @@ class AdaptiveCheckpointer:
             return
         if n >= self._schedule.due:
             self._save(n, self._schedule.due_reason)
+        # Decide after the save check: a policy plans strictly after the step it is
+        # shown, so deciding first would skip a save due at this very step.
+        if (self._local_only or not self._daemon_mode) and now >= self._decide_at:
+            self._decide(n, now)
         self._due = self._schedule.due
 
     def _tick(self, n: int, now: float) -> None:
@@ -453,8 +470,6 @@ class AdaptiveCheckpointer:
                     ),
                     now,
                 )
-        if (self._local_only or not self._daemon_mode) and now >= self._decide_at:
-            self._decide(n, now)
 
     def _on_message(self, msg: protocol.DaemonMessage, n: int, now: float) -> None:
         if isinstance(msg, protocol.Welcome):
@@ -474,8 +489,9 @@ class AdaptiveCheckpointer:
                 self._schedule.save_now(msg, n)
         elif isinstance(msg, protocol.Error):
             if msg.code == "unknown_peer":
+                # The daemon is there (it answered) but restarted and lost us: say
+                # hello again; its Welcome and Plan follow. Its current plan stays.
                 log.info("the daemon does not know this job (restarted?): saying hello again")
-                self._link.forget()
                 self._send_hello(now)
             elif msg.code not in self._error_codes:
                 self._error_codes.add(msg.code)
@@ -496,7 +512,7 @@ class AdaptiveCheckpointer:
             warnings.warn(text, RuntimeWarning, stacklevel=5)
         else:
             log.warning("%s", text)
-        self._decide(n, now)
+        self._decide_at = 0.0  # re-decide in-process at this boundary
 
     def _decide(self, n: int, now: float) -> None:
         self._decide_at = now + self._decide_s
@@ -530,7 +546,7 @@ class AdaptiveCheckpointer:
         try:
             self._step_var.assign(n)
             if not self._keras_fixed:
-                keras_compat.fix_async_copies(tf.train.TrackableView(self.checkpoint).descendants())
+                async_fixes.fix_async_copies(tf.train.TrackableView(self.checkpoint).descendants())
                 self._keras_fixed = True
             options = tf.train.CheckpointOptions(
                 enable_async=True, experimental_write_callbacks=[pending.written]
@@ -644,8 +660,7 @@ class AdaptiveCheckpointer:
                 self.manager.latest_checkpoint,
             )
         self._link.send(report, now)
-        if self._local_only or not self._daemon_mode:
-            self._decide(n, now)
+        self._decide_at = 0.0  # re-decide after each save (if the plan is ours)
 
     # ------------------------------------------------------------------ SIGTERM, close
 

@@ -1,4 +1,4 @@
-"""Keras 3 state that plain TensorFlow async checkpointing misses or trips over.
+"""State that plain TensorFlow async checkpointing misses, trips over or disturbs.
 
 1. **Repeated async saves.** TF's async checkpoint helper
    (``tensorflow/python/checkpoint/async_checkpoint_helper.py``) keeps an
@@ -17,7 +17,17 @@
    redundant host copy per variable. Only the instances we checkpoint are touched;
    the Keras class is not modified.
 
-2. **SeedGenerator state.** Keras 3 layers such as ``Dropout`` draw their randomness
+2. **tf.data iterators.** On the first save the helper makes the host copy of an
+   iterator as ``OwnedIterator(dataset=self._dataset)``: a *new iterator over the
+   same dataset*, which draws from the dataset's shared shuffle seed generator.
+   With ``shuffle(..., seed=s, reshuffle_each_iteration=True)`` every later epoch
+   of the training iterator is then shuffled differently than without the save,
+   so a run with async saves is not bit-identical to one without (and a resumed
+   run diverges at the next epoch boundary). The fix makes the copy the same way
+   and then restores the training iterator from the state it serialised just
+   before, undoing the side effect; later saves refresh the copy as TF does.
+
+3. **SeedGenerator state.** Keras 3 layers such as ``Dropout`` draw their randomness
    from a ``keras.random.SeedGenerator`` whose ``state`` variable is not reachable
    from the model's checkpoint dependencies, so a resumed run would replay the
    dropout masks of step 0. :func:`seed_states` collects those variables so the hook
@@ -27,8 +37,11 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
+
+#: Key of Keras' global seed generator among :func:`seed_states`.
+GLOBAL_SEED = "global"
 
 
 def _keras_variable_class() -> type | None:
@@ -37,21 +50,28 @@ def _keras_variable_class() -> type | None:
     return getattr(mod, "Variable", None) if mod is not None else None
 
 
-def fix_async_copies(trackables: Iterable[Any]) -> int:
-    """Make repeated async saves of the Keras variables in ``trackables`` work.
+def _owned_iterator_class() -> type | None:
+    mod = sys.modules.get("tensorflow.python.data.ops.iterator_ops")
+    return getattr(mod, "OwnedIterator", None) if mod is not None else None
 
-    ``trackables`` is every object the checkpoint reaches (e.g.
-    ``tf.train.TrackableView(ckpt).descendants()``). Returns how many variables were
-    fixed; idempotent.
-    """
-    cls = _keras_variable_class()
-    if cls is None:
-        return 0
+
+def fix_async_copies(trackables: Iterable[Any]) -> int:
+    """Install the fixes above on the Keras variables and tf.data iterators among
+    ``trackables`` (every object the checkpoint reaches, e.g.
+    ``tf.train.TrackableView(ckpt).descendants()``). Call before the first async
+    save. Returns how many objects were fixed; idempotent."""
+    kv_cls = _keras_variable_class()
+    it_cls = _owned_iterator_class()
     fixed = 0
     for obj in trackables:
-        if not isinstance(obj, cls) or "_copy_trackable_to_cpu" in vars(obj):
+        if "_copy_trackable_to_cpu" in vars(obj):
             continue
-        obj._copy_trackable_to_cpu = _SharedHostCopy(obj)
+        if kv_cls is not None and isinstance(obj, kv_cls):
+            obj._copy_trackable_to_cpu = _SharedHostCopy(obj)
+        elif it_cls is not None and isinstance(obj, it_cls) and obj._dataset is not None:
+            obj._copy_trackable_to_cpu = _IteratorCopy(obj, it_cls)
+        else:
+            continue
         fixed += 1
     return fixed
 
@@ -70,6 +90,24 @@ class _SharedHostCopy:
         object_map[self._var] = object_map[inner]
 
 
+class _IteratorCopy:
+    """``_copy_trackable_to_cpu`` for one tf.data iterator that leaves its shuffling alone."""
+
+    __slots__ = ("_cls", "_it")
+
+    def __init__(self, iterator: Any, cls: type) -> None:
+        self._it = iterator
+        self._cls = cls
+
+    def __call__(self, object_map: Any) -> None:
+        it = self._it
+        if it not in object_map:  # first save, eager: make the copy, then undo its side effect
+            state = it._serialize_to_tensors()
+            object_map[it] = self._cls(dataset=it._dataset)
+            it._restore_from_tensors(state)
+        object_map[it]._restore_from_tensors(it._serialize_to_tensors())
+
+
 def _layers(obj: Any) -> list[Any]:
     flatten = getattr(obj, "_flatten_layers", None)
     if flatten is None:
@@ -77,28 +115,32 @@ def _layers(obj: Any) -> list[Any]:
     return list(flatten(include_self=True, recursive=True))
 
 
-def seed_states(objects: Iterable[Any]) -> dict[str, Any]:
+def seed_states(objects: Mapping[str, Any]) -> dict[str, Any]:
     """The ``state`` variables of every Keras SeedGenerator in the layers among
-    ``objects`` (models included), keyed by a stable name (layer path + index),
-    plus Keras' global seed generator if one exists."""
+    ``objects`` (models included), plus Keras' global seed generator if one exists.
+
+    Keys are structural (``<keyword>.<layer index>.<generator index>``, layers in
+    the model's own flattening order), not layer names: Keras numbers auto-named
+    layers per process (``dropout_3``), so names differ between two models built
+    the same way and would not match on restore.
+    """
     out: dict[str, Any] = {}
     seen: set[int] = set()
-    for obj in objects:
-        for layer in _layers(obj):
-            for i, gen in enumerate(getattr(layer, "_seed_generators", ()) or ()):
+    for key, obj in objects.items():
+        for li, layer in enumerate(_layers(obj)):
+            for gi, gen in enumerate(getattr(layer, "_seed_generators", ()) or ()):
                 state = getattr(gen, "state", None)
                 if state is None or id(state) in seen:
                     continue
                 seen.add(id(state))
-                name = str(getattr(layer, "path", None) or layer.name).replace("/", ".")
-                out[f"{name}.{i}"] = state
+                out[f"{key}.{li}.{gi}"] = state
     state_mod = sys.modules.get("keras.src.backend.common.global_state")
     seed_mod = sys.modules.get("keras.src.random.seed_generator")
     if state_mod is not None and seed_mod is not None:
         gen = state_mod.get_global_attribute(getattr(seed_mod, "GLOBAL_SEED_GENERATOR", ""))
         state = getattr(gen, "state", None)
         if state is not None and id(state) not in seen:
-            out["global"] = state
+            out[GLOBAL_SEED] = state
     return out
 
 

@@ -1,0 +1,79 @@
+"""Fixtures for the client tests: a real ZeroMQ ROUTER that speaks adaptd.protocol."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import zmq
+
+from adaptd import protocol
+
+
+class FakeDaemon:
+    """The daemon side of the wire, driven by the test: a real ROUTER socket."""
+
+    def __init__(self, endpoint: str) -> None:
+        self.endpoint = endpoint
+        self.sock = zmq.Context.instance().socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.bind(endpoint)
+        self.peer: bytes | None = None
+        self.received: list[protocol.ClientMessage] = []
+
+    def recv(self, timeout: float = 10.0) -> protocol.ClientMessage:
+        """The next client message (waits on the socket up to ``timeout`` seconds)."""
+        if not self.sock.poll(int(timeout * 1000)):
+            raise TimeoutError(f"no client message within {timeout}s")
+        peer, frame = self.sock.recv_multipart()
+        self.peer = peer
+        msg = protocol.decode_client(frame)
+        self.received.append(msg)
+        return msg
+
+    def wait_for(self, kind: type, timeout: float = 10.0, where=lambda m: True):
+        """Receive until a message of ``kind`` matching ``where`` arrives."""
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"no {kind.__name__} within {timeout}s")
+            msg = self.recv(left)
+            if isinstance(msg, kind) and where(msg):
+                return msg
+
+    def send(self, msg: protocol.Message) -> None:
+        assert self.peer is not None, "no client has spoken yet"
+        self.sock.send_multipart([self.peer, protocol.encode(msg)])
+
+    def send_raw(self, frame: bytes) -> None:
+        assert self.peer is not None
+        self.sock.send_multipart([self.peer, frame])
+
+    def close(self) -> None:
+        self.sock.close(0)
+
+
+@pytest.fixture
+def ipc_endpoint(tmp_path: Path) -> str:
+    return f"ipc://{tmp_path}/adaptd.sock"
+
+
+@pytest.fixture
+def fake_daemon(ipc_endpoint: str) -> Iterator[FakeDaemon]:
+    d = FakeDaemon(ipc_endpoint)
+    yield d
+    d.close()
+
+
+def welcome(job: str, rank: int = 0) -> protocol.Welcome:
+    return protocol.Welcome(v=protocol.VERSION, job=job, rank=rank, daemon_version="test")
+
+
+def plan(job: str, seq: int, next_step: int | None, every: int | None = None, **kw):
+    return protocol.Plan(
+        v=protocol.VERSION, job=job, seq=seq, next_step=next_step, every_steps=every,
+        policy=kw.pop("policy", "fixed"), reason=kw.pop("reason", "test plan"), **kw,
+    )  # fmt: skip

@@ -1,0 +1,124 @@
+"""Seamless resume across processes: SIGKILL at several steps (one during an async
+write), SIGTERM preemption. Real TensorFlow in real subprocesses."""
+
+from __future__ import annotations
+
+import os
+import re
+import selectors
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).with_name("train_script.py")
+pytestmark = [pytest.mark.slow, pytest.mark.tf]
+
+
+def start(ckpt: Path, out: Path, *extra: str) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONUNBUFFERED="1", TF_CPP_MIN_LOG_LEVEL="2")
+    env.pop("ADAPTD_SOCKET", None)
+    return subprocess.Popen(
+        [sys.executable, str(SCRIPT), str(ckpt), str(out), *extra],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=env,
+    )
+
+
+def read_until(proc: subprocess.Popen, pattern: str, timeout: float = 120.0) -> list[str]:
+    """Lines of ``proc`` up to and including the first matching ``pattern``."""
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stdout, selectors.EVENT_READ)
+    lines: list[str] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not sel.select(timeout=deadline - time.monotonic()):
+            break
+        line = proc.stdout.readline()
+        if not line:
+            break
+        lines.append(line.strip())
+        if re.fullmatch(pattern, line.strip()):
+            return lines
+    proc.kill()
+    raise AssertionError(f"{pattern!r} not seen; got {lines[-20:]}")
+
+
+def kill_at(ckpt: Path, out: Path, pattern: str, *extra: str) -> list[str]:
+    proc = start(ckpt, out, *extra)
+    lines = read_until(proc, pattern)
+    proc.send_signal(signal.SIGKILL)
+    assert proc.wait(30) == -signal.SIGKILL
+    return lines
+
+
+def latest_step(ckpt: Path) -> int | None:
+    state = ckpt / "checkpoint"
+    if not state.exists():
+        return None
+    m = re.search(r'^model_checkpoint_path: "ckpt-(\d+)"', state.read_text(), re.M)
+    return int(m.group(1)) if m else None
+
+
+def test_resume_after_sigkill_is_bit_identical(tmp_path):
+    steps = "40"
+    common = ["--steps", steps, "--policy", "fixed:steps=5", "--socket", f"ipc://{tmp_path}/none"]
+    ref_out = tmp_path / "ref.bin"
+    ref = start(tmp_path / "ref", ref_out, *common)  # runs alongside the killed chain
+
+    ckpt, out = tmp_path / "ckpt", tmp_path / "resumed.bin"
+    pad = ["--pad-mb", "64"]  # a write takes long enough to be killed mid-way
+
+    lines = kill_at(ckpt, out, r"saved 10 ok=True", *common, *pad)
+    assert lines[0] == "start 0"
+    first = latest_step(ckpt)
+    assert first is not None and first >= 10
+
+    # killed right after the save of step 25 returned: its write is in flight
+    lines = kill_at(ckpt, out, r"inflight 25", *common, *pad)
+    assert lines[0] == f"start {first}"
+    second = latest_step(ckpt)
+    assert second is not None and first <= second < 25, "a killed write must not become latest"
+    leftovers = sorted(p.name for p in ckpt.iterdir() if "_temp" in p.name)
+
+    lines = kill_at(ckpt, out, r"step 33", *common, *pad)
+    assert lines[0] == f"start {second}"
+    # leftovers of the killed write were removed at start
+    assert not [p for p in ckpt.iterdir() if p.name in leftovers]
+    third = latest_step(ckpt)
+
+    last = start(ckpt, out, *common, *pad)
+    rest = read_until(last, "done")
+    assert rest[0] == f"start {third}"
+    assert last.wait(60) == 0
+    assert latest_step(ckpt) == 40
+
+    read_until(ref, "done")
+    assert ref.wait(60) == 0
+    assert out.read_bytes() == ref_out.read_bytes()
+
+
+def test_sigterm_saves_at_the_next_step_then_exits(tmp_path):
+    ckpt, out = tmp_path / "ckpt", tmp_path / "out.bin"
+    args = ["--steps", "100000", "--policy", "fixed:steps=100000", "--step-sleep", "0.01",
+            "--socket", f"ipc://{tmp_path}/none"]  # fmt: skip
+    proc = start(ckpt, out, *args)
+    lines = read_until(proc, r"step 7")
+    proc.send_signal(signal.SIGTERM)
+    rest = proc.stdout.read()
+    assert proc.wait(60) == -signal.SIGTERM  # the signal took effect after the save
+    steps = [int(m) for m in re.findall(r"^step (\d+)$", rest, re.M)] or [7]
+    saved = latest_step(ckpt)
+    # saved at the step boundary right after the signal, and nothing ran after it
+    assert saved == steps[-1] + 1 or saved == steps[-1], (saved, steps)
+    assert (ckpt / f"ckpt-{saved}.index").exists()
+    assert lines[0] == "start 0"
+    again = start(ckpt, out, "--steps", str(saved + 2), *args[2:4], *args[6:])
+    resumed = read_until(again, "done")
+    assert resumed[0] == f"start {saved}"
+    assert again.wait(60) == 0
