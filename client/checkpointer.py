@@ -598,7 +598,7 @@ class AdaptiveCheckpointer:
             if pending is None:
                 return
             try:
-                self.checkpoint.sync()
+                _wait_for_write(self.checkpoint)
             except Exception as exc:
                 pending.error = f"{type(exc).__name__}: {exc}"
             pending.finished_at = perf_counter()
@@ -758,6 +758,24 @@ def _weak_close(ckptr: AdaptiveCheckpointer) -> Callable[[], None]:
             obj.close(timeout=60.0)
 
     return close_at_exit
+
+
+def _wait_for_write(ckpt: tf.train.Checkpoint) -> None:
+    """Wait until TF's async thread has finished the write it was given.
+
+    ``checkpoint.sync()`` (``queue.join()``) never returns once TF's own atexit hook
+    has run: it ends the thread by queueing ``False``, which is never marked done.
+    So wait for the queue to drain *or* the thread to end, whichever comes first.
+    """
+    helper = getattr(ckpt, "_async_checkpointer_impl", None)
+    q = getattr(helper, "_queue", None)
+    thread = getattr(helper, "_async_save_thread", None)
+    if q is None or thread is None or not hasattr(q, "all_tasks_done"):
+        ckpt.sync()
+        return
+    with q.all_tasks_done:
+        while q.unfinished_tasks and thread.is_alive():
+            q.all_tasks_done.wait(0.1)
 
 
 def _clear_async_error(ckpt: tf.train.Checkpoint) -> BaseException | None:
