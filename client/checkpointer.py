@@ -47,8 +47,12 @@ STEP_KEY = "adaptd_global_step"
 SEEDS_KEY = "adaptd_keras_seeds"
 _RESERVED = {STEP_KEY, SEEDS_KEY, "save_counter"}
 _INF = float("inf")
-#: Default nice value of TensorFlow's async-save thread (see ``writer_nice``).
-DEFAULT_WRITER_NICE = 10
+#: Default nice value of TensorFlow's async-save thread (see ``writer_nice``): None,
+#: left alone. Measured on a shared 2-core box, a niced writer did not shorten the
+#: loop's stall reliably but was starved by the host's other work (256 MB durable in
+#: 3.9 s at nice 10 and 6.4 s at nice 19, against 0.7-0.9 s at nice 0); see
+#: docs/client.md. Opt in where the training process has the host to itself.
+DEFAULT_WRITER_NICE: int | None = None
 
 
 class _Pending:
@@ -110,8 +114,9 @@ class AdaptiveCheckpointer:
         writer_nice: nice value (0-19) given to TensorFlow's async-save thread, so
             the background write yields the CPU to the training step instead of
             competing with it (Linux per-thread nice; elsewhere, or with 0/None,
-            nothing changes). Higher values shorten the loop's stall and lengthen
-            the time until durable when the CPUs are busy.
+            nothing changes). Default: left alone. A niced writer also yields to
+            every other process on the host, so on a busy host the time until
+            durable grows several-fold.
         **trackables: what to checkpoint (``model=``, ``optimizer=``,
             ``data_iterator=``, ``rng=``, any ``tf`` trackable).
 
