@@ -463,3 +463,50 @@ def test_fit_callback_resumes_mid_epoch_and_skips_done_batches(tmp_path):
     assert [r.step for r in cb2.checkpointer.history] == [21, 28]
     for a, b in zip(rec2["start"], rec["at14"], strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def test_policy_object_runs_locally_but_honours_save_now(tmp_path, fake_daemon: FakeDaemon):
+    from adaptd.policies.fixed import Fixed
+
+    model, opt, _, train_step = keras_state()
+    ckptr = AdaptiveCheckpointer(
+        tmp_path / "ck", job="obj", policy=Fixed(steps=5), socket=fake_daemon.endpoint,
+        poll_interval=0.005, handle_sigterm=False, model=model, optimizer=opt,
+    )  # fmt: skip
+    ckptr.restore_or_initialize()
+    hello = fake_daemon.wait_for(protocol.Hello)
+    assert hello.policy == ""  # an object cannot be sent: the daemon gets no spec
+    fake_daemon.send(welcome("obj"))
+    fake_daemon.send(plan("obj", seq=1, next_step=2, every=2))  # ignored: ours runs
+    run_until(ckptr, train_step, lambda: len(ckptr.history) >= 2)
+    assert [r.step for r in ckptr.history[:2]] == [5, 10]
+    fake_daemon.send(protocol.SaveNow(v=protocol.VERSION, job="obj", reason="operator"))
+    run_until(ckptr, train_step, lambda: any(r.reason == "operator" for r in ckptr.history))
+    ckptr.close()
+
+
+def test_step_without_restore_starts_fresh_and_explicit_saves(tmp_path):
+    v = tf.Variable(0.0)
+    with AdaptiveCheckpointer(
+        tmp_path / "ck", job="fresh", policy="fixed:steps=1000", socket=nodaemon(tmp_path),
+        daemon_timeout=0.2, handle_sigterm=False, v=v,
+    ) as ckptr:  # fmt: skip
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            for _ in range(3):
+                v.assign_add(1.0)
+                ckptr.step()
+            ckptr.save("by hand")
+            ckptr.save("again")  # step 3 is saved already: no second save
+            ckptr.request_save("next boundary")
+            v.assign_add(1.0)
+            ckptr.step()
+            ckptr.step(2)  # two steps at once
+        assert ckptr.step_count == 6
+        with pytest.raises(RuntimeError, match="restore_or_initialize"):
+            ckptr.restore_or_initialize()
+    assert [(r.step, r.reason) for r in ckptr.history] == [(3, "by hand"), (4, "next boundary")]
+    with pytest.raises(RuntimeError, match="closed"):
+        ckptr.save()
+    reader = tf.train.load_checkpoint(str(tmp_path / "ck" / "ckpt-4"))
+    assert reader.get_tensor("v/.ATTRIBUTES/VARIABLE_VALUE") == 4.0
