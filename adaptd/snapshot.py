@@ -35,6 +35,7 @@ class GpuSample:
     remapped_rows_pending: bool | None = None
     xid_events: tuple[int, ...] = ()  # XID codes seen since the previous sample
     pids: tuple[int, ...] = ()  # compute processes on this GPU
+    jobs: tuple[str, ...] = ()  # jobs owning those processes (a pid or a parent of it)
 
 
 @dataclass(frozen=True, slots=True)
