@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+from adaptd.policies.gpus import job_gpus
 from adaptd.policies.interval import anchor, inner_policy
 from adaptd.policy import Policy, PolicyError
 from adaptd.snapshot import Decision, JobState, Snapshot
@@ -65,7 +66,7 @@ class Opportunistic:
 
 def idle_util(snapshot: Snapshot, job: JobState) -> float | None:
     """The highest SM utilisation among the job's GPUs, ``None`` if any is unknown."""
-    gpus = snapshot.gpus_of(job.pids)
+    gpus = job_gpus(snapshot, job)
     if not gpus or any(g.util_sm is None for g in gpus):
         return None
     return max(g.util_sm for g in gpus)  # type: ignore[type-var]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from adaptd.policies.gpus import job_gpus
 from adaptd.policies.interval import anchor, steps_ceil
 from adaptd.policy import PolicyError
 from adaptd.snapshot import Decision, GpuSample, JobState, Snapshot
@@ -43,7 +44,7 @@ class Risk:
             and job.last_save_step != job.step
         ):
             return self._urgent("host is draining")
-        gpus = snapshot.gpus_of(job.pids)
+        gpus = job_gpus(snapshot, job)
         if self.on_xid and not job.save_in_flight:
             xids = sorted({x for g in gpus for x in g.xid_events})
             if xids:

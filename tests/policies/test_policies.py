@@ -17,6 +17,7 @@ from adaptd.policies import (
     Weibull,
     Young,
 )
+from adaptd.policies.gpus import job_gpus
 from adaptd.policy import DEFAULT_SPEC, AnyPolicy, PolicyError, available, parse
 from adaptd.snapshot import GpuSample, HostSample, JobState, Snapshot, StorageSample
 
@@ -165,6 +166,21 @@ def test_risk_triggers(snapshot, state, urgent, why) -> None:
     d = Risk().decide(snapshot, state)
     assert d.urgent is urgent
     assert why in d.reason
+
+
+def test_gpus_are_the_jobs_by_telemetry_name_or_by_pid() -> None:
+    # NVML lists a launcher's child (pid 70), not the rank's own pid 7; telemetry names
+    # the job that owns it, and that GPU's XID is the job's
+    child = GpuSample(index=0, uuid="g0", util_sm=0.05, pids=(70,), jobs=("a",), xid_events=(48,))
+    other = GpuSample(index=1, uuid="g1", util_sm=0.05, pids=(71,), jobs=("b",), xid_events=(79,))
+    s = Snapshot(time=5000.0, gpus=(child, other))
+    assert job_gpus(s, job()) == (child,)
+    assert job_gpus(s, job(pids=(71,))) == (child, other)
+    d = Risk().decide(s, job())
+    assert d.urgent and "XID 48" in d.reason
+    assert not Risk().decide(Snapshot(time=5000.0, gpus=(other,)), job()).urgent
+    due = 900 + DALY_STEPS
+    assert Opportunistic().decide(s, job(step=due - 100)).next_step == due - 99
 
 
 def test_degraded_gpu_saves_every_few_minutes() -> None:
