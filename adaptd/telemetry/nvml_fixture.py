@@ -49,6 +49,7 @@ from types import SimpleNamespace
 from typing import Any
 
 FORMAT = "adaptd-nvml-fixture/1"
+CALLS_KEPT = 100_000
 NVML_ERROR_TIMEOUT = 10
 NVML_ERROR_INVALID_ARGUMENT = 2
 NVML_ERROR_UNINITIALIZED = 1
@@ -139,7 +140,9 @@ class FixtureNvml:
     ) -> None:
         self.fixture = load(fixture)
         self.clock = clock
-        self.calls: list[str] = []  # every call made, for tests that check what was asked
+        # calls made, newest last, for tests that check what was asked (bounded: a
+        # benchmark or demo may run the fake for hours)
+        self.calls: deque[str] = deque(maxlen=CALLS_KEPT)
         self._answers = [dict(d) for d in self.fixture["devices"]]
         self._frames = deque(sorted(self.fixture.get("frames", []), key=lambda f: f["t"]))
         self._handles = [_Handle(i) for i in range(len(self._answers))]
@@ -292,3 +295,162 @@ class _Handle:
 
     def __repr__(self) -> str:
         return f"<fixture GPU {self.index}>"
+
+
+# ---------------------------------------------------------------------------- recording
+
+#: Calls the recorder makes per device besides :data:`adaptd.telemetry.nvml.QUERIES`.
+EVENT_CALLS = ("nvmlDeviceGetSupportedEventTypes",)
+
+
+def record(
+    lib: Any,
+    *,
+    frames: int = 0,
+    interval: float = 1.0,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+    note: str = "",
+) -> dict[str, Any]:
+    """Record a fixture from an NVML library (the real ``pynvml`` on a GPU host).
+
+    Asks every call the sampler makes (:data:`adaptd.telemetry.nvml.QUERIES`),
+    errors included, then ``frames`` more times ``interval`` apart, keeping only
+    the answers that changed, with the XID events that arrived meanwhile. A
+    host whose NVML cannot start is recorded as such (``init`` holds the error).
+    """
+    import platform
+
+    from adaptd.telemetry import nvml
+
+    err_type = lib.NVMLError
+
+    def code_of(exc: BaseException) -> int:
+        value = getattr(exc, "value", None)
+        return value if isinstance(value, int) else nvml.NVML_ERROR_UNKNOWN
+
+    def ask(fn: str, *args: Any) -> Any:
+        try:
+            return to_json(getattr(lib, fn)(*args))
+        except err_type as exc:
+            return error_json(code_of(exc), nvml.error_name(code_of(exc)))
+        except AttributeError:  # the bindings lack it: what an old driver answers
+            code = nvml.NVML_ERROR_FUNCTION_NOT_FOUND
+            return error_json(code, nvml.error_name(code))
+
+    out: dict[str, Any] = {
+        "format": FORMAT,
+        "recorded": {
+            "by": "scripts/record_nvml_fixture.py",
+            "host": platform.node(),
+            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "interval_s": interval,
+            **({"note": note} if note else {}),
+        },
+        "init": None,
+        "system": {},
+        "devices": [],
+    }
+    try:
+        lib.nvmlInit()
+    except err_type as exc:
+        out["init"] = error_json(code_of(exc), nvml.error_name(code_of(exc)))
+        return out
+    t0 = clock()
+    try:
+        for fn in nvml.SYSTEM_CALLS:
+            out["system"][fn] = ask(fn)
+        try:
+            events = lib.nvmlEventSetCreate()
+        except err_type as exc:
+            events = None
+            out["system"]["nvmlEventSetCreate"] = error_json(
+                code_of(exc), nvml.error_name(code_of(exc))
+            )
+        handles: list[Any | None] = []
+        for i in range(int(lib.nvmlDeviceGetCount())):
+            dev: dict[str, Any] = {}
+            try:
+                handle = lib.nvmlDeviceGetHandleByIndex(i)
+                dev["nvmlDeviceGetHandleByIndex"] = None
+            except err_type as exc:
+                handle = None
+                dev["nvmlDeviceGetHandleByIndex"] = error_json(code_of(exc))
+            handles.append(handle)
+            if handle is not None:
+                dev.update(_ask_device(ask, handle))
+                for fn in EVENT_CALLS:
+                    dev[fn] = ask(fn, handle)
+                supported = dev["nvmlDeviceGetSupportedEventTypes"]
+                mask = (
+                    supported & nvml.EVENT_TYPE_XID_CRITICAL_ERROR
+                    if isinstance(supported, int)
+                    else 0
+                )
+                if events is not None and mask:
+                    dev["nvmlDeviceRegisterEvents"] = ask(
+                        "nvmlDeviceRegisterEvents", handle, mask, events
+                    )
+                else:
+                    dev["nvmlDeviceRegisterEvents"] = error_json(nvml.NVML_ERROR_NOT_SUPPORTED)
+            out["devices"].append(dev)
+        keys = {nvml._handle_key(h): i for i, h in enumerate(handles) if h is not None}
+        state = [dict(d) for d in out["devices"]]
+        recorded_frames = []
+        for _ in range(frames):
+            sleep(interval)
+            frame: dict[str, Any] = {"t": round(clock() - t0, 3), "devices": {}, "events": []}
+            if events is not None:
+                frame["events"] = _drain(lib, events, keys, err_type)
+            for i, handle in enumerate(handles):
+                if handle is None:
+                    continue
+                now = _ask_device(ask, handle, dynamic_only=True)
+                changed = {k: v for k, v in now.items() if state[i].get(k) != v}
+                state[i].update(changed)
+                if changed:
+                    frame["devices"][str(i)] = changed
+            recorded_frames.append(frame)
+        if recorded_frames:
+            out["frames"] = recorded_frames
+        if events is not None:
+            lib.nvmlEventSetFree(events)
+    finally:
+        lib.nvmlShutdown()
+    return out
+
+
+def _ask_device(ask: Callable[..., Any], handle: Any, dynamic_only: bool = False) -> dict[str, Any]:
+    from adaptd.telemetry import nvml
+
+    out = {}
+    for q in nvml.QUERIES:
+        if dynamic_only and q.field in nvml.STATIC_FIELDS:
+            continue
+        for fn, args in q.calls:
+            out[call_key(fn, args)] = ask(fn, handle, *args)
+    return out
+
+
+def _drain(lib: Any, events: Any, keys: Mapping[Any, int], err_type: type[Exception]) -> list:
+    from adaptd.telemetry import nvml
+
+    out = []
+    for _ in range(nvml.MAX_EVENTS_PER_SAMPLE):
+        try:
+            data = lib.nvmlEventSetWait(events, 0)
+        except err_type:
+            break  # NVML_ERROR_TIMEOUT: nothing pending
+        index = keys.get(nvml._handle_key(data.device))
+        if index is None:
+            continue
+        out.append(
+            {
+                "device": index,
+                "eventType": int(data.eventType),
+                "eventData": int(data.eventData),
+                "gpuInstanceId": int(getattr(data, "gpuInstanceId", 0xFFFFFFFF)),
+                "computeInstanceId": int(getattr(data, "computeInstanceId", 0xFFFFFFFF)),
+            }
+        )
+    return out

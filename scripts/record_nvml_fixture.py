@@ -1,0 +1,67 @@
+#!/usr/bin/env python3
+"""Record an NVML fixture from a real GPU host, for the fake NVML's tests and demos.
+
+Asks every NVML call adaptd's sampler makes (errors included, as NVML error
+codes), then ``--frames`` more times ``--interval`` seconds apart, keeping the
+answers that changed and the XID events that arrived. The output is the format
+:class:`adaptd.telemetry.nvml_fixture.FixtureNvml` replays::
+
+    python scripts/record_nvml_fixture.py --frames 5 -o tests/fixtures/nvml/myhost.json
+
+Needs nvidia-ml-py (``pynvml``); on a host without a driver it records that
+(``"init": {"nvml_error": ...}``), which is itself a valid degraded-mode fixture.
+Process ids and GPU UUIDs of the host end up in the file: review before sharing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("-o", "--output", metavar="PATH", help="write here (default: stdout)")
+    parser.add_argument(
+        "--frames", type=int, default=3, help="later samples to record (default: 3)"
+    )
+    parser.add_argument(
+        "--interval", type=float, default=1.0, help="seconds between frames (default: 1)"
+    )
+    parser.add_argument("--note", default="", help="free text stored under 'recorded'")
+    args = parser.parse_args(argv)
+    if args.frames < 0 or args.interval <= 0:
+        parser.error(
+            f"--frames must be >= 0 and --interval > 0 (got {args.frames}, {args.interval})"
+        )
+
+    from adaptd.telemetry import nvml
+    from adaptd.telemetry.nvml_fixture import record
+
+    try:
+        lib = nvml.load_library()
+    except nvml.NvmlUnavailable as exc:
+        print(f"record_nvml_fixture: {exc}", file=sys.stderr)
+        return 1
+    data = record(lib, frames=args.frames, interval=args.interval, note=args.note)
+    text = json.dumps(data, indent=1) + "\n"
+    if args.output:
+        Path(args.output).write_text(text)
+        gpus = len(data["devices"])
+        init = data["init"]
+        print(
+            f"recorded {gpus} GPU(s), {len(data.get('frames', []))} frame(s) to {args.output}"
+            + (f" (NVML did not start: {init.get('name', init)})" if init else ""),
+            file=sys.stderr,
+        )
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
