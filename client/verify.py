@@ -1,0 +1,521 @@
+"""Is a TensorFlow checkpoint complete and restorable? (``adaptd verify``)
+
+A TF2 checkpoint ``ckpt-N`` is a *tensor bundle*: ``ckpt-N.index``, an SSTable
+(LevelDB's table format) whose key ``""`` holds a ``BundleHeaderProto`` (number of
+data shards, endianness, format version) and whose other keys are tensor names
+mapping to ``BundleEntryProto`` (dtype, shape, shard, offset, size, CRC32C of the
+bytes); and ``ckpt-N.data-SSSSS-of-NNNNN``, the shards those entries point into.
+See ``tensorflow/core/util/tensor_bundle/tensor_bundle.{h,cc}`` and
+``tensorflow/core/protobuf/tensor_bundle.proto``.
+
+What is checked, in order, each failure naming what is wrong:
+
+1. the index: footer magic, every block's masked CRC32C, header and entries parse
+   (our own small reader, so a damaged index is reported as such and the size
+   check below knows where every tensor should be);
+2. the shards: every ``data-SSSSS-of-NNNNN`` the header promises exists and has
+   exactly the size the entries imply (the end of the furthest tensor): smaller
+   is a truncated write, larger is a file that does not belong to this index;
+3. TensorFlow's own reader (:func:`tf.train.load_checkpoint`) opens the index and
+   reads every tensor in full, which checks each tensor's CRC32C: flipped bytes
+   in a shard are found here;
+4. the object graph (``_CHECKPOINTABLE_OBJECT_GRAPH``) of an object-based
+   checkpoint names only tensors that are present, so ``Checkpoint.restore``
+   finds everything it will look for.
+
+:func:`verify` never raises for a bad checkpoint: it returns a :class:`Report`
+whose ``problems`` say what is wrong. It needs TensorFlow (``adaptd[tensorflow]``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import struct
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+#: Kinds of :class:`Problem`, for scripts that branch on them.
+NO_CHECKPOINT = "no_checkpoint"
+UNREADABLE_INDEX = "unreadable_index"
+MISSING_SHARD = "missing_shard"
+TRUNCATED = "truncated"
+OVERSIZED = "oversized"
+CORRUPTED = "corrupted"
+UNREADABLE_TENSOR = "unreadable_tensor"
+MISSING_TENSOR = "missing_tensor"
+
+_TABLE_MAGIC = 0xDB4775248B80FB57
+_FOOTER_LEN = 48  # two block handles padded to 40 bytes, then the 8-byte magic
+_BLOCK_TRAILER = 5  # compression type byte + masked CRC32C
+_OBJECT_GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
+_NUMBERED = re.compile(r"-(\d+)$")
+_DATA_SUFFIX = re.compile(r"\.data-(\d{5})-of-(\d{5})$")
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """One thing wrong with the checkpoint. ``kind`` is one of the module constants."""
+
+    kind: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    """The outcome of :func:`verify`; ``ok`` when ``problems`` is empty."""
+
+    path: str  # what was asked about
+    prefix: str | None  # the checkpoint verified (None: none found)
+    problems: tuple[Problem, ...] = ()
+    notes: tuple[str, ...] = ()  # worth knowing, not wrong (e.g. a fallback was taken)
+    tensors: int = 0  # tensors TF's reader lists (slices of one tensor count once)
+    tensors_read: int = 0
+    data_bytes: int = 0  # bytes in the data shards on disk
+    index_bytes: int = 0
+    shards: int = 0
+    step: int | None = None  # adaptd's global step, when the checkpoint has it
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (``adaptd verify --json``)."""
+        out = asdict(self)
+        out["ok"] = self.ok
+        return out
+
+
+class _IndexError(Exception):
+    """The index cannot be parsed; the message says where and why."""
+
+
+# --------------------------------------------------------------------------- CRC32C
+
+
+def _crc32c_table() -> tuple[int, ...]:
+    table = []
+    for i in range(256):
+        c = i
+        for _ in range(8):
+            c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
+        table.append(c)
+    return tuple(table)
+
+
+_CRC_TABLE = _crc32c_table()
+
+
+def crc32c(data: bytes) -> int:
+    """CRC-32C (Castagnoli), as TensorFlow's tables and bundles use. Pure Python:
+    fine for index files (about 100 bytes per tensor); TF checks the data itself."""
+    crc = 0xFFFFFFFF
+    table = _CRC_TABLE
+    for b in data:
+        crc = table[(crc ^ b) & 0xFF] ^ (crc >> 8)
+    return crc ^ 0xFFFFFFFF
+
+
+def _unmask(masked: int) -> int:
+    rot = (masked - 0xA282EAD8) & 0xFFFFFFFF
+    return ((rot >> 17) | (rot << 15)) & 0xFFFFFFFF
+
+
+# --------------------------------------------------------------------------- the index (SSTable)
+
+
+def _varint(buf: bytes, pos: int) -> tuple[int, int]:
+    result = shift = 0
+    while True:
+        if pos >= len(buf) or shift > 63:
+            raise _IndexError("malformed varint")
+        b = buf[pos]
+        pos += 1
+        result |= (b & 0x7F) << shift
+        if not b & 0x80:
+            return result, pos
+        shift += 7
+
+
+def _block(data: bytes, offset: int, size: int, what: str) -> bytes:
+    end = offset + size + _BLOCK_TRAILER
+    if offset < 0 or end > len(data):
+        raise _IndexError(f"{what} block at byte {offset} runs past the end of the file")
+    contents = data[offset : offset + size]
+    kind = data[offset + size]
+    (stored,) = struct.unpack_from("<I", data, offset + size + 1)
+    if _unmask(stored) != crc32c(contents + bytes([kind])):
+        raise _IndexError(f"{what} block at byte {offset}: checksum mismatch")
+    if kind != 0:
+        raise _IndexError(f"{what} block at byte {offset}: compression type {kind} unsupported")
+    return contents
+
+
+def _entries(block: bytes) -> Iterator[tuple[bytes, bytes]]:
+    if len(block) < 4:
+        raise _IndexError("block too short")
+    (restarts,) = struct.unpack_from("<I", block, len(block) - 4)
+    limit = len(block) - 4 - 4 * restarts
+    if limit < 0:
+        raise _IndexError("block restart array is larger than the block")
+    pos, key = 0, b""
+    while pos < limit:
+        shared, pos = _varint(block, pos)
+        unshared, pos = _varint(block, pos)
+        vlen, pos = _varint(block, pos)
+        if shared > len(key) or pos + unshared + vlen > limit:
+            raise _IndexError("block entry overruns the block")
+        key = key[:shared] + block[pos : pos + unshared]
+        pos += unshared
+        yield key, block[pos : pos + vlen]
+        pos += vlen
+
+
+def read_index(path: str | os.PathLike[str]) -> list[tuple[bytes, bytes]]:
+    """All ``(key, value)`` pairs of a TensorFlow SSTable file, in key order.
+
+    Every block's checksum is verified. Raises :class:`ValueError` naming the
+    problem (too short, bad magic, checksum mismatch, malformed block) and
+    :class:`OSError` when the file cannot be read.
+    """
+    data = Path(path).read_bytes()
+    try:
+        if len(data) < _FOOTER_LEN:
+            raise _IndexError(f"{len(data)} bytes, shorter than a table footer")
+        footer = data[-_FOOTER_LEN:]
+        (magic,) = struct.unpack_from("<Q", footer, 40)
+        if magic != _TABLE_MAGIC:
+            raise _IndexError("not a TensorFlow table (bad magic number in the footer)")
+        _, pos = _varint(footer, 0)  # metaindex offset
+        _, pos = _varint(footer, pos)  # metaindex size
+        idx_off, pos = _varint(footer, pos)
+        idx_size, _ = _varint(footer, pos)
+        out: list[tuple[bytes, bytes]] = []
+        for _, handle in _entries(_block(data, idx_off, idx_size, "index")):
+            off, p = _varint(handle, 0)
+            size, _ = _varint(handle, p)
+            out.extend(_entries(_block(data, off, size, "data")))
+        return out
+    except _IndexError as exc:
+        raise ValueError(str(exc)) from None
+
+
+# --------------------------------------------------------------------------- finding the checkpoint
+
+
+def _prefix_of(path: Path) -> Path:
+    name = path.name
+    if name.endswith(".index"):
+        return path.with_name(name[: -len(".index")])
+    m = _DATA_SUFFIX.search(name)
+    return path.with_name(name[: m.start()]) if m else path
+
+
+def _complete(prefix: Path) -> bool:
+    """The index exists and every data shard its file names promise exists."""
+    if not Path(f"{prefix}.index").is_file():
+        return False
+    shards = list(prefix.parent.glob(f"{_glob_escape(prefix.name)}.data-*-of-*"))
+    if not shards:
+        return False
+    m = _DATA_SUFFIX.search(shards[0].name)
+    n = int(m.group(2)) if m else 0
+    return all(Path(f"{prefix}.data-{i:05d}-of-{n:05d}").is_file() for i in range(n))
+
+
+def _glob_escape(name: str) -> str:
+    """``name`` with glob metacharacters escaped (for checkpoint names with ``[``)."""
+    return re.sub(r"([*?\[])", r"[\1]", name)
+
+
+def find(path: str | os.PathLike[str]) -> tuple[Path | None, list[str]]:
+    """The checkpoint prefix ``path`` means, and notes on how it was chosen.
+
+    A prefix (``ckpts/ckpt-120``, or its ``.index`` / a data file) means itself. A
+    directory means the checkpoint its ``checkpoint`` state file names (as
+    ``tf.train.latest_checkpoint`` would restore), or, when there is no state
+    file or it names a checkpoint whose index is gone, the highest-numbered
+    complete one. Returns ``(None, notes)`` when there is none.
+    """
+    p = Path(path)
+    notes: list[str] = []
+    if not p.is_dir():
+        prefix = _prefix_of(p)
+        return (prefix if Path(f"{prefix}.index").is_file() else None), notes
+    named = _state_file_names(p, notes)
+    if named is not None:
+        if Path(f"{named}.index").is_file():
+            return named, notes
+        notes.append(
+            f"the checkpoint state file names {named.name}, which has no index; "
+            "tf.train.latest_checkpoint would return None and training would start over"
+        )
+    numbered = []
+    for index in p.glob("*.index"):
+        prefix = index.with_suffix("")
+        m = _NUMBERED.search(prefix.name)
+        if m and _complete(prefix):
+            numbered.append((int(m.group(1)), prefix))
+    if not numbered:
+        return None, notes
+    chosen = max(numbered)[1]
+    if named is not None or (p / "checkpoint").exists():
+        notes.append(f"verified the highest-numbered complete checkpoint, {chosen.name}")
+    return chosen, notes
+
+
+def _state_file_names(directory: Path, notes: list[str]) -> Path | None:
+    state = directory / "checkpoint"
+    if not state.is_file():
+        return None
+    # text-format CheckpointState: model_checkpoint_path: "ckpt-120"
+    try:
+        text = state.read_text(encoding="utf-8", errors="replace")
+    except OSError as exc:
+        notes.append(f"cannot read the checkpoint state file: {exc.strerror}")
+        return None
+    m = re.search(r'^model_checkpoint_path:\s*"((?:[^"\\]|\\.)*)"', text, re.M)
+    if not m:
+        notes.append("the checkpoint state file names no model_checkpoint_path")
+        return None
+    named = Path(m.group(1).encode().decode("unicode_escape"))
+    return named if named.is_absolute() else directory / named
+
+
+# --------------------------------------------------------------------------- verify
+
+
+@dataclass
+class _Acc:
+    problems: list[Problem] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def add(self, kind: str, message: str) -> None:
+        self.problems.append(Problem(kind, message))
+
+
+def verify(path: str | os.PathLike[str]) -> Report:
+    """Check the checkpoint ``path`` means (see :func:`find`); never raises for a bad
+    or missing checkpoint, only for an unexpected fault of TensorFlow itself."""
+    t0 = time.perf_counter()
+    prefix, notes = find(path)
+    acc = _Acc(notes=notes)
+    if prefix is None:
+        p = Path(path)
+        where = (
+            f"no complete checkpoint (*.index with all its data shards) in directory {p}"
+            if p.is_dir()
+            else f"no checkpoint at {p}: {_prefix_of(p)}.index does not exist"
+        )
+        acc.add(NO_CHECKPOINT, where)
+        return Report(str(path), None, tuple(acc.problems), tuple(acc.notes))
+
+    index = Path(f"{prefix}.index")
+    index_bytes = index.stat().st_size
+    entries, num_shards = _check_index(index, acc)
+    shard_sizes, bad_shards = _check_shards(prefix, entries, num_shards, acc)
+    tensors, read, step = _read_tensors(prefix, entries, bad_shards, acc)
+    return Report(
+        path=str(path),
+        prefix=str(prefix),
+        problems=tuple(acc.problems),
+        notes=tuple(acc.notes),
+        tensors=tensors,
+        tensors_read=read,
+        data_bytes=sum(shard_sizes.values()),
+        index_bytes=index_bytes,
+        shards=num_shards or len(shard_sizes),
+        step=step,
+        seconds=time.perf_counter() - t0,
+    )
+
+
+def _check_index(index: Path, acc: _Acc) -> tuple[dict[str, Any] | None, int | None]:
+    """Entries by key (``None`` when the index cannot be parsed) and the shard count."""
+    from tensorflow.core.protobuf import tensor_bundle_pb2
+
+    try:
+        pairs = read_index(index)
+    except (OSError, ValueError) as exc:
+        acc.add(UNREADABLE_INDEX, f"{index.name}: {exc}")
+        return None, None
+    entries: dict[str, Any] = {}
+    header = None
+    try:
+        for key, value in pairs:
+            if key == b"":
+                header = tensor_bundle_pb2.BundleHeaderProto.FromString(value)
+            else:
+                entries[key.decode("utf-8", "backslashreplace")] = (
+                    tensor_bundle_pb2.BundleEntryProto.FromString(value)
+                )
+    except Exception as exc:  # protobuf's DecodeError, without importing protobuf here
+        acc.add(UNREADABLE_INDEX, f"{index.name}: an entry does not parse ({exc})")
+        return None, None
+    if header is None:
+        acc.add(UNREADABLE_INDEX, f"{index.name}: no bundle header (not a tensor bundle index)")
+        return None, None
+    if header.num_shards < 1:
+        acc.add(UNREADABLE_INDEX, f"{index.name}: header says {header.num_shards} data shards")
+        return None, None
+    return entries, header.num_shards
+
+
+def _shard_name(prefix: Path, shard: int, n: int) -> Path:
+    return Path(f"{prefix}.data-{shard:05d}-of-{n:05d}")
+
+
+def _check_shards(
+    prefix: Path, entries: dict[str, Any] | None, n: int | None, acc: _Acc
+) -> tuple[dict[int, int], set[int]]:
+    """Sizes of the shards on disk, and the shards found missing or of the wrong size."""
+    if n is None:  # index unreadable: count what is there
+        found = prefix.parent.glob(f"{_glob_escape(prefix.name)}.data-*-of-*")
+        return {i: f.stat().st_size for i, f in enumerate(sorted(found))}, set()
+    expected = dict.fromkeys(range(n), 0)
+    holders: dict[int, list[str]] = {i: [] for i in range(n)}
+    for key, e in (entries or {}).items():
+        if e.size == 0 and not e.slices:
+            continue
+        if e.size and not 0 <= e.shard_id < n:
+            acc.add(UNREADABLE_INDEX, f"{key}: in shard {e.shard_id}, but there are only {n}")
+            continue
+        if e.size:
+            expected[e.shard_id] = max(expected[e.shard_id], e.offset + e.size)
+            holders[e.shard_id].append(key)
+    sizes: dict[int, int] = {}
+    bad: set[int] = set()
+    for i in range(n):
+        f = _shard_name(prefix, i, n)
+        try:
+            size = f.stat().st_size
+        except FileNotFoundError:
+            acc.add(MISSING_SHARD, f"{f.name} is missing ({expected[i]} bytes expected)")
+            bad.add(i)
+            continue
+        sizes[i] = size
+        if size < expected[i]:
+            cut = sorted(k for k in holders[i] if _end(entries, k) > size)
+            acc.add(
+                TRUNCATED,
+                f"{f.name} is truncated: {size} bytes, the index expects {expected[i]} "
+                f"({len(cut)} tensor(s) cut off, e.g. {_show(cut[0]) if cut else '?'})",
+            )
+            bad.add(i)
+        elif size > expected[i]:
+            acc.add(
+                OVERSIZED,
+                f"{f.name} is {size} bytes, {size - expected[i]} more than the index "
+                f"expects ({expected[i]}): the shard does not belong to this index",
+            )
+    others = {
+        p.name
+        for p in prefix.parent.glob(f"{_glob_escape(prefix.name)}.data-*-of-*")
+        if not p.name.endswith(f"-of-{n:05d}")
+    }
+    if others:
+        acc.notes.append(f"ignored data files of another shard count: {', '.join(sorted(others))}")
+    return sizes, bad
+
+
+def _end(entries: dict[str, Any] | None, key: str) -> int:
+    e = (entries or {})[key]
+    return int(e.offset + e.size)
+
+
+def _show(key: str) -> str:
+    """A tensor key for humans (slice keys start with a binary marker)."""
+    return repr(key) if not key.isprintable() else key
+
+
+def _read_tensors(
+    prefix: Path, entries: dict[str, Any] | None, bad_shards: set[int], acc: _Acc
+) -> tuple[int, int, int | None]:
+    """Read every tensor through TensorFlow's reader (CRC-checked); returns
+    ``(tensors listed, tensors read, adaptd's step or None)``."""
+    import tensorflow as tf
+
+    from adaptd.client.checkpointer import STEP_KEY
+
+    try:
+        reader = tf.train.load_checkpoint(str(prefix))
+        dtypes = reader.get_variable_to_dtype_map()
+    except Exception as exc:  # TF raises its own error types for a damaged bundle
+        acc.add(UNREADABLE_INDEX, f"TensorFlow cannot open {prefix.name}: {_tf_message(exc)}")
+        return 0, 0, None
+    skip = _on_shards(entries, bad_shards)
+    read = 0
+    step = None
+    for name in sorted(dtypes):
+        if name in skip:
+            continue  # already reported with its shard
+        try:
+            value = reader.get_tensor(name)
+        except Exception as exc:
+            msg = _tf_message(exc)
+            kind = CORRUPTED if isinstance(exc, tf.errors.DataLossError) else UNREADABLE_TENSOR
+            if "checksum" in msg.lower():
+                kind = CORRUPTED
+            what = "corrupted bytes" if kind == CORRUPTED else "unreadable"
+            acc.add(kind, f"tensor {name}: {what} ({msg})")
+            continue
+        read += 1
+        if name.split("/", 1)[0] == STEP_KEY:
+            with contextlib.suppress(TypeError, ValueError):  # not a scalar: no step
+                step = int(value)
+        elif name == _OBJECT_GRAPH_KEY:
+            _check_object_graph(value, dtypes, acc)
+    return len(dtypes), read, step
+
+
+def _on_shards(entries: dict[str, Any] | None, shards: set[int]) -> set[str]:
+    """Full tensor names with bytes (or slice bytes) on ``shards``."""
+    if not shards or not entries:
+        return set()
+    out = set()
+    for key, e in entries.items():
+        if e.size and e.shard_id in shards:
+            # a slice key is "\x00" + ordered-code(name, slice...): keep the printable name
+            out.add(key if key.isprintable() else _slice_owner(key, entries))
+    return out
+
+
+def _slice_owner(key: str, entries: dict[str, Any]) -> str:
+    for name, e in entries.items():
+        if e.slices and name in key:
+            return name
+    return key
+
+
+def _check_object_graph(value: Any, present: dict[str, Any], acc: _Acc) -> None:
+    from tensorflow.core.protobuf import trackable_object_graph_pb2
+
+    graph = trackable_object_graph_pb2.TrackableObjectGraph()
+    try:
+        graph.ParseFromString(bytes(value))
+    except Exception as exc:
+        acc.add(CORRUPTED, f"{_OBJECT_GRAPH_KEY} does not parse ({exc})")
+        return
+    missing = sorted(
+        attr.checkpoint_key
+        for node in graph.nodes
+        for attr in node.attributes
+        if attr.checkpoint_key not in present
+    )
+    if missing:
+        acc.add(
+            MISSING_TENSOR,
+            f"the object graph names {len(missing)} tensor(s) the index lacks, "
+            f"e.g. {missing[0]}: Checkpoint.restore would fail",
+        )
+
+
+def _tf_message(exc: BaseException) -> str:
+    msg = getattr(exc, "message", None) or str(exc)
+    return " ".join(msg.split())[:300]
