@@ -78,9 +78,11 @@ class JobRevived:
 class JobResumed:
     """A lost job came back and reported its first step: the restart is over.
 
-    ``restart_s`` = first step report - ``lost_at`` (the restart-and-restore time R
-    fed to the job's tracker). ``lost_steps`` = ``last_step - resumed_from``, the
-    work redone.
+    This confirms the :class:`JobLost` as a failure. ``lost_at`` is when the loss was
+    detected; ``last_seen`` the lost run's last message, the best bound on when it
+    died (detection lags by up to the silence timeout). ``restart_s`` = first step
+    report - ``last_seen``: the restart-and-restore time R fed to the job's tracker.
+    ``lost_steps`` = ``last_step - resumed_from``, the work redone.
     """
 
     time: float
@@ -90,6 +92,7 @@ class JobResumed:
     last_step: int
     resumed_from: int
     restart_s: float
+    last_seen: float | None = None
 
     @property
     def lost_steps(self) -> int:

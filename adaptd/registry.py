@@ -126,7 +126,10 @@ class Rank:
 
 @dataclass
 class PendingResume:
-    lost_at: float
+    """A lost job's new run, until its first step report ends the restart."""
+
+    lost_at: float  # when the loss was detected
+    last_seen: float  # the old run's last message: the best bound on when it died
     last_step: int
     resumed_from: int
 
@@ -152,9 +155,9 @@ class Job:
     urgent_sent: bool = False  # a policy's urgent decision was already sent
     last_seen: float = 0.0
     lost_at: float | None = None
+    lost_last_seen: float | None = None  # the lost run's last message
     lost_reason: str = ""
     failures: int = 0
-    last_failure: float | None = None
     pending_resume: PendingResume | None = None
     last_save: SaveReport | None = None
     last_save_time: float | None = None
@@ -256,8 +259,11 @@ class Registry:
             kind = "new"
         elif job.state == "lost":
             kind = "resume"
-            pending = PendingResume(job.lost_at or now, job.tracker.step, msg.resumed_from)
-            self._new_incarnation(job, msg, now)  # resets the tracker's step: read it first
+            lost_at = job.lost_at if job.lost_at is not None else now
+            last_seen = job.lost_last_seen if job.lost_last_seen is not None else lost_at
+            pending = PendingResume(lost_at, last_seen, job.tracker.step, msg.resumed_from)
+            # a confirmed failure; resets the tracker's step, so that was read first
+            self._new_incarnation(job, msg, now, failed_at=last_seen)
             job.pending_resume = pending
         elif job.state == "finished":
             kind = "restart"
@@ -275,10 +281,9 @@ class Registry:
                 # died and was restarted before liveness noticed
                 last_seen = job.last_seen
                 self._lose(job, now, f"rank {msg.rank} restarted as pid {msg.pid}", last_seen)
-                job.lost_at = last_seen
                 kind = "resume"
-                pending = PendingResume(last_seen, job.tracker.step, msg.resumed_from)
-                self._new_incarnation(job, msg, now)
+                pending = PendingResume(now, last_seen, job.tracker.step, msg.resumed_from)
+                self._new_incarnation(job, msg, now, failed_at=last_seen)
                 job.pending_resume = pending
         old = job.ranks.get(msg.rank)
         if old is not None:
@@ -325,6 +330,8 @@ class Registry:
         self._heard(job, rank, now)
         rank.step = max(rank.step, msg.step)
         t = job.tracker
+        if msg.save_in_flight and not t.save_in_flight:
+            self._save_started(job, msg.step, now)
         if rank.rank == job.lead_rank():
             t.on_steps(now, msg.step, msg.count, msg.mean_s, msg.save_in_flight)
         else:  # other ranks move the step only; their timings would count the job twice
@@ -332,7 +339,7 @@ class Registry:
         pending = job.pending_resume
         if pending is not None:
             job.pending_resume = None
-            restart_s = max(0.0, now - pending.lost_at)
+            restart_s = max(0.0, now - pending.last_seen)
             t.on_restart(restart_s)
             self.emit(
                 ev.JobResumed(
@@ -343,8 +350,35 @@ class Registry:
                     last_step=pending.last_step,
                     resumed_from=pending.resumed_from,
                     restart_s=restart_s,
+                    last_seen=pending.last_seen,
                 )
             )
+
+    def _save_started(self, job: Job, step: int, now: float) -> None:
+        """A rank reports a save in flight that the tracker does not know of yet.
+
+        Ranks save where the plan says, so the save is at the newest step of the plan's
+        grid after the last known save, at or before ``step`` (else at ``step``, for an
+        urgent or job-chosen save). Telling the tracker now, not when the save report
+        arrives (after the write is durable), moves the policy's anchor to this save:
+        otherwise an interval that drifts by a step would plan a second save right
+        behind the one in flight, which the hook would have to wait for.
+        """
+        t = job.tracker
+        floor = t.last_save_step if t.last_save_step is not None else t.start_step
+        saved = step
+        plan = job.plan
+        if plan is not None and not plan.urgent:
+            due = plan.due_after(floor)
+            if due is not None and due <= step:
+                if plan.every_steps:
+                    due += (step - due) // plan.every_steps * plan.every_steps
+                saved = due
+        if saved <= floor:
+            return
+        # when the save began: that many steps before this report (never before the last)
+        when = now - (step - saved) * (t.step_time_s or 0.0)
+        t.on_save_requested(max(when, min(t.time, now)), saved)
 
     def save_report(self, job: Job, rank: Rank, msg: SaveReport, now: float) -> bool:
         """A save report; returns whether it taught the tracker (first report of a step,
@@ -420,8 +454,14 @@ class Registry:
         self._evict()
         return job
 
-    def _new_incarnation(self, job: Job, msg: Hello, now: float) -> None:
-        """A new run of a known job: forget its ranks, keep what was learned."""
+    def _new_incarnation(
+        self, job: Job, msg: Hello, now: float, failed_at: float | None = None
+    ) -> None:
+        """A new run of a known job: forget its ranks, keep what was learned.
+
+        ``failed_at``: the previous run died then (a lost job coming back), which the
+        tracker counts as one failure of the job before it starts the new run.
+        """
         for r in job.ranks.values():
             self._peers.pop(r.identity, None)
         job.ranks.clear()
@@ -432,17 +472,13 @@ class Registry:
         job.urgent_sent = False
         job.policy = None  # chosen again from this run's hello
         t = job.tracker
+        if failed_at is not None:
+            t.on_failure(failed_at)
+        t.on_resume(now, msg.resumed_from)
         t.world_size = msg.world_size
         t.gpus = max(1, msg.gpus * msg.world_size)
-        t.start_step = msg.resumed_from
-        t.step = msg.resumed_from
-        t.save_in_flight = False
         if msg.state_bytes:
             t.state_bytes = msg.state_bytes
-        for name in ("last_save_step", "last_durable_step"):
-            value = getattr(t, name)
-            if value is not None and value > msg.resumed_from:
-                setattr(t, name, msg.resumed_from)
         job.counted_save_steps.clear()
         self.jobs[job.id] = self.jobs.pop(job.id)  # most recently active last
 
@@ -467,9 +503,9 @@ class Registry:
     def _lose(self, job: Job, now: float, reason: str, last_seen: float) -> None:
         job.state = "lost"
         job.lost_at = now
+        job.lost_last_seen = last_seen
         job.lost_reason = reason
         job.failures += 1
-        job.last_failure = now
         self.emit(
             ev.JobLost(
                 time=now,

@@ -595,7 +595,7 @@ class Daemon:
             pids=tuple(r.pid for r in job.live_ranks() if r.pid > 0),
             urgent=job.urgent,
             storage_target=next((s.target for s in snapshot.storage if job.id in s.jobs), None),
-            time_since_failure_s=(now - job.last_failure) if job.last_failure is not None else None,
+            time_since_failure_s=job.tracker.time_since_failure_s(now),
         )
         try:
             decision = job.policy.decide(snapshot, state)

@@ -62,8 +62,14 @@ def test_events_for_loss_and_resume_in_process(sock_dir, zctx) -> None:
         resumed = sink.wait_for(ev.JobResumed, lambda e: e.job == "ev-1")
         assert resumed.lost_at == lost.time and resumed.last_step == lost.step
         assert resumed.resumed_from == 0 and resumed.lost_steps == lost.step
-        assert resumed.restart_s == pytest.approx(resumed.time - lost.time)
-        assert daemon.registry.jobs["ev-1"].tracker.restore_s == resumed.restart_s
+        # timed from the lost run's last message, not from when the loss was noticed
+        assert resumed.last_seen == lost.last_seen
+        assert resumed.restart_s == pytest.approx(resumed.time - lost.last_seen)
+        tracker = daemon.registry.jobs["ev-1"].tracker
+        assert tracker.restore_s == resumed.restart_s
+        # the resume confirms the loss as one failure of the job, for its failure rate
+        assert tracker.failures == 1 and tracker.failure_rate.failures == 1
+        assert tracker.last_failure_time == lost.last_seen
 
 
 def test_goodbye_is_not_a_failure(sock_dir, zctx) -> None:
@@ -88,7 +94,9 @@ def test_goodbye_is_not_a_failure(sock_dir, zctx) -> None:
         peer.steps("clean-2", 6)
         peer.hello("clean-2", resumed_from=5)  # reconnect: a barrier for the steps
         assert not [e for e in sink.of(ev.JobResumed) if e.job == "clean-2"]
-        assert daemon.registry.jobs["clean-2"].incarnation == 2
+        tracker = daemon.registry.jobs["clean-2"].tracker
+        assert daemon.registry.jobs["clean-2"].incarnation == 2 and tracker.failures == 0
+        assert tracker.start_step == 5 and tracker.failure_rate.failures == 0
 
 
 def test_silent_rank_is_lost_and_revived_when_it_speaks(sock_dir, zctx) -> None:

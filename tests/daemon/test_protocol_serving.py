@@ -5,9 +5,10 @@ from __future__ import annotations
 import msgspec
 import psutil
 import pytest
-from daemon_helpers import Peer
+from daemon_helpers import Peer, thread_daemon
 
 from adaptd import protocol as p
+from adaptd.snapshot import Snapshot
 
 V = p.VERSION
 # warm-up every 10 steps until 100, then every 50: a plan change at step 100
@@ -234,3 +235,47 @@ def test_save_report_updates_costs_and_save_now_reaches_ranks(shared_daemon, zct
     with pytest.raises(admin.AdminError) as exc:
         admin.request(shared_daemon.socket, admin.SaveNowRequest(job="no-such-job"))
     assert exc.value.code == "unknown_job"
+
+
+def test_no_second_save_is_planned_behind_one_in_flight(sock_dir, zctx) -> None:
+    """An interval that drifts with the step time re-plans from the save in flight.
+
+    The hook reports its save as durable only seconds later; until then the daemon
+    places it from the in-flight flag, or Daly would plan a save right behind it.
+    """
+    now = [1000.0]  # the daemon's clock, moved by the test: step times are exact
+    kw = {"clock": lambda: now[0], "snapshot_source": lambda: Snapshot(time=now[0])}
+    with thread_daemon(sock_dir / "adaptd.sock", tick_interval_s=3600, **kw) as (daemon, _):
+        peer = Peer(zctx, daemon.endpoint)
+        assert peer.hello("drift-1", policy="daly:probe_s=20,mtbf_s=2000").next_step is None
+        now[0] += 1.0
+        peer.steps("drift-1", 10, count=10, mean_s=0.1)
+        plan = peer.expect(p.Plan)  # probe: 20 s at 0.1 s a step
+        assert (plan.next_step, plan.every_steps) == (200, 200)
+        # the hook saved at step 200; steps got 30 % slower, so 20 s is fewer steps now
+        now[0] += 20.0
+        peer.send(
+            p.Steps(
+                v=V, job="drift-1", rank=0, step=205, count=195, mean_s=0.13, save_in_flight=True
+            )
+        )
+        plan = peer.expect(p.Plan)
+        assert plan.every_steps < 200 and plan.next_step == 200 + plan.every_steps
+        tracker = daemon.registry.jobs["drift-1"].tracker
+        assert (tracker.last_save_step, tracker.save_in_flight) == (200, True)
+        # the report: δ is known, Daly's interval replaces the probe, still from step 200
+        now[0] += 3.0
+        peer.send(
+            p.SaveReport(
+                v=V,
+                job="drift-1",
+                rank=0,
+                step=200,
+                blocking_s=0.05,
+                durable_s=3.0,
+                bytes=1,
+                extra_step_s=0.02,
+            )
+        )
+        plan = peer.expect(p.Plan)
+        assert plan.policy == "daly" and plan.next_step == 200 + plan.every_steps

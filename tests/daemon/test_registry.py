@@ -79,11 +79,43 @@ def test_resume_restart_and_reconnect_kinds() -> None:
     assert kind == "resume" and job.tracker.step == 60 and job.incarnation == 2
     reg.steps(job, r0, steps("j", 0, 61), 7.5)
     (resumed,) = [e for e in seen if isinstance(e, ev.JobResumed)]
-    assert resumed.restart_s == pytest.approx(5.5) and resumed.lost_steps == 40
-    assert job.tracker.restore_s == pytest.approx(5.5)
+    # from the last message (0.5), not from when the loss was noticed (2.0)
+    assert (resumed.lost_at, resumed.last_seen) == (2.0, 0.5)
+    assert resumed.restart_s == pytest.approx(7.0) and resumed.lost_steps == 40
+    assert job.tracker.restore_s == pytest.approx(7.0)
+    assert job.tracker.failures == 1 and job.tracker.last_failure_time == 0.5
     reg.goodbye(job, r0, p.Goodbye(v=V, job="j", rank=0, step=70), 8.0)
     assert job.state == "finished"
     assert reg.hello(b"d", hello("j", 0, 1, resumed_from=70), 9.0)[2] == "restart"
+
+
+def test_a_save_in_flight_is_placed_on_the_plan_before_its_report() -> None:
+    reg = Registry()
+    job, r0, _ = reg.hello(b"a", hello("j", 0, 1), 0.0)
+    job.plan = Decision(100, 100)
+    reg.steps(job, r0, steps("j", 0, 90, mean_s=0.1), 9.0)
+    assert job.tracker.last_save_step is None  # nothing in flight yet
+    in_flight = p.Steps(v=V, job="j", rank=0, step=130, count=40, mean_s=0.1, save_in_flight=True)
+    reg.steps(job, r0, in_flight, 13.0)
+    t = job.tracker
+    # the hook saved where the plan said (step 100), 30 steps of 0.1 s before this report
+    assert (t.last_save_step, t.save_in_flight) == (100, True)
+    assert t.last_save_time == pytest.approx(10.0)
+    later = p.Steps(v=V, job="j", rank=0, step=150, count=20, mean_s=0.1, save_in_flight=True)
+    reg.steps(job, r0, later, 15.0)  # the same save, still in flight
+    assert (t.last_save_step, t.last_save_time) == (100, pytest.approx(10.0))
+    reg.save_report(job, r0, save("j", 0, 100), 16.0)
+    assert (t.last_save_step, t.save_in_flight, t.saves) == (100, False, 1)
+    # two grid steps passed since: the save is at the newer one
+    skip = p.Steps(v=V, job="j", rank=0, step=320, count=170, mean_s=0.1, save_in_flight=True)
+    reg.steps(job, r0, skip, 33.0)
+    assert t.last_save_step == 300
+    # an urgent (off-plan) save is placed at the reported step
+    reg.save_report(job, r0, save("j", 0, 300), 34.0)
+    job.plan = Decision(400, 100, urgent=True)
+    urgent = p.Steps(v=V, job="j", rank=0, step=333, count=13, mean_s=0.1, save_in_flight=True)
+    reg.steps(job, r0, urgent, 35.0)
+    assert t.last_save_step == 333
 
 
 def test_bounds_on_ranks_and_inactive_jobs() -> None:
