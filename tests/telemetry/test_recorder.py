@@ -42,6 +42,11 @@ def test_a_recording_replays_like_its_source(name: str) -> None:
     recorded = record(lib, frames=frames, interval=1.0, sleep=sleep, clock=lambda: t[0])
     recorded = load(json.loads(json.dumps(recorded)))  # survives JSON, passes the format check
     assert [f["t"] for f in recorded["frames"]] == [float(i + 1) for i in range(frames)]
+    for frame in recorded["frames"]:  # frames keep only what changed: never the static names
+        assert not any("nvmlDeviceGetName" in d for d in frame["devices"].values())
+    assert [e["eventData"] for f in recorded["frames"] for e in f["events"]] == [
+        e["eventData"] for f in source.get("frames", []) for e in f.get("events", [])
+    ]
     assert replay(recorded, frames) == replay(source, frames)
     assert lib.calls.count("nvmlShutdown") == 1
 
