@@ -254,7 +254,8 @@ class Storage:
         if m is None:
             m = mount_of(path, self.mounts(now, refresh=True))
         target = self._target(m, mounts) if m is not None else None
-        self._dirs[checkpoint_dir] = target
+        if os.path.isdir(checkpoint_dir):  # not yet created: resolve again (it may be a symlink)
+            self._dirs[checkpoint_dir] = target
         return target
 
     def _target(self, m: Mount, mounts: list[Mount], depth: int = 0) -> Target:

@@ -245,3 +245,11 @@ def test_a_real_tmpfs_is_a_memory_target_without_rates(tmpfs: Path) -> None:
     (s,) = storage.sample(jobs, now=2.0)
     assert (s.mountpoint, s.fstype, s.device, s.jobs) == (str(tmpfs), "tmpfs", None, ("a", "b"))
     assert s.write_bytes_per_s is None and s.busy_fraction is None
+
+
+def test_a_directory_created_later_as_a_symlink_is_resolved_again(tmp_path, tmpfs: Path) -> None:
+    storage = st.Storage()
+    ckpt = tmp_path / "ckpt"
+    assert storage.target_of(str(ckpt)).fstype != "tmpfs"  # not there yet: its parent's mount
+    ckpt.symlink_to(tmpfs)  # the job's first save creates it, on the tmpfs
+    assert storage.target_of(str(ckpt)).mountpoint == str(tmpfs)
