@@ -358,23 +358,26 @@ class Registry:
         """A rank reports a save in flight that the tracker does not know of yet.
 
         Ranks save where the plan says, so the save is at the newest step of the plan's
-        grid after the last known save, at or before ``step`` (else at ``step``, for an
-        urgent or job-chosen save). Telling the tracker now, not when the save report
-        arrives (after the write is durable), moves the policy's anchor to this save:
-        otherwise an interval that drifts by a step would plan a second save right
-        behind the one in flight, which the hook would have to wait for.
+        grid after the last known save, at or before ``step``; with no such grid step it
+        is an urgent save (placed at ``step``) when one was asked for, else the known
+        save still being written by a slower rank. Telling the tracker now, not when the
+        save report arrives (after the write is durable), moves the policy's anchor to
+        this save: otherwise an interval that drifts by a step would plan a second save
+        right behind the one in flight, which the hook would have to wait for.
         """
         t = job.tracker
         floor = t.last_save_step if t.last_save_step is not None else t.start_step
-        saved = step
+        saved: int | None = None
         plan = job.plan
-        if plan is not None and not plan.urgent:
+        if plan is not None:
             due = plan.due_after(floor)
             if due is not None and due <= step:
                 if plan.every_steps:
                     due += (step - due) // plan.every_steps * plan.every_steps
                 saved = due
-        if saved <= floor:
+        if saved is None and (plan is None or job.urgent is not None or job.urgent_sent):
+            saved = step
+        if saved is None or saved <= floor:
             return
         # when the save began: that many steps before this report (never before the last)
         when = now - (step - saved) * (t.step_time_s or 0.0)

@@ -110,12 +110,18 @@ def test_a_save_in_flight_is_placed_on_the_plan_before_its_report() -> None:
     skip = p.Steps(v=V, job="j", rank=0, step=320, count=170, mean_s=0.1, save_in_flight=True)
     reg.steps(job, r0, skip, 33.0)
     assert t.last_save_step == 300
-    # an urgent (off-plan) save is placed at the reported step
     reg.save_report(job, r0, save("j", 0, 300), 34.0)
-    job.plan = Decision(400, 100, urgent=True)
-    urgent = p.Steps(v=V, job="j", rank=0, step=333, count=13, mean_s=0.1, save_in_flight=True)
-    reg.steps(job, r0, urgent, 35.0)
-    assert t.last_save_step == 333
+    # no grid step passed and nothing urgent asked: not a new save (another rank may
+    # still be writing the one reported)
+    again = p.Steps(v=V, job="j", rank=0, step=333, count=13, mean_s=0.1, save_in_flight=True)
+    reg.steps(job, r0, again, 35.0)
+    assert t.last_save_step == 300
+    # an urgent (off-plan) save is placed at the reported step
+    reg.steps(job, r0, steps("j", 0, 340), 36.0)
+    job.urgent = "operator"
+    urgent = p.Steps(v=V, job="j", rank=0, step=350, count=10, mean_s=0.1, save_in_flight=True)
+    reg.steps(job, r0, urgent, 37.0)
+    assert t.last_save_step == 350
 
 
 def test_bounds_on_ranks_and_inactive_jobs() -> None:
