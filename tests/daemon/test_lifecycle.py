@@ -46,6 +46,21 @@ def test_signal_exits_zero_and_removes_sockets(sock_dir, zctx, sig) -> None:
     d.log.wait_for("event=stopped")
 
 
+def test_in_process_daemon_stops_at_once_and_refuses_a_twin(sock_dir, zctx) -> None:
+    """stop() wakes the poll through its wake-up socket, not at the next tick."""
+    d = Daemon(sock_dir / "adaptd.sock", policy="phased", tick_interval_s=3600).start()
+    try:
+        assert Peer(zctx, d.endpoint).hello("thread-job").seq == 1
+        with pytest.raises(DaemonError, match="another adaptd daemon"):
+            Daemon(sock_dir / "adaptd.sock").start()
+        assert Peer(zctx, d.endpoint).hello("thread-job-2").seq == 1  # the first serves on
+    finally:
+        t0 = time.monotonic()
+        d.stop(timeout_s=DEADLINE)
+    assert time.monotonic() - t0 < 1.0 and not d._thread.is_alive()
+    assert not d.socket_path.exists() and not d.admin_path.exists()
+
+
 def test_second_daemon_on_same_socket_is_refused(daemon_proc, zctx) -> None:
     r = cli("serve", "--socket", str(daemon_proc.socket), timeout=DEADLINE)
     assert r.returncode == 1
