@@ -355,17 +355,27 @@ def png_bytes(h: History, *, slow_save_s: float = 1.0) -> bytes:
             )
         ax.grid(True, which="major", alpha=0.3)
     for ax, vals in ((ax_block, "blocking_s"), (ax_dur, "durable_s")):
-        if bad:
-            top = max([getattr(s, vals) for s in h.saves] + [ALERT_BLOCKING_S * 1.5])
+        # a failed save with a figure is a cross; one without (0) only its red line
+        marked = [s for s in bad if getattr(s, vals) > 0]
+        if marked:
             ax.scatter(
-                _dates([s.ended for s in bad]),
-                [max(getattr(s, vals), 1e-4) if getattr(s, vals) > 0 else top for s in bad],
+                _dates([s.ended for s in marked]),
+                [getattr(s, vals) for s in marked],
                 marker="x",
                 s=50,
                 color="tab:red",
                 zorder=6,
-                label=f"failed save ({len(bad)})",
+                label=f"failed save ({len(marked)})",
             )
+    for ax, empty, text in (
+        (ax_block, not ok, "no successful save in this window"),
+        (ax_dur, not ok, "no successful save in this window"),
+        (ax_int, not h.decisions and not seen, "no decisions recorded for this job"),
+    ):
+        if empty:
+            ax.text(
+                0.5, 0.5, text, transform=ax.transAxes, ha="center", va="center", color="grey"
+            )  # fmt: skip
     for ax in axes:
         handles, _ = ax.get_legend_handles_labels()
         if handles:  # beside the panel, so it never hides a point or a threshold
@@ -384,6 +394,11 @@ def png_bytes(h: History, *, slow_save_s: float = 1.0) -> bytes:
         [d.step_time_s or 0.0 for d in stepped] + [s.extra_step_s for s in extra],
     )
 
+    times = [s.ended for s in h.saves] + [d.time for d in h.decisions]
+    times += [f.time for f in h.failures]
+    lo, hi = min(times), max(times)
+    pad = max((hi - lo) * 0.02, 300.0 if hi - lo < 600 else 0.0)  # one save: +-5 min
+    ax_step.set_xlim(*_dates([lo - pad, hi + pad]))
     locator = mdates.AutoDateLocator(tz=timezone.utc)
     ax_step.xaxis.set_major_locator(locator)
     ax_step.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator, tz=timezone.utc))

@@ -252,3 +252,21 @@ def test_since_parsing() -> None:
     assert parse_since("2025-10-09T08:53:20") == T0
     assert parse_since("2025-10-09T10:53:20+02:00") == T0
     assert parse_since(str(T0)) == T0
+
+
+def test_sparse_histories_still_draw(tmp_path: Path) -> None:
+    """One save, no decisions; only failed saves with no figures: a figure, no error."""
+    path = tmp_path / "sparse.sqlite3"
+    with Store.open(path, clock=lambda: T0 + 3600) as store:
+        store.record_save(SaveRecord("one", 0, 100, T0, T0 + 3, 0.01, 3.0, 400_000_000))
+        for i in range(3):
+            store.record_save(
+                SaveRecord("broken", 0, i, T0 + i * 60, T0 + i * 60 + 1, 0.0, 0.0, 0,
+                           ok=False, error="EIO")
+            )  # fmt: skip
+    with Store.open(path, readonly=True) as store:
+        for job in ("one", "broken"):
+            s = report.write(report.load(store, job), tmp_path / f"{job}.png")
+            assert (s.width_px, s.height_px) == (1200, 1100)
+            assert _png_size((tmp_path / f"{job}.png").read_bytes()) == (1200, 1100)
+        assert report.load(store, "broken").failed == 3
