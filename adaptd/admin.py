@@ -44,7 +44,46 @@ class SaveNowRequest(Request, frozen=True, tag="save_now"):
     reason: Text = "operator request"
 
 
-AnyRequest = t.Union[StatusRequest, SaveNowRequest]  # noqa: UP007
+class DrainRequest(Request, frozen=True, tag="drain"):
+    """Every active job saves at its next step; the reply waits until all those saves are
+    durable (or failed, or their job gone) or ``timeout_s`` has passed.
+
+    The daemon defers its reply (it keeps serving meanwhile), so the caller's own
+    deadline must exceed ``timeout_s``.
+    """
+
+    timeout_s: float = msgspec.field(default=300.0)
+    reason: Text = "drain"
+
+
+class SetPolicyRequest(Request, frozen=True, tag="set_policy"):
+    """Give a known job a new policy ``spec`` (parsed by :func:`adaptd.policy.parse`);
+    its new plan is pushed to its ranks at once."""
+
+    job: JobId
+    spec: Text
+
+
+class PauseRequest(Request, frozen=True, tag="pause"):
+    """Hold (``paused=True``) or release the non-urgent saves of one job, or of every
+    job (``job=None``: every active job to pause, every paused job to resume)."""
+
+    job: JobId | None = None
+    paused: bool = True
+
+
+AnyRequest = t.Union[StatusRequest, SaveNowRequest, DrainRequest, SetPolicyRequest, PauseRequest]  # noqa: UP007
+
+
+class JobSettings(msgspec.Struct, frozen=True):
+    """What an operator set for one job; kept across daemon restarts by the caller's store.
+
+    ``policy``: the spec set by ``adaptd set-policy`` (``None``: the job's own or the
+    daemon's default). ``paused``: ``adaptd pause`` holds its non-urgent saves.
+    """
+
+    policy: str | None = None
+    paused: bool = False
 
 
 # ------------------------------------------------------------------ replies
@@ -112,6 +151,8 @@ class JobInfo(msgspec.Struct, frozen=True):
     urgent: str | None = None
     lost_reason: str = ""
     lost_s: float | None = None  # seconds since it was lost
+    paused: bool = False  # ``adaptd pause``: non-urgent saves held
+    policy_set: bool = False  # the policy was set by ``adaptd set-policy``
 
 
 class DaemonInfo(msgspec.Struct, frozen=True):
@@ -137,6 +178,8 @@ class DaemonInfo(msgspec.Struct, frozen=True):
 class StatusReply(Reply, frozen=True, tag="status"):
     daemon: DaemonInfo
     jobs: list[JobInfo]
+    #: the host's newest telemetry (``adaptd.telemetry.report.to_dict``), when wired
+    telemetry: dict[str, t.Any] | None = None
 
 
 class SaveNowReply(Reply, frozen=True, tag="save_now"):
@@ -144,12 +187,43 @@ class SaveNowReply(Reply, frozen=True, tag="save_now"):
     ranks: int  # how many rank sockets were sent SaveNow
 
 
+class DrainJob(msgspec.Struct, frozen=True):
+    """One job's part of a drain: the step it saved, whether that save is durable."""
+
+    job: str
+    ranks: int  # ranks asked to save
+    step: int | None  # the saved step (``None``: no save reported)
+    durable: bool  # every asked rank reported that save durable
+    seconds: float  # from the request to the last rank's report (or to the end)
+    error: str = ""  # why not durable: a failed save, the job lost, the timeout
+
+
+class DrainReply(Reply, frozen=True, tag="drain"):
+    jobs: list[DrainJob]
+    seconds: float
+    timed_out: bool
+
+
+class SetPolicyReply(Reply, frozen=True, tag="set_policy"):
+    job: str
+    policy: str
+    previous: str
+    plan_seq: int  # the plan pushed with the new policy (0: the job has no live ranks)
+
+
+class PauseReply(Reply, frozen=True, tag="pause"):
+    jobs: list[str]  # the jobs whose setting changed
+    paused: bool
+
+
 class ErrorReply(Reply, frozen=True, tag="error"):
     code: str
     message: str
 
 
-AnyReply = t.Union[StatusReply, SaveNowReply, ErrorReply]  # noqa: UP007
+AnyReply = t.Union[  # noqa: UP007
+    StatusReply, SaveNowReply, DrainReply, SetPolicyReply, PauseReply, ErrorReply
+]
 
 _encoder = msgspec.msgpack.Encoder()
 _request_decoder = msgspec.msgpack.Decoder(AnyRequest)

@@ -147,6 +147,39 @@ class SaveRequested:
     ranks: int
 
 
+@dataclass(frozen=True, slots=True)
+class JobSettingsChanged:
+    """An operator changed a job's settings (``adaptd set-policy``, ``pause``, ``resume``).
+
+    Carries the job's whole setting after the change, so a store can upsert it and
+    hand it back as ``Daemon(job_settings=...)`` at the next start.
+    """
+
+    time: float
+    job: str
+    policy: str | None
+    paused: bool
+
+
+@dataclass(frozen=True, slots=True)
+class MessageRejected:
+    """The daemon refused a message (job or admin socket); ``code`` is the error code
+    it counted (``invalid``, ``unknown_peer``, ``admin_unknown_job``, ...)."""
+
+    time: float
+    code: str
+
+
+@dataclass(frozen=True, slots=True)
+class SaveInFlight:
+    """A job started (``writing=True``) or finished writing a save, as its ranks' step
+    reports and save reports tell; for the telemetry's ``writing_jobs``."""
+
+    time: float
+    job: str
+    writing: bool
+
+
 Event = (
     JobRegistered
     | JobLost
@@ -156,6 +189,9 @@ Event = (
     | SaveReported
     | PlanChanged
     | SaveRequested
+    | JobSettingsChanged
+    | MessageRejected
+    | SaveInFlight
 )
 
 #: A subscriber: called in the daemon's loop with each event; must not block.

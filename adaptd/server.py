@@ -38,8 +38,10 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import zmq
 
@@ -119,6 +121,33 @@ def same_saves(old: Decision, new: Decision, step: int, tolerance: float = 0.0) 
     return abs(new.every_steps - old.every_steps) <= slack and abs(new_next - old_next) <= slack
 
 
+@dataclass
+class _DrainJob:
+    """One job's part of a drain: which ranks still owe a durable save."""
+
+    job: str
+    ranks: int
+    min_step: int  # a report of this step or later answers the request
+    waiting: set[int]
+    step: int | None = None
+    error: str = ""
+    done_at: float | None = None
+
+
+@dataclass
+class _Drain:
+    """A drain in progress: ``adaptd drain`` (``envelope`` set) or the shutdown drain."""
+
+    envelope: list[bytes] | None
+    reason: str
+    started: float
+    deadline: float
+    jobs: dict[str, _DrainJob] = field(default_factory=dict)
+
+    def done(self) -> bool:
+        return all(j.done_at is not None for j in self.jobs.values())
+
+
 def _snapshot_now() -> Snapshot:
     return Snapshot(time=time.monotonic())
 
@@ -158,6 +187,8 @@ class Daemon:
         replan_tolerance: float = REPLAN_TOLERANCE,
         clock: Callable[[], float] = time.monotonic,
         registry: Registry | None = None,
+        job_settings: Mapping[str, admin.JobSettings] | None = None,
+        status_extra: Callable[[], dict[str, Any] | None] | None = None,
     ) -> None:
         self.socket_path = _job_socket_path(socket)
         self.admin_path = admin.admin_path(self.socket_path)
@@ -188,6 +219,25 @@ class Daemon:
         if registry is not None:
             registry.emit = self.emit
         self._policies: dict[str, policy_mod.Policy] = {}
+        #: operator settings by job id (restored by the caller, changed by set-policy/pause)
+        self.job_settings: dict[str, admin.JobSettings] = {}
+        for job_id, setting in (job_settings or {}).items():
+            if setting.policy is not None:
+                try:
+                    self._policy(setting.policy)
+                except policy_mod.PolicyError as exc:
+                    log.warning(
+                        logfmt("setting_ignored", job=job_id, policy=setting.policy, error=exc)
+                    )
+                    setting = admin.JobSettings(policy=None, paused=setting.paused)
+            if setting.policy is not None or setting.paused:
+                self.job_settings[job_id] = setting
+        self.status_extra = status_extra
+        self._drains: list[_Drain] = []
+        self._writing: set[str] = set()  # jobs with a save in flight (SaveInFlight emitted)
+        self._stop_requested = False
+        self._stop_drain_s = 0.0
+        self._shutdown_drain: _Drain | None = None
         self.counters: Counter[str] = Counter()
         self.by_kind: Counter[str] = Counter()
         self.rejected: Counter[str] = Counter()
@@ -290,17 +340,28 @@ class Daemon:
             raise failure[0]
         return self
 
-    def stop(self, timeout_s: float | None = 10.0) -> None:
+    def stop(self, timeout_s: float | None = 10.0, drain_s: float = 0.0) -> None:
         """Ask the loop to end (safe from signal handlers and other threads).
 
-        From another thread it also waits up to ``timeout_s`` for the daemon thread.
+        With ``drain_s`` > 0 the daemon first sends SaveNow (reason ``shutdown``) to
+        every live job and keeps serving until each of those saves is reported
+        durable (or failed, or its job gone) or ``drain_s`` has passed, then ends.
+        A second call while that drain runs ends the loop at once (a second SIGTERM
+        or Ctrl-C means "now").
+
+        From another thread it also waits up to ``timeout_s`` (plus ``drain_s``) for
+        the daemon thread.
         """
-        self._stopping.set()
+        if drain_s > 0 and not self._stop_requested and not self._stopping.is_set():
+            self._stop_drain_s = drain_s
+            self._stop_requested = True
+        else:
+            self._stopping.set()
         with contextlib.suppress(OSError):
             self._wake_w.send(b"\0")
         t = self._thread
         if t is not None and t is not threading.current_thread() and timeout_s is not None:
-            t.join(timeout_s)
+            t.join(timeout_s + max(0.0, drain_s))
 
     def __enter__(self) -> Daemon:
         return self
@@ -330,7 +391,14 @@ class Daemon:
         poller.register(self._wake_r.fileno(), zmq.POLLIN)
         next_tick = self.clock() + self.tick_interval_s
         while not self._stopping.is_set():
-            timeout_ms = max(0, int((next_tick - self.clock()) * 1000) + 1)
+            if self._stop_requested and self._shutdown_drain is None:
+                self._shutdown_drain = self._start_drain(
+                    None, self._stop_drain_s, "shutdown", self.clock()
+                )
+                self._check_drains(self.clock())
+                continue
+            wake_at = min([next_tick, *(d.deadline for d in self._drains)])
+            timeout_ms = max(0, int((wake_at - self.clock()) * 1000) + 1)
             try:
                 ready = dict(poller.poll(timeout_ms))
             except zmq.ZMQError as exc:
@@ -351,6 +419,8 @@ class Daemon:
             if now >= next_tick:
                 self.tick(now)
                 next_tick = now + self.tick_interval_s
+            if self._drains:
+                self._check_drains(now)
 
     def _drain(self, sock: zmq.Socket, handle: Callable[[list[bytes]], None]) -> None:
         for _ in range(BATCH):
@@ -367,6 +437,11 @@ class Daemon:
     def tick(self, now: float) -> None:
         """Once a second: liveness, then the tick hooks (each guarded)."""
         self.registry.check(now)
+        for job_id in list(self._writing):
+            job = self.registry.jobs.get(job_id)
+            if job is None or job.state != "active":
+                self._writing.discard(job_id)
+                self.emit(ev.SaveInFlight(now, job_id, False))
         for hook in self.tick_hooks:
             try:
                 hook(now)
@@ -409,6 +484,7 @@ class Daemon:
     ) -> None:
         key = counter or code
         self.rejected[key] += 1
+        self.emit(ev.MessageRejected(self.clock(), key))
         if self._throttle(f"reject:{key}"):
             log.warning(logfmt("rejected", code=key, peer=(identity or b"").hex(), message=message))
         if identity is not None:
@@ -461,6 +537,8 @@ class Daemon:
             self.registry.steps(job, rank, msg, now)
         elif isinstance(msg, p.SaveReport):
             counted = self.registry.save_report(job, rank, msg, now)
+            for drain in self._drains:
+                self._drain_report(drain, job, rank, msg, now)
             log.info(
                 logfmt(
                     "save",
@@ -482,7 +560,9 @@ class Daemon:
             log.info(
                 logfmt("goodbye", job=job.id, rank=rank.rank, step=msg.step, reason=msg.reason)
             )
+            self._note_writing(job, now)
             return
+        self._note_writing(job, now)
         self._decide(job, now)
         if job.plan is not None and now - rank.last_sent >= self.resend_after_s:
             self._send_rank(rank, self._plan_message(job), now)
@@ -510,6 +590,10 @@ class Daemon:
             self._reject(identity, "busy", f"the daemon cannot take more ranks: {exc}")
             return
         bad_policy: str | None = None
+        setting = self.job_settings.get(job.id)
+        if job.policy is None and setting is not None and setting.policy is not None:
+            job.policy = self._policy(setting.policy)  # parsed when it was set
+            job.policy_spec = setting.policy
         if job.policy is None:
             spec = msg.policy or self.default_spec
             try:
@@ -616,6 +700,15 @@ class Daemon:
                     )
                 )
             return False
+        setting = self.job_settings.get(job.id)
+        if setting is not None and setting.paused and not decision.urgent:
+            decision = Decision(
+                next_step=None,
+                reason=f"paused by operator (the policy would: {decision.reason})",
+                policy=decision.policy,
+                interval_s=decision.interval_s,
+                waste=decision.waste,
+            )
         job.latest = decision
         if decision.urgent:
             if job.urgent_sent:
@@ -679,17 +772,37 @@ class Daemon:
         try:
             if body is None:
                 raise admin.AdminError("invalid", f"expected one frame, got {len(frames) - 1}")
-            reply = self._admin_reply(admin.decode_request(body))
+            reply = self._admin_reply(admin.decode_request(body), envelope)
         except admin.AdminError as exc:
             self.rejected[f"admin_{exc.code}"] += 1
+            self.emit(ev.MessageRejected(self.clock(), f"admin_{exc.code}"))
+            log.warning(logfmt("operator_refused", code=exc.code, message=str(exc)))
             reply = admin.ErrorReply(code=exc.code, message=str(exc))
+        if reply is not None:
+            self._admin_send(envelope, reply)
+
+    def _admin_send(self, envelope: list[bytes], reply: admin.AnyReply) -> None:
+        assert self._admin is not None
         with contextlib.suppress(zmq.Again):
             self._admin.send_multipart([*envelope, admin.encode(reply)], zmq.NOBLOCK)
 
-    def _admin_reply(self, req: admin.AnyRequest) -> admin.AnyReply:
+    def _admin_reply(self, req: admin.AnyRequest, envelope: list[bytes]) -> admin.AnyReply | None:
+        """The reply to an operator's request, or ``None`` when it is sent later (drain)."""
         now = self.clock()
         if isinstance(req, admin.StatusRequest):
             return self.status(now)
+        if isinstance(req, admin.DrainRequest):
+            if not 0 < req.timeout_s <= 86_400:
+                raise admin.AdminError(
+                    "invalid", f"drain --timeout must be in (0, 86400] seconds, got {req.timeout_s}"
+                )
+            self._start_drain(envelope, req.timeout_s, req.reason, now)
+            self._check_drains(now)
+            return None
+        if isinstance(req, admin.SetPolicyRequest):
+            return self._set_policy(req, now)
+        if isinstance(req, admin.PauseRequest):
+            return self._pause(req, now)
         if isinstance(req, admin.SaveNowRequest):
             if req.job is None:
                 jobs = [j for j in self.registry if j.state == "active"]
@@ -708,8 +821,223 @@ class Daemon:
             for job in jobs:
                 job.urgent = req.reason
                 ranks += self._save_now(job, req.reason, now)
+            log.info(
+                logfmt(
+                    "operator_action",
+                    action="save_now",
+                    job=req.job or "--all",
+                    jobs=len(jobs),
+                    ranks=ranks,
+                    reason=req.reason,
+                )
+            )
             return admin.SaveNowReply(jobs=[j.id for j in jobs], ranks=ranks)
         raise admin.AdminError("invalid", f"unsupported request {type(req).__name__}")
+
+    # ------------------------------------------------------------------ operator settings
+
+    def _known_job(self, job_id: str) -> Job:
+        job = self.registry.jobs.get(job_id)
+        if job is None:
+            known = sorted(j.id for j in self.registry)
+            shown = ", ".join(known[:20]) or "none"
+            raise admin.AdminError("unknown_job", f"job {job_id!r} is unknown; known jobs: {shown}")
+        return job
+
+    def _change_setting(self, job_id: str, now: float, **change: Any) -> admin.JobSettings:
+        old = self.job_settings.get(job_id, admin.JobSettings())
+        new = admin.JobSettings(
+            policy=change.get("policy", old.policy), paused=change.get("paused", old.paused)
+        )
+        if new.policy is None and not new.paused:
+            self.job_settings.pop(job_id, None)
+        else:
+            self.job_settings[job_id] = new
+        self.emit(ev.JobSettingsChanged(now, job_id, new.policy, new.paused))
+        return new
+
+    def _replan(self, job: Job, now: float) -> int:
+        """Decide afresh and push the plan even if its saves did not change (the reason did).
+        Returns the plan's seq, 0 when nothing could be pushed."""
+        if job.state != "active":
+            return 0
+        job.plan = None
+        job.urgent_sent = False
+        self._decide(job, now)
+        return job.plan_seq if job.plan is not None else 0
+
+    def _set_policy(self, req: admin.SetPolicyRequest, now: float) -> admin.SetPolicyReply:
+        job = self._known_job(req.job)
+        try:
+            policy = self._policy(req.spec)
+        except policy_mod.PolicyError as exc:
+            raise admin.AdminError("bad_policy", f"policy spec {req.spec!r}: {exc}") from None
+        previous = job.policy_spec
+        job.policy, job.policy_spec = policy, req.spec
+        self._change_setting(job.id, now, policy=req.spec)
+        seq = self._replan(job, now)
+        log.info(
+            logfmt(
+                "operator_action",
+                action="set_policy",
+                job=job.id,
+                policy=req.spec,
+                previous=previous,
+                plan_seq=seq,
+            )
+        )
+        return admin.SetPolicyReply(job=job.id, policy=req.spec, previous=previous, plan_seq=seq)
+
+    def _pause(self, req: admin.PauseRequest, now: float) -> admin.PauseReply:
+        if req.job is not None:
+            if req.job not in self.registry.jobs and req.job not in self.job_settings:
+                self._known_job(req.job)  # raises unknown_job
+            targets = [req.job]
+        elif req.paused:
+            targets = [j.id for j in self.registry if j.state == "active"]
+        else:
+            targets = sorted(k for k, v in self.job_settings.items() if v.paused)
+        changed = []
+        for job_id in targets:
+            if self.job_settings.get(job_id, admin.JobSettings()).paused == req.paused:
+                continue
+            self._change_setting(job_id, now, paused=req.paused)
+            changed.append(job_id)
+            job = self.registry.jobs.get(job_id)
+            if job is not None:
+                self._replan(job, now)
+        log.info(
+            logfmt(
+                "operator_action",
+                action="pause" if req.paused else "resume",
+                job=req.job or "--all",
+                changed=",".join(changed) or "none",
+            )
+        )
+        return admin.PauseReply(jobs=changed, paused=req.paused)
+
+    # ------------------------------------------------------------------ drains
+
+    def _start_drain(
+        self, envelope: list[bytes] | None, timeout_s: float, reason: str, now: float
+    ) -> _Drain:
+        """SaveNow to every active job with live ranks; track their reports."""
+        drain = _Drain(envelope, reason, now, now + timeout_s)
+        for job in self.registry:
+            ranks = job.live_ranks()
+            if job.state != "active" or not ranks:
+                continue
+            job.urgent = reason
+            sent = self._save_now(job, reason, now)
+            drain.jobs[job.id] = _DrainJob(job.id, sent, job.step, {r.rank for r in ranks})
+        self._drains.append(drain)
+        log.info(
+            logfmt(
+                "operator_action" if envelope is not None else "shutdown_drain",
+                action="drain",
+                jobs=len(drain.jobs),
+                timeout_s=timeout_s,
+                reason=reason,
+            )
+        )
+        return drain
+
+    def _drain_report(
+        self, drain: _Drain, job: Job, rank: Rank, msg: p.SaveReport, now: float
+    ) -> None:
+        entry = drain.jobs.get(job.id)
+        if entry is None or entry.done_at is not None or rank.rank not in entry.waiting:
+            return
+        if msg.step < entry.min_step:
+            return  # an older save finishing: not the one asked for
+        if not msg.ok:
+            entry.error = f"rank {rank.rank} save of step {msg.step} failed: {msg.error}"
+            entry.done_at = now
+            return
+        entry.waiting.discard(rank.rank)
+        entry.step = msg.step if entry.step is None else min(entry.step, msg.step)
+        if not entry.waiting:
+            entry.done_at = now
+
+    def _check_drains(self, now: float) -> None:
+        """End drains whose saves are all in (or whose jobs are gone), or whose time is up."""
+        for drain in list(self._drains):
+            for entry in drain.jobs.values():
+                if entry.done_at is not None:
+                    continue
+                job = self.registry.jobs.get(entry.job)
+                if job is None or job.state != "active":
+                    entry.error = f"job {job.state if job else 'forgotten'} before its save"
+                    entry.done_at = now
+                    continue
+                gone = sorted(
+                    r for r in entry.waiting if (rk := job.ranks.get(r)) is None or not rk.alive
+                )
+                if gone:
+                    entry.error = f"rank {gone[0]} gone before its save"
+                    entry.done_at = now
+            timed_out = now >= drain.deadline and not drain.done()
+            if drain.done() or timed_out:
+                self._drains.remove(drain)
+                self._finish_drain(drain, now, timed_out)
+
+    def _finish_drain(self, drain: _Drain, now: float, timed_out: bool) -> None:
+        jobs = []
+        for entry in drain.jobs.values():
+            durable = entry.done_at is not None and not entry.error
+            error = entry.error
+            if entry.done_at is None:
+                waiting = ",".join(map(str, sorted(entry.waiting)))
+                error = (
+                    f"timeout after {now - drain.started:.0f}s: rank(s) {waiting} did not report"
+                )
+            seconds = (entry.done_at if entry.done_at is not None else now) - drain.started
+            jobs.append(
+                admin.DrainJob(
+                    job=entry.job,
+                    ranks=entry.ranks,
+                    step=entry.step,
+                    durable=durable,
+                    seconds=seconds,
+                    error=error,
+                )
+            )
+            (log.info if durable else log.warning)(
+                logfmt(
+                    "drain_job",
+                    job=entry.job,
+                    step=entry.step,
+                    durable=durable,
+                    seconds=seconds,
+                    error=error or None,
+                    reason=drain.reason,
+                )
+            )
+        log.info(
+            logfmt(
+                "drain_done",
+                reason=drain.reason,
+                jobs=len(jobs),
+                durable=sum(j.durable for j in jobs),
+                seconds=now - drain.started,
+                timed_out=timed_out,
+            )
+        )
+        if drain.envelope is not None:
+            reply = admin.DrainReply(jobs=jobs, seconds=now - drain.started, timed_out=timed_out)
+            self._admin_send(drain.envelope, reply)
+        if drain is self._shutdown_drain:
+            self._stopping.set()
+
+    def _note_writing(self, job: Job, now: float) -> None:
+        """Emit :class:`~adaptd.events.SaveInFlight` when the job's save-in-flight flag flips."""
+        writing = job.state == "active" and job.tracker.save_in_flight
+        if writing != (job.id in self._writing):
+            if writing:
+                self._writing.add(job.id)
+            else:
+                self._writing.discard(job.id)
+            self.emit(ev.SaveInFlight(now, job.id, writing))
 
     def status(self, now: float | None = None) -> admin.StatusReply:
         """What ``adaptd status`` shows: every job and the daemon's counters."""
@@ -735,7 +1063,15 @@ class Daemon:
             jobs_lost=sum(j.state == "lost" for j in self.registry),
             peers=self.registry.peers,
         )
-        return admin.StatusReply(daemon=daemon, jobs=jobs)
+        telemetry = None
+        if self.status_extra is not None:
+            try:
+                telemetry = self.status_extra()
+            except Exception:
+                self.counters["status_extra_errors"] += 1
+                if self._throttle("status_extra"):
+                    log.exception(logfmt("status_extra_failed"))
+        return admin.StatusReply(daemon=daemon, jobs=jobs, telemetry=telemetry)
 
     def _job_info(self, job: Job, now: float) -> admin.JobInfo:
         t = job.tracker
@@ -802,6 +1138,8 @@ class Daemon:
             urgent=job.urgent,
             lost_reason=job.lost_reason if job.state == "lost" else "",
             lost_s=(now - job.lost_at) if job.state == "lost" and job.lost_at is not None else None,
+            paused=self.job_settings.get(job.id, admin.JobSettings()).paused,
+            policy_set=self.job_settings.get(job.id, admin.JobSettings()).policy is not None,
         )
 
     # ------------------------------------------------------------------ files

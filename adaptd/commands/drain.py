@@ -1,0 +1,68 @@
+"""``adaptd drain [--timeout S] [--json]``: every job saves now; wait until all are durable.
+
+For node maintenance: the daemon sends SaveNow to every active job and answers
+once each job's ranks have all reported that save durable (or failed, or the job
+went away), or after ``--timeout``. The daemon keeps serving meanwhile. Prints one
+line per job (job, step saved, durable yes/no, seconds); exit 0 only when every
+job's save is durable, 1 otherwise (or when no daemon answers).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from adaptd.commands import _operator
+
+HELP = "every job saves now; wait until all saves are durable"
+#: Extra seconds the command waits beyond --timeout for the daemon's reply.
+REPLY_MARGIN_S = 5.0
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--timeout",
+        metavar="SECONDS",
+        type=float,
+        default=300.0,
+        help="stop waiting for saves after this long (default: %(default)g)",
+    )
+    parser.add_argument("--reason", default="drain", help="why (default: %(default)s)")
+    _operator.add_socket_args(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    from adaptd import admin
+    from adaptd.cli import UsageError
+
+    if not 0 < args.timeout <= 86_400:
+        raise UsageError(f"--timeout must be in (0, 86400] seconds, got {args.timeout:g}")
+    req = admin.DrainRequest(timeout_s=args.timeout, reason=args.reason)
+    reply = _operator.ask("drain", args, req, args.timeout + REPLY_MARGIN_S)
+    if reply is None:
+        return 1
+    assert isinstance(reply, admin.DrainReply)
+    if args.json:
+        _operator.print_json(reply)
+    else:
+        print(render(reply), end="")
+    return 0 if all(j.durable for j in reply.jobs) else 1
+
+
+def render(reply: object) -> str:
+    from adaptd import admin
+
+    assert isinstance(reply, admin.DrainReply)
+    if not reply.jobs:
+        return "no active jobs: nothing to drain\n"
+    rows = [("JOB", "STEP", "DURABLE", "SECONDS", "NOTE")]
+    for j in reply.jobs:
+        step = "-" if j.step is None else str(j.step)
+        rows.append((j.job, step, "yes" if j.durable else "no", f"{j.seconds:.2f}", j.error))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    durable = sum(j.durable for j in reply.jobs)
+    lines.append(
+        f"{durable}/{len(reply.jobs)} job(s) durable in {reply.seconds:.2f}s"
+        + (" (timed out)" if reply.timed_out else "")
+    )
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,38 @@
+"""``adaptd pause --job J | --all``: hold a job's non-urgent saves (storage maintenance).
+
+A paused job's ranks get a plan with no save step; urgent saves (``adaptd
+save-now``, ``drain``, an urgent policy) still happen. ``adaptd resume`` lifts it.
+The setting outlives the job's restarts and, with a state database, the daemon's.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from adaptd.commands import _operator
+
+HELP = "hold a job's (or every job's) non-urgent saves"
+PAUSED = True
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    _operator.add_target_args(parser, "every active job")
+    _operator.add_socket_args(parser)
+
+
+def run(args: argparse.Namespace, paused: bool = PAUSED) -> int:
+    from adaptd import admin
+
+    name = "pause" if paused else "resume"
+    req = admin.PauseRequest(job=None if args.all else args.job, paused=paused)
+    reply = _operator.ask(name, args, req, args.answer_timeout)
+    if reply is None:
+        return 1
+    assert isinstance(reply, admin.PauseReply)
+    if args.json:
+        _operator.print_json(reply)
+    elif reply.jobs:
+        print(f"{'paused' if paused else 'resumed'}: " + ", ".join(reply.jobs))
+    else:
+        print(f"nothing to {name}: already {'paused' if paused else 'running'}")
+    return 0
