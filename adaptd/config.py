@@ -32,7 +32,7 @@ import math
 import os
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields, is_dataclass
+from dataclasses import dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -52,7 +52,7 @@ DEFAULT_CONFIG_PATH = Path("/etc/adaptd/adaptd.toml")
 CONFIG_ENV = "ADAPTD_CONFIG"
 #: The metrics address when the file does not name one.
 DEFAULT_METRICS_LISTEN = "127.0.0.1:9465"
-ADMIN_SOCKET_NAME = "admin.sock"
+ADMIN_SOCKET_NAME = "adaptd.admin.sock"
 DB_NAME = "adaptd.sqlite3"
 
 LOG_LEVELS = {
@@ -161,6 +161,61 @@ class Config:
         """The policy spec ``job`` gets from the config (its override or the default)."""
         o = self.job_override(job)
         return o.policy if o is not None and o.policy else self.default_policy
+
+    def with_overrides(
+        self,
+        *,
+        socket: str | None = None,
+        policy: str | None = None,
+        liveness_timeout_s: float | None = None,
+        log_level: str | None = None,
+        state_dir: str | os.PathLike[str] | None = None,
+        metrics_listen: str | None = None,
+    ) -> Config:
+        """This config with ``adaptd serve``'s command-line flags applied (``None``:
+        keep the file's value). The admin socket follows ``socket``; ``state_dir``
+        moves the database with it. Raises :class:`ConfigError` naming the flag."""
+        data: dict[str, Any] = {}
+        if socket is not None:
+            sock = os.fspath(socket)
+            if sock.startswith("ipc://"):
+                sock = sock.removeprefix("ipc://")
+            if not sock.startswith("tcp://"):
+                sock = str(Path(sock).expanduser().absolute())
+            data["socket"] = sock
+            data["admin_socket"] = admin_path_for(sock)
+        if policy is not None:
+            try:
+                parse(policy)
+            except PolicyError as exc:
+                raise ConfigError(f"--policy {policy!r}: {exc}", key="policy.default") from None
+            data["default_policy"] = policy
+        if liveness_timeout_s is not None:
+            if not (math.isfinite(liveness_timeout_s) and liveness_timeout_s > 0):
+                raise ConfigError(
+                    f"--silence-timeout must be a number of seconds > 0, got "
+                    f"{liveness_timeout_s!r}",
+                    key="daemon.liveness_timeout_s",
+                )
+            data["liveness_timeout_s"] = float(liveness_timeout_s)
+        if log_level is not None:
+            if log_level.lower() not in LOG_LEVELS:
+                raise ConfigError(
+                    f"--log-level must be one of {', '.join(LOG_LEVELS)}, got {log_level!r}",
+                    key="daemon.log_level",
+                )
+            data["log_level"] = log_level.lower()
+        if state_dir is not None:
+            d = Path(state_dir).expanduser().absolute()
+            data["state_dir"] = d
+            data["db_path"] = d / DB_NAME
+        if metrics_listen is not None:
+            data["metrics_listen"] = (
+                None
+                if metrics_listen.strip().lower() in _OFF
+                else parse_listen(metrics_listen, key="--metrics-listen")
+            )
+        return replace(self, **data)
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready view, for ``serve --check-config`` and ``status``."""
@@ -386,7 +441,7 @@ class _Reader:
         mtbf_h = self.number(p, "policy", "gpu_mtbf_hours", PRIOR_GPU_MTBF_S / 3600, minimum=0)
         return Config(
             socket=socket,
-            admin_socket=self.path(d, "daemon", "admin_socket", run_dir / ADMIN_SOCKET_NAME),
+            admin_socket=self.admin_socket(d, socket, run_dir),
             socket_mode=self.mode(d, "daemon", "socket_mode", 0o660),
             admin_socket_mode=self.mode(d, "daemon", "admin_socket_mode", 0o600),
             socket_group=group,
@@ -434,6 +489,21 @@ class _Reader:
             raise self.fail("daemon.socket", f"must be an absolute path, got {v!r}")
         return str(p)
 
+    def admin_socket(self, d: Mapping[str, Any], socket: str, run_dir: Path) -> Path:
+        """The daemon always binds its admin socket beside the job socket
+        (``adaptd.sock`` -> ``adaptd.admin.sock``, where ``adaptd status`` looks), so
+        ``daemon.admin_socket`` may only name that path."""
+        beside = admin_path_for(socket, run_dir)
+        given = self.path(d, "daemon", "admin_socket", beside)
+        if given != beside:
+            raise self.fail(
+                "daemon.admin_socket",
+                f"must be {str(beside)!r}, beside the job socket (the daemon and "
+                f"`adaptd status` derive it from daemon.socket), got {str(given)!r}; "
+                "remove the setting or move daemon.socket",
+            )
+        return beside
+
     def listen(self, m: Mapping[str, Any]) -> tuple[str, int] | None:
         v = m.get("listen", DEFAULT_METRICS_LISTEN)
         if v is False:
@@ -479,6 +549,16 @@ class _Reader:
                 name=name, path=self.path(t, where, "path", Path("/")), max_concurrent_saves=limit
             )
         return MappingProxyType(out)
+
+
+def admin_path_for(socket: str, run_dir: Path | None = None) -> Path:
+    """The admin socket the daemon binds for job socket ``socket`` (a path; for a
+    ``tcp://`` endpoint, ``ADMIN_SOCKET_NAME`` in the runtime directory)."""
+    if socket.startswith("tcp://"):
+        return (run_dir or paths.runtime_dir()) / ADMIN_SOCKET_NAME
+    from adaptd.admin import admin_path
+
+    return admin_path(socket)
 
 
 def parse_listen(

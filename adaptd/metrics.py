@@ -224,9 +224,9 @@ class Metrics:
                 self.xid.labels(str(g.index), g.uuid, str(code)).inc()
         self._host.snapshot = snapshot
 
-    def on_rejected(self, code: str) -> None:
-        """A message was refused (``ProtocolError.code``)."""
-        self.rejected.labels(code).inc()
+    def on_rejected(self, code: str, n: int = 1) -> None:
+        """``n`` messages were refused with ``code`` (``ProtocolError.code``)."""
+        self.rejected.labels(code).inc(n)
 
     def set_jobs(self, n: int) -> None:
         self.jobs.set(n)

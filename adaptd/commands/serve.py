@@ -1,16 +1,23 @@
 """``adaptd serve``: run the daemon in the foreground (systemd runs it this way).
 
+Settings come from the config file (``--config``, else ``$ADAPTD_CONFIG``, else
+``/etc/adaptd/adaptd.toml`` if present, else built-in defaults); the flags below
+override it. ``--check-config`` prints the effective settings as JSON and exits 0,
+or prints what is wrong on one line and exits 1, without starting anything.
+
 Logs go to stderr, one structured ``key=value`` line per event that matters
-(plan changes, saves, jobs lost). SIGTERM and SIGINT end it cleanly with exit
-status 0: the sockets are closed and their files removed. A start-up problem (a
-bad ``--policy``, another daemon on the socket) is one line and exit status 1.
+(plan changes, saves, jobs lost). SIGTERM and SIGINT drain (every job is asked to
+save; the daemon waits up to ``daemon.drain_grace_s`` for the saves) and end with
+exit status 0; a second signal stops at once. A start-up problem (a bad setting,
+another daemon on the socket, a busy metrics port named in the config) is one
+line and exit status 1.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
-import signal
 import sys
 
 from adaptd import policy
@@ -22,54 +29,84 @@ LEVELS = ("debug", "info", "warning", "error")
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
+        "--config",
+        metavar="FILE",
+        help="TOML config file (default: $ADAPTD_CONFIG, else /etc/adaptd/adaptd.toml "
+        "if it exists, else built-in defaults)",
+    )
+    parser.add_argument(
+        "--check-config",
+        action="store_true",
+        help="validate the config, print the effective settings as JSON and exit",
+    )
+    parser.add_argument(
         "--socket",
         metavar="PATH",
-        help="job socket path (default: $ADAPTD_SOCKET, /run/adaptd/adaptd.sock, "
+        help="job socket path (default: daemon.socket, $ADAPTD_SOCKET, /run/adaptd/adaptd.sock, "
         "$XDG_RUNTIME_DIR/adaptd/adaptd.sock or a per-user temp dir)",
     )
     parser.add_argument(
         "--policy",
         metavar="SPEC",
-        default=policy.DEFAULT_SPEC,
-        help=f"policy for jobs that do not name one (default: {policy.DEFAULT_SPEC!r})",
+        help=f"policy for jobs that do not name one (default: policy.default, "
+        f"{policy.DEFAULT_SPEC!r})",
     )
     parser.add_argument(
         "--silence-timeout",
         metavar="SECONDS",
         type=float,
-        default=300.0,
-        help="a rank that sends nothing for this long is marked lost (default: 300)",
+        help="a rank that sends nothing for this long is marked lost "
+        "(default: daemon.liveness_timeout_s, 300)",
     )
-    parser.add_argument("--log-level", choices=LEVELS, default="info", help="default: info")
+    parser.add_argument(
+        "--state-dir",
+        metavar="DIR",
+        help="directory of the state database (default: daemon.state_dir, $STATE_DIRECTORY "
+        "or $XDG_STATE_HOME/adaptd)",
+    )
+    parser.add_argument(
+        "--metrics-listen",
+        metavar="HOST:PORT",
+        help='Prometheus endpoint, or "off" (default: metrics.listen, 127.0.0.1:9465)',
+    )
+    parser.add_argument("--log-level", choices=LEVELS, help="default: daemon.log_level, info")
 
 
 def run(args: argparse.Namespace) -> int:
-    from adaptd.server import Daemon, DaemonError
+    from adaptd import config
+    from adaptd.service import Service, ServiceError
 
+    try:
+        cfg = config.load(args.config).with_overrides(
+            socket=args.socket,
+            policy=args.policy,
+            liveness_timeout_s=args.silence_timeout,
+            log_level=args.log_level,
+            state_dir=args.state_dir,
+            metrics_listen=args.metrics_listen,
+        )
+    except config.ConfigError as exc:
+        print(f"adaptd serve: {str(exc).splitlines()[0]}", file=sys.stderr)
+        return 1
+    if args.check_config:
+        print(json.dumps(cfg.as_dict(), indent=2, sort_keys=True))
+        return 0
     logging.basicConfig(
         stream=sys.stderr,
-        level=getattr(logging, args.log_level.upper()),
+        level=cfg.log_level_number,
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
     )
+    # A busy metrics port is fatal when someone chose the address; with the built-in
+    # default it only turns metrics off, so a second daemon (the demo's) still runs.
+    strict = bool(cfg.source) or args.metrics_listen is not None
+    service = Service(cfg, metrics_strict=strict)
     try:
-        daemon = Daemon(args.socket, policy=args.policy, silence_timeout_s=args.silence_timeout)
-        daemon.open()
-    except DaemonError as exc:
+        service.open()
+    except ServiceError as exc:
         print(f"adaptd serve: {exc}", file=sys.stderr)
         return 1
-
-    def on_signal(signum: int, frame: object) -> None:
-        logging.getLogger("adaptd.server").info(
-            "event=signal signal=%s", signal.Signals(signum).name
-        )
-        daemon.stop()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    # the C-level handler writes to this fd, which wakes the poll at once
-    previous = signal.set_wakeup_fd(daemon.wakeup_fd, warn_on_full_buffer=False)
     try:
-        daemon.serve()
+        service.serve()
     finally:
-        signal.set_wakeup_fd(previous)
+        service.close()
     return 0

@@ -25,7 +25,7 @@ def test_no_file_gives_working_defaults(monkeypatch: pytest.MonkeyPatch, tmp_pat
     c = config.from_mapping({})
     assert c.socket == str(tmp_path / "run" / "adaptd.sock")
     assert c.endpoint == f"ipc://{tmp_path / 'run' / 'adaptd.sock'}"
-    assert c.admin_socket == tmp_path / "run" / "admin.sock"
+    assert c.admin_socket == tmp_path / "run" / "adaptd.admin.sock"  # where the daemon binds
     assert c.db_path == tmp_path / "state" / "adaptd.sqlite3"
     assert c.default_policy == DEFAULT_SPEC
     assert c.metrics_listen == ("127.0.0.1", 9465)
@@ -74,7 +74,7 @@ def test_full_file_round_trip(tmp_path: Path) -> None:
         f"""
 [daemon]
 socket = "ipc://{tmp_path}/j.sock"
-admin_socket = "{tmp_path}/a.sock"
+admin_socket = "{tmp_path}/j.admin.sock"
 socket_mode = 0o640
 admin_socket_mode = "0600"
 state_dir = "{tmp_path}/state"

@@ -1,0 +1,387 @@
+"""The daemon as ``adaptd serve`` runs it: every part built from one :class:`Config`.
+
+:class:`Service` assembles, in this order (and closes in reverse):
+
+1. the state database (:class:`adaptd.store.Store`), from which it restores the
+   operator's per-job settings, the host's failure-rate posterior and each job's
+   learned save/restore costs;
+2. the :class:`adaptd.server.Daemon`, bound under a private umask and then given
+   the configured socket modes and group (so the socket is never world-reachable,
+   not even between bind and chmod);
+3. the Prometheus endpoint (:class:`adaptd.metrics.Metrics`);
+4. the telemetry :class:`~adaptd.telemetry.sampler.Sampler`, probed once before
+   ``READY=1`` goes to systemd (:mod:`adaptd.sdnotify`).
+
+Its tick hook (about once a second, in the daemon's loop) flushes the store, feeds
+metrics the newest snapshot and the store's fault counters, persists what was learned every
+:data:`PERSIST_EVERY_S`, updates ``STATUS=`` and pings the watchdog.
+
+Raises :class:`ServiceError` (one line saying what to change) for any start-up
+problem: state database, sockets, metrics address.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import grp
+import inspect
+import logging
+import os
+import signal
+import time
+from collections.abc import Callable
+from typing import Any
+
+from adaptd import admin
+from adaptd import events as ev
+from adaptd.config import Config
+from adaptd.estimators import FailureRate, JobTracker
+from adaptd.metrics import Metrics, MetricsError, MetricsServer
+from adaptd.protocol import Hello
+from adaptd.registry import Registry
+from adaptd.sdnotify import Notifier
+from adaptd.server import Daemon, DaemonError
+from adaptd.store import GLOBAL, Store, StoreError, job_scope
+
+log = logging.getLogger("adaptd.service")
+
+#: Learned parameters (failure rate, each job's costs) are written this often, and at exit.
+PERSIST_EVERY_S = 30.0
+#: Store keys of the learned parameters.
+FAILURE_RATE_KEY = "failure_rate"
+LEARNED_KEY = "learned"
+#: While draining on SIGTERM, each tick asks systemd for this much more time.
+EXTEND_BY_S = 10.0
+
+
+class ServiceError(Exception):
+    """The daemon cannot start; the message names the setting and what to do."""
+
+
+def _accepts(fn: Callable[..., Any], name: str) -> bool:
+    """Whether ``fn`` takes keyword ``name`` (the server's side of the contract may
+    land after this module: the service then runs without that feature and says so)."""
+    try:
+        return name in inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # pragma: no cover - builtins only
+        return False
+
+
+class Service:
+    """Everything ``adaptd serve`` runs, wired together. :meth:`open`, :meth:`serve`,
+    :meth:`close` (or :meth:`run`, which does all three)."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        *,
+        notifier: Notifier | None = None,
+        sampler: Any | None = None,
+        metrics_strict: bool = True,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """``sampler``: a telemetry sampler (default :meth:`Sampler.default` at the
+        configured interval). ``metrics_strict=False`` turns a busy metrics port into
+        a warning (used when the address is the built-in default, so a second daemon
+        on the host, such as the demo's, still starts)."""
+        self.cfg = cfg
+        self.notifier = notifier if notifier is not None else Notifier()
+        self._sampler = sampler
+        self.metrics_strict = metrics_strict
+        self.clock = clock
+        self.store: Store | None = None
+        self.metrics = Metrics(slow_save_s=cfg.slow_save_s)
+        self.metrics_server: MetricsServer | None = None
+        self.sampler: Any | None = None
+        self.daemon: Daemon | None = None
+        self.failure_rate = FailureRate(prior_gpu_mtbf_s=cfg.gpu_mtbf_s)
+        self.stopping = False
+        self._last_persist: float | None = None
+        self._status_text = ""
+        self._closed = False
+        self.drain_supported = False
+
+    # ------------------------------------------------------------------ assembly
+
+    def open(self) -> None:
+        """Build and bind everything; raises :class:`ServiceError`. On failure what
+        was opened is closed again."""
+        try:
+            self._open()
+        except BaseException:
+            self.close(persist=False)
+            raise
+
+    def _open(self) -> None:
+        cfg = self.cfg
+        try:
+            self.store = Store.open(
+                cfg.db_path, retention_days=cfg.retention_days, retention_rows=cfg.retention_rows
+            )
+        except StoreError as exc:
+            raise ServiceError(f"daemon.db_path: {exc}") from None
+        self._restore_failure_rate()
+        from adaptd.telemetry import report
+        from adaptd.telemetry.sampler import Sampler
+
+        self.sampler = self._sampler or Sampler.default(interval=cfg.sample_interval_s)
+        registry = Registry(
+            silence_timeout_s=cfg.liveness_timeout_s, tracker_factory=self.tracker_for
+        )
+        kwargs: dict[str, Any] = {}
+        if _accepts(Daemon, "job_settings"):
+            kwargs["job_settings"] = self._initial_settings()
+        else:
+            log.warning("event=feature_missing what=job_settings (operator settings not restored)")
+        if _accepts(Daemon, "status_extra"):
+            sampler = self.sampler
+            kwargs["status_extra"] = lambda: report.to_dict(sampler.latest())
+        self.drain_supported = _accepts(Daemon.stop, "drain_s")
+        try:
+            self.daemon = Daemon(
+                cfg.socket,
+                policy=cfg.default_policy,
+                snapshot_source=self.sampler.latest,
+                sinks=[self.store.on_event, self.metrics.on_event, self.sampler.on_event,
+                       self._on_event],
+                tick_hooks=[self.sampler.tick, self.tick],
+                silence_timeout_s=cfg.liveness_timeout_s,
+                registry=registry,
+                **kwargs,
+            )  # fmt: skip
+            # Bind under a private umask: the socket files exist with no group/other
+            # access until _set_permissions below gives them the configured modes.
+            old = os.umask(0o077)
+            try:
+                self.daemon.open()
+            finally:
+                os.umask(old)
+        except DaemonError as exc:
+            raise ServiceError(str(exc)) from None
+        self._set_permissions()
+        self._serve_metrics()
+        self.sampler.tick(self.clock())  # probe telemetry once before READY
+        self._last_persist = self.clock()
+        jobs = self._jobs_text()
+        self.notifier.ready(f"serving {self.daemon.socket_path}; {jobs}")
+        self._status_text = jobs
+
+    def _restore_failure_rate(self) -> None:
+        assert self.store is not None
+        data = self.store.param(GLOBAL, FAILURE_RATE_KEY)
+        if data is None:
+            return
+        try:
+            self.failure_rate = FailureRate.from_dict(data)
+        except (ValueError, KeyError, TypeError) as exc:
+            log.warning("event=learned_discarded what=failure_rate error=%r", str(exc))
+        else:
+            log.info(
+                "event=learned_restored what=failure_rate gpu_mtbf_s=%.6g",
+                self.failure_rate.gpu_mtbf_s,
+            )
+
+    def _initial_settings(self) -> dict[str, Any]:
+        """Exact-id ``[jobs."ID"]`` entries of the config, overridden by what operators
+        set at run time (the store), as the daemon's ``job_settings``."""
+        assert self.store is not None
+        make = getattr(admin, "JobSettings", None) or getattr(ev, "JobSettings", None)
+        if make is None:  # pragma: no cover - only until the server side lands
+            return {}
+        out: dict[str, Any] = {}
+        for o in self.cfg.jobs:
+            if any(c in o.pattern for c in "*?[") or (o.policy is None and o.paused is None):
+                continue
+            out[o.pattern] = make(policy=o.policy, paused=bool(o.paused))
+        for job, s in self.store.job_settings().items():
+            out[job] = make(policy=s.policy, paused=s.paused)
+        return out
+
+    def tracker_for(self, msg: Hello) -> JobTracker:
+        """A new job's tracker: the host's shared failure rate, the configured GPU
+        MTBF prior, and what the store learned about this job before a restart."""
+        tracker = JobTracker(
+            msg.job,
+            world_size=msg.world_size,
+            gpus=max(1, msg.gpus * msg.world_size),
+            start_step=msg.resumed_from,
+            state_bytes=msg.state_bytes or None,
+            gpu_mtbf_s=self.cfg.gpu_mtbf_s,
+            failure_rate=self.failure_rate,
+        )
+        if self.store is not None:
+            data = self.store.param(job_scope(msg.job), LEARNED_KEY)
+            if data is not None:
+                try:
+                    tracker.load_learned(data)
+                except (ValueError, TypeError) as exc:
+                    log.warning("event=learned_discarded job=%s error=%r", msg.job, str(exc))
+                else:
+                    log.info(
+                        "event=learned_restored job=%s saves=%d save_cost_s=%s",
+                        msg.job,
+                        tracker.saves,
+                        tracker.save_cost_s,
+                    )
+        return tracker
+
+    def _set_permissions(self) -> None:
+        assert self.daemon is not None
+        cfg = self.cfg
+        gid = -1
+        if cfg.socket_group:
+            try:
+                gid = grp.getgrnam(cfg.socket_group).gr_gid
+            except KeyError:
+                raise ServiceError(
+                    f"daemon.socket_group: no group {cfg.socket_group!r} on this host; "
+                    "create it (systemd-sysusers) or remove the setting"
+                ) from None
+        try:
+            if gid != -1:
+                os.chown(self.daemon.socket_path, -1, gid)
+            os.chmod(self.daemon.socket_path, cfg.socket_mode)
+            os.chmod(self.daemon.admin_path, cfg.admin_socket_mode)
+        except OSError as exc:
+            raise ServiceError(
+                f"daemon.socket_mode/socket_group: cannot set {exc.filename}: {exc.strerror}"
+            ) from None
+
+    def _serve_metrics(self) -> None:
+        if self.cfg.metrics_listen is None:
+            return
+        host, port = self.cfg.metrics_listen
+        try:
+            self.metrics_server = self.metrics.serve(host, port)
+        except MetricsError as exc:
+            if self.metrics_strict:
+                raise ServiceError(f"metrics.listen: {exc}") from None
+            log.warning(
+                "event=metrics_off listen=%s:%d error=%r (set metrics.listen to serve them)",
+                host,
+                port,
+                str(exc),
+            )
+        else:
+            log.info("event=metrics url=%s", self.metrics_server.url)
+
+    # ------------------------------------------------------------------ loop
+
+    def _on_event(self, event: ev.Event) -> None:
+        """Operator settings changes (durable in the store, visible in metrics) and
+        refused messages (counted in metrics by code)."""
+        rejected = getattr(ev, "MessageRejected", None)
+        changed = getattr(ev, "JobSettingsChanged", None)
+        if rejected is not None and isinstance(event, rejected):
+            self.metrics.on_rejected(event.code)
+        elif changed is not None and isinstance(event, changed):
+            assert self.store is not None
+            self.store.set_job_setting(event.job, policy=event.policy, paused=event.paused)
+            self.metrics.set_paused(event.job, event.paused)
+        elif (
+            isinstance(event, ev.JobRegistered)
+            and self.store is not None
+            and (s := self.store.job_setting(event.job)) is not None
+        ):
+            # metrics.on_event reset the job's paused gauge; the operator's flag wins
+            self.metrics.set_paused(event.job, s.paused)
+
+    def tick(self, now: float) -> None:
+        """The daemon's tick hook (see the module docstring)."""
+        assert self.store is not None and self.daemon is not None
+        if self._last_persist is None or now - self._last_persist >= PERSIST_EVERY_S:
+            self.persist_learned()
+            self._last_persist = now
+        self.store.flush()
+        assert self.sampler is not None
+        self.metrics.on_snapshot(self.sampler.latest())
+        self.metrics.set_state_stats(
+            write_errors=self.store.write_errors, dropped_rows=self.store.dropped
+        )
+        text = self._jobs_text()
+        if self.stopping:
+            self.notifier.extend_timeout(EXTEND_BY_S)
+        elif text != self._status_text:
+            self._status_text = text
+            self.notifier.status(text)
+        if self.cfg.watchdog:
+            self.notifier.tick(now)
+
+    def _jobs_text(self) -> str:
+        assert self.daemon is not None
+        active = sum(j.state == "active" for j in self.daemon.registry)
+        lost = sum(j.state == "lost" for j in self.daemon.registry)
+        return f"{active} jobs connected, {lost} lost"
+
+    def persist_learned(self) -> None:
+        """Queue the failure-rate posterior and every known job's learned costs."""
+        if self.store is None or self.daemon is None:
+            return
+        self.store.set_param(GLOBAL, FAILURE_RATE_KEY, self.failure_rate.to_dict())
+        for job in self.daemon.registry:
+            self.store.set_param(job_scope(job.id), LEARNED_KEY, job.tracker.learned())
+
+    # ------------------------------------------------------------------ run
+
+    def request_stop(self, signum: int | None = None) -> None:
+        """Begin shutdown (safe from a signal handler): ``STOPPING=1``, then the
+        daemon drains for ``daemon.drain_grace_s`` (every job saves) and exits."""
+        if self.daemon is None:
+            return
+        name = signal.Signals(signum).name if signum is not None else "request"
+        log.info("event=stopping signal=%s drain_grace_s=%g", name, self.cfg.drain_grace_s)
+        again = self.stopping
+        self.stopping = True
+        if self.sampler is not None:
+            self.sampler.draining = True
+        if not again:
+            self.notifier.stopping(f"stopping ({name}); draining up to {self.cfg.drain_grace_s:g}s")
+        if self.drain_supported and not again and self.cfg.drain_grace_s > 0:
+            self.notifier.extend_timeout(self.cfg.drain_grace_s + EXTEND_BY_S)
+            self.daemon.stop(timeout_s=None, drain_s=self.cfg.drain_grace_s)  # type: ignore[call-arg]
+        else:  # a second signal stops at once
+            self.daemon.stop(timeout_s=None)
+
+    def serve(self) -> None:
+        """Run the daemon's loop in this thread until stopped; SIGTERM/SIGINT stop it."""
+        assert self.daemon is not None
+        daemon = self.daemon
+        handler = lambda signum, frame: self.request_stop(signum)  # noqa: E731
+        old_term = signal.signal(signal.SIGTERM, handler)
+        old_int = signal.signal(signal.SIGINT, handler)
+        # the C-level handler writes to this fd, which wakes the poll at once
+        previous = signal.set_wakeup_fd(daemon.wakeup_fd, warn_on_full_buffer=False)
+        try:
+            daemon.serve()
+        finally:
+            signal.set_wakeup_fd(previous)
+            signal.signal(signal.SIGTERM, old_term)
+            signal.signal(signal.SIGINT, old_int)
+
+    def close(self, *, persist: bool = True) -> None:
+        """Close in reverse order of :meth:`open`; persists what was learned first."""
+        if self._closed:
+            return
+        self._closed = True
+        if persist:
+            with contextlib.suppress(Exception):
+                self.persist_learned()
+        if self.daemon is not None:
+            self.daemon.close()
+        if self.metrics_server is not None:
+            self.metrics_server.stop()
+        if self.sampler is not None:
+            with contextlib.suppress(Exception):
+                self.sampler.close()
+        if self.store is not None:
+            self.store.flush()
+            self.store.close()
+        self.notifier.close()
+
+    def run(self) -> None:
+        """:meth:`open`, :meth:`serve`, :meth:`close`; raises :class:`ServiceError`."""
+        self.open()
+        try:
+            self.serve()
+        finally:
+            self.close()
