@@ -38,7 +38,6 @@ from adaptd.config import Config
 from adaptd.estimators import FailureRate, JobTracker
 from adaptd.metrics import Metrics, MetricsError, MetricsServer
 from adaptd.protocol import Hello
-from adaptd.registry import Registry
 from adaptd.sdnotify import Notifier
 from adaptd.server import Daemon, DaemonError
 from adaptd.store import GLOBAL, Store, StoreError, job_scope
@@ -125,9 +124,6 @@ class Service:
         from adaptd.telemetry.sampler import Sampler
 
         self.sampler = self._sampler or Sampler.default(interval=cfg.sample_interval_s)
-        registry = Registry(
-            silence_timeout_s=cfg.liveness_timeout_s, tracker_factory=self.tracker_for
-        )
         kwargs: dict[str, Any] = {}
         if _accepts(Daemon, "job_settings"):
             kwargs["job_settings"] = self._initial_settings()
@@ -146,9 +142,11 @@ class Service:
                        self._on_event],
                 tick_hooks=[self.sampler.tick, self.tick],
                 silence_timeout_s=cfg.liveness_timeout_s,
-                registry=registry,
                 **kwargs,
             )  # fmt: skip
+            # Set on the daemon's own registry (a Registry passed in while empty is
+            # falsy, and `registry or Registry(...)` in the daemon would drop it).
+            self.daemon.registry.tracker_factory = self.tracker_for
             # Bind under a private umask: the socket files exist with no group/other
             # access until _set_permissions below gives them the configured modes.
             old = os.umask(0o077)

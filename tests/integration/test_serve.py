@@ -1,0 +1,247 @@
+"""``adaptd serve`` as systemd runs it: config, sockets, sd_notify, drain on SIGTERM,
+metrics over HTTP, and learned state that survives a restart (real processes)."""
+
+from __future__ import annotations
+
+import grp
+import json
+import os
+import re
+import shutil
+import socket
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import zmq
+from prometheus_client.parser import text_string_to_metric_families
+
+from adaptd import admin
+from adaptd import protocol as p
+from adaptd.estimators import JobTracker
+from adaptd.store import GLOBAL, Store, job_scope
+
+from ._serve import NotifyListener, Peer, Serve
+
+ROOT = Path(__file__).resolve().parents[2]
+UNIT = ROOT / "systemd" / "adaptd.service"
+EXAMPLE = ROOT / "systemd" / "adaptd.toml"
+
+
+@pytest.fixture
+def short_dir() -> Iterator[Path]:
+    """A short path: ipc socket paths are limited to 107 bytes."""
+    d = Path(tempfile.mkdtemp(prefix="adi-", dir="/tmp"))
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def ctx() -> Iterator[zmq.Context]:
+    c = zmq.Context()
+    yield c
+    c.destroy(linger=0)
+
+
+def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "adaptd.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **(env or {})},
+        check=False,
+    )
+
+
+def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    with urllib.request.urlopen(url, timeout=5) as r:
+        text = r.read().decode()
+    promtool = shutil.which("promtool")
+    if promtool:
+        lint = subprocess.run(
+            [promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=30
+        )
+        assert lint.returncode == 0, lint.stdout + lint.stderr
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+    }
+
+
+# ---------------------------------------------------------------------------- config
+
+
+def test_unit_exec_start_parses_and_check_config_prints_effective_settings() -> None:
+    line = next(ln for ln in UNIT.read_text().splitlines() if ln.startswith("ExecStart="))
+    argv = line.removeprefix("ExecStart=").split()
+    assert argv[:2] == ["/usr/bin/adaptd", "serve"]
+    args = [str(EXAMPLE) if a == "/etc/adaptd/adaptd.toml" else a for a in argv[2:]]
+    r = cli("serve", *args, "--check-config", "--socket", "/run/adaptd/adaptd.sock")
+    assert r.returncode == 0, r.stderr
+    cfg = json.loads(r.stdout)
+    assert cfg["source"] == str(EXAMPLE)
+    assert cfg["socket"] == "/run/adaptd/adaptd.sock"
+    assert cfg["admin_socket"] == "/run/adaptd/adaptd.admin.sock"  # where the daemon binds it
+    assert cfg["drain_grace_s"] == 90.0 and cfg["metrics_url"] == "http://127.0.0.1:9465/metrics"
+
+
+def test_check_config_reports_a_bad_setting_on_one_line(short_dir: Path) -> None:
+    bad = short_dir / "bad.toml"
+    bad.write_text("[daemon]\nsample_intervl_s = 2\n")
+    r = cli("serve", "--config", str(bad), "--check-config")
+    assert r.returncode == 1 and r.stdout == ""
+    assert r.stderr.count("\n") == 1
+    assert "daemon.sample_intervl_s" in r.stderr and "sample_interval_s" in r.stderr
+    r = cli("serve", "--check-config", "--silence-timeout", "-1")
+    assert r.returncode == 1 and "--silence-timeout" in r.stderr
+
+
+def test_busy_metrics_port_named_on_the_command_line_is_a_startup_error(
+    short_dir: Path,
+) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        r = cli("serve", "--socket", str(short_dir / "a.sock"), "--state-dir",
+                str(short_dir / "st"), "--metrics-listen", f"127.0.0.1:{port}")  # fmt: skip
+    assert r.returncode == 1
+    assert "metrics.listen" in r.stderr and str(port) in r.stderr
+    assert not (short_dir / "a.sock").exists()  # the daemon's sockets were closed again
+
+
+# ---------------------------------------------------------------------------- sockets
+
+
+def test_socket_modes_group_and_default_state_dir(short_dir: Path) -> None:
+    group = grp.getgrgid(os.getgid()).gr_name
+    conf = short_dir / "adaptd.toml"
+    conf.write_text(
+        f'[daemon]\nsocket = "{short_dir}/run/j.sock"\nsocket_mode = "0640"\n'
+        f'socket_group = "{group}"\nadmin_socket_mode = "0600"\n[metrics]\nlisten = "off"\n'
+    )
+    notify = NotifyListener(short_dir / "notify")
+    xdg = short_dir / "xdg"
+    d = Serve(["--config", str(conf)], notify, {"XDG_STATE_HOME": str(xdg)})
+    try:
+        d.ready()
+        job, adm = short_dir / "run" / "j.sock", short_dir / "run" / "j.admin.sock"
+        assert stat.S_IMODE(job.stat().st_mode) == 0o640
+        assert job.stat().st_gid == os.getgid()
+        assert stat.S_IMODE(adm.stat().st_mode) == 0o600
+        # a normal user's state lives in the XDG state directory
+        assert (xdg / "adaptd" / "adaptd.sqlite3").is_file()
+        reply = admin.request(job, admin.StatusRequest())
+        assert reply.daemon.admin_socket == str(adm)
+        d.terminate()
+        assert d.wait() == 0
+        notify.wait_for("STOPPING", "1")
+    finally:
+        d.kill()
+        notify.close()
+
+
+# ---------------------------------------------------------------------------- lifecycle
+
+
+def run_once(
+    short_dir: Path, ctx: zmq.Context, *, saves: list[float], pause: bool
+) -> tuple[admin.JobInfo, admin.JobInfo, dict, list[dict]]:
+    """Start the daemon, let job j1 say hello (and save), stop it with SIGTERM while
+    the job answers the drain. Returns the job as status showed it right after its
+    hello and after its saves, the metrics scraped then, and the notify messages."""
+    conf = short_dir / "adaptd.toml"
+    notify = NotifyListener(short_dir / f"notify-{time.monotonic_ns()}")
+    sock = short_dir / "a.sock"
+    d = Serve(["--config", str(conf), "--socket", str(sock)], notify, {})
+    peer: Peer | None = None
+    try:
+        assert "READY" in d.ready()
+        assert sock.exists()
+        url = re.search(r"url=(\S+)", d.log.wait_for("event=metrics")).group(1)
+        peer = Peer(ctx, f"ipc://{sock}", "j1")
+        peer.hello()
+        after_hello = admin.request(sock, admin.StatusRequest()).jobs[0]
+        step = 0
+        for cost in saves:
+            step += 10
+            peer.steps(step)
+            peer.saved(step, blocking_s=cost)
+        if pause:
+            reply = admin.request(sock, admin.PauseRequest(job="j1", paused=True))
+            assert not isinstance(reply, admin.ErrorReply), reply
+        # status is answered after everything the peer sent before (one loop, in order)
+        deadline = time.monotonic() + 10
+        while (info := admin.request(sock, admin.StatusRequest()).jobs[0]).saves < (
+            after_hello.saves + len(saves)
+        ):
+            assert time.monotonic() < deadline, info
+        metrics = scrape(url)
+        notify.wait_for("STATUS", prefix="1 jobs connected")  # from the next tick
+        d.terminate()
+        ask = peer.until(p.SaveNow)
+        assert ask.reason == "shutdown"
+        peer.steps(step + 1, count=1)
+        peer.saved(step + 1, blocking_s=0.5)
+        assert d.wait() == 0, d.log.text()
+        notify.wait_for("STOPPING", "1")
+        d.log.wait_for("event=drain_done", "durable=1")
+        return after_hello, info, metrics, notify.messages
+    finally:
+        if peer is not None:
+            peer.close()
+        d.kill()
+        notify.close()
+
+
+@pytest.mark.slow
+def test_restart_keeps_learned_costs_failure_rate_history_and_settings(
+    short_dir: Path, ctx: zmq.Context
+) -> None:
+    state = short_dir / "state"
+    (short_dir / "adaptd.toml").write_text(
+        f'[daemon]\nstate_dir = "{state}"\ndrain_grace_s = 20\n'
+        f'[policy]\ndefault = "fixed:steps=10"\n[metrics]\nlisten = "127.0.0.1:0"\n'
+    )
+    fresh, first, metrics, messages = run_once(short_dir, ctx, saves=[0.2, 0.3, 0.25], pause=True)
+    assert fresh.saves == 0 and fresh.save_cost_s is None
+    assert first.saves == 3 and first.save_cost_s is not None and first.paused
+    # sd_notify: READY first, a STATUS with the job, STOPPING on SIGTERM
+    assert messages[0]["READY"] == "1"
+    assert any(m.get("STATUS", "").startswith("1 jobs connected") for m in messages)
+    # metrics over HTTP, from the real daemon
+    job = (("job_id", "j1"),)
+    assert metrics[("adaptd_saves_total", (*job, ("result", "ok")))] == 3
+    assert metrics[("adaptd_job_paused", job)] == 1
+    assert metrics[("adaptd_save_blocking_seconds_count", job)] == 3
+    assert metrics[("adaptd_jobs_connected", ())] == 1
+
+    with Store.open(state / "adaptd.sqlite3", readonly=True) as db:
+        history = [s.blocking_s for s in db.saves("j1")]
+        learned = db.param(job_scope("j1"), "learned")
+        rate = db.param(GLOBAL, "failure_rate")
+        setting = db.job_setting("j1")
+    assert history == [0.2, 0.3, 0.25, 0.5]  # the drain's save too
+    assert learned["saves"] == 4
+    assert rate["gpu_seconds"] > 0
+    assert setting is not None and setting.paused
+    expected = JobTracker("j1")
+    expected.load_learned(learned)
+
+    # restart: the job says hello again and finds what the daemon had learned
+    again, _, _, _ = run_once(short_dir, ctx, saves=[], pause=False)
+    assert again.saves == 4
+    assert again.save_cost_s == pytest.approx(expected.save_cost_s)
+    assert again.paused  # the operator's pause survived the restart
+    with Store.open(state / "adaptd.sqlite3", readonly=True) as db:
+        assert len(db.saves("j1")) == 5
+        assert db.param(GLOBAL, "failure_rate")["gpu_seconds"] >= rate["gpu_seconds"]
+        assert db.param(job_scope("j1"), "learned")["saves"] == 5
