@@ -130,9 +130,11 @@ def test_socket_modes_group_and_default_state_dir(short_dir: Path) -> None:
     )
     notify = NotifyListener(short_dir / "notify")
     xdg = short_dir / "xdg"
-    d = Serve(["--config", str(conf)], notify, {"XDG_STATE_HOME": str(xdg)})
+    env = {"XDG_STATE_HOME": str(xdg), "WATCHDOG_USEC": "1000000"}
+    d = Serve(["--config", str(conf)], notify, env)
     try:
         d.ready()
+        notify.wait_for("WATCHDOG", "1")  # from the loop's tick, WatchdogSec/2 apart
         job, adm = short_dir / "run" / "j.sock", short_dir / "run" / "j.admin.sock"
         assert stat.S_IMODE(job.stat().st_mode) == 0o640
         assert job.stat().st_gid == os.getgid()
@@ -168,6 +170,8 @@ def run_once(
         assert sock.exists()
         url = re.search(r"url=(\S+)", d.log.wait_for("event=metrics")).group(1)
         peer = Peer(ctx, f"ipc://{sock}", "j1")
+        peer.sock.send(b"\xc1 not msgpack")  # refused, and counted in metrics by code
+        peer.until(p.Error)
         peer.hello()
         after_hello = admin.request(sock, admin.StatusRequest()).jobs[0]
         step = 0
@@ -223,6 +227,9 @@ def test_restart_keeps_learned_costs_failure_rate_history_and_settings(
     assert metrics[("adaptd_job_paused", job)] == 1
     assert metrics[("adaptd_save_blocking_seconds_count", job)] == 3
     assert metrics[("adaptd_jobs_connected", ())] == 1
+    assert (
+        sum(v for (name, _), v in metrics.items() if name == "adaptd_rejected_messages_total") == 1
+    )
 
     with Store.open(state / "adaptd.sqlite3", readonly=True) as db:
         history = [s.blocking_s for s in db.saves("j1")]
