@@ -171,6 +171,7 @@ class Config:
         log_level: str | None = None,
         state_dir: str | os.PathLike[str] | None = None,
         metrics_listen: str | None = None,
+        drain_grace_s: float | None = None,
     ) -> Config:
         """This config with ``adaptd serve``'s command-line flags applied (``None``:
         keep the file's value). The admin socket follows ``socket``; ``state_dir``
@@ -198,6 +199,14 @@ class Config:
                     key="daemon.liveness_timeout_s",
                 )
             data["liveness_timeout_s"] = float(liveness_timeout_s)
+        if drain_grace_s is not None:
+            if not (math.isfinite(drain_grace_s) and drain_grace_s >= 0):
+                raise ConfigError(
+                    f"--drain-grace must be a number of seconds >= 0 (0: stop without "
+                    f"draining), got {drain_grace_s!r}",
+                    key="daemon.drain_grace_s",
+                )
+            data["drain_grace_s"] = float(drain_grace_s)
         if log_level is not None:
             if log_level.lower() not in LOG_LEVELS:
                 raise ConfigError(

@@ -59,6 +59,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "(default: daemon.liveness_timeout_s, 300)",
     )
     parser.add_argument(
+        "--drain-grace",
+        metavar="SECONDS",
+        type=float,
+        help="on SIGTERM/SIGINT, wait this long for the jobs' final saves; 0 stops at once "
+        "(default: daemon.drain_grace_s, 90)",
+    )
+    parser.add_argument(
         "--state-dir",
         metavar="DIR",
         help="directory of the state database (default: daemon.state_dir, $STATE_DIRECTORY "
@@ -84,6 +91,7 @@ def run(args: argparse.Namespace) -> int:
             log_level=args.log_level,
             state_dir=args.state_dir,
             metrics_listen=args.metrics_listen,
+            drain_grace_s=args.drain_grace,
         )
     except config.ConfigError as exc:
         print(f"adaptd serve: {str(exc).splitlines()[0]}", file=sys.stderr)

@@ -252,3 +252,30 @@ def test_restart_keeps_learned_costs_failure_rate_history_and_settings(
         assert len(db.saves("j1")) == 5
         assert db.param(GLOBAL, "failure_rate")["gpu_seconds"] >= rate["gpu_seconds"]
         assert db.param(job_scope("j1"), "learned")["saves"] == 5
+
+
+def test_drain_waits_for_the_job_until_a_second_signal_or_with_no_grace(
+    short_dir: Path, ctx: zmq.Context
+) -> None:
+    base = ["--socket", str(short_dir / "a.sock"), "--state-dir", str(short_dir / "st"),
+            "--metrics-listen", "off"]  # fmt: skip
+    for extra, signals in ((["--drain-grace", "0"], 1), ([], 2)):
+        notify = NotifyListener(short_dir / f"notify-{signals}")
+        d = Serve([*base, *extra], notify, {})
+        peer = Peer(ctx, f"ipc://{short_dir / 'a.sock'}", "silent")
+        try:
+            d.ready()
+            peer.hello()
+            d.terminate()
+            notify.wait_for("STOPPING", "1")
+            if signals == 2:  # draining (90 s grace): the job is asked, never answers
+                assert peer.until(p.SaveNow).reason == "shutdown"
+                assert d.proc.poll() is None
+                d.terminate()  # a second signal stops at once
+            t0 = time.monotonic()
+            assert d.wait() == 0
+            assert time.monotonic() - t0 < 5.0
+        finally:
+            peer.close()
+            d.kill()
+            notify.close()
