@@ -127,8 +127,7 @@ class _DrainJob:
 
     job: str
     ranks: int
-    min_step: int  # a report of this step or later answers the request
-    waiting: set[int]
+    waiting: dict[int, int]  # rank -> its step at the request: a report of it or later counts
     step: int | None = None
     error: str = ""
     done_at: float | None = None
@@ -929,7 +928,7 @@ class Daemon:
                 continue
             job.urgent = reason
             sent = self._save_now(job, reason, now)
-            drain.jobs[job.id] = _DrainJob(job.id, sent, job.step, {r.rank for r in ranks})
+            drain.jobs[job.id] = _DrainJob(job.id, sent, {r.rank: r.step for r in ranks})
         self._drains.append(drain)
         log.info(
             logfmt(
@@ -948,13 +947,13 @@ class Daemon:
         entry = drain.jobs.get(job.id)
         if entry is None or entry.done_at is not None or rank.rank not in entry.waiting:
             return
-        if msg.step < entry.min_step:
+        if msg.step < entry.waiting[rank.rank]:
             return  # an older save finishing: not the one asked for
         if not msg.ok:
             entry.error = f"rank {rank.rank} save of step {msg.step} failed: {msg.error}"
             entry.done_at = now
             return
-        entry.waiting.discard(rank.rank)
+        del entry.waiting[rank.rank]
         entry.step = msg.step if entry.step is None else min(entry.step, msg.step)
         if not entry.waiting:
             entry.done_at = now

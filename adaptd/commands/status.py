@@ -1,5 +1,8 @@
 """``adaptd status``: the daemon's jobs, plans and save costs, as a table or JSON.
 
+Per job: its policy (``*`` when set by ``adaptd set-policy``), the current plan's
+interval and why, the last save's cost, the predicted waste, and whether it is
+paused; then the host's telemetry (GPUs, storage) when the daemon has a sampler.
 Asks the admin socket beside the job socket, with a deadline: with no daemon it
 prints one line and exits 1, it never hangs.
 """
@@ -72,7 +75,7 @@ def render(reply: object) -> str:
     ]
     if not reply.jobs:
         lines.append("no jobs")
-        return "\n".join(lines) + "\n"
+        return "\n".join(lines) + "\n" + _telemetry(reply)
     header = (
         "JOB",
         "STATE",
@@ -82,6 +85,7 @@ def render(reply: object) -> str:
         "POLICY",
         "NEXT",
         "EVERY",
+        "INTERVAL",
         "SAVES",
         "COST",
         "DURABLE",
@@ -99,9 +103,10 @@ def render(reply: object) -> str:
                 f"{alive}/{j.world_size}",
                 str(j.step),
                 _num(j.step_time_s, "s"),
-                j.policy,
-                _num(j.next_save_step),
+                j.policy + ("*" if j.policy_set else ""),
+                "paused" if j.paused else _num(j.next_save_step),
                 _num(plan.every_steps if plan else None),
+                _num(plan.interval_s if plan else None, "s"),
                 f"{j.saves}" + (f"+{j.failed_saves}err" if j.failed_saves else ""),
                 _ms(j.save_cost_s),
                 _ms(last.durable_s if last else None),
@@ -116,9 +121,22 @@ def render(reply: object) -> str:
         note = j.plan.reason if j.plan else "no plan yet"
         if j.state == "lost":
             note = f"lost: {j.lost_reason}"
+        if j.paused and not note.startswith("paused"):
+            note = f"paused by operator; {note}"
         if j.urgent:
             note += f"  (save requested: {j.urgent})"
         if j.last_save and not j.last_save.ok:
             note += f"  (last save failed: {j.last_save.error})"
         lines.append(f"{j.job}: {note}")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n" + _telemetry(reply)
+
+
+def _telemetry(reply: object) -> str:
+    import time
+
+    from adaptd.telemetry import report
+
+    data = getattr(reply, "telemetry", None)
+    if not data:
+        return ""
+    return "\n" + report.render(data, now=time.monotonic())

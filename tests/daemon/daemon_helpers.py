@@ -114,9 +114,15 @@ class LogWatch:
 class DaemonProc:
     """A real ``python -m adaptd.cli serve`` child with its stderr watched."""
 
-    def __init__(self, socket: Path, args: tuple[str, ...] = ("--policy", PINNED)) -> None:
+    def __init__(
+        self, socket: Path, args: tuple[str, ...] = ("--policy", PINNED), drain_grace: float = 0
+    ) -> None:
         self.socket = socket
-        self.proc = start_daemon(socket, args, log=subprocess.PIPE)
+        # its own state database and no metrics port: tests must not share state, and
+        # settings a test leaves (pause, set-policy) would come back in the next daemon
+        isolate = ("--state-dir", str(socket.parent), "--metrics-listen", "off")
+        grace = ("--drain-grace", f"{drain_grace:g}")
+        self.proc = start_daemon(socket, (*isolate, *grace, *args), log=subprocess.PIPE)
         self.log = LogWatch(self.proc.stderr)
 
     @property
