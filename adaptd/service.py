@@ -23,6 +23,7 @@ problem: state database, sockets, metrics address.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import grp
 import inspect
 import logging
@@ -170,7 +171,9 @@ class Service:
         if data is None:
             return
         try:
-            self.failure_rate = FailureRate.from_dict(data)
+            restored = FailureRate.from_dict(data)
+            # what was observed carries over; the prior is the config's (it may have changed)
+            self.failure_rate = dataclasses.replace(restored, prior_gpu_mtbf_s=self.cfg.gpu_mtbf_s)
         except (ValueError, KeyError, TypeError) as exc:
             log.warning("event=learned_discarded what=failure_rate error=%r", str(exc))
         else:

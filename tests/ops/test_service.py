@@ -1,0 +1,108 @@
+"""adaptd.service in-process: what it restores from the state database at start,
+what it writes back, and how it treats records it cannot use (real SQLite, real
+ZeroMQ sockets; the sampler has no sources so nothing probes the host)."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import stat
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from adaptd import config
+from adaptd.estimators import LEARNED_VERSION, FailureRate, JobTracker
+from adaptd.protocol import VERSION, Hello
+from adaptd.sdnotify import Notifier
+from adaptd.service import FAILURE_RATE_KEY, LEARNED_KEY, Service, ServiceError
+from adaptd.store import GLOBAL, Store, job_scope
+from adaptd.telemetry.sampler import Sampler
+
+
+@pytest.fixture
+def short_dir() -> Iterator[Path]:
+    d = Path(tempfile.mkdtemp(prefix="ads-", dir="/tmp"))  # ipc paths: <= 107 bytes
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def make(short_dir: Path, **daemon: object) -> Service:
+    body = "".join(f"{k} = {v!r}\n".replace("'", '"') for k, v in daemon.items())
+    cfg = config.loads(
+        f'[daemon]\nsocket = "{short_dir}/a.sock"\nstate_dir = "{short_dir}/st"\n{body}'
+        '[policy]\ngpu_mtbf_hours = 1000\n[metrics]\nlisten = "off"\n'
+    )
+    return Service(cfg, notifier=Notifier(env={}), sampler=Sampler())
+
+
+def test_restores_failure_rate_with_the_configured_prior_and_job_costs(short_dir: Path) -> None:
+    old = FailureRate(prior_gpu_mtbf_s=5e6, failures=2.0, gpu_seconds=7200.0)
+    learned = JobTracker("j").learned() | {"save_costs_s": [0.4, 0.6], "saves": 9}
+    (short_dir / "st").mkdir()
+    with Store.open(short_dir / "st" / "adaptd.sqlite3") as db:
+        db.set_param(GLOBAL, FAILURE_RATE_KEY, old.to_dict())
+        db.set_param(job_scope("j"), LEARNED_KEY, learned)
+        db.flush()
+    svc = make(short_dir)
+    svc.open()
+    try:
+        rate = svc.failure_rate
+        assert (rate.failures, rate.gpu_seconds) == (2.0, 7200.0)  # observations carried over
+        assert rate.prior_gpu_mtbf_s == pytest.approx(1000 * 3600)  # the config's prior
+        t = svc.daemon.registry.tracker_factory(Hello(v=VERSION, job="j", gpus=2))
+        assert t.failure_rate is rate  # one posterior for the host's jobs
+        assert t.saves == 9 and t.save_cost_s is not None
+        fresh = svc.daemon.registry.tracker_factory(Hello(v=VERSION, job="new"))
+        assert fresh.saves == 0 and fresh.save_cost_s is None
+    finally:
+        svc.close()
+    with Store.open(short_dir / "st" / "adaptd.sqlite3", readonly=True) as db:
+        assert db.param(GLOBAL, FAILURE_RATE_KEY)["prior_gpu_mtbf_s"] == pytest.approx(3.6e6)
+
+
+def test_a_record_of_another_version_is_discarded_with_a_warning(
+    short_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    (short_dir / "st").mkdir()
+    with Store.open(short_dir / "st" / "adaptd.sqlite3") as db:
+        db.set_param(GLOBAL, FAILURE_RATE_KEY, {"version": LEARNED_VERSION + 1})
+        db.set_param(job_scope("j"), LEARNED_KEY, {"version": LEARNED_VERSION + 1, "saves": 5})
+        db.flush()
+    svc = make(short_dir)
+    with caplog.at_level(logging.WARNING, logger="adaptd.service"):
+        svc.open()
+        try:
+            assert svc.failure_rate.gpu_seconds == 0.0
+            t = svc.daemon.registry.tracker_factory(Hello(v=VERSION, job="j"))
+            assert t.saves == 0
+        finally:
+            svc.close()
+    warned = [r.getMessage() for r in caplog.records if "learned_discarded" in r.getMessage()]
+    assert len(warned) == 2 and any("job=j" in w for w in warned)
+
+
+def test_socket_modes_are_applied_and_a_missing_group_is_a_startup_error(
+    short_dir: Path,
+) -> None:
+    svc = make(short_dir, socket_mode="0600", admin_socket_mode="0640")
+    svc.open()
+    try:
+        assert stat.S_IMODE((short_dir / "a.sock").stat().st_mode) == 0o600
+        assert stat.S_IMODE((short_dir / "a.admin.sock").stat().st_mode) == 0o640
+    finally:
+        svc.close()
+    bad = make(short_dir, socket_group="no-such-group-adaptd")
+    with pytest.raises(ServiceError, match=r"daemon\.socket_group: no group 'no-such-group-adaptd'"):
+        bad.open()
+    assert not (short_dir / "a.sock").exists()  # closed again: the next start is not blocked
+
+
+def test_an_unusable_database_is_a_startup_error_naming_the_setting(short_dir: Path) -> None:
+    (short_dir / "st").mkdir()
+    (short_dir / "st" / "adaptd.sqlite3").write_bytes(b"not sqlite at all, " * 100)
+    with pytest.raises(ServiceError, match=r"daemon\.db_path"):
+        make(short_dir).open()
+    assert not (short_dir / "a.sock").exists()
