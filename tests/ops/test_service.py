@@ -95,7 +95,7 @@ def test_socket_modes_are_applied_and_a_missing_group_is_a_startup_error(
     finally:
         svc.close()
     bad = make(short_dir, socket_group="no-such-group-adaptd")
-    with pytest.raises(ServiceError, match=r"daemon\.socket_group: no group 'no-such-group-adaptd'"):
+    with pytest.raises(ServiceError, match=r"socket_group: no group 'no-such-group-adaptd'"):
         bad.open()
     assert not (short_dir / "a.sock").exists()  # closed again: the next start is not blocked
 
