@@ -143,6 +143,10 @@ def test_socket_modes_group_and_default_state_dir(short_dir: Path) -> None:
         assert (xdg / "adaptd" / "adaptd.sqlite3").is_file()
         reply = admin.request(job, admin.StatusRequest())
         assert reply.daemon.admin_socket == str(adm)
+        # the sampler's newest snapshot rides along in status (probed before READY)
+        assert reply.telemetry is not None and reply.telemetry["host"] is not None
+        r = cli("status", "--socket", str(job), "--json")
+        assert r.returncode == 0 and "host" in json.loads(r.stdout)["telemetry"]
         d.terminate()
         assert d.wait() == 0
         notify.wait_for("STOPPING", "1")
@@ -156,17 +160,18 @@ def test_socket_modes_group_and_default_state_dir(short_dir: Path) -> None:
 
 def run_once(
     short_dir: Path, ctx: zmq.Context, *, saves: list[float], pause: bool
-) -> tuple[admin.JobInfo, admin.JobInfo, dict, list[dict]]:
+) -> tuple[admin.JobInfo, admin.JobInfo, dict, str]:
     """Start the daemon, let job j1 say hello (and save), stop it with SIGTERM while
     the job answers the drain. Returns the job as status showed it right after its
-    hello and after its saves, the metrics scraped then, and the notify messages."""
+    hello and after its saves, the metrics scraped then, and the daemon's log."""
     conf = short_dir / "adaptd.toml"
     notify = NotifyListener(short_dir / f"notify-{time.monotonic_ns()}")
     sock = short_dir / "a.sock"
     d = Serve(["--config", str(conf), "--socket", str(sock)], notify, {})
     peer: Peer | None = None
     try:
-        assert "READY" in d.ready()
+        d.ready()
+        assert notify.messages[0]["READY"] == "1"  # the first thing systemd hears
         assert sock.exists()
         url = re.search(r"url=(\S+)", d.log.wait_for("event=metrics")).group(1)
         peer = Peer(ctx, f"ipc://{sock}", "j1")
@@ -198,7 +203,7 @@ def run_once(
         assert d.wait() == 0, d.log.text()
         notify.wait_for("STOPPING", "1")
         d.log.wait_for("event=drain_done", "durable=1")
-        return after_hello, info, metrics, notify.messages
+        return after_hello, info, metrics, d.log.text()
     finally:
         if peer is not None:
             peer.close()
@@ -215,12 +220,10 @@ def test_restart_keeps_learned_costs_failure_rate_history_and_settings(
         f'[daemon]\nstate_dir = "{state}"\ndrain_grace_s = 20\n'
         f'[policy]\ndefault = "fixed:steps=10"\n[metrics]\nlisten = "127.0.0.1:0"\n'
     )
-    fresh, first, metrics, messages = run_once(short_dir, ctx, saves=[0.2, 0.3, 0.25], pause=True)
+    fresh, first, metrics, log = run_once(short_dir, ctx, saves=[0.2, 0.3, 0.25], pause=True)
     assert fresh.saves == 0 and fresh.save_cost_s is None
     assert first.saves == 3 and first.save_cost_s is not None and first.paused
-    # sd_notify: READY first, a STATUS with the job, STOPPING on SIGTERM
-    assert messages[0]["READY"] == "1"
-    assert any(m.get("STATUS", "").startswith("1 jobs connected") for m in messages)
+    assert "learned_restored" not in log  # nothing to restore the first time
     # metrics over HTTP, from the real daemon
     job = (("job_id", "j1"),)
     assert metrics[("adaptd_saves_total", (*job, ("result", "ok")))] == 3
@@ -244,7 +247,9 @@ def test_restart_keeps_learned_costs_failure_rate_history_and_settings(
     expected.load_learned(learned)
 
     # restart: the job says hello again and finds what the daemon had learned
-    again, _, _, _ = run_once(short_dir, ctx, saves=[], pause=False)
+    again, _, _, log = run_once(short_dir, ctx, saves=[], pause=False)
+    assert "event=learned_restored what=failure_rate" in log
+    assert "event=learned_restored job=j1 saves=4" in log
     assert again.saves == 4
     assert again.save_cost_s == pytest.approx(expected.save_cost_s)
     assert again.paused  # the operator's pause survived the restart
