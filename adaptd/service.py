@@ -25,13 +25,12 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import grp
-import inspect
 import logging
 import os
 import signal
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from adaptd import admin
 from adaptd import events as ev
@@ -41,7 +40,11 @@ from adaptd.metrics import Metrics, MetricsError, MetricsServer
 from adaptd.protocol import Hello
 from adaptd.sdnotify import Notifier
 from adaptd.server import Daemon, DaemonError
+from adaptd.snapshot import Snapshot
 from adaptd.store import GLOBAL, Store, StoreError, job_scope
+
+if TYPE_CHECKING:
+    from adaptd.telemetry.sampler import Sampler
 
 log = logging.getLogger("adaptd.service")
 
@@ -58,15 +61,6 @@ class ServiceError(Exception):
     """The daemon cannot start; the message names the setting and what to do."""
 
 
-def _accepts(fn: Callable[..., Any], name: str) -> bool:
-    """Whether ``fn`` takes keyword ``name`` (the server's side of the contract may
-    land after this module: the service then runs without that feature and says so)."""
-    try:
-        return name in inspect.signature(fn).parameters
-    except (TypeError, ValueError):  # pragma: no cover - builtins only
-        return False
-
-
 class Service:
     """Everything ``adaptd serve`` runs, wired together. :meth:`open`, :meth:`serve`,
     :meth:`close` (or :meth:`run`, which does all three)."""
@@ -76,7 +70,7 @@ class Service:
         cfg: Config,
         *,
         notifier: Notifier | None = None,
-        sampler: Any | None = None,
+        sampler: Sampler | None = None,
         metrics_strict: bool = True,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -92,14 +86,16 @@ class Service:
         self.store: Store | None = None
         self.metrics = Metrics(slow_save_s=cfg.slow_save_s)
         self.metrics_server: MetricsServer | None = None
-        self.sampler: Any | None = None
+        self.sampler: Sampler | None = None
         self.daemon: Daemon | None = None
         self.failure_rate = FailureRate(prior_gpu_mtbf_s=cfg.gpu_mtbf_s)
         self.stopping = False
         self._last_persist: float | None = None
         self._status_text = ""
         self._closed = False
-        self.drain_supported = False
+        #: jobs with a save in flight (the daemon's SaveInFlight events)
+        self.writing: set[str] = set()
+        self._view: tuple[int, frozenset[str], Snapshot] | None = None
 
     # ------------------------------------------------------------------ assembly
 
@@ -125,25 +121,17 @@ class Service:
         from adaptd.telemetry.sampler import Sampler
 
         self.sampler = self._sampler or Sampler.default(interval=cfg.sample_interval_s)
-        kwargs: dict[str, Any] = {}
-        if _accepts(Daemon, "job_settings"):
-            kwargs["job_settings"] = self._initial_settings()
-        else:
-            log.warning("event=feature_missing what=job_settings (operator settings not restored)")
-        if _accepts(Daemon, "status_extra"):
-            sampler = self.sampler
-            kwargs["status_extra"] = lambda: report.to_dict(sampler.latest())
-        self.drain_supported = _accepts(Daemon.stop, "drain_s")
         try:
             self.daemon = Daemon(
                 cfg.socket,
                 policy=cfg.default_policy,
-                snapshot_source=self.sampler.latest,
+                snapshot_source=self.snapshot,
                 sinks=[self.store.on_event, self.metrics.on_event, self.sampler.on_event,
                        self._on_event],
                 tick_hooks=[self.sampler.tick, self.tick],
                 silence_timeout_s=cfg.liveness_timeout_s,
-                **kwargs,
+                job_settings=self._initial_settings(),
+                status_extra=lambda: report.to_dict(self.snapshot()),
             )  # fmt: skip
             # Set on the daemon's own registry (a Registry passed in while empty is
             # falsy, and `registry or Registry(...)` in the daemon would drop it).
@@ -182,14 +170,12 @@ class Service:
                 self.failure_rate.gpu_mtbf_s,
             )
 
-    def _initial_settings(self) -> dict[str, Any]:
+    def _initial_settings(self) -> dict[str, admin.JobSettings]:
         """Exact-id ``[jobs."ID"]`` entries of the config, overridden by what operators
         set at run time (the store), as the daemon's ``job_settings``."""
         assert self.store is not None
-        make = getattr(admin, "JobSettings", None) or getattr(ev, "JobSettings", None)
-        if make is None:  # pragma: no cover - only until the server side lands
-            return {}
-        out: dict[str, Any] = {}
+        make = admin.JobSettings
+        out: dict[str, admin.JobSettings] = {}
         for o in self.cfg.jobs:
             if any(c in o.pattern for c in "*?[") or (o.policy is None and o.paused is None):
                 continue
@@ -271,11 +257,13 @@ class Service:
     def _on_event(self, event: ev.Event) -> None:
         """Operator settings changes (durable in the store, visible in metrics) and
         refused messages (counted in metrics by code)."""
-        rejected = getattr(ev, "MessageRejected", None)
-        changed = getattr(ev, "JobSettingsChanged", None)
-        if rejected is not None and isinstance(event, rejected):
+        if isinstance(event, ev.SaveInFlight):
+            (self.writing.add if event.writing else self.writing.discard)(event.job)
+        elif isinstance(event, ev.JobLost | ev.JobFinished):
+            self.writing.discard(event.job)
+        elif isinstance(event, ev.MessageRejected):
             self.metrics.on_rejected(event.code)
-        elif changed is not None and isinstance(event, changed):
+        elif isinstance(event, ev.JobSettingsChanged):
             assert self.store is not None
             self.store.set_job_setting(event.job, policy=event.policy, paused=event.paused)
             self.metrics.set_paused(event.job, event.paused)
@@ -287,6 +275,27 @@ class Service:
             # metrics.on_event reset the job's paused gauge; the operator's flag wins
             self.metrics.set_paused(event.job, s.paused)
 
+    def snapshot(self) -> Snapshot:
+        """The sampler's newest snapshot with each storage target's ``writing_jobs``
+        filled in from the daemon's save-in-flight events (only the daemon knows
+        those). The daemon's ``snapshot_source``; rebuilt only when either changed."""
+        assert self.sampler is not None
+        snap = self.sampler.latest()
+        writing = frozenset(self.writing)
+        view = self._view
+        if view is not None and view[0] == id(snap) and view[1] == writing:
+            return view[2]
+        if writing and snap.storage:
+            storage = tuple(
+                dataclasses.replace(st, writing_jobs=tuple(j for j in st.jobs if j in writing))
+                for st in snap.storage
+            )
+            out = dataclasses.replace(snap, storage=storage)
+        else:
+            out = snap
+        self._view = (id(snap), writing, out)
+        return out
+
     def tick(self, now: float) -> None:
         """The daemon's tick hook (see the module docstring)."""
         assert self.store is not None and self.daemon is not None
@@ -295,7 +304,7 @@ class Service:
             self._last_persist = now
         self.store.flush()
         assert self.sampler is not None
-        self.metrics.on_snapshot(self.sampler.latest())
+        self.metrics.on_snapshot(self.snapshot())
         self.metrics.set_state_stats(
             write_errors=self.store.write_errors, dropped_rows=self.store.dropped
         )
@@ -337,9 +346,9 @@ class Service:
             self.sampler.draining = True
         if not again:
             self.notifier.stopping(f"stopping ({name}); draining up to {self.cfg.drain_grace_s:g}s")
-        if self.drain_supported and not again and self.cfg.drain_grace_s > 0:
+        if not again and self.cfg.drain_grace_s > 0:
             self.notifier.extend_timeout(self.cfg.drain_grace_s + EXTEND_BY_S)
-            self.daemon.stop(timeout_s=None, drain_s=self.cfg.drain_grace_s)  # type: ignore[call-arg]
+            self.daemon.stop(timeout_s=None, drain_s=self.cfg.drain_grace_s)
         else:  # a second signal stops at once
             self.daemon.stop(timeout_s=None)
 

@@ -8,18 +8,23 @@ import logging
 import shutil
 import stat
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import zmq
 
 from adaptd import config
+from adaptd import protocol as p
 from adaptd.estimators import LEARNED_VERSION, FailureRate, JobTracker
 from adaptd.protocol import VERSION, Hello
 from adaptd.sdnotify import Notifier
 from adaptd.service import FAILURE_RATE_KEY, LEARNED_KEY, Service, ServiceError
+from adaptd.snapshot import StorageSample
 from adaptd.store import GLOBAL, Store, job_scope
 from adaptd.telemetry.sampler import Sampler
+from adaptd.telemetry.storage import Storage
 
 
 @pytest.fixture
@@ -106,3 +111,45 @@ def test_an_unusable_database_is_a_startup_error_naming_the_setting(short_dir: P
     with pytest.raises(ServiceError, match=r"daemon\.db_path"):
         make(short_dir).open()
     assert not (short_dir / "a.sock").exists()
+
+
+def test_a_save_in_flight_marks_the_jobs_storage_target_as_writing(short_dir: Path) -> None:
+    """Only the daemon knows a save is in flight (from the ranks' step reports); the
+    snapshot policies and metrics see carries it on the job's storage target."""
+    ckpt = short_dir / "ckpt"
+    ckpt.mkdir()
+    svc = Service(
+        make(short_dir).cfg, notifier=Notifier(env={}), sampler=Sampler(storage=Storage())
+    )
+    svc.open()
+    ctx = zmq.Context()
+    peer = ctx.socket(zmq.DEALER)
+    try:
+        svc.daemon.start()
+        peer.connect(svc.daemon.endpoint)
+        peer.send(p.encode(p.Hello(v=VERSION, job="j", checkpoint_dir=str(ckpt))))
+
+        def target() -> StorageSample | None:
+            return next((s for s in svc.snapshot().storage if "j" in s.jobs), None)
+
+        def wait(cond, what: str) -> None:
+            end = time.monotonic() + 10
+            while not cond():
+                assert time.monotonic() < end, f"{what} within 10 s"
+                peer.poll(50)  # the daemon's next tick samples; wait on its socket
+
+        wait(lambda: target() is not None, "the job's storage target sampled")
+        assert target().writing_jobs == ()
+        step = p.Steps(v=VERSION, job="j", rank=0, step=5, count=5, mean_s=0.1,
+                       save_in_flight=True)  # fmt: skip
+        peer.send(p.encode(step))
+        wait(lambda: target().writing_jobs == ("j",), "writing_jobs to name the job")
+        assert svc.daemon.status().telemetry["storage"][0]["writing_jobs"] == ["j"]
+        peer.send(p.encode(p.SaveReport(v=VERSION, job="j", rank=0, step=5, blocking_s=0.1,
+                                        durable_s=0.5, bytes=10)))  # fmt: skip
+        wait(lambda: target().writing_jobs == (), "the durable report to clear it")
+    finally:
+        peer.close(linger=0)
+        ctx.destroy(linger=0)
+        svc.daemon.stop()
+        svc.close()
