@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -60,6 +60,9 @@ class Metrics:
         if not slow_save_s > 0:
             raise ValueError(f"slow_save_s must be > 0, got {slow_save_s}")
         self.slow_save_s = slow_save_s
+        #: A job's current step time, for the step-time gauge and an interval given
+        #: in steps (a PlanChanged event carries none); set by the daemon's service.
+        self.step_time_of: Callable[[str], float | None] | None = None
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         Info("adaptd_build", "adaptd version", registry=r).info({"version": version})
@@ -270,8 +273,11 @@ class Metrics:
             rec = SaveRecord.from_report(ev.report, received=ev.wall)
             self.on_save(rec, counted=ev.counted)
         elif isinstance(ev, events.PlanChanged):
+            st = self.step_time_of(ev.job) if self.step_time_of is not None else None
             self.on_decision(
-                DecisionRecord.from_decision(ev.job, ev.decision, time=ev.wall, step=ev.step)
+                DecisionRecord.from_decision(
+                    ev.job, ev.decision, time=ev.wall, step=ev.step, step_time_s=st
+                )
             )
         elif isinstance(ev, events.JobResumed):
             self.failures.labels(ev.job).inc()

@@ -136,6 +136,7 @@ class Service:
             # Set on the daemon's own registry (a Registry passed in while empty is
             # falsy, and `registry or Registry(...)` in the daemon would drop it).
             self.daemon.registry.tracker_factory = self.tracker_for
+            self.store.step_time_of = self.metrics.step_time_of = self._step_time
             # Bind under a private umask: the socket files exist with no group/other
             # access until _set_permissions below gives them the configured modes.
             old = os.umask(0o077)
@@ -211,6 +212,12 @@ class Service:
                         tracker.save_cost_s,
                     )
         return tracker
+
+    def _step_time(self, job: str) -> float | None:
+        """The job's current mean step time (decision rows and the step-time gauge)."""
+        assert self.daemon is not None
+        j = self.daemon.registry.jobs.get(job)
+        return j.tracker.step_time_s if j is not None else None
 
     def _set_permissions(self) -> None:
         assert self.daemon is not None

@@ -321,6 +321,9 @@ class Store:
         self.last_error: str | None = None
         #: Seconds the last successful flush took (for the daemon's metrics).
         self.last_flush_s = 0.0
+        #: A job's current step time, for decision rows (a PlanChanged event carries
+        #: none); the daemon's service sets it to read the job's tracker.
+        self.step_time_of: Callable[[str], float | None] | None = None
 
     @classmethod
     def open(
@@ -575,12 +578,18 @@ class Store:
         if isinstance(ev, events.SaveReported):
             self.record_save(SaveRecord.from_report(ev.report, received=ev.wall))
         elif isinstance(ev, events.PlanChanged):
+            st = self.step_time_of(ev.job) if self.step_time_of is not None else None
             self.record_decision(
-                DecisionRecord.from_decision(ev.job, ev.decision, time=ev.wall, step=ev.step)
+                DecisionRecord.from_decision(
+                    ev.job, ev.decision, time=ev.wall, step=ev.step, step_time_s=st
+                )
             )
         elif isinstance(ev, events.SaveRequested):
+            st = self.step_time_of(ev.job) if self.step_time_of is not None else None
             self.record_decision(
-                DecisionRecord(ev.job, ev.wall, ev.step, None, urgent=True, reason=ev.reason)
+                DecisionRecord(
+                    ev.job, ev.wall, ev.step, None, urgent=True, reason=ev.reason, step_time_s=st
+                )
             )
         elif isinstance(ev, events.JobResumed):
             self.record_failure(

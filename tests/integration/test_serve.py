@@ -247,13 +247,18 @@ def test_restart_keeps_learned_costs_failure_rate_history_and_settings(
     expected.load_learned(learned)
 
     # restart: the job says hello again and finds what the daemon had learned
-    again, _, _, log = run_once(short_dir, ctx, saves=[], pause=False)
+    again, _, metrics, log = run_once(short_dir, ctx, saves=[], pause=False)
     assert "event=learned_restored what=failure_rate" in log
     assert "event=learned_restored job=j1 saves=4" in log
     assert again.saves == 4
     assert again.save_cost_s == pytest.approx(expected.save_cost_s)
     assert again.paused  # the operator's pause survived the restart
+    # the plan made at the hello knew the restored step time: in the gauge and the row
+    assert metrics[("adaptd_job_step_seconds", job)] == pytest.approx(0.05)
     with Store.open(state / "adaptd.sqlite3", readonly=True) as db:
+        plans = [d for d in db.decisions("j1") if not d.urgent]
+        assert plans[-1].step_time_s == pytest.approx(0.05)
+        assert db.decisions("j1")[-1].reason == "shutdown"  # the drain's request
         assert len(db.saves("j1")) == 5
         assert db.param(GLOBAL, "failure_rate")["gpu_seconds"] >= rate["gpu_seconds"]
         assert db.param(job_scope("j1"), "learned")["saves"] == 5
