@@ -217,3 +217,46 @@ def test_defaults_follow_the_shared_path_resolver(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setenv("ADAPTD_SOCKET", "ipc:///tmp/elsewhere.sock")
     assert config.from_mapping({}).socket == str(paths.socket_path())
     assert config.from_mapping({}).socket == "/tmp/elsewhere.sock"
+
+
+def test_command_line_overrides_move_the_admin_socket_and_database(tmp_path: Path) -> None:
+    f = tmp_path / "a.toml"
+    f.write_text(f'[daemon]\nstate_dir = "{tmp_path}/st"\ndb_path = "{tmp_path}/st/x.db"\n')
+    c = config.load(f).with_overrides(
+        socket=f"ipc://{tmp_path}/s/j.sock",
+        state_dir=tmp_path / "other",
+        metrics_listen="off",
+        drain_grace_s=0,
+        policy="fixed:steps=5",
+        liveness_timeout_s=12,
+        log_level="DEBUG",
+    )
+    assert c.socket == f"{tmp_path}/s/j.sock"
+    assert c.admin_socket == tmp_path / "s" / "j.admin.sock"
+    assert c.db_path == tmp_path / "other" / "adaptd.sqlite3"
+    assert c.metrics_listen is None and c.drain_grace_s == 0.0
+    assert (c.default_policy, c.liveness_timeout_s, c.log_level) == ("fixed:steps=5", 12.0, "debug")
+    assert c.with_overrides() == c  # no flag: the file's values
+    assert c.with_overrides(metrics_listen="[::1]:0").metrics_listen == ("::1", 0)
+
+
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        ({"policy": "nope"}, "--policy"),
+        ({"liveness_timeout_s": 0}, "--silence-timeout"),
+        ({"drain_grace_s": -1}, "--drain-grace"),
+        ({"log_level": "loud"}, "--log-level"),
+        ({"metrics_listen": "9465"}, "--metrics-listen"),
+    ],
+)
+def test_bad_command_line_override_names_the_flag(flags: dict, named: str) -> None:
+    with pytest.raises(config.ConfigError, match=re.escape(named)):
+        config.from_mapping({}).with_overrides(**flags)
+
+
+def test_admin_socket_elsewhere_than_beside_the_job_socket_is_refused(tmp_path: Path) -> None:
+    text = f'[daemon]\nsocket = "{tmp_path}/j.sock"\nadmin_socket = "{tmp_path}/admin.sock"\n'
+    with pytest.raises(config.ConfigError, match=re.escape(f"{tmp_path}/j.admin.sock")) as e:
+        config.loads(text)
+    assert e.value.key == "daemon.admin_socket"
