@@ -33,6 +33,9 @@ def run(args: argparse.Namespace, paused: bool = PAUSED) -> int:
         _operator.print_json(reply)
     elif reply.jobs:
         print(f"{'paused' if paused else 'resumed'}: " + ", ".join(reply.jobs))
+    elif args.job:
+        print(f"nothing to {name}: {args.job} is already {'' if paused else 'not '}paused")
     else:
-        print(f"nothing to {name}: already {'paused' if paused else 'running'}")
+        which = "active job is already paused" if paused else "paused job to resume"
+        print(f"nothing to {name}: " + (f"every {which}" if paused else f"no {which}"))
     return 0

@@ -278,12 +278,14 @@ def test_pause_holds_planned_saves_but_not_urgent_ones(sock_dir, jobs, capsys) -
         rc, _, _ = run_cli(capsys, "save-now", "--job", "pz", "--socket", sock)
         sink.wait_for(ev.SaveReported, lambda e: e.job == "pz")
         rc, out, _ = run_cli(capsys, "pause", "--all", "--socket", sock)
-        assert out == "nothing to pause: already paused\n"
+        assert out == "nothing to pause: every active job is already paused\n"
         rc, out, _ = run_cli(capsys, "resume", "--all", "--socket", sock)
         assert (rc, out) == (0, "resumed: pz\n")
         job.log.wait_for('"got": "plan"', '"every": 50')
         assert sink.of(ev.JobSettingsChanged)[-1].paused is False
         assert not next(j for j in d.status().jobs if j.job == "pz").paused
+        rc, out, _ = run_cli(capsys, "resume", "--all", "--socket", sock)
+        assert (rc, out) == (0, "nothing to resume: no paused job to resume\n")
         rc, _, err = run_cli(capsys, "pause", "--job", "ghost", "--socket", sock)
         assert rc == 1 and "unknown" in err
 
