@@ -40,13 +40,25 @@ def start_daemon(
     socket: Path,
     args: Sequence[str] = (),
     *,
+    state_dir: Path | None = None,
     log: IO | int | None = subprocess.DEVNULL,
     env: dict[str, str] | None = None,
     deadline_s: float = 30.0,
 ) -> subprocess.Popen:
-    """Start ``adaptd serve --socket SOCKET *args`` and return once it listens."""
+    """Start ``adaptd serve --socket SOCKET *args`` and return once it listens.
+
+    A daemon started this way is private: unless ``args`` say otherwise, its state
+    database lives in ``state_dir`` (default: ``state/`` beside the socket, so it never
+    touches the user's real state and never learns from another run), and it serves
+    no Prometheus endpoint (many can run at once).
+    """
+    extra: list[str] = []
+    if "--state-dir" not in args and "--config" not in args:
+        extra += ["--state-dir", str(state_dir or Path(socket).parent / "state")]
+    if "--metrics-listen" not in args and "--config" not in args:
+        extra += ["--metrics-listen", "off"]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "adaptd.cli", "serve", "--socket", str(socket), *args],
+        [sys.executable, "-m", "adaptd.cli", "serve", "--socket", str(socket), *extra, *args],
         stdout=log,
         stderr=log,
         env=env if env is not None else dict(os.environ),

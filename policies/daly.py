@@ -21,13 +21,24 @@ def cost_figures(
     return max(delta, 1e-6), mtbf
 
 
+#: Before δ is known, never put more than this fraction of an MTBF of work at risk.
+PROBE_MTBF_FRACTION = 0.1
+
+
 def probe(job: JobState, probe_s: float, policy: str) -> Decision:
-    """Before the first measured save: save after ``probe_s`` to learn what a save costs."""
+    """Before the first measured save: save after ``probe_s`` to learn what a save costs.
+
+    On a failure-prone job (M small) the probe comes sooner: at most a tenth of the
+    MTBF, so the first save is not itself a gamble on surviving that long.
+    """
+    wait_s = probe_s
+    if job.mtbf_s is not None and job.mtbf_s > 0:
+        wait_s = min(probe_s, PROBE_MTBF_FRACTION * job.mtbf_s)
     return plan(
         job,
-        probe_s,
+        wait_s,
         policy=policy,
-        reason=f"no save measured yet: probing after {probe_s:g}s",
+        reason=f"no save measured yet: probing after {wait_s:.3g}s",
     )
 
 

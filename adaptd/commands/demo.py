@@ -25,6 +25,19 @@ from adaptd.spawn import DaemonStartError, start_daemon, stop_daemon
 
 HELP = "run a daemon and a small real TensorFlow job, with a crash and resume"
 
+#: The demo daemon's config: private state, no metrics port, and a failure prior
+#: short enough that the fitted interval shows within a minute of training.
+DEMO_CONFIG = """\
+# written by `adaptd demo`
+[daemon]
+state_dir = "{state}"
+drain_grace_s = 10.0
+[policy]
+gpu_mtbf_hours = {mtbf_h:.6g}
+[metrics]
+listen = "off"
+"""
+
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dir", default="demo-run", help="work directory (default: ./demo-run)")
@@ -39,6 +52,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--policy",
         default="",
         help="policy spec the job insists on (default: the daemon's choice)",
+    )
+    parser.add_argument(
+        "--mtbf-s",
+        type=float,
+        default=120.0,
+        help="the demo daemon's prior mean time between failures, in seconds (default 120; "
+        "production's default is ~50,000 GPU-hours)",
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
@@ -162,20 +182,29 @@ class _Ui:
 def run(args: argparse.Namespace) -> int:
     if args.steps < 100:
         raise UsageError(f"--steps must be at least 100, got {args.steps}")
+    if not args.mtbf_s > 0:
+        raise UsageError(f"--mtbf-s must be > 0, got {args.mtbf_s}")
     if not 0 <= args.kill_at < 1:
         raise UsageError(f"--kill-at must be in [0, 1), got {args.kill_at}")
     workdir = Path(args.dir).resolve()
-    if (workdir / "ckpts").exists():
-        shutil.rmtree(workdir / "ckpts")
+    for old in ("ckpts", "state"):  # a demo starts from nothing learned and nothing saved
+        if (workdir / old).exists():
+            shutil.rmtree(workdir / old)
     workdir.mkdir(parents=True, exist_ok=True)
     for name in ("job.log", "daemon.log"):
         (workdir / name).unlink(missing_ok=True)
     socket = workdir / "adaptd.sock"
     ui = _Ui(quiet=args.json)
     ui.line(f"adaptd demo in {workdir} (logs: daemon.log, job.log)")
+    config = workdir / "adaptd.toml"
+    config.write_text(DEMO_CONFIG.format(state=workdir / "state", mtbf_h=args.mtbf_s / 3600))
+    ui.line(
+        f"daemon: policy {args.policy or 'default (Daly, fitted online)'}, failure prior "
+        f"{args.mtbf_s:g} s between failures (a flaky fleet, scaled to a one-minute demo)"
+    )
     with open(workdir / "daemon.log", "w") as dlog:
         try:
-            daemon = start_daemon(socket, log=dlog)
+            daemon = start_daemon(socket, ["--config", str(config)], log=dlog)
         except DaemonStartError as exc:
             raise UsageError(f"{exc} (see {workdir / 'daemon.log'})") from None
     try:

@@ -63,6 +63,8 @@ DALY_STEPS = round(model.daly_interval(8.0, 175_000.0))  # 1666
         (Daly(), job(last_save_step=None, start_step=200), 200 + DALY_STEPS, DALY_STEPS),
         (Daly(), job(step=5000), 5001, DALY_STEPS),  # overdue: save at the next step
         (Daly(), job(save_cost_s=None, last_save_step=None, step=10), 300, 300),  # cold probe
+        # a failure-prone job probes within a tenth of its MTBF
+        (Daly(), job(save_cost_s=None, last_save_step=None, step=10, mtbf_s=1000.0), 100, 100),
         (Daly(save_cost_s=30.0, mtbf_s=10986.0), job(), 900 + 792, 792),  # pinned (oracle)
         (Young(), job(), 900 + round(model.young_interval(8, 175e3)), 1673),
         (Budget(), job(), 900 + round(8 / 0.035), 229),
