@@ -46,7 +46,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--kill-at",
         type=float,
         default=0.45,
-        help="SIGKILL the job at this fraction of the steps (default 0.45; 0 disables)",
+        help="SIGKILL the job at this fraction of the steps, or after its first durable save "
+        "if that comes later (default 0.45; 0 disables)",
     )
     parser.add_argument(
         "--policy",
@@ -111,7 +112,14 @@ def _run_job(
             elif kind == "progress":
                 phase.last_step = ev["step"]
                 ui.progress(ev["step"], ev.get("loss"))
-                if kill_at is not None and ev["step"] >= kill_at and phase.killed_at is None:
+                # kill part-way, but only once a save is durable: a crash before the
+                # first save would just restart from scratch, which shows nothing
+                if (
+                    kill_at is not None
+                    and ev["step"] >= kill_at
+                    and phase.killed_at is None
+                    and phase.last_durable > 0
+                ):
                     proc.send_signal(signal.SIGKILL)
                     phase.killed_at = ev["step"]
                     ui.line(f"[bold red]SIGKILL[/] the job at step {ev['step']}")
