@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from adaptd.policies import Fixed, Phased
 
+from adaptd.policies import Fixed, Phased
 from adaptd.policy import AnyPolicy, PolicyError, available, earliest, next_multiple, parse
 from adaptd.snapshot import Decision, JobState, Snapshot
 
