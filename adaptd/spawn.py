@@ -12,10 +12,49 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import IO
+
+
+class LogWatch:
+    """Collects a child process's output lines on a thread; waits for a line with a deadline.
+
+    Used to wait for what a daemon or job *says* (a log line, an event) instead of
+    guessing how long it takes.
+    """
+
+    def __init__(self, stream: IO[bytes], deadline_s: float = 30.0) -> None:
+        self.lines: list[str] = []
+        self.deadline_s = deadline_s
+        self._cond = threading.Condition()
+        self._thread = threading.Thread(target=self._read, args=(stream,), daemon=True)
+        self._thread.start()
+
+    def _read(self, stream: IO[bytes]) -> None:
+        for raw in iter(stream.readline, b""):
+            with self._cond:
+                self.lines.append(raw.decode(errors="replace").rstrip("\n"))
+                self._cond.notify_all()
+
+    def wait_for(self, *needles: str, timeout: float | None = None) -> str:
+        """The first line (from the start) holding every needle; TimeoutError otherwise."""
+        timeout = self.deadline_s if timeout is None else timeout
+
+        def found() -> str | None:
+            return next((ln for ln in self.lines if all(n in ln for n in needles)), None)
+
+        with self._cond:
+            if not self._cond.wait_for(lambda: found() is not None, timeout):
+                tail = "\n".join(self.lines[-30:])
+                raise TimeoutError(f"no log line with {needles} within {timeout}s; log:\n{tail}")
+            return found()  # type: ignore[return-value]
+
+    def text(self) -> str:
+        with self._cond:
+            return "\n".join(self.lines)
 
 
 class DaemonStartError(RuntimeError):

@@ -16,13 +16,22 @@ from pathlib import Path
 import msgspec
 import zmq
 
-from adaptd import admin
+from adaptd import admin, spawn
 from adaptd import protocol as p
 from adaptd.server import Daemon
 from adaptd.spawn import start_daemon, stop_daemon
 
 HERE = Path(__file__).parent
 DEADLINE = 10.0
+
+
+class LogWatch(spawn.LogWatch):
+    """:class:`adaptd.spawn.LogWatch` with this suite's deadline."""
+
+    def __init__(self, stream) -> None:
+        super().__init__(stream, DEADLINE)
+
+
 #: The tests' daemon default: a fixed grid, so plans change only where a test expects
 #: (the package default learns from step times and would re-plan as they arrive).
 PINNED = "phased"
@@ -77,38 +86,6 @@ class Peer:
 
     def close(self) -> None:
         self.sock.close(linger=0)
-
-
-class LogWatch:
-    """Collects a process's stderr lines in a thread; waits for a line with a deadline."""
-
-    def __init__(self, stream) -> None:
-        self.lines: list[str] = []
-        self._cond = threading.Condition()
-        self._thread = threading.Thread(target=self._read, args=(stream,), daemon=True)
-        self._thread.start()
-
-    def _read(self, stream) -> None:
-        for raw in iter(stream.readline, b""):
-            with self._cond:
-                self.lines.append(raw.decode(errors="replace").rstrip("\n"))
-                self._cond.notify_all()
-
-    def wait_for(self, *needles: str, timeout: float = DEADLINE) -> str:
-        """The first line (from the start) holding every needle."""
-
-        def found() -> str | None:
-            return next((ln for ln in self.lines if all(n in ln for n in needles)), None)
-
-        with self._cond:
-            if not self._cond.wait_for(lambda: found() is not None, timeout):
-                tail = "\n".join(self.lines[-20:])
-                raise TimeoutError(f"no log line with {needles} within {timeout}s; log:\n{tail}")
-            return found()  # type: ignore[return-value]
-
-    def text(self) -> str:
-        with self._cond:
-            return "\n".join(self.lines)
 
 
 class DaemonProc:

@@ -11,15 +11,22 @@ import os
 import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import zmq
 
 from adaptd import protocol as p
+from adaptd import spawn
 
 DEADLINE = 15.0
+
+
+class LogWatch(spawn.LogWatch):
+    """:class:`adaptd.spawn.LogWatch` with this suite's deadline."""
+
+    def __init__(self, stream) -> None:
+        super().__init__(stream, DEADLINE)
 
 
 class NotifyListener:
@@ -56,36 +63,6 @@ class NotifyListener:
 
     def close(self) -> None:
         self.sock.close()
-
-
-class LogWatch:
-    """Collects a process's stderr lines in a thread; waits for a line with a deadline."""
-
-    def __init__(self, stream) -> None:
-        self.lines: list[str] = []
-        self._cond = threading.Condition()
-        self._thread = threading.Thread(target=self._read, args=(stream,), daemon=True)
-        self._thread.start()
-
-    def _read(self, stream) -> None:
-        for raw in iter(stream.readline, b""):
-            with self._cond:
-                self.lines.append(raw.decode(errors="replace").rstrip("\n"))
-                self._cond.notify_all()
-
-    def wait_for(self, *needles: str, timeout: float = DEADLINE) -> str:
-        def found() -> str | None:
-            return next((ln for ln in self.lines if all(n in ln for n in needles)), None)
-
-        with self._cond:
-            if not self._cond.wait_for(lambda: found() is not None, timeout):
-                tail = "\n".join(self.lines[-30:])
-                raise TimeoutError(f"no log line with {needles} within {timeout}s; log:\n{tail}")
-            return found()  # type: ignore[return-value]
-
-    def text(self) -> str:
-        with self._cond:
-            return "\n".join(self.lines)
 
 
 class Serve:
