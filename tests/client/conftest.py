@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from adaptd import protocol
 
@@ -19,6 +20,7 @@ class FakeDaemon:
         self.endpoint = endpoint
         self.sock = zmq.Context.instance().socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 0)
+        self._monitor = self.sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
         self.sock.bind(endpoint)
         self.peer: bytes | None = None
         self.received: list[protocol.ClientMessage] = []
@@ -44,6 +46,18 @@ class FakeDaemon:
             if isinstance(msg, kind) and where(msg):
                 return msg
 
+    def wait_connected(self, timeout: float = 10.0) -> None:
+        """Block until a client's connection has completed its ZMTP handshake.
+
+        The hook sends its first Hello straight from ``restore_or_initialize`` with
+        ``IMMEDIATE=1``; if the ipc connection is still being made that Hello is
+        refused and only resent from a later step boundary. Tests that wait for
+        Hello without training call this first, so they do not race the connect.
+        """
+        if not self._monitor.poll(int(timeout * 1000)):
+            raise TimeoutError(f"no client connected within {timeout}s")
+        recv_monitor_message(self._monitor)
+
     def send(self, msg: protocol.Message) -> None:
         assert self.peer is not None, "no client has spoken yet"
         self.sock.send_multipart([self.peer, protocol.encode(msg)])
@@ -53,6 +67,10 @@ class FakeDaemon:
         self.sock.send_multipart([self.peer, frame])
 
     def close(self) -> None:
+        if self.sock.closed:
+            return
+        self.sock.disable_monitor()
+        self._monitor.close(0)
         self.sock.close(0)
 
 

@@ -321,6 +321,7 @@ def test_daemon_hello_plan_savenow_reports_goodbye(tmp_path, fake_daemon: FakeDa
         handle_sigterm=False, report_interval=0.2, poll_interval=0.005,
         model=model, optimizer=opt, data_iterator=it,
     )  # fmt: skip
+    fake_daemon.wait_connected()
     ckptr.restore_or_initialize()
     hello = fake_daemon.wait_for(protocol.Hello)
     assert (hello.job, hello.rank, hello.world_size, hello.pid) == ("wired", 1, 2, os.getpid())
@@ -379,6 +380,7 @@ def test_policy_spec_goes_to_the_daemon(tmp_path, fake_daemon: FakeDaemon):
         tmp_path / "ck", job="spec", policy="fixed:steps=7", socket=fake_daemon.endpoint,
         handle_sigterm=False, v=v,
     ) as ckptr:  # fmt: skip
+        fake_daemon.wait_connected()
         ckptr.restore_or_initialize()
         assert fake_daemon.wait_for(protocol.Hello).policy == "fixed:steps=7"
 
@@ -473,6 +475,7 @@ def test_policy_object_runs_locally_but_honours_save_now(tmp_path, fake_daemon: 
         tmp_path / "ck", job="obj", policy=Fixed(steps=5), socket=fake_daemon.endpoint,
         poll_interval=0.005, handle_sigterm=False, model=model, optimizer=opt,
     )  # fmt: skip
+    fake_daemon.wait_connected()
     ckptr.restore_or_initialize()
     hello = fake_daemon.wait_for(protocol.Hello)
     assert hello.policy == ""  # an object cannot be sent: the daemon gets no spec
