@@ -22,7 +22,7 @@ import sys
 import threading
 import warnings
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from queue import SimpleQueue
 from time import perf_counter
@@ -32,7 +32,7 @@ import msgspec
 import tensorflow as tf
 
 from adaptd import paths, protocol
-from adaptd.client import async_fixes, files, ranks
+from adaptd.client import async_fixes, files, ranks, remote
 from adaptd.client.costs import Baseline, SaveWindow, StepClock
 from adaptd.client.link import DaemonLink
 from adaptd.client.schedule import NEVER, Due, SaveSchedule
@@ -117,6 +117,11 @@ class AdaptiveCheckpointer:
             nothing changes). Default: left alone. A niced writer also yields to
             every other process on the host, so on a busy host the time until
             durable grows several-fold.
+        restore_from: a durable destination (fsspec URL or path: the job's folder
+            there, ``{job}`` is replaced by the job id) to pull the newest verified
+            checkpoint from when ``directory`` has none, e.g. on a new host (default
+            ``$ADAPTD_RESTORE_FROM``; see :mod:`adaptd.client.remote`).
+        storage_options: fsspec options for ``restore_from`` (e.g. ``endpoint_url``).
         **trackables: what to checkpoint (``model=``, ``optimizer=``,
             ``data_iterator=``, ``rng=``, any ``tf`` trackable).
 
@@ -141,6 +146,8 @@ class AdaptiveCheckpointer:
         report_interval: float = 1.0,
         decide_interval: float = 5.0,
         writer_nice: int | None = DEFAULT_WRITER_NICE,
+        restore_from: str | None = None,
+        storage_options: Mapping[str, Any] | None = None,
         **trackables: Any,
     ) -> None:
         if not isinstance(directory, (str, os.PathLike)) or not os.fspath(directory):
@@ -172,6 +179,11 @@ class AdaptiveCheckpointer:
                 f"writer_nice must be an integer from 0 to 19 (or None to leave the "
                 f"writer's priority alone), got {writer_nice!r}"
             )
+        if storage_options is not None and not isinstance(storage_options, Mapping):
+            raise ValueError(
+                f"storage_options must be a mapping of fsspec options or None, "
+                f"got {type(storage_options).__name__}"
+            )
         if not trackables:
             raise ValueError(
                 "nothing to checkpoint: pass the state as keywords, "
@@ -187,6 +199,11 @@ class AdaptiveCheckpointer:
                 )
         self.directory = Path(directory)
         self.job = job
+        #: Where an empty directory is filled from (None: nowhere), and what that did.
+        self.restore_from = remote.source(restore_from, job)
+        self._storage_options = dict(storage_options or {})
+        self.pulled: remote.Pull | None = None
+        self._max_to_keep = max_to_keep
         self.rank, self.world_size = ranks.resolve(rank, world_size)
         self.policy: Policy = parse(policy if policy is not None else DEFAULT_SPEC)
         self._policy_spec = _spec_of(policy)
@@ -253,18 +270,29 @@ class AdaptiveCheckpointer:
     def restore_or_initialize(self) -> int:
         """Restore the newest checkpoint, if any; return the step to continue from.
 
-        Removes leftovers of interrupted writes first. Call once, before the first
+        Removes leftovers of interrupted writes first. With ``restore_from`` and a
+        directory without checkpoints, first pulls the newest verified checkpoint from
+        there (a destination that cannot be read is a warning and a fresh start; the
+        pull's time counts into ``restore_s``). Call once, before the first
         :meth:`step`. Raises RuntimeError when called twice or after :meth:`step`,
         and whatever TensorFlow raises when the checkpoint does not match the state.
         """
         if self._started:
             raise RuntimeError("restore_or_initialize() must be called once, before step()")
         files.remove_orphans(self.directory)
+        t0 = perf_counter()
+        if self.restore_from is not None:
+            self.pulled = remote.pull_if_empty(
+                self.directory, self.restore_from, storage_options=self._storage_options
+            )
+            if self.pulled.step is not None:  # the manager read the state file when empty
+                self.manager = tf.train.CheckpointManager(
+                    self.checkpoint, str(self.directory), max_to_keep=self._max_to_keep
+                )
         latest = self.manager.latest_checkpoint
         start = 0
         restore_s = None
         if latest:
-            t0 = perf_counter()
             self._drop_seeds_missing_from(latest)
             async_fixes.build_optimizers(self._trackables)
             status = self.checkpoint.restore(latest)
