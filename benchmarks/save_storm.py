@@ -1,0 +1,550 @@
+"""Save storm: N jobs checkpoint at the same moment onto one shared, throttled server.
+
+Two ways of getting the checkpoints onto the shared destination are measured side by
+side in one run, with the same jobs, state sizes and bandwidth cap:
+
+* ``direct`` — each job's ``AdaptiveCheckpointer`` writes straight into its folder on
+  the shared destination (no daemon: the hook's embedded policy);
+* ``staged`` — each job writes to its own plain local directory (staging), and a real
+  ``adaptd serve`` (started with a config file naming the destination and the
+  staging directories) replicates every completed checkpoint to the same shared
+  destination with its Replicator: one upload at a time per destination, oldest
+  first (staggered).
+
+The shared destination is a ``tools/slowfs.py`` FUSE passthrough mount with one
+token bucket (``--bandwidth-mib-s``) shared by every writer, standing for an NFS
+server that all jobs share. Each job is a real TensorFlow process holding
+``--state-mb`` of float32 state that changes every step (a matmul workload plus an
+optimizer-like update of every variable). Before each storm every job trains
+``--steps-between`` steps, reports ready and waits on its stdin; when all are ready
+and the previous storm is durable on the destination, the driver releases them at
+once and each calls ``save()`` at the same step. The first storm is a warm-up and is
+not counted.
+
+Per save it records:
+
+* ``blocked`` — the time the training loop spent in the save call (the hook's
+  ``blocking_s``: includes waiting for the job's previous write, if any), and
+  ``stall`` = blocked + the extra step time while the write ran (``extra_step_s``);
+* ``durable on shared`` — from the save call to the moment the checkpoint is
+  complete on the shared destination: the ``checkpoint`` state file names it
+  (direct) or the job's ``LATEST`` there names it (staged), polled every 10 ms on
+  the mount's backing directory (so the figure's resolution is about 10 ms).
+
+Usage::
+
+    python benchmarks/save_storm.py                      # 8 jobs x 64 MB, 150 MiB/s
+    python benchmarks/save_storm.py --jobs 4 --state-mb 32 --storms 2 --json
+
+Needs root or FUSE permissions for the slowfs mount. Not part of the test suite.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import platform
+import queue
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+MODES = ("direct", "staged")
+POLL_S = 0.01
+
+
+# ---------------------------------------------------------------------- the job
+
+
+def _build(mb: int):
+    import tensorflow as tf
+
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    tf.random.set_seed(0)
+    per_var = 16 * 2**20 // 4  # 16 MiB float32 variables
+    n_vars = max(1, math.ceil(mb / 16))
+    state = tf.Module()
+    state.vars = [tf.Variable(tf.random.uniform([per_var]), name=f"w{i}") for i in range(n_vars)]
+    a = tf.Variable(tf.random.uniform([192, 192]))
+
+    @tf.function
+    def train_step():
+        x = a
+        for _ in range(4):
+            x = tf.tanh(tf.matmul(x, a))
+        delta = tf.reduce_mean(x) * 1e-6
+        for v in state.vars:
+            v.assign_add(tf.fill(tf.shape(v), delta))
+        return delta
+
+    return state, train_step
+
+
+def worker(args: argparse.Namespace) -> int:
+    """One job: train, and at each storm wait for "go" on stdin, then save."""
+    from adaptd.client import AdaptiveCheckpointer
+
+    state, train_step = _build(args.state_mb)
+    hook = AdaptiveCheckpointer(
+        args.dir,
+        job=args.job,
+        max_to_keep=2,
+        policy="fixed:steps=1000000000",  # saves happen only when the storm says so
+        socket=args.socket,
+        daemon_timeout=5.0,
+        handle_sigterm=False,
+        state=state,
+    )
+    hook.restore_or_initialize()
+    starts: dict[int, float] = {}
+    for storm in range(args.storms + 1):
+        for _ in range(args.steps_between):
+            train_step()
+            hook.step()
+        print(f"ready {storm} {hook.step_count}", flush=True)
+        if sys.stdin.readline().strip() != "go":
+            return 2
+        starts[hook.step_count] = time.time()
+        hook.save(reason=f"storm {storm}")
+    for _ in range(args.steps_between):  # the last save's extra step time is measured too
+        train_step()
+        hook.step()
+    hook.close()
+    saves = [
+        {
+            "step": r.step,
+            "wall_start": starts.get(r.step),
+            "blocking_s": r.blocking_s,
+            "extra_step_s": r.extra_step_s,
+            "local_durable_s": r.durable_s,
+            "bytes": r.bytes,
+            "ok": r.ok,
+            "error": r.error,
+        }
+        for r in hook.history
+    ]
+    print("RESULT " + json.dumps({"job": args.job, "mode": hook.mode, "saves": saves}), flush=True)
+    return 0
+
+
+# ---------------------------------------------------------------------- the driver
+
+
+class Jobs:
+    """The N worker processes; their stdout lines arrive on one queue."""
+
+    def __init__(self, cmds: list[list[str]], env: dict[str, str], logs: Path) -> None:
+        self.lines: queue.Queue[tuple[int, str | None]] = queue.Queue()
+        self.procs: list[subprocess.Popen] = []
+        for i, cmd in enumerate(cmds):
+            err = open(logs / f"job-{i}.log", "wb")  # noqa: SIM115 - closed with the process
+            proc = subprocess.Popen(
+                cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, env=env, text=True
+            )
+            err.close()
+            self.procs.append(proc)
+            threading.Thread(target=self._read, args=(i, proc), daemon=True).start()
+        self.results: dict[int, dict] = {}
+
+    def _read(self, i: int, proc: subprocess.Popen) -> None:
+        for line in proc.stdout:
+            self.lines.put((i, line.strip()))
+        self.lines.put((i, None))
+
+    def wait_all(self, pattern: str, deadline_s: float) -> dict[int, re.Match]:
+        """Wait until every job printed a line matching ``pattern`` (RESULT lines are kept)."""
+        got: dict[int, re.Match] = {}
+        end = time.monotonic() + deadline_s
+        while len(got) < len(self.procs):
+            left = end - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(
+                    f"jobs {sorted(set(range(len(self.procs))) - set(got))} "
+                    f"did not print {pattern!r} within {deadline_s:.0f}s"
+                )
+            try:
+                i, line = self.lines.get(timeout=left)
+            except queue.Empty:
+                continue
+            if line is None:
+                if i not in got:
+                    raise RuntimeError(
+                        f"job {i} exited ({self.procs[i].wait()}) before {pattern!r}"
+                    )
+                continue
+            if line.startswith("RESULT "):
+                self.results[i] = json.loads(line[7:])
+            m = re.fullmatch(pattern, line)
+            if m:
+                got[i] = m
+        return got
+
+    def release(self) -> float:
+        """Tell every job to save now; returns the wall time of the release."""
+        t = time.time()
+        for proc in self.procs:
+            proc.stdin.write("go\n")
+        for proc in self.procs:
+            proc.stdin.flush()
+        return t
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+
+
+def _state_step(path: Path) -> int | None:
+    """The step a destination file names: TF's ``checkpoint`` file or adaptd's ``LATEST``."""
+    try:
+        text = path.read_text()
+    except (FileNotFoundError, OSError):
+        return None
+    if path.name == "LATEST":
+        try:
+            return int(json.loads(text)["step"])
+        except (ValueError, KeyError, TypeError):
+            return None
+    m = re.search(r'^model_checkpoint_path: "ckpt-(\d+)"', text, re.M)
+    return int(m.group(1)) if m else None
+
+
+def wait_durable(files: list[Path], step: int, deadline_s: float, jobs: Jobs) -> list[float]:
+    """Poll until each file names ``step`` (or later); the wall time each first did."""
+    seen: list[float | None] = [None] * len(files)
+    end = time.monotonic() + deadline_s
+    pause = threading.Event()
+    while any(t is None for t in seen):
+        now = time.time()
+        for k, path in enumerate(files):
+            if seen[k] is None:
+                s = _state_step(path)
+                if s is not None and s >= step:
+                    seen[k] = now
+        if time.monotonic() > end:
+            missing = [str(files[k]) for k, t in enumerate(seen) if t is None]
+            raise TimeoutError(f"step {step} not durable within {deadline_s:.0f}s at {missing}")
+        for k, proc in enumerate(jobs.procs):
+            if proc.poll() not in (None, 0):
+                raise RuntimeError(f"job {k} exited with status {proc.returncode}")
+        pause.wait(POLL_S)
+    return seen  # type: ignore[return-value]
+
+
+def _daemon_config(root: Path, dest: str, local: Path, args: argparse.Namespace) -> Path:
+    cap = f"bandwidth_mib_s = {args.replicator_mib_s}\n" if args.replicator_mib_s else ""
+    text = (
+        f"[daemon]\nstate_dir = {json.dumps(str(root / 'state'))}\n"
+        f'[metrics]\nlisten = "off"\n'
+        f"[destinations.shared]\nurl = {json.dumps(dest)}\n{cap}"
+        f"max_concurrent = {args.max_concurrent}\nkeep_last = 2\n"
+        f'[jobs."storm-*"]\nstaging = {json.dumps(str(local / "{job}"))}\n'
+        f'replicate_to = ["shared"]\n'
+    )
+    path = root / "adaptd.toml"
+    path.write_text(text)
+    return path
+
+
+def run_mode(mode: str, args: argparse.Namespace, root: Path, mount: Path, backing: Path) -> dict:
+    """All storms of one mode; returns its per-save records."""
+    from adaptd.spawn import running_daemon
+
+    work = root / mode
+    work.mkdir()
+    logs = work / "logs"
+    logs.mkdir()
+    jobs_ids = [f"storm-{i}" for i in range(args.jobs)]
+    with ExitStack() as stack:
+        socket = work / "adaptd.sock"
+        if mode == "direct":
+            dirs = [mount / "direct" / j for j in jobs_ids]
+            watch = [backing / "direct" / j / "checkpoint" for j in jobs_ids]
+        else:
+            local = work / "staging"
+            local.mkdir()
+            dest = str(mount / "staged")
+            config = _daemon_config(work, dest, local, args)
+            dlog = open(logs / "daemon.log", "wb")  # noqa: SIM115
+            stack.callback(dlog.close)
+            stack.enter_context(
+                running_daemon(socket, ["--config", str(config)], log=dlog, deadline_s=120)
+            )
+            dirs = [local / j for j in jobs_ids]
+            watch = [backing / "staged" / j / "LATEST" for j in jobs_ids]
+        cmds = [
+            [
+                sys.executable,
+                __file__,
+                "--worker",
+                "--job",
+                j,
+                "--dir",
+                str(d),
+                "--socket",
+                f"ipc://{socket}",
+                "--state-mb",
+                str(args.state_mb),
+                "--storms",
+                str(args.storms),
+                "--steps-between",
+                str(args.steps_between),
+            ]
+            for j, d in zip(jobs_ids, dirs, strict=True)
+        ]
+        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
+        env.pop("ADAPTD_RESTORE_FROM", None)
+        jobs = Jobs(cmds, env, logs)
+        stack.callback(jobs.stop)
+        durable: dict[tuple[int, int], float] = {}
+        released: dict[int, float] = {}
+        for storm in range(args.storms + 1):
+            ready = jobs.wait_all(rf"ready {storm} (\d+)", deadline_s=args.deadline_s)
+            steps = {int(m.group(1)) for m in ready.values()}
+            if len(steps) != 1:
+                raise RuntimeError(f"jobs are not in step at storm {storm}: {sorted(steps)}")
+            step = steps.pop()
+            print(f"… {mode}: storm {storm} at step {step}", file=sys.stderr, flush=True)
+            released[step] = jobs.release()
+            times = wait_durable(watch, step, args.deadline_s, jobs)
+            for i, t in enumerate(times):
+                durable[(i, step)] = t
+        jobs.wait_all(r"RESULT .*", deadline_s=args.deadline_s)
+        for proc in jobs.procs:
+            proc.wait(timeout=args.deadline_s)
+    records = []
+    warmup = min(released)
+    for i, res in sorted(jobs.results.items()):
+        for s in res["saves"]:
+            if s["step"] == warmup or s["wall_start"] is None:
+                continue
+            if not s["ok"]:
+                raise RuntimeError(f"{mode}: job {i} save at step {s['step']} failed: {s['error']}")
+            s["job"] = res["job"]
+            s["hook_mode"] = res["mode"]
+            s["shared_durable_s"] = durable[(i, s["step"])] - s["wall_start"]
+            s["release_skew_s"] = s["wall_start"] - released[s["step"]]
+            records.append(s)
+    return {"mode": mode, "saves": records}
+
+
+def _pct(values: list[float], q: float) -> float:
+    """Linear-interpolated percentile (q in 0..100)."""
+    xs = sorted(values)
+    if len(xs) == 1:
+        return xs[0]
+    pos = (len(xs) - 1) * q / 100
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def summarise(run: dict) -> dict:
+    saves = run["saves"]
+    blocked = [s["blocking_s"] for s in saves]
+    stall = [s["blocking_s"] + s["extra_step_s"] for s in saves]
+    shared = [s["shared_durable_s"] for s in saves]
+    local = [s["local_durable_s"] for s in saves]
+    return {
+        "mode": run["mode"],
+        "saves": len(saves),
+        "bytes_per_save": statistics.mean(s["bytes"] for s in saves),
+        "blocked_mean_s": statistics.mean(blocked),
+        "blocked_p95_s": _pct(blocked, 95),
+        "stall_mean_s": statistics.mean(stall),
+        "stall_p95_s": _pct(stall, 95),
+        "hook_durable_mean_s": statistics.mean(local),
+        "shared_durable_mean_s": statistics.mean(shared),
+        "shared_durable_p95_s": _pct(shared, 95),
+        "shared_durable_max_s": max(shared),
+        "release_skew_max_s": max(s["release_skew_s"] for s in saves),
+        "hook_modes": sorted({s["hook_mode"] for s in saves}),
+    }
+
+
+@contextlib.contextmanager
+def _plain_dir(backing: Path, mount: Path, **_: object) -> Iterator[None]:
+    """``--unthrottled``: the mount point is a link to the backing directory, no cap."""
+    mount.rmdir()
+    mount.symlink_to(backing, target_is_directory=True)
+    yield
+
+
+def _machine() -> str:
+    return f"{platform.machine()}, {os.cpu_count()} cores, {platform.system()} {platform.release()}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=8, help="jobs saving at once (default 8)")
+    parser.add_argument("--state-mb", type=int, default=64, help="state per job, MB (default 64)")
+    parser.add_argument(
+        "--bandwidth-mib-s",
+        type=float,
+        default=150.0,
+        help="the shared destination's total bandwidth (default 150 MiB/s)",
+    )
+    parser.add_argument("--storms", type=int, default=3, help="measured storms (plus 1 warm-up)")
+    parser.add_argument("--steps-between", type=int, default=20, help="steps before each storm")
+    parser.add_argument(
+        "--max-concurrent",
+        type=int,
+        default=1,
+        help="the Replicator's uploads at once to the destination (default 1)",
+    )
+    parser.add_argument(
+        "--replicator-mib-s",
+        type=float,
+        default=None,
+        help="the Replicator's own bandwidth cap (default: none, slowfs caps)",
+    )
+    parser.add_argument(
+        "--unthrottled",
+        action="store_true",
+        help="no slowfs: the 'shared destination' is a plain local directory, uncapped",
+    )
+    parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--workdir", default=None, help="where the run's files go (default: tmp)")
+    parser.add_argument("--deadline-s", type=float, default=600.0, help="per-phase deadline")
+    parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--job", help=argparse.SUPPRESS)
+    parser.add_argument("--dir", help=argparse.SUPPRESS)
+    parser.add_argument("--socket", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker:
+        return worker(args)
+    for name in ("jobs", "state_mb", "storms", "steps_between", "max_concurrent"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if not args.bandwidth_mib_s > 0:
+        parser.error(f"--bandwidth-mib-s must be > 0, got {args.bandwidth_mib_s}")
+    modes = args.modes.split(",")
+    bad = [m for m in modes if m not in MODES]
+    if bad:
+        parser.error(f"--modes: unknown {bad}; choose from {', '.join(MODES)}")
+    if args.unthrottled:
+        slow_mount = _plain_dir
+    else:
+        sys.path.insert(0, str(REPO))
+        try:
+            from tools.slowfs import slow_mount
+        except ImportError as exc:
+            print(
+                f"save_storm: needs tools/slowfs.py (the throttled shared mount): {exc}; "
+                f"--unthrottled measures with a plain local directory instead",
+                file=sys.stderr,
+            )
+            return 1
+
+    root = Path(tempfile.mkdtemp(prefix="adaptd-storm-", dir=args.workdir))
+    runs = []
+    try:
+        backing, mount = root / "backing", root / "shared"
+        backing.mkdir()
+        mount.mkdir()
+        with slow_mount(backing, mount, bandwidth_mib_s=args.bandwidth_mib_s):
+            for mode in modes:
+                runs.append(run_mode(mode, args, root, mount, backing))
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    summary = [summarise(r) for r in runs]
+    by = {s["mode"]: s for s in summary}
+    ratios = {}
+    if "direct" in by and "staged" in by:
+        for key in (
+            "blocked_mean_s",
+            "blocked_p95_s",
+            "stall_mean_s",
+            "stall_p95_s",
+            "shared_durable_mean_s",
+            "shared_durable_p95_s",
+        ):
+            d = by["direct"][key]
+            ratios[key] = by["staged"][key] / d if d > 0 else None
+    setup = {
+        "jobs": args.jobs,
+        "state_mb": args.state_mb,
+        "bandwidth_mib_s": args.bandwidth_mib_s,
+        "storms": args.storms,
+        "steps_between": args.steps_between,
+        "max_concurrent": args.max_concurrent,
+        "replicator_mib_s": args.replicator_mib_s,
+        "replicator": "real adaptd serve (config file), its Replicator",
+        "destination": "plain local directory, UNTHROTTLED"
+        if args.unthrottled
+        else f"tools/slowfs.py mount, {args.bandwidth_mib_s:g} MiB/s shared",
+        "poll_s": POLL_S,
+    }
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "machine": _machine(),
+                    "setup": setup,
+                    "summary": summary,
+                    "ratios_staged_over_direct": ratios,
+                    "saves": runs,
+                },
+                indent=2,
+            )
+        )
+        return 0
+    print(f"machine: {_machine()}")
+    print(
+        f"{args.jobs} jobs x {args.state_mb} MB, shared destination: {setup['destination']}, "
+        f"{args.storms} storms (+1 warm-up)"
+    )
+    head = (
+        "mode",
+        "saves",
+        "blocked mean ms",
+        "blocked p95 ms",
+        "stall mean ms",
+        "stall p95 ms",
+        "durable mean s",
+        "durable p95 s",
+    )
+    rows = [
+        (
+            s["mode"],
+            str(s["saves"]),
+            f"{s['blocked_mean_s'] * 1e3:.1f}",
+            f"{s['blocked_p95_s'] * 1e3:.1f}",
+            f"{s['stall_mean_s'] * 1e3:.1f}",
+            f"{s['stall_p95_s'] * 1e3:.1f}",
+            f"{s['shared_durable_mean_s']:.2f}",
+            f"{s['shared_durable_p95_s']:.2f}",
+        )
+        for s in summary
+    ]
+    widths = [max(len(h), *(len(r[k]) for r in rows)) for k, h in enumerate(head)]
+    print("  ".join(h.rjust(w) for h, w in zip(head, widths, strict=True)))
+    for r in rows:
+        print("  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)))
+    if ratios:
+        print(
+            "staged / direct: "
+            + ", ".join(
+                f"{k.removesuffix('_s')} {v:.2f}x" for k, v in ratios.items() if v is not None
+            )
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
