@@ -459,7 +459,10 @@ class _Reader:
             log_level=level,
             sample_interval_s=sample,
             liveness_timeout_s=liveness,
-            drain_grace_s=self.number(d, "daemon", "drain_grace_s", 90.0, minimum=0),
+            # 0: stop without draining, as `serve --drain-grace 0` allows
+            drain_grace_s=self.number(
+                d, "daemon", "drain_grace_s", 90.0, minimum=0, exclusive=False
+            ),
             watchdog=self.boolean(d, "daemon", "watchdog", True),
             default_policy=self.policy_spec(p, "policy", "default", DEFAULT_SPEC),
             gpu_mtbf_s=mtbf_h * 3600.0,

@@ -160,6 +160,7 @@ BAD = [
     ("[metrics]\nlisten = '9465'", "metrics.listen", ["HOST:PORT", "'9465'"]),
     ("[metrics]\nlisten = 'localhost:99999'", "metrics.listen", ["HOST:PORT"]),
     ("[metrics]\nlisten = 9465", "metrics.listen", ["9465 (integer)"]),
+    ("[daemon]\ndrain_grace_s = -1", "daemon.drain_grace_s", [">= 0", "-1 (integer)"]),
     ("[retention]\nrows = 0", "retention.rows", [">= 1"]),
     ("[retention]\nrows = 1.5", "retention.rows", ["must be an integer"]),
     ("[retention]\ndays = -1", "retention.days", ["> 0"]),
@@ -183,6 +184,10 @@ def test_errors_name_key_value_and_allowed(text: str, key: str, words: list[str]
     assert message.startswith(f"/etc/adaptd/adaptd.toml: {key}: "), message
     for w in words:
         assert w in message, (w, message)
+
+
+def test_drain_grace_zero_in_the_file_means_no_drain_as_on_the_command_line() -> None:
+    assert config.loads("[daemon]\ndrain_grace_s = 0").drain_grace_s == 0.0
 
 
 def test_unknown_key_lists_what_is_allowed_when_nothing_is_close() -> None:
