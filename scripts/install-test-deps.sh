@@ -2,6 +2,8 @@
 # Install the Debian tools the operations tests run (tests/ops):
 #   systemd-analyze, systemd-sysusers, systemd-tmpfiles  <- package "systemd"
 #   promtool                                             <- package "prometheus"
+#   fusermount3 (and libfuse3)                           <- package "fuse3"
+#     for scripts/slowfs.py, the throttled FUSE mount (save-storm benchmark, tier tests)
 # Idempotent and quiet: a tool already on PATH is not reinstalled, and nothing is
 # done when everything is present. Needs root (or sudo) only when something is missing.
 # Usage: scripts/install-test-deps.sh        (called from .ci/run before `make test`)
@@ -12,6 +14,7 @@ declare -A want=(
   [systemd-sysusers]=systemd
   [systemd-tmpfiles]=systemd
   [promtool]=prometheus
+  [fusermount3]=fuse3
 )
 
 missing=()
