@@ -2,11 +2,11 @@
 
 Three processes, so that what is measured is the daemon alone:
 
-- the **daemon**: :class:`adaptd.server.Daemon` with the telemetry sampler wired
-  in through its seams (``snapshot_source=sampler.latest``,
-  ``sinks=[sampler.on_event]``, ``tick_hooks=[sampler.tick]``), sampling a fake
-  8-GPU NVML replayed from ``tests/fixtures/nvml/h100_8gpu.json`` (its process
-  lists point at the jobs' process, so the pid -> GPU mapping runs), the real
+- the **daemon**: the same :class:`adaptd.service.Service` that ``adaptd serve``
+  runs (SQLite store, Prometheus endpoint on a loopback port, learned-parameter
+  persistence, the telemetry sampler at 1 Hz), its sampler reading a fake 8-GPU
+  NVML replayed from ``tests/fixtures/nvml/h100_8gpu.json`` (its process lists
+  point at the jobs' process, so the pid -> GPU mapping runs) and the real
   ``/proc`` and ``/sys`` for storage and host;
 - the **jobs**: 16 raw ZeroMQ DEALER peers in one process, each a job that says
   hello and then reports 100 steps/s as the training hook does (one
@@ -48,11 +48,13 @@ HEAVY = ("tensorflow", "keras", "numpy", "scipy", "psutil", "pynvml", "prometheu
 
 def daemon_main(args: argparse.Namespace) -> int:
     import logging
+    import socket as so
 
-    from adaptd.server import Daemon
+    from adaptd import config
+    from adaptd.service import Service
     from adaptd.telemetry import nvml
     from adaptd.telemetry.host import Host
-    from adaptd.telemetry.nvml_fixture import FixtureNvml
+    from adaptd.telemetry.nvml_fixture import CALLS_KEPT, FixtureNvml
     from adaptd.telemetry.report import to_dict
     from adaptd.telemetry.sampler import Sampler
     from adaptd.telemetry.storage import Storage
@@ -66,19 +68,16 @@ def daemon_main(args: argparse.Namespace) -> int:
             [{"pid": args.gpu_pid, "usedGpuMemory": 70 << 30}],
         )
     sampler = Sampler(nvml=nvml.open(fake), storage=Storage(), host=Host(), interval=1.0)
-    daemon = Daemon(
-        args.socket,
-        snapshot_source=sampler.latest,
-        sinks=[sampler.on_event],
-        tick_hooks=[sampler.tick],
+    with so.socket() as s:  # a free loopback port for the metrics endpoint
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    state = Path(args.socket).parent / "state"
+    cfg = config.loads(
+        f"[daemon]\nsocket = {json.dumps(args.socket)}\nstate_dir = {json.dumps(str(state))}\n"
+        f'drain_grace_s = 0\n[metrics]\nlisten = "127.0.0.1:{port}"\n'
     )
-    daemon.open()
-    signal.signal(signal.SIGTERM, lambda *_: daemon.stop())
-    previous = signal.set_wakeup_fd(daemon.wakeup_fd, warn_on_full_buffer=False)
-    try:
-        daemon.serve()
-    finally:
-        signal.set_wakeup_fd(previous)
+    service = Service(cfg, sampler=sampler)
+    service.run()  # SIGTERM stops it (no drain: drain_grace_s = 0)
     import resource
 
     snap = sampler.latest()
@@ -91,8 +90,12 @@ def daemon_main(args: argparse.Namespace) -> int:
         "gpus_with_jobs": sum(bool(g.jobs) for g in snap.gpus),
         "storage_targets": len(snap.storage),
         "jobs_on_targets": sum(len(s.jobs) for s in snap.storage),
-        "nvml_calls_per_sample": len(fake.calls) / max(1, sampler.samples),
-        "daemon_counters": dict(daemon.counters),
+        # the fake keeps its newest CALLS_KEPT calls: past that the count is unknown
+        "nvml_calls_per_sample": (
+            len(fake.calls) / max(1, sampler.samples) if len(fake.calls) < CALLS_KEPT else None
+        ),
+        "daemon_counters": dict(service.daemon.counters) if service.daemon else {},
+        "db_bytes": cfg.db_path.stat().st_size if cfg.db_path.exists() else 0,
         "snapshot": to_dict(snap),
     }
     Path(args.report).write_text(json.dumps(report))
@@ -258,7 +261,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(r, indent=1))
     else:
         print(
-            f"daemon, {r['jobs']} jobs x {r['steps_per_s_per_job']:.0f} steps/s, fake 8-GPU NVML,"
+            f"adaptd serve (Service), {r['jobs']} jobs x {r['steps_per_s_per_job']:.0f} steps/s,"
+            " fake 8-GPU NVML,"
             f" {r['duration_s']:.0f} s measured after {r['warmup_s']:.0f} s warm-up"
         )
         print(f"  CPU      {r['cpu_fraction_of_one_core'] * 100:.2f} % of one core")
@@ -270,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
             f"  sampled  {inside['samples']} snapshots, {inside['gpus']} GPUs"
             f" ({inside['gpus_with_jobs']} mapped to jobs), {inside['storage_targets']} storage"
             f" target(s) holding {inside['jobs_on_targets']} jobs,"
-            f" {inside['nvml_calls_per_sample']:.0f} NVML calls per sample"
+            f" {inside['nvml_calls_per_sample'] or 0:.0f} NVML calls per sample"
         )
         print(
             f"  traffic  {r['jobs_process']['sent']} step reports sent,"
