@@ -39,12 +39,14 @@ class LogWatch:
                 self.lines.append(raw.decode(errors="replace").rstrip("\n"))
                 self._cond.notify_all()
 
-    def wait_for(self, *needles: str, timeout: float | None = None) -> str:
-        """The first line (from the start) holding every needle; TimeoutError otherwise."""
+    def wait_for(self, *needles: str, timeout: float | None = None, after: int = 0) -> str:
+        """The first line (from index ``after``; 0: the start) holding every needle;
+        TimeoutError otherwise. ``after=len(watch.lines)`` waits for a new line."""
         timeout = self.deadline_s if timeout is None else timeout
 
         def found() -> str | None:
-            return next((ln for ln in self.lines if all(n in ln for n in needles)), None)
+            lines = self.lines[after:]
+            return next((ln for ln in lines if all(n in ln for n in needles)), None)
 
         with self._cond:
             if not self._cond.wait_for(lambda: found() is not None, timeout):
