@@ -188,6 +188,7 @@ class Daemon:
         registry: Registry | None = None,
         job_settings: Mapping[str, admin.JobSettings] | None = None,
         status_extra: Callable[[], dict[str, Any] | None] | None = None,
+        config_settings: Callable[[str], admin.JobSettings | None] | None = None,
     ) -> None:
         self.socket_path = _job_socket_path(socket)
         self.admin_path = admin.admin_path(self.socket_path)
@@ -221,17 +222,13 @@ class Daemon:
         #: operator settings by job id (restored by the caller, changed by set-policy/pause)
         self.job_settings: dict[str, admin.JobSettings] = {}
         for job_id, setting in (job_settings or {}).items():
-            if setting.policy is not None:
-                try:
-                    self._policy(setting.policy)
-                except policy_mod.PolicyError as exc:
-                    log.warning(
-                        logfmt("setting_ignored", job=job_id, policy=setting.policy, error=exc)
-                    )
-                    setting = admin.JobSettings(policy=None, paused=setting.paused)
-            if setting.policy is not None or setting.paused:
-                self.job_settings[job_id] = setting
+            self._adopt_setting(job_id, setting)
+        #: settings from the config for a job id not in ``job_settings`` (glob entries),
+        #: looked up when the registry sees that job for the first time
+        self.config_settings = config_settings
         self.status_extra = status_extra
+        #: the Replicator's rows for status (set by the service when it replicates)
+        self.replication_source: Callable[[], list[admin.ReplicationInfo]] | None = None
         self._drains: list[_Drain] = []
         self._writing: set[str] = set()  # jobs with a save in flight (SaveInFlight emitted)
         self._stop_requested = False
@@ -589,6 +586,12 @@ class Daemon:
             self._reject(identity, "busy", f"the daemon cannot take more ranks: {exc}")
             return
         bad_policy: str | None = None
+        if kind == "new" and self.config_settings is not None and job.id not in self.job_settings:
+            # only for a job new to the registry: what an operator changes later (resume,
+            # a new policy) is not undone by the hello of another rank or a reconnect
+            configured = self.config_settings(job.id)
+            if configured is not None:
+                self._adopt_setting(job.id, configured)
         setting = self.job_settings.get(job.id)
         if job.policy is None and setting is not None and setting.policy is not None:
             job.policy = self._policy(setting.policy)  # parsed when it was set
@@ -636,6 +639,18 @@ class Daemon:
             self._send_rank(rank, self._plan_message(job), now)
         if bad_policy is not None:
             self._reject(identity, "bad_policy", bad_policy)
+
+    def _adopt_setting(self, job_id: str, setting: admin.JobSettings) -> None:
+        """Take a restored or configured setting; a policy that no longer parses (a
+        plugin uninstalled since) is dropped with a warning, the pause is kept."""
+        if setting.policy is not None:
+            try:
+                self._policy(setting.policy)
+            except policy_mod.PolicyError as exc:
+                log.warning(logfmt("setting_ignored", job=job_id, policy=setting.policy, error=exc))
+                setting = admin.JobSettings(policy=None, paused=setting.paused)
+        if setting.policy is not None or setting.paused:
+            self.job_settings[job_id] = setting
 
     def _policy(self, spec: str) -> policy_mod.Policy:
         cached = self._policies.get(spec)
@@ -1070,7 +1085,17 @@ class Daemon:
                 self.counters["status_extra_errors"] += 1
                 if self._throttle("status_extra"):
                     log.exception(logfmt("status_extra_failed"))
-        return admin.StatusReply(daemon=daemon, jobs=jobs, telemetry=telemetry)
+        replication = None
+        if self.replication_source is not None:
+            try:
+                replication = self.replication_source()
+            except Exception:
+                self.counters["status_extra_errors"] += 1
+                if self._throttle("replication"):
+                    log.exception(logfmt("replication_status_failed"))
+        return admin.StatusReply(
+            daemon=daemon, jobs=jobs, telemetry=telemetry, replication=replication
+        )
 
     def _job_info(self, job: Job, now: float) -> admin.JobInfo:
         t = job.tracker

@@ -10,7 +10,10 @@
    not even between bind and chmod);
 3. the Prometheus endpoint (:class:`adaptd.metrics.Metrics`);
 4. the telemetry :class:`~adaptd.telemetry.sampler.Sampler`, probed once before
-   ``READY=1`` goes to systemd (:mod:`adaptd.sdnotify`).
+   ``READY=1`` goes to systemd (:mod:`adaptd.sdnotify`);
+5. when the config replicates checkpoints (``[destinations.NAME]`` and a job's
+   ``replicate_to``), the :class:`~adaptd.tiers.replicator.Replicator`: a sink of the
+   daemon's events, shown in ``adaptd status`` and the metrics, stopped first at close.
 
 Its tick hook (about once a second, in the daemon's loop) flushes the store, feeds
 metrics the newest snapshot and the store's fault counters, persists what was learned every
@@ -45,6 +48,8 @@ from adaptd.store import GLOBAL, Store, StoreError, job_scope
 
 if TYPE_CHECKING:
     from adaptd.telemetry.sampler import Sampler
+    from adaptd.tiers.replica import UploadResult
+    from adaptd.tiers.replicator import Replicator
 
 log = logging.getLogger("adaptd.service")
 
@@ -96,6 +101,7 @@ class Service:
         #: jobs with a save in flight (the daemon's SaveInFlight events)
         self.writing: set[str] = set()
         self._view: tuple[int, frozenset[str], Snapshot] | None = None
+        self.replicator: Replicator | None = None
 
     # ------------------------------------------------------------------ assembly
 
@@ -121,16 +127,22 @@ class Service:
         from adaptd.telemetry.sampler import Sampler
 
         self.sampler = self._sampler or Sampler.default(interval=cfg.sample_interval_s)
+        sinks = [self.store.on_event, self.metrics.on_event, self.sampler.on_event, self._on_event]
+        if any(o.replicate_to for o in cfg.jobs):
+            from adaptd.tiers.replicator import Replicator
+
+            self.replicator = Replicator(cfg, on_upload=self._on_upload)
+            sinks.append(self.replicator.on_event)
         try:
             self.daemon = Daemon(
                 cfg.socket,
                 policy=cfg.default_policy,
                 snapshot_source=self.snapshot,
-                sinks=[self.store.on_event, self.metrics.on_event, self.sampler.on_event,
-                       self._on_event],
+                sinks=sinks,
                 tick_hooks=[self.sampler.tick, self.tick],
                 silence_timeout_s=cfg.liveness_timeout_s,
                 job_settings=self._initial_settings(),
+                config_settings=self._configured_settings,
                 status_extra=lambda: report.to_dict(self.snapshot()),
             )  # fmt: skip
             # Set on the daemon's own registry (a Registry passed in while empty is
@@ -147,6 +159,18 @@ class Service:
         except DaemonError as exc:
             raise ServiceError(str(exc)) from None
         self._set_permissions()
+        if self.replicator is not None:
+            replicator = self.replicator
+            self.daemon.replication_source = replicator.status
+            self.metrics.set_replication_source(
+                lambda: (replicator.status(), replicator.throughput())
+            )
+            replicator.start()
+            log.info(
+                "event=replication destinations=%s jobs=%s",
+                ",".join(cfg.destinations),
+                ",".join(o.pattern for o in cfg.jobs if o.replicate_to),
+            )
         self._serve_metrics()
         self.sampler.tick(self.clock())  # probe telemetry once before READY
         self._last_persist = self.clock()
@@ -172,18 +196,28 @@ class Service:
             )
 
     def _initial_settings(self) -> dict[str, admin.JobSettings]:
-        """Exact-id ``[jobs."ID"]`` entries of the config, overridden by what operators
-        set at run time (the store), as the daemon's ``job_settings``."""
+        """Exact-id ``[jobs."ID"]`` entries of the config (merged with the globs that
+        match them), overridden by what operators set at run time (the store), as the
+        daemon's ``job_settings``. Jobs matched only by a glob get theirs at hello."""
         assert self.store is not None
-        make = admin.JobSettings
         out: dict[str, admin.JobSettings] = {}
         for o in self.cfg.jobs:
-            if any(c in o.pattern for c in "*?[") or (o.policy is None and o.paused is None):
-                continue
-            out[o.pattern] = make(policy=o.policy, paused=bool(o.paused))
+            if not any(c in o.pattern for c in "*?["):
+                configured = self._configured_settings(o.pattern)
+                if configured is not None:
+                    out[o.pattern] = configured
         for job, s in self.store.job_settings().items():
-            out[job] = make(policy=s.policy, paused=s.paused)
+            out[job] = admin.JobSettings(policy=s.policy, paused=s.paused)
         return out
+
+    def _configured_settings(self, job: str) -> admin.JobSettings | None:
+        """The config's settings for a job that has none yet when it first says hello:
+        its exact ``[jobs."ID"]`` entry and the matching glob entries, merged by
+        :meth:`Config.job_override` (what an operator sets later still wins)."""
+        o = self.cfg.job_override(job)
+        if o is None or (o.policy is None and not o.paused):
+            return None
+        return admin.JobSettings(policy=o.policy, paused=bool(o.paused))
 
     def tracker_for(self, msg: Hello) -> JobTracker:
         """A new job's tracker: the host's shared failure rate, the configured GPU
@@ -212,6 +246,10 @@ class Service:
                         tracker.save_cost_s,
                     )
         return tracker
+
+    def _on_upload(self, destination: str, job: str, result: UploadResult) -> None:
+        """A checkpoint reached a destination (a Replicator worker thread): metrics."""
+        self.metrics.on_upload(destination, result.seconds)
 
     def _step_time(self, job: str) -> float | None:
         """The job's current mean step time (decision rows and the step-time gauge)."""
@@ -380,6 +418,8 @@ class Service:
         if self._closed:
             return
         self._closed = True
+        if self.replicator is not None and not self.replicator.stop():
+            log.warning("event=replication_stop_slow (an upload did not end in time)")
         if persist:
             with contextlib.suppress(Exception):
                 self.persist_learned()

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import zmq
 
-from adaptd import config
+from adaptd import admin, config
 from adaptd import protocol as p
 from adaptd.estimators import LEARNED_VERSION, FailureRate, JobTracker
 from adaptd.protocol import VERSION, Hello
@@ -150,6 +150,59 @@ def test_a_save_in_flight_marks_the_jobs_storage_target_as_writing(short_dir: Pa
         wait(lambda: target().writing_jobs == (), "the durable report to clear it")
     finally:
         peer.close(linger=0)
+        ctx.destroy(linger=0)
+        svc.daemon.stop()
+        svc.close()
+
+
+def test_glob_job_entries_apply_to_new_jobs_and_an_operator_resume_sticks(
+    short_dir: Path,
+) -> None:
+    """``[jobs."PATTERN"]``: an exact id merges with the globs that match it, a job
+    matched only by a glob gets the glob's settings when it first says hello, and an
+    operator's resume is not undone by the hello of the job's next rank."""
+    cfg = config.loads(
+        f'[daemon]\nsocket = "{short_dir}/a.sock"\nstate_dir = "{short_dir}/st"\n'
+        '[metrics]\nlisten = "off"\n'
+        '[jobs."exact"]\npaused = true\n'
+        '[jobs."ex*"]\npolicy = "fixed:steps=70"\n'
+        '[jobs."batch-*"]\npolicy = "fixed:steps=40"\npaused = true\n'
+    )
+    svc = Service(cfg, notifier=Notifier(env={}), sampler=Sampler())
+    svc.open()
+    ctx = zmq.Context()
+    peers: list[zmq.Socket] = []
+
+    def hello(job: str, rank: int = 0, world_size: int = 1) -> p.Plan:
+        peer = ctx.socket(zmq.DEALER)
+        peers.append(peer)
+        peer.connect(svc.daemon.endpoint)
+        peer.send(p.encode(p.Hello(v=VERSION, job=job, rank=rank, world_size=world_size)))
+        end = time.monotonic() + 10
+        while time.monotonic() < end:
+            if peer.poll(100):
+                msg = p.decode_daemon(peer.recv())
+                if isinstance(msg, p.Plan):
+                    return msg
+        raise AssertionError(f"no plan for {job} rank {rank} within 10 s")
+
+    try:
+        svc.daemon.start()
+        exact = hello("exact")
+        assert exact.policy.startswith("fixed") and "paused" in exact.reason
+        glob = hello("batch-7", world_size=2)
+        assert glob.next_step is None and "paused by operator" in glob.reason
+        assert "fixed" in glob.policy
+        other = hello("unmatched")
+        assert other.policy == "daly" and "paused" not in other.reason  # the default
+        reply = admin.request(svc.daemon.socket_path, admin.PauseRequest(job="batch-7",
+                                                                         paused=False))  # fmt: skip
+        assert isinstance(reply, admin.PauseReply)
+        rank1 = hello("batch-7", rank=1, world_size=2)
+        assert "paused" not in rank1.reason and rank1.next_step == 40  # the glob's policy
+    finally:
+        for peer in peers:
+            peer.close(linger=0)
         ctx.destroy(linger=0)
         svc.daemon.stop()
         svc.close()
