@@ -26,6 +26,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "simulate": ("simulate", "compare policies on failure scenarios"),
     "report": ("report", "plot a job's save history"),
     "verify": ("verify", "check that a TensorFlow checkpoint is complete and restorable"),
+    "restore": ("restore", "fetch and verify a checkpoint from a durable destination"),
     "policies": ("policies", "list installed policies and where they come from"),
     "demo": ("demo", "run a daemon and a small real TensorFlow job, with a crash and resume"),
 }
