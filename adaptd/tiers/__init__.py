@@ -1,4 +1,31 @@
 """Tiered checkpoint storage: replicate completed local checkpoints to durable destinations.
 
-See docs/tiers.md.
+``Replica`` (one job's folder at a destination: upload, verify, prune), ``Throttle``
+(a bandwidth cap shared by the uploads to one destination) and ``TierError`` are
+imported on first use, so importing this package costs nothing;
+``adaptd.tiers.restore.restore`` fetches the newest verified checkpoint into a
+directory. See docs/tiers.md.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "FileEntry": "replica",
+    "Manifest": "replica",
+    "Replica": "replica",
+    "Throttle": "replica",
+    "TierError": "replica",
+    "UploadResult": "replica",
+    "RestoreResult": "restore",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f"adaptd.tiers.{_EXPORTS[name]}"), name)
+    raise AttributeError(f"module 'adaptd.tiers' has no attribute {name!r}")

@@ -1,0 +1,810 @@
+"""One job's folder on a durable destination: upload, list, verify, prune.
+
+A destination is any fsspec URL: a plain path or ``file://`` for a mounted filesystem
+(NFS, a second disk), ``s3://bucket/prefix`` through s3fs, others where fsspec has
+them. The layout, shared with the daemon's replicator, the restore path and the
+benchmark (docs/tiers.md)::
+
+    ckpt-<step>.index, ckpt-<step>.data-00000-of-0000N   TF's files, same names as locally
+    ckpt-<step>.manifest.json   written last for that step: sizes and sha256 of every file
+    LATEST                      {"step": N, ...}: replaced in one piece, never moved back
+
+Why it is safe to read at any moment:
+
+* A step exists for a reader only once its manifest exists, and the manifest is
+  written after every file of the step is complete. A reader checks each file's
+  size and sha256 against it, so a truncated, replaced or bit-flipped object is
+  detected and never used.
+* On a mounted path a file is written under a hidden temporary name, fsync'ed and
+  renamed (``os.replace``), and the directory fsync'ed: nothing partial ever carries
+  a final name. An object store has no rename, but a PUT of a whole object is
+  atomic and a multipart upload is invisible until completed, so objects are
+  written under their final key (an aborted one is discarded).
+* ``LATEST`` is replaced only after the manifest is there, and only by a newer step.
+
+Interrupted uploads resume: a small journal (``.ckpt-<step>.upload.json``) records
+each file once it is complete at the destination (its size, sha256 and the local
+file's mtime), so a new attempt skips those; on a mounted path the partial file of
+the interrupted one is kept, the prefix that matches the local file is kept and only
+the rest is sent.
+
+This module never imports TensorFlow.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import math
+import os
+import re
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+log = logging.getLogger("adaptd.tiers")
+
+#: Bytes read, hashed and written at a time: the unit of throttling, yielding and progress.
+CHUNK = 1 << 20
+#: Part size for object-store writes (s3fs starts a multipart upload beyond it; >= 5 MiB).
+OBJECT_BLOCK = 8 << 20
+MANIFEST_VERSION = 1
+LATEST = "LATEST"
+#: Object stores: no rename, but a whole-object PUT (or a completed multipart upload) is
+#: atomic, so files are written under their final key.
+OBJECT_STORES = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "oss"})
+
+_FILE = re.compile(r"^ckpt-(\d+)\.(index|data-(\d{5})-of-(\d{5}))$")
+_MANIFEST = re.compile(r"^ckpt-(\d+)\.manifest\.json$")
+_JOURNAL = re.compile(r"^\.ckpt-(\d+)\.upload\.json$")
+_PART = re.compile(r"^\.(ckpt-(\d+)\..+)\.part$")
+_SHA = re.compile(r"^[0-9a-f]{64}$")
+
+
+class TierError(Exception):
+    """A destination cannot be used: bad URL, unreachable, nothing (or not this) verifies.
+
+    The message names the URL and the file or step at fault, and what to do.
+    """
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    """One file of a checkpoint as the manifest records it."""
+
+    name: str
+    size: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """What a step's ``ckpt-<step>.manifest.json`` says: the files a reader may trust."""
+
+    version: int
+    job: str
+    step: int
+    created: float
+    bytes: int
+    files: tuple[FileEntry, ...]
+
+    def to_json(self) -> bytes:
+        doc = {
+            "version": self.version,
+            "job": self.job,
+            "step": self.step,
+            "created": self.created,
+            "bytes": self.bytes,
+            "files": [{"name": f.name, "size": f.size, "sha256": f.sha256} for f in self.files],
+        }
+        return (json.dumps(doc, indent=1) + "\n").encode()
+
+    @classmethod
+    def from_json(cls, raw: bytes, *, step: int, where: str) -> Manifest:
+        """Parse and check a manifest; TierError (naming ``where``) when it is not one.
+
+        File names must be this step's checkpoint files (no paths), so a damaged or
+        hostile manifest cannot make a restore write outside its directory.
+        """
+        try:
+            doc = json.loads(raw)
+            files = tuple(
+                FileEntry(str(f["name"]), int(f["size"]), str(f["sha256"])) for f in doc["files"]
+            )
+            m = cls(
+                int(doc["version"]),
+                str(doc["job"]),
+                int(doc["step"]),
+                float(doc["created"]),
+                int(doc["bytes"]),
+                files,
+            )
+        except (ValueError, KeyError, TypeError) as exc:
+            raise TierError(
+                f"{where}: not a valid manifest ({exc}); step {step} is not usable"
+            ) from None
+        if m.version != MANIFEST_VERSION:
+            raise TierError(
+                f"{where}: manifest version {m.version}, this adaptd reads {MANIFEST_VERSION}"
+            )
+        problems = []
+        if m.step != step:
+            problems.append(f"it is for step {m.step}")
+        if not files or not any(f.name.endswith(".index") for f in files):
+            problems.append("it lists no .index file")
+        for f in files:
+            match = _FILE.match(f.name)
+            if not match or int(match.group(1)) != step:
+                problems.append(f"{f.name!r} is not a file of ckpt-{step}")
+            if f.size < 0 or not _SHA.match(f.sha256):
+                problems.append(f"{f.name!r} has a bad size or sha256")
+        if m.bytes != sum(f.size for f in files):
+            problems.append("its bytes do not add up")
+        if problems:
+            raise TierError(f"{where}: bad manifest: {'; '.join(problems)}")
+        return m
+
+
+@dataclass(frozen=True)
+class UploadResult:
+    """What one :meth:`Replica.upload` did.
+
+    ``bytes_sent`` counts only what was written this time: files skipped on resume
+    (``resumed_files``) and the kept prefix of a resumed partial file are not in it.
+    ``yielded_s`` is the time spent paused for ``should_yield``.
+    """
+
+    step: int
+    bytes_sent: int
+    bytes_total: int
+    files: int
+    seconds: float
+    resumed_files: int
+    yielded_s: float = 0.0
+
+
+class Throttle:
+    """A token bucket capping the bytes per second of every upload that shares it.
+
+    One per destination: concurrent uploads to it together stay under the cap.
+    ``take(n)`` accounts ``n`` bytes and sleeps as long as the cap requires (outside
+    the lock, so concurrent takers queue fairly). The bucket starts empty and holds
+    at most ``burst_s`` seconds' worth of bytes, so over any window of ``t`` seconds
+    at most ``rate * (t + burst_s)`` bytes pass. ``rate_bytes_s=None`` is unlimited.
+
+    Raises:
+        ValueError: the rate is not a positive finite number, or the burst is negative.
+    """
+
+    def __init__(
+        self,
+        rate_bytes_s: float | None,
+        *,
+        burst_s: float = 0.25,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        if rate_bytes_s is not None and (
+            isinstance(rate_bytes_s, bool)
+            or not isinstance(rate_bytes_s, int | float)
+            or not math.isfinite(rate_bytes_s)
+            or rate_bytes_s <= 0
+        ):
+            raise ValueError(
+                f"Throttle rate must be a positive number of bytes/s or None (unlimited), "
+                f"got {rate_bytes_s!r}"
+            )
+        if not burst_s >= 0:
+            raise ValueError(f"Throttle burst_s must be >= 0 seconds, got {burst_s!r}")
+        self.rate = None if rate_bytes_s is None else float(rate_bytes_s)
+        self.burst_s = float(burst_s)
+        self._clock = clock
+        self._sleep = sleep
+        self._lock = threading.Lock()
+        self._tokens = 0.0
+        self._last = clock()
+
+    def take(self, n: int) -> None:
+        """Account ``n`` bytes; block until the cap allows them."""
+        if self.rate is None or n <= 0:
+            return
+        with self._lock:
+            now = self._clock()
+            refill = (now - self._last) * self.rate
+            self._tokens = min(self.rate * self.burst_s, self._tokens + refill)
+            self._last = now
+            self._tokens -= n
+            wait = -self._tokens / self.rate if self._tokens < 0 else 0.0
+        if wait > 0:
+            self._sleep(wait)
+
+
+def manifest_name(step: int) -> str:
+    return f"ckpt-{step}.manifest.json"
+
+
+def journal_name(step: int) -> str:
+    return f".ckpt-{step}.upload.json"
+
+
+def part_name(name: str) -> str:
+    return f".{name}.part"
+
+
+def local_files(local_dir: str | os.PathLike[str], step: int) -> list[Path]:
+    """The files of checkpoint ``ckpt-<step>`` in ``local_dir``: data shards, then the index.
+
+    TensorFlow writes the index only once the data shards are merged into place, so an
+    existing index means the checkpoint is final.
+
+    Raises:
+        FileNotFoundError: the index or one of the shards it needs is not there (not
+            written yet, or deleted by the CheckpointManager's ``max_to_keep``).
+    """
+    root = Path(local_dir)
+    index = root / f"ckpt-{step}.index"
+    if not index.is_file():
+        raise FileNotFoundError(
+            f"{index}: no such checkpoint index (not finalised by TensorFlow yet, or deleted)"
+        )
+    data: list[Path] = []
+    shards: set[int] = set()
+    prefix = f"ckpt-{step}.data-"
+    for entry in root.iterdir():
+        match = _FILE.match(entry.name)
+        if entry.name.startswith(prefix) and match:
+            data.append(entry)
+            shards.add(int(match.group(4)))
+    if not data or len(shards) != 1 or len(data) != shards.pop():
+        raise FileNotFoundError(
+            f"{root}: ckpt-{step} has an index but an incomplete set of data shards "
+            f"({sorted(p.name for p in data)}); it is being deleted or was damaged"
+        )
+    return [*sorted(data), index]
+
+
+def is_storage_error(exc: BaseException) -> bool:
+    """Errors that mean "the destination could not be used" rather than a bug here."""
+    if isinstance(exc, OSError):
+        return True
+    module = type(exc).__module__ or ""
+    return module.split(".", 1)[0] in ("botocore", "aiobotocore", "aiohttp", "s3fs", "fsspec")
+
+
+class Replica:
+    """One job's folder at a durable destination (see the module docstring for the layout).
+
+    ``url`` is that folder: a path, ``file://...``, ``s3://bucket/prefix/job``, or
+    another fsspec URL; ``storage_options`` go to fsspec (e.g. ``endpoint_url`` for
+    an S3-compatible server; credentials normally come from the environment).
+
+    One writer per folder: the daemon uploads a job's checkpoints one at a time.
+    Readers (:meth:`verify`, restore) may run at any time, from any host.
+
+    Raises:
+        TierError: the URL is empty, its protocol unknown, or its filesystem not
+            installed (``s3://`` needs ``pip install 'adaptd[s3]'``).
+    """
+
+    #: Poll period while ``should_yield()`` holds an upload.
+    yield_poll_s: float = 0.05
+    #: Longest single pause for ``should_yield``; then at least one chunk is sent,
+    #: so a job that saves back to back cannot starve its own replication.
+    max_yield_s: float = 30.0
+
+    def __init__(self, url: str, *, storage_options: Mapping[str, Any] | None = None) -> None:
+        if not isinstance(url, str) or not url.strip():
+            raise TierError(f"a destination URL must be a non-empty string, got {url!r}")
+        if storage_options is not None and not isinstance(storage_options, Mapping):
+            raise TierError(
+                f"storage_options must be a mapping of fsspec options, got {storage_options!r}"
+            )
+        import fsspec
+
+        self.url = url.strip().rstrip("/") or "/"
+        protocol, _ = fsspec.core.split_protocol(self.url)
+        try:
+            self.fs, self.root = fsspec.core.url_to_fs(self.url, **dict(storage_options or {}))
+        except ImportError as exc:
+            extra = " (pip install 'adaptd[s3]')" if protocol in ("s3", "s3a") else ""
+            raise TierError(
+                f"{self.url}: the {protocol}:// filesystem is not installed{extra}: {exc}"
+            ) from None
+        except ValueError as exc:
+            raise TierError(f"{self.url}: not a usable destination URL ({exc})") from None
+        self.root = self.root.rstrip("/") or "/"
+        protocols = self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,)
+        self.local = "file" in protocols or "local" in protocols
+        self.object_store = not self.local and bool(OBJECT_STORES.intersection(protocols))
+
+    def __repr__(self) -> str:
+        return f"Replica({self.url!r})"
+
+    # ------------------------------------------------------------------ paths, errors
+
+    def _path(self, name: str) -> str:
+        return f"{self.root}/{name}" if self.root != "/" else f"/{name}"
+
+    def _where(self, name: str | None = None) -> str:
+        return self.url if name is None else f"{self.url}/{name}"
+
+    @contextlib.contextmanager
+    def _errors(self, doing: str) -> Iterator[None]:
+        """Turn the filesystem's own exceptions into a TierError that names the URL."""
+        try:
+            yield
+        except TierError:
+            raise
+        except Exception as exc:
+            if not is_storage_error(exc):
+                raise
+            raise TierError(f"{self.url}: {doing} failed ({type(exc).__name__}: {exc})") from exc
+
+    def _listing(self) -> dict[str, int]:
+        """name -> size of every file in the folder (empty when the folder is absent)."""
+        with self._errors("listing"):
+            self.fs.invalidate_cache(self.root)
+            try:
+                entries = self.fs.ls(self.root, detail=True)
+            except FileNotFoundError:
+                return {}
+        out = {}
+        for e in entries:
+            if e.get("type", "file") == "file":
+                out[e["name"].rstrip("/").rsplit("/", 1)[-1]] = int(e.get("size") or 0)
+        return out
+
+    def _read_small(self, name: str) -> bytes | None:
+        """A small file's content, or None when it does not exist."""
+        with self._errors(f"reading {name}"):
+            try:
+                return self.fs.cat_file(self._path(name))
+            except FileNotFoundError:
+                return None
+
+    def _write_small(self, name: str, data: bytes) -> None:
+        """Replace a small file in one piece (manifest, LATEST, journal)."""
+        path = self._path(name)
+        with self._errors(f"writing {name}"):
+            if self.local:
+                tmp = Path(self._path(part_name(name)))
+                with open(tmp, "wb") as f:
+                    f.write(data)
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(tmp, path)
+                fsync_dir(self.root)
+            elif self.object_store:
+                self.fs.pipe_file(path, data)
+            else:
+                tmp = self._path(part_name(name))
+                self.fs.pipe_file(tmp, data)
+                self.fs.mv(tmp, path)
+
+    def _remove(self, names: Sequence[str]) -> None:
+        with self._errors(f"deleting {', '.join(names)}"):
+            for name in names:
+                with contextlib.suppress(FileNotFoundError):
+                    self.fs.rm_file(self._path(name))
+
+    # ------------------------------------------------------------------ reading
+
+    def steps(self) -> list[int]:
+        """Steps that have a manifest, ascending (whether their files verify or not)."""
+        found = (_MANIFEST.match(name) for name in self._listing())
+        return sorted(int(m.group(1)) for m in found if m)
+
+    def latest(self) -> int | None:
+        """``LATEST``'s step, or None when there is none.
+
+        Raises:
+            TierError: LATEST exists but is not ``{"step": N, ...}``.
+        """
+        raw = self._read_small(LATEST)
+        if raw is None:
+            return None
+        try:
+            step = json.loads(raw)["step"]
+            if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+                raise TypeError(f"step {step!r}")
+        except (ValueError, KeyError, TypeError) as exc:
+            raise TierError(f"{self._where(LATEST)}: not a LATEST marker ({exc})") from None
+        return step
+
+    def manifest(self, step: int) -> Manifest:
+        """The step's manifest.
+
+        Raises:
+            TierError: it does not exist or does not parse.
+        """
+        name = manifest_name(step)
+        raw = self._read_small(name)
+        if raw is None:
+            raise TierError(f"{self._where(name)}: no manifest, so step {step} is not there")
+        return Manifest.from_json(raw, step=step, where=self._where(name))
+
+    def check_sizes(self, manifest: Manifest) -> None:
+        """Every file of the manifest exists with its size: the cheap check, no reads.
+
+        Raises:
+            TierError: naming the first missing or wrongly sized file.
+        """
+        sizes = self._listing()
+        for f in manifest.files:
+            if f.name not in sizes:
+                raise TierError(f"{self._where(f.name)}: missing (step {manifest.step})")
+            if sizes[f.name] != f.size:
+                raise TierError(
+                    f"{self._where(f.name)}: {sizes[f.name]} bytes, the manifest says {f.size} "
+                    f"(truncated or replaced); step {manifest.step} is not usable"
+                )
+
+    def read_verified(
+        self,
+        entry: FileEntry,
+        out: IO[bytes] | None = None,
+        *,
+        step: int | None = None,
+        progress: Callable[[int], None] | None = None,
+    ) -> None:
+        """Stream one file, checking its size and sha256 against ``entry``.
+
+        Writes it to ``out`` when given (restore), else only hashes it (verify).
+        ``progress(n)`` after each chunk read.
+
+        Raises:
+            TierError: the file is missing, or its size or sha256 differs.
+        """
+        name = entry.name
+        what = f"step {step}" if step is not None else "this checkpoint"
+        h = hashlib.sha256()
+        n = 0
+        with self._errors(f"reading {name}"):
+            try:
+                src = self.fs.open(self._path(name), "rb", block_size=OBJECT_BLOCK)
+            except FileNotFoundError:
+                raise TierError(f"{self._where(name)}: missing ({what})") from None
+            with src:
+                while chunk := src.read(CHUNK):
+                    h.update(chunk)
+                    n += len(chunk)
+                    if out is not None:
+                        out.write(chunk)
+                    if progress is not None:
+                        progress(len(chunk))
+        if n != entry.size:
+            raise TierError(
+                f"{self._where(name)}: {n} bytes, the manifest says {entry.size} "
+                f"(truncated or replaced); {what} is not usable"
+            )
+        if h.hexdigest() != entry.sha256:
+            raise TierError(
+                f"{self._where(name)}: sha256 {h.hexdigest()[:12]}..., the manifest says "
+                f"{entry.sha256[:12]}... (corrupted); {what} is not usable"
+            )
+
+    def verify(self, step: int) -> Manifest:
+        """Check every file of a step (size, then a full read and sha256).
+
+        Raises:
+            TierError: naming the first bad or missing file (or the bad manifest).
+        """
+        manifest = self.manifest(step)
+        self.check_sizes(manifest)
+        for entry in manifest.files:
+            self.read_verified(entry, step=step)
+        return manifest
+
+    # ------------------------------------------------------------------ writing
+
+    def upload(
+        self,
+        local_dir: str | os.PathLike[str],
+        step: int,
+        job: str,
+        *,
+        throttle: Throttle | None = None,
+        should_yield: Callable[[], bool] | None = None,
+        progress: Callable[[int], None] | None = None,
+    ) -> UploadResult:
+        """Copy checkpoint ``ckpt-<step>`` from ``local_dir``, then publish it.
+
+        Streams each file in chunks (sha256 computed on the way), data shards first
+        and the index last; before each chunk ``throttle.take(n)`` (blocks to honour
+        the cap) and, while ``should_yield()`` is true, a pause (polled, at most
+        :attr:`max_yield_s` at a time); ``progress(n)`` after each chunk with the bytes
+        just sent. Then the manifest, then ``LATEST`` if ``step`` is newer than it.
+
+        An interrupted upload of the same step resumes: files recorded complete in
+        the journal (same local size and mtime, same size at the destination) are not
+        sent again, and on a mounted path the matching prefix of a partial file is
+        kept. A step whose manifest already lists the local files is not sent again
+        (only ``LATEST`` is advanced if a crash came before it).
+
+        Raises:
+            FileNotFoundError: the local checkpoint is not (or no longer) there.
+            TierError: the destination could not be written (named, with the cause).
+        """
+        if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+            raise ValueError(f"step must be a non-negative int, got {step!r}")
+        t0 = time.perf_counter()
+        files = local_files(local_dir, step)
+        stats = [(p, p.stat()) for p in files]
+        total = sum(st.st_size for _, st in stats)
+        if not self.object_store:
+            with self._errors("creating the folder"):
+                self.fs.makedirs(self.root, exist_ok=True)
+
+        done = self._already_published(step, stats)
+        if done is not None:
+            self._advance_latest(step)
+            return UploadResult(step, 0, total, len(files), time.perf_counter() - t0, len(files))
+
+        journal = self._read_journal(step)
+        remote_sizes = self._listing()
+        entries: list[FileEntry] = []
+        sent = resumed = 0
+        pacer = _Pacer(self, throttle, should_yield, progress)
+        for path, st in stats:
+            rec = journal.get(path.name)
+            if (
+                rec is not None
+                and rec.get("size") == st.st_size
+                and rec.get("mtime_ns") == st.st_mtime_ns
+                and remote_sizes.get(path.name) == st.st_size
+                and _SHA.match(str(rec.get("sha256")))
+            ):
+                entries.append(FileEntry(path.name, st.st_size, rec["sha256"]))
+                resumed += 1
+                continue
+            sha, n = self._send(path, st.st_size, pacer)
+            sent += n
+            entries.append(FileEntry(path.name, st.st_size, sha))
+            journal[path.name] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": sha}
+            self._write_small(journal_name(step), json.dumps(journal).encode())
+
+        manifest = Manifest(MANIFEST_VERSION, str(job), step, time.time(), total, tuple(entries))
+        self._write_small(manifest_name(step), manifest.to_json())
+        self._advance_latest(step)
+        self._remove([journal_name(step)])
+        seconds = time.perf_counter() - t0
+        log.debug(
+            "%s: step %d uploaded, %d of %d bytes sent (%d files resumed) in %.2fs",
+            self.url, step, sent, total, resumed, seconds,
+        )  # fmt: skip
+        return UploadResult(step, sent, total, len(files), seconds, resumed, pacer.yielded_s)
+
+    def _already_published(self, step: int, stats: list[tuple[Path, os.stat_result]]) -> object:
+        """The manifest, when it exists and lists exactly these local files and sizes."""
+        if manifest_name(step) not in self._listing():
+            return None
+        try:
+            manifest = self.manifest(step)
+        except TierError:
+            return None  # damaged: upload again, the new manifest replaces it
+        listed = {(f.name, f.size) for f in manifest.files}
+        if listed != {(p.name, st.st_size) for p, st in stats}:
+            return None
+        try:
+            self.check_sizes(manifest)
+        except TierError:
+            return None
+        return manifest
+
+    def _read_journal(self, step: int) -> dict[str, dict[str, Any]]:
+        raw = self._read_small(journal_name(step))
+        if raw is None:
+            return {}
+        try:
+            doc = json.loads(raw)
+            return {str(k): dict(v) for k, v in doc.items()}
+        except (ValueError, TypeError, AttributeError):
+            log.warning("%s: unreadable upload journal, sending every file", self.url)
+            return {}
+
+    def _send(self, path: Path, size: int, pacer: _Pacer) -> tuple[str, int]:
+        """Copy one file; returns (sha256 of its content, bytes sent this time)."""
+        # FileNotFoundError passes through: the checkpoint vanished
+        with open(path, "rb") as src:
+            if self.local:
+                return self._send_local(path.name, src, pacer)
+            h = hashlib.sha256()
+            sent = 0
+            final = self._path(path.name)
+            target = final if self.object_store else self._path(part_name(path.name))
+            with self._errors(f"writing {path.name}"):
+                dst = self.fs.open(target, "wb", block_size=OBJECT_BLOCK)
+                try:
+                    while chunk := pacer.read(src):
+                        h.update(chunk)
+                        dst.write(chunk)
+                        sent += len(chunk)
+                        pacer.sent(len(chunk))
+                except BaseException:
+                    # never complete a partial object under its final key
+                    with contextlib.suppress(Exception):
+                        dst.discard()
+                    dst.closed = True
+                    raise
+                dst.close()
+                if not self.object_store:
+                    self.fs.mv(target, final)
+            return h.hexdigest(), sent
+
+    def _send_local(self, name: str, src: IO[bytes], pacer: _Pacer) -> tuple[str, int]:
+        """Mounted path: write a hidden partial file, keep its valid prefix on resume."""
+        tmp = Path(self._path(part_name(name)))
+        h = hashlib.sha256()
+        with self._errors(f"writing {name}"):
+            kept = _matching_prefix(tmp, src, h) if tmp.exists() else 0
+            if kept:
+                log.info("%s: resuming %s after %d bytes already there", self.url, name, kept)
+            src.seek(kept)
+            sent = 0
+            with open(tmp, "r+b" if kept else "wb") as dst:
+                dst.seek(kept)
+                dst.truncate()
+                while chunk := pacer.read(src):
+                    h.update(chunk)
+                    dst.write(chunk)
+                    sent += len(chunk)
+                    pacer.sent(len(chunk))
+                dst.flush()
+                os.fsync(dst.fileno())
+            os.replace(tmp, self._path(name))
+            fsync_dir(self.root)
+        return h.hexdigest(), sent
+
+    def _advance_latest(self, step: int) -> None:
+        """Point LATEST at ``step`` unless it already names that step or a newer one."""
+        try:
+            current = self.latest()
+        except TierError as exc:
+            log.warning("%s; replacing it with step %d", exc, step)
+            current = None
+        if current is not None and current >= step:
+            if current > step:
+                log.info("%s: LATEST stays at step %d (uploaded %d)", self.url, current, step)
+            return
+        doc = {"step": step, "manifest": manifest_name(step), "updated": time.time()}
+        self._write_small(LATEST, (json.dumps(doc) + "\n").encode())
+
+    # ------------------------------------------------------------------ retention
+
+    def prune(self, *, keep_last: int, keep_every_s: float | None, now: float) -> list[int]:
+        """Delete the steps that are fully superseded; returns the deleted steps.
+
+        Kept: the newest ``keep_last`` steps, LATEST's step and anything newer (it may
+        be being published), and with ``keep_every_s`` the oldest step of each
+        ``keep_every_s``-long window of manifest ``created`` times (windows aligned to
+        the epoch, so a step kept for its window stays kept). Nothing is deleted while
+        there is no LATEST. Per deleted step the manifest goes first (readers stop
+        trusting the step), then its files. Leftovers of abandoned uploads (files of
+        a step older than LATEST with no manifest, untouched for an hour by ``now``)
+        are deleted too.
+
+        Raises:
+            ValueError: ``keep_last`` < 1 or ``keep_every_s`` <= 0.
+            TierError: the destination could not be listed or written.
+        """
+        if not isinstance(keep_last, int) or isinstance(keep_last, bool) or keep_last < 1:
+            raise ValueError(f"keep_last must be an int >= 1, got {keep_last!r}")
+        if keep_every_s is not None and not keep_every_s > 0:
+            raise ValueError(f"keep_every_s must be > 0 seconds or None, got {keep_every_s!r}")
+        latest = self.latest()
+        if latest is None:
+            return []
+        names = self._listing()
+        steps = sorted({int(m.group(1)) for n in names if (m := _MANIFEST.match(n))})
+        keep = {s for s in steps if s >= latest} | set(steps[-keep_last:])
+        if keep_every_s is not None:
+            first_in_window: dict[int, tuple[float, int]] = {}
+            for s in steps:
+                try:
+                    created = self.manifest(s).created
+                except TierError:
+                    continue  # an unreadable manifest cannot hold a window
+                window = math.floor(created / keep_every_s)
+                if window not in first_in_window or created < first_in_window[window][0]:
+                    first_in_window[window] = (created, s)
+            keep |= {s for _, s in first_in_window.values()}
+        deleted = []
+        for s in steps:
+            if s in keep:
+                continue
+            self._remove([manifest_name(s)])
+            self._remove(sorted(n for n in names if _step_of(n) == s and not _MANIFEST.match(n)))
+            deleted.append(s)
+        self._prune_abandoned(names, set(steps), latest, now)
+        if deleted:
+            log.info("%s: pruned steps %s", self.url, deleted)
+        return deleted
+
+    def _prune_abandoned(self, names: dict[str, int], steps: set[int], latest: int, now: float):
+        abandoned: dict[int, list[str]] = {}
+        for name in names:
+            s = _step_of(name)
+            if s is not None and s < latest and s not in steps:
+                abandoned.setdefault(s, []).append(name)
+        for s, files in sorted(abandoned.items()):
+            with self._errors(f"looking at step {s}'s leftovers"):
+                newest = max(self.fs.modified(self._path(n)).timestamp() for n in files)
+            if now - newest >= ABANDONED_AFTER_S:
+                log.info("%s: deleting leftovers of an abandoned upload: %s", self.url, files)
+                self._remove(sorted(files))
+
+
+#: A step older than LATEST whose files have no manifest and were not written for this
+#: long is an upload that will never finish (its local checkpoint is gone).
+ABANDONED_AFTER_S = 3600.0
+
+
+def _step_of(name: str) -> int | None:
+    for pattern in (_FILE, _MANIFEST, _JOURNAL):
+        if m := pattern.match(name):
+            return int(m.group(1))
+    if m := _PART.match(name):
+        return int(m.group(2))
+    return None
+
+
+class _Pacer:
+    """Throttle, yield and progress around each chunk of one upload."""
+
+    def __init__(
+        self,
+        replica: Replica,
+        throttle: Throttle | None,
+        should_yield: Callable[[], bool] | None,
+        progress: Callable[[int], None] | None,
+    ) -> None:
+        self.replica = replica
+        self.throttle = throttle
+        self.should_yield = should_yield
+        self.progress = progress
+        self.yielded_s = 0.0
+
+    def read(self, src: IO[bytes]) -> bytes:
+        """The next chunk of ``src``, once the throttle and ``should_yield`` allow it."""
+        if self.should_yield is not None and self.should_yield():
+            t0 = time.monotonic()
+            deadline = t0 + self.replica.max_yield_s
+            while self.should_yield() and time.monotonic() < deadline:
+                time.sleep(self.replica.yield_poll_s)
+            self.yielded_s += time.monotonic() - t0
+        chunk = src.read(CHUNK)
+        if chunk and self.throttle is not None:
+            self.throttle.take(len(chunk))
+        return chunk
+
+    def sent(self, n: int) -> None:
+        if self.progress is not None:
+            self.progress(n)
+
+
+def _matching_prefix(tmp: Path, src: IO[bytes], h: Any) -> int:
+    """Length of the prefix of ``tmp`` that equals ``src`` (whole chunks), hashing it."""
+    kept = 0
+    with open(tmp, "rb") as part:
+        while True:
+            theirs = part.read(CHUNK)
+            ours = src.read(CHUNK)
+            if not theirs or len(theirs) != len(ours) or theirs != ours:
+                break
+            h.update(ours)
+            kept += len(ours)
+    return kept
+
+
+def fsync_dir(path: str) -> None:
+    """Make a rename in ``path`` durable (POSIX: fsync the directory)."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
