@@ -175,11 +175,44 @@ class DaemonInfo(msgspec.Struct, frozen=True):
     peers: int
 
 
+class ReplicationInfo(msgspec.Struct, frozen=True):
+    """One job's replication to one destination (tiered storage, docs/tiers.md).
+
+    ``seconds_behind``: how long the destination has lacked a checkpoint that exists
+    locally (the age of the oldest local save newer than its newest replicated step;
+    0 when up to date). ``pending_bytes``: what is left of the running upload plus
+    the queued one. Throughputs in bytes/s: the running upload's and the last one's.
+    """
+
+    destination: str
+    job: str
+    url: str
+    last_step: int | None  # newest step replicated there (its LATEST)
+    uploading_step: int | None
+    pending_step: int | None  # queued behind the running upload or other jobs
+    pending_uploads: int
+    pending_bytes: int
+    seconds_behind: float
+    throughput_bytes_s: float | None
+    last_throughput_bytes_s: float | None
+    uploaded_bytes: int
+    uploads: int
+    failures: int
+    skipped: int  # deleted locally before upload, or already there
+    yields: int  # times an upload paused for a job's save on the same disk
+    yielding: bool = False
+    last_error: str = ""
+    last_error_age_s: float | None = None
+    next_retry_s: float | None = None
+
+
 class StatusReply(Reply, frozen=True, tag="status"):
     daemon: DaemonInfo
     jobs: list[JobInfo]
     #: the host's newest telemetry (``adaptd.telemetry.report.to_dict``), when wired
     telemetry: dict[str, t.Any] | None = None
+    #: per job and destination, when the daemon replicates checkpoints (tiered storage)
+    replication: list[ReplicationInfo] | None = None
 
 
 class SaveNowReply(Reply, frozen=True, tag="save_now"):

@@ -13,9 +13,12 @@ Layout (see ``systemd/adaptd.toml`` for a commented example)::
     [policy]      default, gpu_mtbf_hours
     [metrics]     listen, slow_save_s
     [retention]   days, rows
-    [jobs."PATTERN"]   policy, paused   (PATTERN: a job id or a glob; an exact id's
-                                         entry wins, matching globs fill the rest)
+    [jobs."PATTERN"]   policy, paused, staging, replicate_to   (PATTERN: a job id or a
+                       glob; an exact id's entry wins, matching globs fill the rest)
     [storage."NAME"]   path, max_concurrent_saves
+    [destinations.NAME]  url, bandwidth_mib_s, max_concurrent, keep_last,
+                         keep_every_hours, storage_options   (tiered storage: where
+                         the daemon replicates jobs' checkpoints, see docs/tiers.md)
 
 :func:`load` is what ``adaptd serve`` and ``adaptd serve --check-config`` call: it
 returns a frozen :class:`Config` or raises :class:`ConfigError` whose message names
@@ -79,11 +82,26 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class JobOverride:
-    """Settings for jobs whose id matches ``pattern`` (exact id or shell glob)."""
+    """Settings for jobs whose id matches ``pattern`` (exact id or shell glob).
+
+    ``staging`` is the local directory the job's hook saves to, with ``{job}`` standing
+    for the job id; the daemon replicates checkpoints from there (and only from there)
+    to each destination named in ``replicate_to``.
+    """
 
     pattern: str
     policy: str | None = None  # a policy spec, validated with adaptd.policy.parse
     paused: bool | None = None  # start the job with non-urgent saves held
+    staging: str | None = None  # absolute path template; "{job}" is replaced by the id
+    replicate_to: tuple[str, ...] | None = None  # names of [destinations.NAME] sections
+
+    def staging_dir(self, job: str) -> Path | None:
+        """The job's staging directory (``None``: not configured)."""
+        return None if self.staging is None else Path(self.staging.replace(JOB_PLACEHOLDER, job))
+
+
+#: Stands for the job id in ``jobs."PATTERN".staging``.
+JOB_PLACEHOLDER = "{job}"
 
 
 @dataclass(frozen=True)
@@ -97,6 +115,34 @@ class StorageTarget:
     name: str
     path: Path
     max_concurrent_saves: int | None = None
+
+
+@dataclass(frozen=True)
+class Destination:
+    """A durable place the daemon replicates checkpoints to (``[destinations.NAME]``).
+
+    Each job's checkpoints go to ``<url>/<job id>``. ``bandwidth_mib_s`` caps all
+    uploads to it together (``None``: no cap); ``max_concurrent`` uploads run at once
+    (the rest wait, oldest first, so jobs sharing it are staggered). Remote
+    retention keeps the newest ``keep_last`` checkpoints, plus one per
+    ``keep_every_hours`` window when set. ``storage_options`` go to fsspec as they are.
+    """
+
+    name: str
+    url: str
+    bandwidth_mib_s: float | None = None
+    max_concurrent: int = 1
+    keep_last: int = 3
+    keep_every_hours: float | None = None
+    storage_options: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+
+    def job_url(self, job: str) -> str:
+        """Where ``job``'s checkpoints go: ``<url>/<job>``."""
+        return f"{self.url.rstrip('/')}/{job}"
+
+    @property
+    def bandwidth_bytes_s(self) -> float | None:
+        return None if self.bandwidth_mib_s is None else self.bandwidth_mib_s * 2**20
 
 
 @dataclass(frozen=True)
@@ -123,6 +169,7 @@ class Config:
     retention_rows: int = 200_000
     jobs: tuple[JobOverride, ...] = ()
     storage: Mapping[str, StorageTarget] = field(default_factory=lambda: MappingProxyType({}))
+    destinations: Mapping[str, Destination] = field(default_factory=lambda: MappingProxyType({}))
     source: str = ""  # the file this came from ("" for built-in defaults)
 
     @property
@@ -155,7 +202,25 @@ class Config:
             return None
         policy = next((o.policy for o in matching if o.policy is not None), None)
         paused = next((o.paused for o in matching if o.paused is not None), None)
-        return JobOverride(pattern=matching[0].pattern, policy=policy, paused=paused)
+        staging = next((o.staging for o in matching if o.staging is not None), None)
+        to = next((o.replicate_to for o in matching if o.replicate_to is not None), None)
+        return JobOverride(
+            pattern=matching[0].pattern,
+            policy=policy,
+            paused=paused,
+            staging=staging,
+            replicate_to=to,
+        )
+
+    def replication_for(self, job: str) -> tuple[Path, tuple[Destination, ...]] | None:
+        """``job``'s staging directory and the destinations it is replicated to, or
+        ``None`` when the config replicates nothing of it."""
+        o = self.job_override(job)
+        if o is None or not o.replicate_to or o.staging is None:
+            return None
+        staging = o.staging_dir(job)
+        assert staging is not None
+        return staging, tuple(self.destinations[n] for n in o.replicate_to)
 
     def policy_for(self, job: str) -> str:
         """The policy spec ``job`` gets from the config (its override or the default)."""
@@ -232,7 +297,25 @@ class Config:
         d["socket_mode"] = oct(self.socket_mode)
         d["admin_socket_mode"] = oct(self.admin_socket_mode)
         d["metrics_url"] = self.metrics_url
+        for dest in d["destinations"].values():
+            dest["storage_options"] = _redacted(dest["storage_options"])
         return d
+
+
+#: storage_options keys whose values ``as_dict`` hides (credentials).
+_SECRET_WORDS = ("key", "secret", "token", "password", "credential")
+
+
+def _redacted(v: Any) -> Any:
+    """``storage_options`` for printing: credentials replaced by ``"***"``."""
+    if isinstance(v, Mapping):
+        return {
+            k: "***"
+            if any(w in str(k).lower() for w in _SECRET_WORDS) and not isinstance(x, Mapping)
+            else _redacted(x)
+            for k, x in v.items()
+        }
+    return v
 
 
 def _plain(v: Any) -> Any:
@@ -300,7 +383,7 @@ def from_mapping(data: Mapping[str, Any], *, source: str = "") -> Config:
 
 # --------------------------------------------------------------------------- validation
 
-_SECTIONS = ("daemon", "policy", "metrics", "retention", "jobs", "storage")
+_SECTIONS = ("daemon", "policy", "metrics", "retention", "jobs", "storage", "destinations")
 _DAEMON_KEYS = (
     "socket",
     "admin_socket",
@@ -318,8 +401,16 @@ _DAEMON_KEYS = (
 _POLICY_KEYS = ("default", "gpu_mtbf_hours")
 _METRICS_KEYS = ("listen", "slow_save_s")
 _RETENTION_KEYS = ("days", "rows")
-_JOB_KEYS = ("policy", "paused")
+_JOB_KEYS = ("policy", "paused", "staging", "replicate_to")
 _STORAGE_KEYS = ("path", "max_concurrent_saves")
+_DESTINATION_KEYS = (
+    "url",
+    "bandwidth_mib_s",
+    "max_concurrent",
+    "keep_last",
+    "keep_every_hours",
+    "storage_options",
+)
 
 
 class _Reader:
@@ -448,6 +539,7 @@ class _Reader:
                 f"must be at least daemon.sample_interval_s ({sample:g}), got {liveness:g}",
             )
         mtbf_h = self.number(p, "policy", "gpu_mtbf_hours", PRIOR_GPU_MTBF_S / 3600, minimum=0)
+        destinations = self.destinations(data.get("destinations", {}))
         return Config(
             socket=socket,
             admin_socket=self.admin_socket(d, socket, run_dir),
@@ -471,8 +563,9 @@ class _Reader:
             retention_days=self.number(r, "retention", "days", 30.0, minimum=0),
             retention_rows=self.number(r, "retention", "rows", 200_000, minimum=1, integer=True,
                                        exclusive=False),
-            jobs=self.jobs(data.get("jobs", {})),
+            jobs=self.jobs(data.get("jobs", {}), destinations),
             storage=self.storage(data.get("storage", {})),
+            destinations=destinations,
             source=self.source,
         )  # fmt: skip
 
@@ -526,21 +619,151 @@ class _Reader:
             return None
         return parse_listen(v, key="metrics.listen", fail=self.fail)
 
-    def jobs(self, data: Any) -> tuple[JobOverride, ...]:
+    def jobs(self, data: Any, destinations: Mapping[str, Destination]) -> tuple[JobOverride, ...]:
         if not isinstance(data, Mapping):
             raise self.fail("jobs", f'must be a table of [jobs."ID"] sections, got {_show(data)}')
         out = []
         for pattern, body in data.items():
             where = f'jobs."{pattern}"'
             t = self.table(body, where, _JOB_KEYS)
+            staging = self.staging(t, where, pattern)
+            replicate_to = self.replicate_to(t, where, destinations)
+            if replicate_to and staging is None:
+                raise self.fail(
+                    f"{where}.replicate_to",
+                    f"needs {where}.staging too: the local directory the job saves to "
+                    '(e.g. staging = "/local/nvme/ckpts/{job}"); the daemon replicates '
+                    "only from there",
+                )
             out.append(
                 JobOverride(
                     pattern=pattern,
                     policy=self.policy_spec(t, where, "policy", None),
                     paused=self.boolean(t, where, "paused", None),
+                    staging=staging,
+                    replicate_to=replicate_to,
                 )
             )
         return tuple(out)
+
+    def staging(self, t: Mapping[str, Any], where: str, pattern: str) -> str | None:
+        v = self.string(t, where, "staging", None)
+        if v is None:
+            return None
+        dotted = f"{where}.staging"
+        probe = v.replace(JOB_PLACEHOLDER, "job")
+        if "{" in probe or "}" in probe:
+            raise self.fail(
+                dotted, f"the only placeholder allowed is {JOB_PLACEHOLDER} (the job id), got {v!r}"
+            )
+        if not v.strip() or not Path(probe).expanduser().is_absolute():
+            raise self.fail(dotted, f"must be an absolute path, got {_show(v)}")
+        if JOB_PLACEHOLDER not in v and any(c in pattern for c in "*?["):
+            raise self.fail(
+                dotted,
+                f"{pattern!r} matches many jobs, so the path needs {JOB_PLACEHOLDER} for the "
+                f"job id (each job saves to its own directory), got {v!r}",
+            )
+        return str(Path(v).expanduser())
+
+    def replicate_to(
+        self, t: Mapping[str, Any], where: str, destinations: Mapping[str, Destination]
+    ) -> tuple[str, ...] | None:
+        if "replicate_to" not in t:
+            return None
+        v, dotted = t["replicate_to"], f"{where}.replicate_to"
+        if isinstance(v, str):
+            v = [v]
+        if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+            raise self.fail(dotted, f"must be a list of destination names, got {_show(v)}")
+        for name in v:
+            if name not in destinations:
+                lowered = {d.lower(): d for d in destinations}
+                near = difflib.get_close_matches(name.lower(), list(lowered), n=1, cutoff=0.6)
+                hint = f"; did you mean {lowered[near[0]]!r}?" if near else ""
+                known = ", ".join(destinations) or "none: add a [destinations.NAME] section"
+                raise self.fail(dotted, f"unknown destination {name!r}{hint} (defined: {known})")
+        if len(set(v)) != len(v):
+            raise self.fail(dotted, f"names a destination twice: {v!r}")
+        return tuple(v)
+
+    def destinations(self, data: Any) -> Mapping[str, Destination]:
+        if not isinstance(data, Mapping):
+            raise self.fail(
+                "destinations",
+                f"must be a table of [destinations.NAME] sections, got {_show(data)}",
+            )
+        out: dict[str, Destination] = {}
+        for name, body in data.items():
+            where = f"destinations.{name}"
+            if not name or not all(c.isalnum() or c in "_-." for c in name):
+                raise self.fail(
+                    where, "a destination name may hold only letters, digits, '_', '-', '.'"
+                )
+            t = self.table(body, where, _DESTINATION_KEYS)
+            if "url" not in t:
+                raise self.fail(
+                    f"{where}.url",
+                    'is required: where checkpoints go ("s3://bucket/prefix", "/mnt/nfs/ckpts" '
+                    'or "file:///...")',
+                )
+            keep_every = None
+            if "keep_every_hours" in t:
+                keep_every = self.number(t, where, "keep_every_hours", 0, minimum=0)
+            bandwidth = None
+            if "bandwidth_mib_s" in t:
+                bandwidth = self.number(t, where, "bandwidth_mib_s", 0, minimum=0)
+            options = t.get("storage_options", {})
+            if not isinstance(options, Mapping):
+                raise self.fail(
+                    f"{where}.storage_options",
+                    f"must be a table of fsspec options (e.g. {{ endpoint_url = "
+                    f'"http://127.0.0.1:9000" }}), got {_show(options)}',
+                )
+            out[name] = Destination(
+                name=name,
+                url=self.url(t["url"], f"{where}.url"),
+                bandwidth_mib_s=bandwidth,
+                max_concurrent=self.number(t, where, "max_concurrent", 1, minimum=1,
+                                           integer=True, exclusive=False),
+                keep_last=self.number(t, where, "keep_last", 3, minimum=1, integer=True,
+                                      exclusive=False),
+                keep_every_hours=keep_every,
+                storage_options=MappingProxyType(dict(options)),
+            )  # fmt: skip
+        return MappingProxyType(out)
+
+    def url(self, v: Any, dotted: str) -> str:
+        """A destination URL: an absolute path, ``file://``, ``s3://bucket[/prefix]`` (with
+        s3fs installed) or another protocol fsspec knows."""
+        if not isinstance(v, str) or not v.strip():
+            raise self.fail(dotted, f"must be a URL or an absolute path, got {_show(v)}")
+        scheme, sep, rest = v.partition("://")
+        if not sep:
+            if not Path(v).expanduser().is_absolute():
+                raise self.fail(dotted, f"a local destination must be an absolute path, got {v!r}")
+            return str(Path(v).expanduser())
+        if scheme == "file":
+            if not rest.startswith("/"):
+                raise self.fail(dotted, f"file:// needs an absolute path (file:///...), got {v!r}")
+            return v
+        import fsspec
+
+        if scheme not in fsspec.available_protocols():
+            raise self.fail(
+                dotted, f"unknown protocol {scheme!r} in {v!r} (use s3://, file:// or a path)"
+            )
+        if scheme in ("s3", "s3a"):
+            if not rest.split("/", 1)[0]:
+                raise self.fail(dotted, f"needs a bucket: s3://BUCKET[/PREFIX], got {v!r}")
+            import importlib.util
+
+            if importlib.util.find_spec("s3fs") is None:
+                raise self.fail(
+                    dotted,
+                    f"{v!r} needs s3fs, which is not installed; pip install 'adaptd[s3]'",
+                )
+        return v
 
     def storage(self, data: Any) -> Mapping[str, StorageTarget]:
         if not isinstance(data, Mapping):

@@ -15,6 +15,13 @@ Names follow the Prometheus conventions: prefix ``adaptd_``, base units
 The per-job label is ``job_id``, not ``job``: Prometheus attaches its own ``job``
 label to every scraped series, and a clash would rename ours to ``exported_job``.
 
+Tiered storage (the daemon's Replicator, :mod:`adaptd.tiers.replicator`) adds
+``adaptd_replication_*`` series per ``destination`` and ``job_id``: pending bytes and
+uploads, seconds behind, bytes uploaded, uploads by result, the newest replicated
+step, and per destination the recent throughput and an upload-time histogram. They
+are rendered at scrape time from the Replicator's status (``replication_source``),
+so the lag keeps growing between events.
+
 A save is *bad* when it failed, blocked the loop longer than ``slow_save_s``, or
 took longer to become durable than the job's planned interval (the next save
 would be due before it finished). ``adaptd_job_bad_save_streak`` counts bad saves
@@ -25,7 +32,8 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -35,6 +43,12 @@ from prometheus_client.registry import Collector
 from adaptd import __version__, events
 from adaptd.snapshot import Snapshot
 from adaptd.store import DecisionRecord, FailureRecord, SaveRecord
+
+if TYPE_CHECKING:
+    from adaptd.admin import ReplicationInfo
+
+#: What the Replicator shows the metrics: its status rows and each destination's throughput.
+ReplicationView = tuple["list[ReplicationInfo]", Mapping[str, float]]
 
 #: Histogram buckets for save times: 1 ms to 10 min, about three per decade.
 SAVE_BUCKETS = (
@@ -136,6 +150,13 @@ class Metrics:
         )  # fmt: skip
         self._host = _SnapshotCollector()
         r.register(self._host)
+        self.upload_seconds = Histogram(
+            "adaptd_replication_upload_seconds",
+            "Time a successful upload of one checkpoint to a destination took.",
+            ["destination"], buckets=SAVE_BUCKETS, registry=r,
+        )  # fmt: skip
+        self._replication = _ReplicationCollector()
+        r.register(self._replication)
 
         self._lock = threading.Lock()
         self._streaks: dict[str, int] = {}
@@ -230,6 +251,15 @@ class Metrics:
     def on_rejected(self, code: str, n: int = 1) -> None:
         """``n`` messages were refused with ``code`` (``ProtocolError.code``)."""
         self.rejected.labels(code).inc(n)
+
+    def set_replication_source(self, source: Callable[[], ReplicationView] | None) -> None:
+        """Where the ``adaptd_replication_*`` series come from at scrape time (the
+        service passes its Replicator's view; ``None``: no replication series)."""
+        self._replication.source = source
+
+    def on_upload(self, destination: str, seconds: float) -> None:
+        """A checkpoint finished uploading to ``destination`` in ``seconds``."""
+        self.upload_seconds.labels(destination).observe(seconds)
 
     def set_jobs(self, n: int) -> None:
         self.jobs.set(n)
@@ -455,6 +485,80 @@ class _SnapshotCollector(Collector):
                 host_mem.add_metric([], snap.host.mem_available_bytes)
         yield from (util, mem_util, mem_used, mem_total, power, temp, ecc, pending)
         yield from (busy, wlat, wrate, writing, host_mem, state_err, state_drop)
+
+
+class _ReplicationCollector(Collector):
+    """Renders the Replicator's status rows at scrape time."""
+
+    def __init__(self) -> None:
+        self.source: Callable[[], ReplicationView] | None = None
+
+    def describe(self) -> Iterable[Metric]:
+        return list(self._families([], {}))
+
+    def collect(self) -> Iterator[Metric]:
+        if self.source is None:
+            return
+        rows, throughput = self.source()
+        yield from self._families(rows, throughput)
+
+    def _families(self, rows: list[ReplicationInfo], throughput: Mapping[str, float]):
+        ll = ["destination", JOB]
+        pending_bytes = GaugeMetricFamily(
+            "adaptd_replication_pending_bytes",
+            "Bytes still to upload: the rest of the running upload plus the queued checkpoint.",
+            labels=ll,
+        )
+        pending = GaugeMetricFamily(
+            "adaptd_replication_pending_uploads",
+            "Uploads running or queued (0-2: a newer checkpoint replaces a queued one).",
+            labels=ll,
+        )
+        behind = GaugeMetricFamily(
+            "adaptd_replication_lag_seconds",
+            "How long the destination has lacked a checkpoint that exists locally (0: current).",
+            labels=ll,
+        )
+        last = GaugeMetricFamily(
+            "adaptd_replication_last_step",
+            "Newest step replicated to the destination (its LATEST).",
+            labels=ll,
+        )
+        sent = CounterMetricFamily(
+            "adaptd_replication_uploaded_bytes",
+            "Bytes sent to the destination (resumed uploads send only what was missing).",
+            labels=ll,
+        )
+        uploads = CounterMetricFamily(
+            "adaptd_replication_uploads",
+            "Checkpoint uploads by result: ok, failed (retried with backoff), skipped "
+            "(deleted locally first, or already there).",
+            labels=[*ll, "result"],
+        )
+        yields = CounterMetricFamily(
+            "adaptd_replication_yields",
+            "Times an upload paused because a job was saving on the same disk.",
+            labels=ll,
+        )
+        rate = GaugeMetricFamily(
+            "adaptd_replication_throughput_bytes_per_second",
+            "Bytes per second sent to the destination over the last few seconds.",
+            labels=["destination"],
+        )
+        for r in rows:
+            lv = [r.destination, r.job]
+            pending_bytes.add_metric(lv, r.pending_bytes)
+            pending.add_metric(lv, r.pending_uploads)
+            behind.add_metric(lv, r.seconds_behind)
+            _add(last, lv, r.last_step)
+            sent.add_metric(lv, r.uploaded_bytes)
+            uploads.add_metric([*lv, "ok"], r.uploads)
+            uploads.add_metric([*lv, "failed"], r.failures)
+            uploads.add_metric([*lv, "skipped"], r.skipped)
+            yields.add_metric(lv, r.yields)
+        for name, bps in sorted(throughput.items()):
+            rate.add_metric([name], bps)
+        yield from (pending_bytes, pending, behind, last, sent, uploads, yields, rate)
 
 
 def _add(family: GaugeMetricFamily | CounterMetricFamily, labels: list[str], value: object) -> None:
