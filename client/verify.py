@@ -29,6 +29,7 @@ whose ``problems`` say what is wrong. It needs TensorFlow (``adaptd[tensorflow]`
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import os
 import re
@@ -456,7 +457,15 @@ def _read_tensors(
         if name in skip:
             continue  # already reported with its shard
         try:
-            value = reader.get_tensor(name)
+            if dtypes[name] == tf.variant:
+                # a tf.data iterator's state: the numpy-based reader cannot convert a
+                # variant, TensorFlow's restore op reads it (checking its CRC32C) as is
+                value = tf.raw_ops.RestoreV2(
+                    prefix=str(prefix), tensor_names=[name], shape_and_slices=[""],
+                    dtypes=[tf.variant],
+                )  # fmt: skip
+            else:
+                value = reader.get_tensor(name)
         except Exception as exc:
             msg = _tf_message(exc)
             kind = CORRUPTED if isinstance(exc, tf.errors.DataLossError) else UNREADABLE_TENSOR
@@ -502,11 +511,14 @@ def _check_object_graph(value: Any, present: dict[str, Any], acc: _Acc) -> None:
     except Exception as exc:
         acc.add(CORRUPTED, f"{_OBJECT_GRAPH_KEY} does not parse ({exc})")
         return
+    # A saveable may store its attribute under the key plus a suffix: a tf.data
+    # iterator's ``.ATTRIBUTES/ITERATOR`` is the tensor ``.ATTRIBUTES/ITERATOR_STATE``.
+    names = sorted(present)
     missing = sorted(
         attr.checkpoint_key
         for node in graph.nodes
         for attr in node.attributes
-        if attr.checkpoint_key not in present
+        if attr.checkpoint_key not in present and not _has_prefix(names, attr.checkpoint_key)
     )
     if missing:
         acc.add(
@@ -514,6 +526,12 @@ def _check_object_graph(value: Any, present: dict[str, Any], acc: _Acc) -> None:
             f"the object graph names {len(missing)} tensor(s) the index lacks, "
             f"e.g. {missing[0]}: Checkpoint.restore would fail",
         )
+
+
+def _has_prefix(names: list[str], key: str) -> bool:
+    """Whether a name in the sorted ``names`` starts with ``key``."""
+    i = bisect.bisect_left(names, key)
+    return i < len(names) and names[i].startswith(key)
 
 
 def _tf_message(exc: BaseException) -> str:
