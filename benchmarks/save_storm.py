@@ -11,32 +11,39 @@ side in one run, with the same jobs, state sizes and bandwidth cap:
   destination with its Replicator: one upload at a time per destination, oldest
   first (staggered).
 
-The shared destination is a ``tools/slowfs.py`` FUSE passthrough mount with one
+The shared destination is a ``scripts/slowfs.py`` FUSE passthrough mount with one
 token bucket (``--bandwidth-mib-s``) shared by every writer, standing for an NFS
 server that all jobs share. Each job is a real TensorFlow process holding
 ``--state-mb`` of float32 state that changes every step (a matmul workload plus an
 optimizer-like update of every variable). Before each storm every job trains
-``--steps-between`` steps, reports ready and waits on its stdin; when all are ready
-and the previous storm is durable on the destination, the driver releases them at
-once and each calls ``save()`` at the same step. The first storm is a warm-up and is
-not counted.
+``--steps-between`` steps, reports ready and waits on its stdin; the driver then
+releases them at once and each calls ``save()`` at the same step. The first storm
+is a warm-up and is not counted; the first measured storm starts once the warm-up
+is durable everywhere. The next storms follow every ``--interval-s`` (by default
+half the time the capped destination needs for one storm's bytes): as in a real
+storm, a job's next save comes while its previous write may still be running, which
+is where writing straight to a slow shared server blocks the training loop (the
+hook allows one write in flight). ``--interval-s 0`` releases each storm only when
+the previous one is durable everywhere (isolated storms).
 
 Per save it records:
 
 * ``blocked`` — the time the training loop spent in the save call (the hook's
   ``blocking_s``: includes waiting for the job's previous write, if any), and
   ``stall`` = blocked + the extra step time while the write ran (``extra_step_s``);
-* ``durable on shared`` — from the save call to the moment the checkpoint is
-  complete on the shared destination: the ``checkpoint`` state file names it
-  (direct) or the job's ``LATEST`` there names it (staged), polled every 10 ms on
-  the mount's backing directory (so the figure's resolution is about 10 ms).
+* ``durable on shared`` — from the save call to the moment a checkpoint of that
+  step or a newer one is complete on the shared destination: the ``checkpoint``
+  state file names it (direct) or the job's ``LATEST`` there names it (staged),
+  polled every 10 ms on the mount's backing directory by a watcher thread (so the
+  figure's resolution is about 10 ms).
 
 Usage::
 
-    python benchmarks/save_storm.py                      # 8 jobs x 64 MB, 150 MiB/s
-    python benchmarks/save_storm.py --jobs 4 --state-mb 32 --storms 2 --json
+    python benchmarks/save_storm.py                      # 8 jobs x 32 MiB, 64 MiB/s
+    python benchmarks/save_storm.py --jobs 4 --state-mb 16 --storms 2 --json
 
-Needs root or FUSE permissions for the slowfs mount. Not part of the test suite.
+Needs root or FUSE permissions for the slowfs mount (mfusepy and libfuse3, see
+scripts/slowfs.py). Not part of the test suite.
 """
 
 from __future__ import annotations
@@ -68,14 +75,21 @@ POLL_S = 0.01
 # ---------------------------------------------------------------------- the job
 
 
+VAR_BYTES = 16 * 2**20  # the state is float32 variables of 16 MiB each
+
+
+def _state_bytes(mb: int) -> int:
+    return max(1, math.ceil(mb / 16)) * VAR_BYTES
+
+
 def _build(mb: int):
     import tensorflow as tf
 
     tf.config.threading.set_inter_op_parallelism_threads(1)
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.random.set_seed(0)
-    per_var = 16 * 2**20 // 4  # 16 MiB float32 variables
-    n_vars = max(1, math.ceil(mb / 16))
+    per_var = VAR_BYTES // 4
+    n_vars = _state_bytes(mb) // VAR_BYTES
     state = tf.Module()
     state.vars = [tf.Variable(tf.random.uniform([per_var]), name=f"w{i}") for i in range(n_vars)]
     a = tf.Variable(tf.random.uniform([192, 192]))
@@ -223,26 +237,55 @@ def _state_step(path: Path) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def wait_durable(files: list[Path], step: int, deadline_s: float, jobs: Jobs) -> list[float]:
-    """Poll until each file names ``step`` (or later); the wall time each first did."""
-    seen: list[float | None] = [None] * len(files)
-    end = time.monotonic() + deadline_s
-    pause = threading.Event()
-    while any(t is None for t in seen):
-        now = time.time()
-        for k, path in enumerate(files):
-            if seen[k] is None:
+class Durability:
+    """Watches each job's state file on the destination (on a thread, every ``POLL_S``).
+
+    Records the wall time each file first named each newer step, so the driver can
+    release the next storm while earlier checkpoints are still on their way.
+    """
+
+    def __init__(self, files: list[Path]) -> None:
+        self.files = files
+        self._seen: list[list[tuple[float, int]]] = [[] for _ in files]
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            now = time.time()
+            for k, path in enumerate(self.files):
                 s = _state_step(path)
-                if s is not None and s >= step:
-                    seen[k] = now
-        if time.monotonic() > end:
-            missing = [str(files[k]) for k, t in enumerate(seen) if t is None]
-            raise TimeoutError(f"step {step} not durable within {deadline_s:.0f}s at {missing}")
-        for k, proc in enumerate(jobs.procs):
-            if proc.poll() not in (None, 0):
-                raise RuntimeError(f"job {k} exited with status {proc.returncode}")
-        pause.wait(POLL_S)
-    return seen  # type: ignore[return-value]
+                with self._lock:
+                    seen = self._seen[k]
+                    if s is not None and (not seen or s > seen[-1][1]):
+                        seen.append((now, s))
+            self._stop.wait(POLL_S)
+
+    def when(self, k: int, step: int) -> float | None:
+        """When file ``k`` first named ``step`` or a later one (None: not yet)."""
+        with self._lock:
+            return next((t for t, s in self._seen[k] if s >= step), None)
+
+    def wait(self, step: int, deadline_s: float, jobs: Jobs) -> None:
+        """Until every file names ``step`` or later; raises if a job dies or time runs out."""
+        end = time.monotonic() + deadline_s
+        pause = threading.Event()
+        while True:
+            missing = [str(p) for k, p in enumerate(self.files) if self.when(k, step) is None]
+            if not missing:
+                return
+            if time.monotonic() > end:
+                raise TimeoutError(f"step {step} not durable within {deadline_s:.0f}s at {missing}")
+            for k, proc in enumerate(jobs.procs):
+                if proc.poll() not in (None, 0):
+                    raise RuntimeError(f"job {k} exited with status {proc.returncode}")
+            pause.wait(POLL_S)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
 
 
 def _daemon_config(root: Path, dest: str, local: Path, args: argparse.Namespace) -> Path:
@@ -310,19 +353,27 @@ def run_mode(mode: str, args: argparse.Namespace, root: Path, mount: Path, backi
         env.pop("ADAPTD_RESTORE_FROM", None)
         jobs = Jobs(cmds, env, logs)
         stack.callback(jobs.stop)
-        durable: dict[tuple[int, int], float] = {}
+        durability = Durability(watch)
+        stack.callback(durability.stop)
         released: dict[int, float] = {}
+        pace = threading.Event()
+        step = -1
+        last = 0.0
         for storm in range(args.storms + 1):
             ready = jobs.wait_all(rf"ready {storm} (\d+)", deadline_s=args.deadline_s)
             steps = {int(m.group(1)) for m in ready.values()}
             if len(steps) != 1:
                 raise RuntimeError(f"jobs are not in step at storm {storm}: {sorted(steps)}")
+            if storm == 1 or (storm > 1 and args.interval_s == 0):
+                # after the warm-up, and between isolated storms: the previous one is durable
+                durability.wait(step, args.deadline_s, jobs)
+            elif storm > 1:
+                pace.wait(max(0.0, last + args.interval_s - time.monotonic()))
             step = steps.pop()
             print(f"… {mode}: storm {storm} at step {step}", file=sys.stderr, flush=True)
+            last = time.monotonic()
             released[step] = jobs.release()
-            times = wait_durable(watch, step, args.deadline_s, jobs)
-            for i, t in enumerate(times):
-                durable[(i, step)] = t
+        durability.wait(step, args.deadline_s, jobs)
         jobs.wait_all(r"RESULT .*", deadline_s=args.deadline_s)
         for proc in jobs.procs:
             proc.wait(timeout=args.deadline_s)
@@ -336,7 +387,7 @@ def run_mode(mode: str, args: argparse.Namespace, root: Path, mount: Path, backi
                 raise RuntimeError(f"{mode}: job {i} save at step {s['step']} failed: {s['error']}")
             s["job"] = res["job"]
             s["hook_mode"] = res["mode"]
-            s["shared_durable_s"] = durable[(i, s["step"])] - s["wall_start"]
+            s["shared_durable_s"] = durability.when(i, s["step"]) - s["wall_start"]
             s["release_skew_s"] = s["wall_start"] - released[s["step"]]
             records.append(s)
     return {"mode": mode, "saves": records}
@@ -391,15 +442,25 @@ def _machine() -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=8, help="jobs saving at once (default 8)")
-    parser.add_argument("--state-mb", type=int, default=64, help="state per job, MB (default 64)")
+    parser.add_argument(
+        "--state-mb", type=int, default=32, help="state per job, MiB, in 16 MiB variables (32)"
+    )
     parser.add_argument(
         "--bandwidth-mib-s",
         type=float,
-        default=150.0,
-        help="the shared destination's total bandwidth (default 150 MiB/s)",
+        default=64.0,
+        help="the shared destination's total bandwidth (default 64 MiB/s)",
     )
     parser.add_argument("--storms", type=int, default=3, help="measured storms (plus 1 warm-up)")
-    parser.add_argument("--steps-between", type=int, default=20, help="steps before each storm")
+    parser.add_argument("--steps-between", type=int, default=10, help="steps before each storm")
+    parser.add_argument(
+        "--interval-s",
+        type=float,
+        default=None,
+        help="seconds between the measured storms (default: half the time the destination "
+        "needs for one storm, so a job's next save comes while its last write may still "
+        "run); 0: each storm waits until the previous one is durable everywhere",
+    )
     parser.add_argument(
         "--max-concurrent",
         type=int,
@@ -433,23 +494,21 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if not args.bandwidth_mib_s > 0:
         parser.error(f"--bandwidth-mib-s must be > 0, got {args.bandwidth_mib_s}")
+    # the time the capped destination needs for one storm's bytes, at best
+    storm_s = args.jobs * _state_bytes(args.state_mb) / (args.bandwidth_mib_s * 2**20)
+    if args.interval_s is None:
+        args.interval_s = round(storm_s / 2, 2)
+    elif args.interval_s < 0:
+        parser.error(f"--interval-s must be >= 0, got {args.interval_s}")
     modes = args.modes.split(",")
     bad = [m for m in modes if m not in MODES]
     if bad:
         parser.error(f"--modes: unknown {bad}; choose from {', '.join(MODES)}")
+    sys.path.insert(0, str(REPO / "scripts"))
+    from slowfs import SlowFSError, slow_mount
+
     if args.unthrottled:
-        slow_mount = _plain_dir
-    else:
-        sys.path.insert(0, str(REPO))
-        try:
-            from tools.slowfs import slow_mount
-        except ImportError as exc:
-            print(
-                f"save_storm: needs tools/slowfs.py (the throttled shared mount): {exc}; "
-                f"--unthrottled measures with a plain local directory instead",
-                file=sys.stderr,
-            )
-            return 1
+        slow_mount = _plain_dir  # the same call, without a cap
 
     root = Path(tempfile.mkdtemp(prefix="adaptd-storm-", dir=args.workdir))
     runs = []
@@ -460,6 +519,13 @@ def main(argv: list[str] | None = None) -> int:
         with slow_mount(backing, mount, bandwidth_mib_s=args.bandwidth_mib_s):
             for mode in modes:
                 runs.append(run_mode(mode, args, root, mount, backing))
+    except SlowFSError as exc:
+        print(
+            f"save_storm: the throttled shared mount (scripts/slowfs.py) failed: {exc}\n"
+            "--unthrottled measures with a plain local directory instead",
+            file=sys.stderr,
+        )
+        return 1
     finally:
         shutil.rmtree(root, ignore_errors=True)
     summary = [summarise(r) for r in runs]
@@ -482,12 +548,14 @@ def main(argv: list[str] | None = None) -> int:
         "bandwidth_mib_s": args.bandwidth_mib_s,
         "storms": args.storms,
         "steps_between": args.steps_between,
+        "interval_s": args.interval_s,
+        "storm_ideal_s": round(storm_s, 2),
         "max_concurrent": args.max_concurrent,
         "replicator_mib_s": args.replicator_mib_s,
         "replicator": "real adaptd serve (config file), its Replicator",
         "destination": "plain local directory, UNTHROTTLED"
         if args.unthrottled
-        else f"tools/slowfs.py mount, {args.bandwidth_mib_s:g} MiB/s shared",
+        else f"scripts/slowfs.py mount, {args.bandwidth_mib_s:g} MiB/s shared",
         "poll_s": POLL_S,
     }
     if args.json:
