@@ -9,7 +9,7 @@ Layout (see ``systemd/adaptd.toml`` for a commented example)::
 
     [daemon]      socket, admin_socket, socket_mode, admin_socket_mode, socket_group,
                   state_dir, db_path, log_level, sample_interval_s, liveness_timeout_s,
-                  drain_grace_s, watchdog
+                  drain_grace_s, watchdog, admin_group, curve_secret_key, curve_client_keys
     [policy]      default, gpu_mtbf_hours
     [metrics]     listen, slow_save_s
     [retention]   days, rows
@@ -154,6 +154,9 @@ class Config:
     socket_mode: int = 0o660
     admin_socket_mode: int = 0o600
     socket_group: str | None = None  # chgrp the job socket to this group (None: leave it)
+    admin_group: str | None = None  # besides root and the daemon's user, who may use admin
+    curve_secret_key: Path | None = None  # server's *.key_secret (CURVE, for tcp:// only)
+    curve_client_keys: Path | None = None  # directory of allowed clients' public *.key files
     state_dir: Path = field(default_factory=paths.state_dir)
     db_path: Path = field(default_factory=lambda: paths.state_dir() / DB_NAME)
     log_level: str = "info"
@@ -397,6 +400,9 @@ _DAEMON_KEYS = (
     "liveness_timeout_s",
     "drain_grace_s",
     "watchdog",
+    "admin_group",
+    "curve_secret_key",
+    "curve_client_keys",
 )
 _POLICY_KEYS = ("default", "gpu_mtbf_hours")
 _METRICS_KEYS = ("listen", "slow_save_s")
@@ -540,12 +546,27 @@ class _Reader:
             )
         mtbf_h = self.number(p, "policy", "gpu_mtbf_hours", PRIOR_GPU_MTBF_S / 3600, minimum=0)
         destinations = self.destinations(data.get("destinations", {}))
+        admin_group = self.string(d, "daemon", "admin_group", None)
+        curve_secret = self.path(d, "daemon", "curve_secret_key", None)  # type: ignore[arg-type]
+        curve_clients = self.path(d, "daemon", "curve_client_keys", None)  # type: ignore[arg-type]
+        if (curve_secret is None) != (curve_clients is None):
+            missing = "curve_client_keys" if curve_clients is None else "curve_secret_key"
+            raise self.fail(f"daemon.{missing}", "is required too: CURVE needs both keys")
+        if socket.startswith("tcp://") and curve_secret is None:
+            raise self.fail(
+                "daemon.socket",
+                f"{socket!r}: TCP is refused without CURVE; set daemon.curve_secret_key and "
+                "daemon.curve_client_keys (see docs/daemon.md), or use an ipc path",
+            )
         return Config(
             socket=socket,
             admin_socket=self.admin_socket(d, socket, run_dir),
             socket_mode=self.mode(d, "daemon", "socket_mode", 0o660),
             admin_socket_mode=self.mode(d, "daemon", "admin_socket_mode", 0o600),
             socket_group=group,
+            admin_group=admin_group,
+            curve_secret_key=curve_secret,
+            curve_client_keys=curve_clients,
             state_dir=state_dir,
             db_path=self.path(d, "daemon", "db_path", state_dir / DB_NAME),
             log_level=level,

@@ -48,6 +48,43 @@ class RegistryFull(Exception):
     """No room for another rank; the message says how many are registered."""
 
 
+class HelloRefused(Exception):
+    """A hello that would take over another process's rank or another user's job.
+
+    ``code`` is what the daemon's Error reply carries (``wrong_job``, ``rank_taken``).
+    """
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass(frozen=True)
+class PeerCred:
+    """Who is really at the other end of a connection, as the kernel or CURVE says.
+
+    For ``ipc://`` ZeroMQ reads ``SO_PEERCRED`` (uid, gid and pid of the process that
+    connected); for CURVE over TCP the authenticator's user id is the client's public
+    key. A hello's own ``pid`` field is only what the sender claims; these are not.
+    """
+
+    uid: int | None = None
+    gid: int | None = None
+    pid: int | None = None
+    key: str | None = None  # a CURVE client's public key (z85)
+
+    @property
+    def owner(self) -> str | None:
+        """The principal that owns what this peer starts: ``uid:N`` or ``key:Z85``."""
+        if self.key:
+            return f"key:{self.key}"
+        return None if self.uid is None else f"uid:{self.uid}"
+
+    @property
+    def root(self) -> bool:
+        return self.uid == 0 and not self.key
+
+
 class ProcessProbe(Protocol):
     """Tells whether a pid still names the process that said hello."""
 
@@ -118,6 +155,8 @@ class Rank:
     alive: bool = True
     lost_reason: str = ""
     last_sent: float = float("-inf")  # when the daemon last sent this rank anything
+    peer: PeerCred | None = None  # the connection's real credentials, where known
+    peer_start: float | None = None  # start time of ``peer.pid`` (tells a reused pid)
 
     @property
     def checkable(self) -> bool:
@@ -163,6 +202,7 @@ class Job:
     last_save_time: float | None = None
     counted_save_steps: set[int] = field(default_factory=set)
     finished_reason: str = ""
+    owner: str | None = None  # the principal (PeerCred.owner) that started this run
 
     def live_ranks(self) -> list[Rank]:
         return [r for r in self.ranks.values() if r.alive]
@@ -243,14 +283,19 @@ class Registry:
 
     # ------------------------------------------------------------------ inputs
 
-    def hello(self, identity: bytes, msg: Hello, now: float) -> tuple[Job, Rank, HelloKind]:
-        """Register a rank. Raises :class:`RegistryFull` when no rank may be added.
+    def hello(
+        self, identity: bytes, msg: Hello, now: float, peer: PeerCred | None = None
+    ) -> tuple[Job, Rank, HelloKind]:
+        """Register a rank. Raises :class:`RegistryFull` when no rank may be added, and
+        :class:`HelloRefused` when ``peer`` may not take it (see :meth:`_check_claim`).
 
         The kind says what the hello meant: ``new`` job, a new rank ``join``-ing an
         active job, a ``reconnect`` of a known process, a ``resume`` of a lost job,
         or a ``restart`` of a finished one.
         """
         job = self.jobs.get(msg.job)
+        if job is not None and job.state == "active":
+            self._check_claim(job, identity, msg, peer)
         kind: HelloKind
         if job is None:
             if self.peers >= self.max_ranks:
@@ -304,6 +349,14 @@ class Registry:
         )
         if old is not None and kind == "reconnect":
             rank.step = max(old.step, msg.resumed_from)
+        if peer is not None:
+            rank.peer = peer
+            if peer.pid:
+                rank.peer_start = self.probe.start_time(peer.pid)
+        if kind in ("new", "resume", "restart"):
+            job.owner = peer.owner if peer is not None else None
+        elif job.owner is None and peer is not None:
+            job.owner = peer.owner
         job.ranks[msg.rank] = rank
         self._peers[identity] = (job.id, msg.rank)
         job.last_seen = now
@@ -324,6 +377,38 @@ class Registry:
             )
         )
         return job, rank, kind
+
+    def _check_claim(self, job: Job, identity: bytes, msg: Hello, peer: PeerCred | None) -> None:
+        """Refuse a hello that would take an active job from its owner, or a rank from
+        the live process holding it.
+
+        A job belongs to the principal (uid, or CURVE key) whose hello started its run;
+        another (non-root) principal may not join it. A rank held by a live process
+        that connected from a different pid may not be taken: a restarted rank's old
+        process is gone (then the hello is a resume, as before), and a reconnect comes
+        from the same process. The hello's own ``pid`` is not trusted for this: only
+        the connection's credentials are.
+        """
+        if peer is None:
+            return
+        if job.owner is not None and peer.owner != job.owner and not peer.root:
+            raise HelloRefused(
+                "wrong_job",
+                f"job {job.id!r} is run by another user ({job.owner}); choose a job id of your own",
+            )
+        old = job.ranks.get(msg.rank)
+        if old is None or not old.alive or old.identity == identity:
+            return
+        held = old.peer
+        if held is None or held.pid is None or peer.pid is None or held.pid == peer.pid:
+            return
+        if self.probe.alive(held.pid, old.peer_start):
+            raise HelloRefused(
+                "rank_taken",
+                f"job {job.id!r} rank {msg.rank} is held by live process {held.pid}; "
+                "a second process may not report for it (a restarted rank is accepted "
+                "once its old process has exited)",
+            )
 
     def steps(self, job: Job, rank: Rank, msg: Steps, now: float) -> None:
         """A batch of step timings from ``rank``."""

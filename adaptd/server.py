@@ -31,8 +31,10 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import grp
 import logging
 import os
+import pwd
 import socket as _socket
 import tempfile
 import threading
@@ -49,7 +51,7 @@ from adaptd import __version__, admin, paths
 from adaptd import events as ev
 from adaptd import policy as policy_mod
 from adaptd import protocol as p
-from adaptd.registry import Job, Rank, Registry, RegistryFull
+from adaptd.registry import HelloRefused, Job, PeerCred, Rank, Registry, RegistryFull
 from adaptd.snapshot import Decision, Snapshot
 
 log = logging.getLogger("adaptd.server")
@@ -76,6 +78,64 @@ POLICY_CACHE = 256
 
 class DaemonError(Exception):
     """The daemon cannot start: the message says what to change."""
+
+
+@dataclass(frozen=True)
+class CurveKeys:
+    """CURVE authentication for a ``tcp://`` job socket.
+
+    ``secret_key``: the server's certificate with its secret key (a
+    ``zmq.auth.create_certificates`` ``*.key_secret`` file). ``client_keys``: a
+    directory of the public certificates (``*.key``) of the clients allowed in;
+    any other key, and any peer that does not speak CURVE, is refused by ZeroMQ's
+    ZAP authenticator before a single message reaches the daemon.
+    """
+
+    secret_key: Path
+    client_keys: Path
+
+    def load(self) -> tuple[bytes, bytes]:
+        """The server's (public, secret) key pair; raises :class:`DaemonError`."""
+        import zmq.auth
+
+        if not Path(self.client_keys).is_dir():
+            raise DaemonError(
+                f"daemon.curve_client_keys: {self.client_keys} is not a directory of client "
+                "public keys (*.key files made by zmq.auth.create_certificates)"
+            )
+        try:
+            public, secret = zmq.auth.load_certificate(self.secret_key)
+        except (OSError, ValueError) as exc:
+            raise DaemonError(
+                f"daemon.curve_secret_key: cannot read a CURVE certificate from "
+                f"{self.secret_key}: {exc}"
+            ) from None
+        if not secret:
+            raise DaemonError(
+                f"daemon.curve_secret_key: {self.secret_key} holds no secret key; name the "
+                "*.key_secret file, not the public *.key"
+            )
+        return public, secret
+
+
+def peer_cred(frame: zmq.Frame) -> PeerCred | None:
+    """The credentials ZeroMQ recorded for the connection ``frame`` came over.
+
+    ``ipc://``: ``Peer-Address`` is ``HOST:UID:GID:PID`` from ``SO_PEERCRED``.
+    CURVE: ``User-Id`` is the client's public key (set by the ZAP authenticator).
+    ``None`` when neither is known.
+    """
+    key = None
+    with contextlib.suppress(zmq.ZMQError, UnicodeDecodeError):
+        key = frame.get("User-Id") or None
+    address = ""
+    with contextlib.suppress(zmq.ZMQError, UnicodeDecodeError):
+        address = frame.get("Peer-Address") or ""
+    parts = address.rsplit(":", 3)
+    if len(parts) == 4 and all(x.isdigit() for x in parts[1:]):
+        uid, gid, pid = (int(x) for x in parts[1:])
+        return PeerCred(uid=uid, gid=gid, pid=pid or None, key=key)
+    return PeerCred(key=key) if key else None
 
 
 def logfmt(event: str, **fields: object) -> str:
@@ -189,10 +249,32 @@ class Daemon:
         job_settings: Mapping[str, admin.JobSettings] | None = None,
         status_extra: Callable[[], dict[str, Any] | None] | None = None,
         config_settings: Callable[[str], admin.JobSettings | None] | None = None,
+        curve: CurveKeys | None = None,
+        admin_group: str | None = None,
     ) -> None:
-        self.socket_path = _job_socket_path(socket)
+        text = os.fspath(socket) if socket else os.environ.get("ADAPTD_SOCKET", "")
+        #: ``tcp://HOST:PORT`` when jobs connect over TCP (CURVE required), else None.
+        self.tcp: str | None = text if text.startswith("tcp://") else None
+        self.curve = curve
+        if self.tcp is not None and curve is None:
+            raise DaemonError(
+                f"socket {text!r}: TCP is refused without CURVE authentication; set "
+                "daemon.curve_secret_key and daemon.curve_client_keys, or use an ipc path"
+            )
+        self._curve_pair = curve.load() if self.tcp is not None and curve is not None else None
+        self.socket_path = _job_socket_path(None if self.tcp else socket)
         self.admin_path = admin.admin_path(self.socket_path)
         self.lock_path = self.socket_path.with_name(self.socket_path.name + ".lock")
+        #: The admin socket answers root, the daemon's own user and this group only.
+        self.admin_gid: int | None = None
+        if admin_group:
+            try:
+                self.admin_gid = grp.getgrnam(admin_group).gr_gid
+            except KeyError:
+                raise DaemonError(
+                    f"daemon.admin_group: no group {admin_group!r} on this host; create it "
+                    "or remove the setting"
+                ) from None
         for path in (self.socket_path, self.admin_path):
             if len(os.fsencode(path)) > MAX_IPC_PATH:
                 raise DaemonError(
@@ -239,6 +321,7 @@ class Daemon:
         self.rejected: Counter[str] = Counter()
         self._throttle = _Throttle()
         self._ctx: zmq.Context | None = None
+        self._auth: Any = None  # zmq.auth ThreadAuthenticator, for CURVE over TCP
         self._jobs: zmq.Socket | None = None
         self._admin: zmq.Socket | None = None
         self._lock_fd: int | None = None
@@ -254,7 +337,7 @@ class Daemon:
 
     @property
     def endpoint(self) -> str:
-        return f"ipc://{self.socket_path}"
+        return self.tcp or f"ipc://{self.socket_path}"
 
     @property
     def wakeup_fd(self) -> int:
@@ -268,7 +351,7 @@ class Daemon:
         _prepare_dir(self.socket_path.parent)
         self._lock()
         try:
-            for path in (self.socket_path, self.admin_path):
+            for path in self._files():
                 with contextlib.suppress(FileNotFoundError):
                     path.unlink()  # stale: whoever bound it no longer holds the lock
             self._ctx = zmq.Context()
@@ -279,9 +362,15 @@ class Daemon:
                 s.setsockopt(zmq.SNDHWM, HWM)
                 s.setsockopt(zmq.RCVHWM, HWM)
                 s.setsockopt(zmq.MAXMSGSIZE, HARD_MAX_FRAME)
+            # A reply to a peer whose queue is full (or that is gone) raises instead of
+            # vanishing silently, so it is counted as send_dropped.
+            self._jobs.setsockopt(zmq.ROUTER_MANDATORY, 1)
             # admin first: once the job socket exists, the daemon answers both
             self._bind(self._admin, self.admin_path, 0o600)
-            self._bind(self._jobs, self.socket_path, 0o660)
+            if self.tcp is not None:
+                self._bind_curve(self._jobs, self.tcp)
+            else:
+                self._bind(self._jobs, self.socket_path, 0o660)
         except BaseException:
             self._close_sockets()
             self._unlock()
@@ -291,7 +380,7 @@ class Daemon:
         log.info(
             logfmt(
                 "listening",
-                socket=self.socket_path,
+                socket=self.endpoint,
                 admin=self.admin_path,
                 policy=self.default_spec,
                 pid=os.getpid(),
@@ -371,11 +460,15 @@ class Daemon:
             return
         self._opened = False
         self._close_sockets()
-        for path in (self.socket_path, self.admin_path):
+        for path in self._files():
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
         self._unlock()
-        log.info(logfmt("stopped", socket=self.socket_path))
+        log.info(logfmt("stopped", socket=self.endpoint))
+
+    def _files(self) -> list[Path]:
+        """The socket files this daemon binds (and removes)."""
+        return [self.admin_path] if self.tcp else [self.socket_path, self.admin_path]
 
     # ------------------------------------------------------------------ loop
 
@@ -418,10 +511,11 @@ class Daemon:
             if self._drains:
                 self._check_drains(now)
 
-    def _drain(self, sock: zmq.Socket, handle: Callable[[list[bytes]], None]) -> None:
+    def _drain(self, sock: zmq.Socket, handle: Callable[[list[zmq.Frame]], None]) -> None:
         for _ in range(BATCH):
             try:
-                frames = sock.recv_multipart(zmq.NOBLOCK, copy=True)
+                # Frames, not bytes: they carry the connection's credentials (peer_cred).
+                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
             try:
@@ -465,8 +559,12 @@ class Daemon:
         assert self._jobs is not None
         try:
             self._jobs.send_multipart([identity, p.encode(msg)], zmq.NOBLOCK)
-        except zmq.Again:  # the peer's queue is full; ROUTER drops silently otherwise
+        except zmq.ZMQError as exc:
+            # EAGAIN: the peer's queue is full (a slow or stuck reader); EHOSTUNREACH:
+            # it is gone (ROUTER_MANDATORY reports both instead of dropping silently)
             self.counters["send_dropped"] += 1
+            if self._throttle(f"send:{exc.errno}"):
+                log.warning(logfmt("send_dropped", peer=identity.hex(), error=exc.strerror))
             return False
         self.counters["sent"] += 1
         return True
@@ -486,11 +584,12 @@ class Daemon:
         if identity is not None:
             self._send(identity, p.Error(v=p.VERSION, code=code, message=message[: p.MAX_TEXT]))
 
-    def _on_job_frames(self, frames: list[bytes]) -> None:
+    def _on_job_frames(self, parts: list[zmq.Frame]) -> None:
         self.counters["messages"] += 1
-        if len(frames) < 2:
+        if len(parts) < 2:
             self._reject(None, "malformed", "a frame without a peer identity")
             return
+        frames = [f.bytes for f in parts]
         identity = frames[0]
         if len(frames) != 2:
             self._reject(
@@ -509,7 +608,7 @@ class Daemon:
         kind = str(type(msg).__struct_config__.tag)  # the wire name: "save_report"
         self.by_kind[kind] += 1
         if isinstance(msg, p.Hello):
-            self._on_hello(identity, msg, now)
+            self._on_hello(identity, msg, now, peer_cred(parts[1]))
             return
         where = self.registry.peer(identity)
         if where is None:
@@ -563,7 +662,9 @@ class Daemon:
         if job.plan is not None and now - rank.last_sent >= self.resend_after_s:
             self._send_rank(rank, self._plan_message(job), now)
 
-    def _on_hello(self, identity: bytes, msg: p.Hello, now: float) -> None:
+    def _on_hello(
+        self, identity: bytes, msg: p.Hello, now: float, peer: PeerCred | None = None
+    ) -> None:
         if msg.rank >= msg.world_size:
             self._reject(
                 identity,
@@ -581,9 +682,12 @@ class Daemon:
             )
             return
         try:
-            job, rank, kind = self.registry.hello(identity, msg, now)
+            job, rank, kind = self.registry.hello(identity, msg, now, peer)
         except RegistryFull as exc:
             self._reject(identity, "busy", f"the daemon cannot take more ranks: {exc}")
+            return
+        except HelloRefused as exc:
+            self._reject(identity, exc.code, str(exc))
             return
         bad_policy: str | None = None
         if kind == "new" and self.config_settings is not None and job.id not in self.job_settings:
@@ -773,9 +877,10 @@ class Daemon:
 
     # ------------------------------------------------------------------ admin socket
 
-    def _on_admin_frames(self, frames: list[bytes]) -> None:
+    def _on_admin_frames(self, parts: list[zmq.Frame]) -> None:
         assert self._admin is not None
         self.counters["admin_requests"] += 1
+        frames = [f.bytes for f in parts]
         # REQ peers send [identity, b"", body]; DEALER peers [identity, body]
         if len(frames) == 3 and frames[1] == b"":
             envelope, body = frames[:2], frames[2]
@@ -784,6 +889,7 @@ class Daemon:
         else:
             envelope, body = frames[:1], None
         try:
+            self._admin_allowed(peer_cred(parts[-1]))
             if body is None:
                 raise admin.AdminError("invalid", f"expected one frame, got {len(frames) - 1}")
             reply = self._admin_reply(admin.decode_request(body), envelope)
@@ -794,6 +900,31 @@ class Daemon:
             reply = admin.ErrorReply(code=exc.code, message=str(exc))
         if reply is not None:
             self._admin_send(envelope, reply)
+
+    def _admin_allowed(self, peer: PeerCred | None) -> None:
+        """Raise ``AdminError("denied")`` unless the peer is root, the daemon's own user
+        or (with ``admin_group``) in the admin group.
+
+        The socket file's mode already keeps others out; this check holds even when
+        that mode is opened up by mistake. Group membership is read from the peer
+        process itself (``/proc/PID/status``), so it is what the kernel grants it.
+        """
+        uid = peer.uid if peer is not None else None
+        if uid is not None and uid in (0, os.geteuid()):
+            return
+        gid = self.admin_gid
+        if (
+            peer is not None
+            and uid is not None
+            and gid is not None
+            and (peer.gid == gid or gid in _groups_of(peer.pid, uid))
+        ):
+            return
+        raise admin.AdminError(
+            "denied",
+            "operator commands are for root, the daemon's user and the admin group; "
+            f"uid {uid if uid is not None else 'unknown'} is none of them",
+        )
 
     def _admin_send(self, envelope: list[bytes], reply: admin.AnyReply) -> None:
         assert self._admin is not None
@@ -1061,7 +1192,7 @@ class Daemon:
         daemon = admin.DaemonInfo(
             version=__version__,
             pid=os.getpid(),
-            socket=str(self.socket_path),
+            socket=self.endpoint.removeprefix("ipc://"),
             admin_socket=str(self.admin_path),
             default_policy=self.default_spec,
             uptime_s=now - self._started,
@@ -1168,6 +1299,26 @@ class Daemon:
 
     # ------------------------------------------------------------------ files
 
+    def _bind_curve(self, sock: zmq.Socket, endpoint: str) -> None:
+        """Bind ``endpoint`` as a CURVE server whose ZAP handler admits the allowed keys."""
+        from zmq.auth.thread import ThreadAuthenticator
+
+        assert self._ctx is not None and self.curve is not None and self._curve_pair is not None
+        public, secret = self._curve_pair
+        self._auth = ThreadAuthenticator(self._ctx, log=logging.getLogger("adaptd.auth"))
+        self._auth.start()
+        self._auth.configure_curve(domain="*", location=str(self.curve.client_keys))
+        sock.setsockopt(zmq.ZAP_DOMAIN, b"adaptd")
+        sock.curve_server = True
+        sock.curve_publickey = public
+        sock.curve_secretkey = secret
+        try:
+            sock.bind(endpoint)
+        except zmq.ZMQError as exc:
+            raise DaemonError(f"cannot bind {endpoint}: {exc.strerror}") from None
+        allowed = len(list(Path(self.curve.client_keys).glob("*.key")))
+        log.info(logfmt("curve", endpoint=endpoint, client_keys=allowed))
+
     def _bind(self, sock: zmq.Socket, path: Path, mode: int) -> None:
         try:
             sock.bind(f"ipc://{path}")
@@ -1206,6 +1357,9 @@ class Daemon:
             if s is not None:
                 s.close(linger=0)
         self._jobs = self._admin = None
+        if self._auth is not None:
+            self._auth.stop()
+            self._auth = None
         if self._ctx is not None:
             self._ctx.term()
             self._ctx = None
@@ -1240,13 +1394,26 @@ def _log_job_event(event: ev.Event) -> None:
 
 
 def _job_socket_path(socket: str | os.PathLike[str] | None) -> Path:
+    """The ipc job socket's path; for a TCP daemon, the default path in the runtime
+    directory, beside which its admin socket and lock file live."""
     text = os.fspath(socket) if socket else os.environ.get("ADAPTD_SOCKET", "")
     if text.startswith("tcp://"):
-        raise DaemonError(
-            f"socket {text!r}: TCP endpoints need CURVE authentication, which is not "
-            "supported yet; use an ipc path"
-        )
+        return paths.runtime_dir() / paths.SOCKET_NAME
     return paths.socket_path(text.removeprefix("ipc://") or None)
+
+
+def _groups_of(pid: int | None, uid: int) -> set[int]:
+    """The groups of process ``pid`` (``/proc/PID/status``), else of user ``uid``."""
+    if pid:
+        with contextlib.suppress(OSError, ValueError), open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("Groups:"):
+                    return {int(g) for g in line.split()[1:]}
+    try:
+        user = pwd.getpwuid(uid)
+    except KeyError:
+        return set()
+    return set(os.getgrouplist(user.pw_name, user.pw_gid))
 
 
 def _per_user_dirs() -> Sequence[Path]:

@@ -42,7 +42,7 @@ from adaptd.estimators import FailureRate, JobTracker
 from adaptd.metrics import Metrics, MetricsError, MetricsServer
 from adaptd.protocol import Hello
 from adaptd.sdnotify import Notifier
-from adaptd.server import Daemon, DaemonError
+from adaptd.server import CurveKeys, Daemon, DaemonError
 from adaptd.snapshot import Snapshot
 from adaptd.store import GLOBAL, Store, StoreError, job_scope
 
@@ -144,6 +144,9 @@ class Service:
                 job_settings=self._initial_settings(),
                 config_settings=self._configured_settings,
                 status_extra=lambda: report.to_dict(self.snapshot()),
+                curve=CurveKeys(cfg.curve_secret_key, cfg.curve_client_keys)
+                if cfg.curve_secret_key and cfg.curve_client_keys else None,
+                admin_group=cfg.admin_group,
             )  # fmt: skip
             # Set on the daemon's own registry (a Registry passed in while empty is
             # falsy, and `registry or Registry(...)` in the daemon would drop it).
@@ -270,9 +273,12 @@ class Service:
                     "create it (systemd-sysusers) or remove the setting"
                 ) from None
         try:
-            if gid != -1:
-                os.chown(self.daemon.socket_path, -1, gid)
-            os.chmod(self.daemon.socket_path, cfg.socket_mode)
+            if self.daemon.tcp is None:  # a tcp:// job socket has no file (CURVE guards it)
+                if gid != -1:
+                    os.chown(self.daemon.socket_path, -1, gid)
+                os.chmod(self.daemon.socket_path, cfg.socket_mode)
+            if cfg.admin_group:  # the daemon checked that the group exists
+                os.chown(self.daemon.admin_path, -1, grp.getgrnam(cfg.admin_group).gr_gid)
             os.chmod(self.daemon.admin_path, cfg.admin_socket_mode)
         except OSError as exc:
             raise ServiceError(

@@ -212,7 +212,8 @@ def test_socket_forms(tmp_path: Path) -> None:
     assert (
         config.loads(f'[daemon]\nsocket = "ipc://{tmp_path}/s"').endpoint == f"ipc://{tmp_path}/s"
     )
-    tcp = config.loads('[daemon]\nsocket = "tcp://10.0.0.1:5555"')
+    curve = 'curve_secret_key = "/k/server.key_secret"\ncurve_client_keys = "/k/clients"'
+    tcp = config.loads(f'[daemon]\nsocket = "tcp://10.0.0.1:5555"\n{curve}')
     assert tcp.endpoint == "tcp://10.0.0.1:5555"
     home = config.loads('[daemon]\nsocket = "~/adaptd.sock"')
     assert home.socket == str(Path.home() / "adaptd.sock")
