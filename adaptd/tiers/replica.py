@@ -770,15 +770,21 @@ class _Pacer:
         self.yielded_s = 0.0
 
     def read(self, src: IO[bytes]) -> bytes:
-        """The next chunk of ``src``, once the throttle and ``should_yield`` allow it."""
+        """The next chunk of ``src``, once ``should_yield`` and the throttle allow it.
+
+        A pause holds at most this one chunk in memory; the local disk is not read
+        again until it ends.
+        """
+        chunk = src.read(CHUNK)
+        if not chunk:
+            return chunk
         if self.should_yield is not None and self.should_yield():
             t0 = time.monotonic()
             deadline = t0 + self.replica.max_yield_s
             while self.should_yield() and time.monotonic() < deadline:
                 time.sleep(self.replica.yield_poll_s)
             self.yielded_s += time.monotonic() - t0
-        chunk = src.read(CHUNK)
-        if chunk and self.throttle is not None:
+        if self.throttle is not None:
             self.throttle.take(len(chunk))
         return chunk
 

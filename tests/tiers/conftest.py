@@ -138,3 +138,81 @@ def s3(moto_server: MotoServer, request: pytest.FixtureRequest) -> S3:
     fs = s3fs.S3FileSystem(skip_instance_cache=True, use_listings_cache=False, **options)
     fs.mkdir(bucket)
     return S3(moto_server.endpoint, bucket, options, env, fs)
+
+
+# ---------------------------------------------------------------------- synthetic checkpoints
+
+
+def write_checkpoint(
+    directory: Path, step: int, *, shards: tuple[int, ...] = (300_000,), index: int = 2_000
+) -> Path:
+    """Files named like TF's ``ckpt-<step>`` (data shards, then the index), seeded bytes.
+
+    For the tests of the storage layer, where TF's content does not matter; the
+    restore tests that need a real, restorable checkpoint let TF write it.
+    """
+    import random
+
+    rng = random.Random(step)
+    directory.mkdir(parents=True, exist_ok=True)
+    for i, size in enumerate(shards):
+        (directory / f"ckpt-{step}.data-{i:05d}-of-{len(shards):05d}").write_bytes(
+            rng.randbytes(size)
+        )
+    (directory / f"ckpt-{step}.index").write_bytes(rng.randbytes(index))
+    return directory
+
+
+@dataclass(frozen=True)
+class Dest:
+    """One job's folder at a destination, and raw access to its objects behind the
+    Replica's back (to damage them, or to look)."""
+
+    kind: str  # "local" (a mounted path) or "s3"
+    url: str
+    options: dict[str, Any]
+    env: dict[str, str]
+    _local: Path | None = None
+    _s3: S3 | None = None
+
+    def _key(self, name: str) -> str:
+        return self.url.removeprefix("s3://") + "/" + name
+
+    def names(self) -> list[str]:
+        if self._local is not None:
+            return sorted(p.name for p in self._local.iterdir()) if self._local.exists() else []
+        assert self._s3 is not None
+        prefix = self.url.removeprefix("s3://")
+        if not self._s3.fs.exists(prefix):
+            return []
+        return sorted(p.rsplit("/", 1)[-1] for p in self._s3.fs.ls(prefix, detail=False))
+
+    def read(self, name: str) -> bytes:
+        if self._local is not None:
+            return (self._local / name).read_bytes()
+        assert self._s3 is not None
+        return self._s3.fs.cat_file(self._key(name))
+
+    def write(self, name: str, data: bytes) -> None:
+        if self._local is not None:
+            (self._local / name).write_bytes(data)
+            return
+        assert self._s3 is not None
+        self._s3.fs.pipe_file(self._key(name), data)
+
+    def delete(self, name: str) -> None:
+        if self._local is not None:
+            (self._local / name).unlink()
+            return
+        assert self._s3 is not None
+        self._s3.fs.rm_file(self._key(name))
+
+
+@pytest.fixture(params=["local", "s3"])
+def dest(request: pytest.FixtureRequest, tmp_path: Path) -> Dest:
+    """The same tests against a local directory (standing for NFS) and moto's S3."""
+    if request.param == "local":
+        folder = tmp_path / "dest" / "job"
+        return Dest("local", str(folder), {}, {}, _local=folder)
+    s3: S3 = request.getfixturevalue("s3")
+    return Dest("s3", s3.url("ckpts", "job"), s3.options, s3.env, _s3=s3)
