@@ -52,6 +52,9 @@ class StorageSample:
     write_latency_s: float | None = None  # mean per write op
     jobs: tuple[str, ...] = ()  # jobs whose checkpoint directory lives here
     writing_jobs: tuple[str, ...] = ()  # jobs with a save in flight on this target
+    # the operator's limit of jobs saving here at once ([storage."NAME"]
+    # max_concurrent_saves); None: the policy's own setting
+    max_writers: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

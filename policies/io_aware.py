@@ -16,7 +16,9 @@ class IoAware:
     """Wraps ``inner`` (a spec or a policy, default ``daly``).
 
     While the job's storage target is saturated (``busy_fraction`` ≥ ``busy``) or
-    at least ``max_writers`` other jobs on it have a save in flight, a planned save
+    at least ``max_writers`` other jobs on it have a save in flight (the target's own
+    limit, ``[storage."NAME"] max_concurrent_saves`` in the daemon's config, wins over
+    ``max_writers`` where it is set), a planned save
     is pushed back, but never beyond ``max_defer`` × the inner interval past when it
     was due. Once the target clears, an overdue save happens at the next step.
     Urgent decisions pass through untouched.
@@ -68,6 +70,7 @@ class IoAware:
         if target.busy_fraction is not None and target.busy_fraction >= self.busy:
             return f"{target.target} is {target.busy_fraction:.0%} busy"
         others = [j for j in target.writing_jobs if j != job.job]
-        if len(others) >= self.max_writers:
-            return f"{len(others)} other job(s) writing to {target.target}"
+        limit = target.max_writers if target.max_writers is not None else self.max_writers
+        if len(others) >= limit:
+            return f"{len(others)} other job(s) writing to {target.target} (at most {limit})"
         return None

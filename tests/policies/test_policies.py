@@ -42,12 +42,23 @@ def job(**kw) -> JobState:
     return JobState(**base)
 
 
-def snap(busy: float | None = 0.1, writing: tuple[str, ...] = (), **gpu) -> Snapshot:
+def snap(
+    busy: float | None = 0.1,
+    writing: tuple[str, ...] = (),
+    max_writers: int | None = None,
+    **gpu,
+) -> Snapshot:
     return Snapshot(
         time=5000.0,
         gpus=(GpuSample(index=0, uuid="g0", util_sm=0.95, pids=(7,), **{**gpu}),),
         storage=(
-            StorageSample(target=T, mountpoint="/nfs", busy_fraction=busy, writing_jobs=writing),
+            StorageSample(
+                target=T,
+                mountpoint="/nfs",
+                busy_fraction=busy,
+                writing_jobs=writing,
+                max_writers=max_writers,
+            ),
         ),
     )
 
@@ -115,6 +126,15 @@ def test_io_aware_staggers_up_to_k_writers_and_catches_up_grid_policies() -> Non
     two = snap(busy=0.1, writing=("b", "c"))
     assert "deferred" in IoAware(max_writers=2).decide(two, job()).tags
     assert "deferred" not in IoAware(max_writers=3).decide(two, job()).tags
+    # the target's configured limit wins over the policy's setting, both ways
+    assert (
+        "deferred"
+        not in IoAware(max_writers=2)
+        .decide(snap(busy=0.1, writing=("b", "c"), max_writers=3), job())
+        .tags
+    )
+    limited = IoAware(max_writers=3).decide(snap(busy=0.1, writing=("b",), max_writers=1), job())
+    assert "deferred" in limited.tags and "(at most 1)" in limited.reason
     # fixed:steps=50 deferred past its grid point 950: once clear, save at the next step
     p = IoAware(inner="fixed:steps=50")
     assert p.decide(snap(busy=0.95), job(step=960)).next_step == 1000  # 950 + 50 (deadline)
