@@ -108,15 +108,17 @@ def run(args: argparse.Namespace) -> int:
                 on_step=ui.start,
             )
     except TierError as exc:
-        return _fail(args, f"{exc}")
+        return _fail(args, f"{exc}", access=isinstance(exc.__cause__, Exception))
     except OSError as exc:
-        return _fail(args, f"{args.source}: could not read it ({type(exc).__name__}: {exc})")
+        why = f"{args.source}: could not read it ({type(exc).__name__}: {exc})"
+        return _fail(args, why, access=True)
     except Exception as exc:  # s3/network clients raise their own types
         from adaptd.tiers.replica import is_storage_error
 
         if not is_storage_error(exc):
             raise
-        return _fail(args, f"{args.source}: could not read it ({type(exc).__name__}: {exc})")
+        why = f"{args.source}: could not read it ({type(exc).__name__}: {exc})"
+        return _fail(args, why, access=True)
     if args.json:
         doc = {
             "ok": True,
@@ -139,16 +141,19 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _fail(args: argparse.Namespace, message: str) -> int:
-    hint = (
-        "check the URL (a job's folder: <destination>/<job>), credentials and "
-        "--storage-option endpoint_url=...; `--step N` picks an older step"
-    )
+def _fail(args: argparse.Namespace, message: str, *, access: bool) -> int:
+    """Print the failure (one line, plus what to check when the destination could not
+    be read at all) or its JSON; exit status 1."""
     if args.json:
         print(json.dumps({"ok": False, "from": args.source, "error": message}, indent=2))
-    else:
-        print(f"adaptd restore: {message}", file=sys.stderr)
-        print(f"  {hint}", file=sys.stderr)
+        return 1
+    print(f"adaptd restore: {message}", file=sys.stderr)
+    if access:
+        print(
+            "  check the URL (a job's folder: <destination>/<job>), the credentials "
+            "(AWS_* variables) and the endpoint (--storage-option endpoint_url=...)",
+            file=sys.stderr,
+        )
     return 1
 
 

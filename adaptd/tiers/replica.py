@@ -347,7 +347,7 @@ class Replica:
 
     def _listing(self) -> dict[str, int]:
         """name -> size of every file in the folder (empty when the folder is absent)."""
-        with self._errors("listing"):
+        with self._errors("listing the folder"):
             self.fs.invalidate_cache(self.root)
             try:
                 entries = self.fs.ls(self.root, detail=True)
