@@ -2,7 +2,10 @@
 
 Per job: its policy (``*`` when set by ``adaptd set-policy``), the current plan's
 interval and why, the last save's cost, the predicted waste, and whether it is
-paused; then the host's telemetry (GPUs, storage) when the daemon has a sampler.
+paused; then, when the daemon replicates checkpoints (tiered storage), one line per
+job and destination (newest replicated step, the running and queued uploads, bytes
+pending, seconds behind, throughput, failures and the last error); then the host's
+telemetry (GPUs, storage) when the daemon has a sampler.
 Asks the admin socket beside the job socket, with a deadline: with no daemon it
 prints one line and exits 1, it never hangs.
 """
@@ -75,7 +78,7 @@ def render(reply: object) -> str:
     ]
     if not reply.jobs:
         lines.append("no jobs")
-        return "\n".join(lines) + "\n" + _telemetry(reply)
+        return "\n".join(lines) + "\n" + _replication(reply) + _telemetry(reply)
     header = (
         "JOB",
         "STATE",
@@ -128,7 +131,51 @@ def render(reply: object) -> str:
         if j.last_save and not j.last_save.ok:
             note += f"  (last save failed: {j.last_save.error})"
         lines.append(f"{j.job}: {note}")
-    return "\n".join(lines) + "\n" + _telemetry(reply)
+    return "\n".join(lines) + "\n" + _replication(reply) + _telemetry(reply)
+
+
+def _bytes(n: float | None, unit: str = "") -> str:
+    if n is None:
+        return "-"
+    for name, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.1f}{name}{unit}"
+    return f"{n:.0f}B{unit}"
+
+
+def _replication(reply: object) -> str:
+    """One line per job and destination, then each failing one's last error."""
+    rows = getattr(reply, "replication", None)
+    if not rows:
+        return ""
+    header = ("REPLICATION", "JOB", "REPLICATED", "UPLOADING", "QUEUED", "PENDING", "BEHIND",
+              "RATE", "OK", "FAILED", "SKIPPED")  # fmt: skip
+    table = [header]
+    for r in rows:
+        rate = r.throughput_bytes_s
+        table.append(
+            (
+                r.destination,
+                r.job,
+                _num(r.last_step),
+                _num(r.uploading_step) + (" (yielding)" if r.yielding else ""),
+                _num(r.pending_step),
+                _bytes(r.pending_bytes),
+                f"{r.seconds_behind:.0f}s",
+                _bytes(rate if rate is not None else r.last_throughput_bytes_s, "/s"),
+                str(r.uploads),
+                str(r.failures),
+                str(r.skipped),
+            )
+        )
+    widths = [max(len(t[i]) for t in table) for i in range(len(header))]
+    lines = ["", *("  ".join(c.ljust(w) for c, w in zip(t, widths, strict=True)).rstrip()
+                   for t in table)]  # fmt: skip
+    for r in rows:
+        if r.last_error:
+            retry = f", retry in {r.next_retry_s:.0f}s" if r.next_retry_s is not None else ""
+            lines.append(f"{r.job} -> {r.destination}: last error{retry}: {r.last_error}")
+    return "\n".join(lines) + "\n"
 
 
 def _telemetry(reply: object) -> str:

@@ -260,8 +260,10 @@ class DestinationQueue:
             st.waiting[step] = saved
             if len(st.waiting) > 1000:  # a destination down for days: keep the oldest
                 st.waiting.pop(max(st.waiting))
-            new = Pending(job, step, saved=saved, waiting_since=min(st.waiting.values()),
-                          nbytes=nbytes)  # fmt: skip
+            # the job's place in line: its oldest save the running upload does not cover
+            running = st.upload.step if st.upload is not None else -1
+            since = min(t for s, t in st.waiting.items() if s > running)
+            new = Pending(job, step, saved=saved, waiting_since=since, nbytes=nbytes)
             st.pending = merge(st.pending, new)
             self._cond.notify()
 
