@@ -1,11 +1,14 @@
 """A small, deterministic training job with the hook, run as a subprocess by the tests.
 
     python train_script.py CKPT_DIR OUT_FILE --steps N [--policy SPEC] [--socket EP]
-                           [--pad-mb M] [--step-sleep S]
+                           [--pad-mb M] [--step-sleep S] [--timings FILE]
 
-Prints ``step N`` after each step, ``inflight N`` when a save's write is in flight
-right after the step, ``start N`` after restoring, ``saved N`` when a save report
-arrives, and writes the final model, optimizer and RNG state as raw bytes to OUT_FILE.
+Prints ``step N`` after each step, ``requested N`` right after the step whose
+boundary started a save, ``inflight N`` when a save's write is in flight right after
+the step, ``start N`` after restoring, ``saved N ok=...`` when a save report arrives,
+``mode daemon|embedded N`` when the plan's source changes, and writes the final
+model, optimizer and RNG state as raw bytes to OUT_FILE. ``--timings FILE`` also
+writes each step's wall time and the time spent in ``ckptr.step()`` (float64 pairs).
 Keras model with Dropout, Adam, a shuffled tf.data pipeline and a tf.random.Generator.
 """
 
@@ -25,7 +28,7 @@ import tensorflow as tf
 from adaptd.client import AdaptiveCheckpointer
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("ckpt_dir")
     p.add_argument("out")
@@ -35,7 +38,8 @@ def main() -> int:
     p.add_argument("--pad-mb", type=float, default=0.0)
     p.add_argument("--step-sleep", type=float, default=0.0)
     p.add_argument("--job", default="train-script")
-    args = p.parse_args()
+    p.add_argument("--timings", default=None)
+    args = p.parse_args(argv)
 
     tf.config.experimental.enable_op_determinism()
     tf.config.threading.set_inter_op_parallelism_threads(1)
@@ -92,13 +96,24 @@ def main() -> int:
     start = ckptr.restore_or_initialize()
     print(f"start {start}", flush=True)
     reported = 0
+    mode = None
+    timings = []
     for step in range(start, args.steps):
+        t0 = time.perf_counter()
         xb, yb = next(it)
         train_step(xb, yb)
         if args.pad_mb and ckptr.save_in_flight:
             extra["pad"].assign_add(tf.ones_like(extra["pad"]))  # keep the pad moving
+        due = ckptr.next_save
+        t1 = time.perf_counter()
         ckptr.step()
+        t2 = time.perf_counter()
+        if due is not None and due.step == step + 1:
+            print(f"requested {step + 1}", flush=True)
         print(f"step {step + 1}", flush=True)
+        if ckptr.mode != mode:
+            mode = ckptr.mode
+            print(f"mode {mode} {step + 1}", flush=True)
         if ckptr.save_in_flight:
             print(f"inflight {step + 1}", flush=True)
         while reported < len(ckptr.history):
@@ -107,7 +122,11 @@ def main() -> int:
             reported += 1
         if args.step_sleep:
             time.sleep(args.step_sleep)
+        if args.timings:
+            timings.append((time.perf_counter() - t0, t2 - t1))
     ckptr.close()
+    if args.timings:
+        np.asarray(timings, dtype=np.float64).tofile(args.timings)
     state = [v.numpy() for v in model.weights] + [v.numpy() for v in opt.variables]
     state.append(gen.state.numpy())
     with open(args.out, "wb") as f:
