@@ -1,0 +1,94 @@
+"""Fixtures for the fault-injection tests: a TensorFlow zygote, short socket paths,
+and small real filesystems (tmpfs) that a test can fill up or make read-only."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from .zygote import Zygote
+
+ROOT = Path(__file__).resolve().parents[2]
+TRAIN_SCRIPT = ROOT / "tests" / "client" / "train_script.py"
+
+
+@pytest.fixture(scope="session")
+def zygote(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Zygote]:
+    """One process with TensorFlow imported; every training job of the session is
+    forked from it (see zygote.py), so a job costs a fork, not a TF import."""
+    pytest.importorskip("tensorflow")
+    z = Zygote(tmp_path_factory.mktemp("zygote"))
+    yield z
+    z.close()
+
+
+@pytest.fixture
+def short_dir() -> Iterator[Path]:
+    """A short directory under /tmp (ipc socket paths are limited to 107 bytes)."""
+    d = Path(tempfile.mkdtemp(prefix="adf-", dir="/tmp"))
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+class SmallFS:
+    """A tmpfs of a fixed size mounted at ``path``: fill it, make it read-only, and back."""
+
+    def __init__(self, path: Path, size: str) -> None:
+        self.path = path
+        self.size = size
+
+    def mount(self) -> None:
+        self.path.mkdir(parents=True, exist_ok=True)
+        _mount("-t", "tmpfs", "-o", f"size={self.size},mode=0755", "tmpfs", str(self.path))
+
+    def remount(self, mode: str) -> None:
+        """``mode``: ``"ro"`` or ``"rw"``."""
+        _mount("-o", f"remount,{mode}", str(self.path))
+
+    def fill(self, name: str = "filler") -> Path:
+        """Write zeros into ``name`` until the filesystem is full (ENOSPC)."""
+        filler = self.path / name
+        block = b"\0" * (1 << 16)
+        with open(filler, "wb", buffering=0) as f:
+            try:
+                while True:
+                    f.write(block)
+            except OSError:  # ENOSPC: full
+                pass
+        # the last partial page too, one byte at a time is too slow: 4 KiB then bytes
+        with open(filler, "ab", buffering=0) as f:
+            for chunk in (4096, 1):
+                try:
+                    while True:
+                        f.write(b"\0" * chunk)
+                except OSError:
+                    continue
+        return filler
+
+    def unmount(self) -> None:
+        subprocess.run(["umount", "-l", str(self.path)], capture_output=True, check=False)
+
+
+def _mount(*args: str) -> None:
+    res = subprocess.run(["mount", *args], capture_output=True, text=True, check=False)
+    if res.returncode != 0:
+        raise PermissionError(f"mount {' '.join(args)}: {res.stderr.strip() or res.returncode}")
+
+
+@pytest.fixture
+def small_fs(short_dir: Path) -> Iterator[SmallFS]:
+    """A 24 MiB tmpfs at ``short_dir/fs``; skipped where mounting is not permitted."""
+    fs = SmallFS(short_dir / "fs", "24m")
+    if shutil.which("mount") is None:
+        pytest.skip("no mount(8) on this host: cannot make a small filesystem to fill")
+    try:
+        fs.mount()
+    except PermissionError as exc:
+        pytest.skip(f"cannot mount a tmpfs here (needs root or CAP_SYS_ADMIN): {exc}")
+    yield fs
+    fs.unmount()

@@ -1,0 +1,175 @@
+"""SIGKILL of the training process at 20 seeded points in one chain of resumes.
+
+One real training job (tests/client/train_script.py: Keras model with Dropout, Adam,
+a shuffled tf.data pipeline, a tf.random.Generator, 16 MB of extra state so that a
+write lasts long enough to be hit) is killed with SIGKILL, resumed in a new process,
+killed again, and so on, 20 times; the last resume runs to the end. Each kill point
+is an event the job prints (a save requested, a write in flight, a save reported, a
+step, the restore), chosen by a seeded RNG. Afterwards the final weights, optimizer
+slots and RNG state must equal, byte for byte, those of one uninterrupted run, and no
+leftover of a killed write may remain.
+
+Each process is forked from a zygote that has TensorFlow imported (zygote.py), so a
+resume costs about a second instead of a TensorFlow import.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import re
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from adaptd.client import files
+
+from .conftest import TRAIN_SCRIPT
+from .zygote import Zygote
+
+pytestmark = [pytest.mark.slow, pytest.mark.tf]
+
+SEED = 20260601
+KILLS = 20
+STEPS = 200
+EVERY = 5
+DEADLINE = 60.0
+#: event -> (weight in the schedule, most occurrences to let pass before the kill)
+EVENTS = {
+    "requested": (5, 1),  # right after the step that started a save
+    "inflight": (4, 4),  # while a save is in flight (copied, queued or being written)
+    "write": (5, 0),  # while TensorFlow writes the files: ckpt-N_temp/ exists
+    "saved": (2, 1),  # right after a save was reported complete
+    "step": (2, 9),  # anywhere
+    "start": (2, 0),  # right after the restore, before the first step
+}
+
+
+@dataclass(frozen=True)
+class Kill:
+    event: str
+    nth: int  # kill at the (nth + 1)-th line of this event in the process's output
+
+
+def schedule(seed: int = SEED, n: int = KILLS) -> list[Kill]:
+    rng = random.Random(seed)
+    kinds = list(EVENTS)
+    weights = [EVENTS[k][0] for k in kinds]
+    out = []
+    for _ in range(n):
+        kind = rng.choices(kinds, weights)[0]
+        out.append(Kill(kind, rng.randint(0, EVENTS[kind][1])))
+    return out
+
+
+def state(ckpt: Path) -> tuple[int | None, set[int]]:
+    """(latest step, every step listed) from TensorFlow's ``checkpoint`` state file."""
+    path = ckpt / "checkpoint"
+    if not path.exists():
+        return None, set()
+    text = path.read_text()
+    latest = re.search(r'^model_checkpoint_path: "ckpt-(\d+)"', text, re.M)
+    listed = {int(s) for s in re.findall(r'^all_model_checkpoint_paths: "ckpt-(\d+)"', text, re.M)}
+    return (int(latest.group(1)) if latest else None), listed
+
+
+def on_disk(ckpt: Path) -> set[int]:
+    """Steps with any ``ckpt-N.*`` file (not the temporary names of a write)."""
+    return {
+        int(m.group(1))
+        for p in ckpt.iterdir()
+        if (m := re.fullmatch(r"ckpt-(\d+)\.(index|data-\d+-of-\d+)", p.name))
+    }
+
+
+def wait_write(child, ckpt: Path) -> str:
+    """Poll (with a deadline) until a write's ``ckpt-N_temp`` folder exists: the files
+    are being written right now (for 50-100 ms of a save's life here)."""
+    deadline = time.monotonic() + DEADLINE
+    while time.monotonic() < deadline:
+        with contextlib.suppress(FileNotFoundError):
+            for entry in os.scandir(ckpt):
+                if entry.name.endswith("_temp"):
+                    return entry.name
+        if child.poll() is not None:
+            break
+        time.sleep(0.0005)  # the poll period, not a wait for the write
+    raise AssertionError(f"no write began; the job said {child.log.lines[-5:]}")
+
+
+def wait_nth(child, prefix: str, nth: int) -> str:
+    """The (nth + 1)-th output line starting with ``prefix``."""
+    after = 0
+    for _ in range(nth + 1):
+        line = child.log.wait_for(prefix, timeout=DEADLINE, after=after)
+        after = child.log.lines.index(line, after) + 1
+    return line
+
+
+def test_sigkill_at_20_seeded_points_then_resume_is_bit_identical(
+    zygote: Zygote, tmp_path: Path
+) -> None:
+    args = ["--steps", str(STEPS), "--policy", f"fixed:steps={EVERY}",
+            "--socket", f"ipc://{tmp_path}/none"]  # fmt: skip
+    ref_out = tmp_path / "ref.bin"
+    ref = zygote.spawn([tmp_path / "ref", ref_out, *args], script=TRAIN_SCRIPT)
+
+    ckpt, out = tmp_path / "ckpt", tmp_path / "resumed.bin"
+    job = [ckpt, out, *args, "--pad-mb", "16"]
+    outcomes: list[str] = []
+    reported = 0  # the newest save any process reported complete
+    prev_latest = None
+    for i, kill in enumerate(schedule()):
+        child = zygote.spawn(job, script=TRAIN_SCRIPT)
+        if kill.event == "write":
+            line = wait_write(child, ckpt)
+        else:
+            line = wait_nth(child, f"{kill.event} ", kill.nth)
+        child.kill()
+        assert child.wait() == -signal.SIGKILL, f"kill {i} at {line!r}: the job had ended"
+        lines = child.log.lines
+        # it resumed from the newest checkpoint the state file named before it started
+        assert lines[0] == f"start {prev_latest or 0}", (i, lines[:3])
+        latest, listed = state(ckpt)
+        saved = [int(m.group(1)) for ln in lines if (m := re.fullmatch(r"saved (\d+) ok=True", ln))]
+        reported = max([reported, *saved])
+        requested = [int(m.group(1)) for ln in lines if (m := re.fullmatch(r"requested (\d+)", ln))]
+        # a save reported complete is never lost; a killed write never becomes latest
+        assert (latest or 0) >= reported, (i, latest, reported)
+        assert latest is None or (ckpt / f"ckpt-{latest}.index").exists()
+        leftovers = files.orphans(ckpt)
+        stray = on_disk(ckpt) - listed
+        # leftovers belong to the one write this kill interrupted: they never pile up
+        steps_left = {
+            int(m.group(1)) for p in leftovers if (m := re.match(r"ckpt-(\d+)_temp", p.name))
+        }
+        assert len(steps_left | stray) <= 1, (i, leftovers, stray)
+        in_flight = bool(requested) and (latest or 0) < requested[-1]
+        outcomes.append(
+            f"{kill.event}#{kill.nth} at {line!r}: latest {latest}, "
+            f"{'save in flight' if in_flight else 'no save in flight'}"
+            f"{', leftovers ' + str([p.name for p in leftovers]) if leftovers else ''}"
+            f"{', stray ' + str(sorted(stray)) if stray else ''}"
+        )
+        prev_latest = latest
+
+    last = zygote.spawn(job, script=TRAIN_SCRIPT)
+    assert last.wait(DEADLINE * 3) == 0, last.log.text()[-2000:]
+    assert last.log.lines[0] == f"start {prev_latest or 0}"
+    assert ref.wait(DEADLINE * 3) == 0, ref.log.text()[-2000:]
+    assert out.read_bytes() == ref_out.read_bytes(), "\n".join(outcomes)
+
+    # nothing of a killed write remains, and every checkpoint file on disk is listed
+    latest, listed = state(ckpt)
+    assert latest == STEPS
+    assert files.orphans(ckpt) == []
+    assert on_disk(ckpt) == listed, sorted(on_disk(ckpt) - listed)
+    # the schedule really hit saves in flight (the point of the exercise)
+    hit = sum("no save in flight" not in o for o in outcomes)
+    mid = sum("leftovers" in o for o in outcomes)
+    print("\n".join(outcomes), f"\n{hit}/{KILLS} kills with a save in flight, {mid} mid-write")
+    assert hit >= 4 and mid >= 2, "\n".join(outcomes)

@@ -1,0 +1,250 @@
+"""A zygote: one process that imports TensorFlow once and forks each training job.
+
+Importing TensorFlow and Keras costs ~5 s of CPU per process (more on a loaded
+2-core CI box), so a test that kills a training job twenty times and resumes it
+after each kill would spend minutes only importing. Forked from a process that has
+imported TensorFlow *but never ran an op* (no thread pools, no device set up yet),
+each job is a real, separate process that starts training within a second, and
+whose results are bit-identical to a job started with ``python script.py``
+(tests/faults/test_training_crash.py compares them).
+
+Server (run by :class:`Zygote`; one request per stdin line, JSON)::
+
+    {"id": "j1", "out": "/tmp/x/j1.fifo", "script": "train_script.py", "argv": [...]}
+    {"id": "v1", "out": "/tmp/x/v1.fifo", "module": "adaptd.cli", "argv": ["verify", DIR]}
+
+It opens ``out`` (a FIFO the test reads) for the child's stdout and stderr, forks,
+prints ``forked ID PID``, and prints ``exit ID CODE`` when it reaps the child (CODE
+as :class:`subprocess.Popen` has it: negative for a signal). A child dies with the
+zygote (``PR_SET_PDEATHSIG``); the zygote exits when its stdin closes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import fcntl
+import json
+import os
+import runpy
+import select
+import signal
+import subprocess
+import sys
+import traceback
+from collections.abc import Iterator
+from pathlib import Path
+
+from adaptd.spawn import LogWatch
+
+READY = "zygote ready"
+
+
+# ---------------------------------------------------------------------- server side
+
+
+def _child(req: dict, fd: int) -> None:
+    """In the forked child: stdout/stderr to ``fd``, run the entry point, exit."""
+    code = 1
+    try:
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.close(fd)
+        os.environ.update(req.get("env", {}))
+        for key in req.get("unset", []):
+            os.environ.pop(key, None)
+        sys.argv = [req.get("script") or req["module"], *req["argv"]]
+        try:
+            if req.get("script"):
+                sys.path.insert(0, str(Path(req["script"]).parent))
+                runpy.run_path(req["script"], run_name="__main__")
+            else:
+                runpy.run_module(req["module"], run_name="__main__", alter_sys=True)
+            code = 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        except BaseException:
+            traceback.print_exc()
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(code)
+
+
+def serve() -> None:
+    """The zygote's loop: import TensorFlow, then fork one child per request."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    import keras  # noqa: F401
+    import numpy  # noqa: F401
+    import tensorflow  # noqa: F401
+
+    import adaptd.cli
+    import adaptd.client
+    import adaptd.client.verify  # noqa: F401
+
+    r, w = os.pipe()
+    for fd in (r, w):
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_NONBLOCK)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+    ids: dict[int, str] = {}
+    print(READY, flush=True)
+    stdin = sys.stdin.buffer
+    while True:
+        try:
+            ready, _, _ = select.select([stdin, r], [], [])
+        except InterruptedError:
+            continue
+        if r in ready:
+            with contextlib.suppress(BlockingIOError):
+                os.read(r, 4096)
+        while ids:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+            print(f"exit {ids.pop(pid)} {os.waitstatus_to_exitcode(status)}", flush=True)
+        if stdin in ready:
+            line = stdin.readline()
+            if not line:
+                return
+            req = json.loads(line)
+            fd = os.open(req["out"], os.O_WRONLY)
+            pid = os.fork()
+            if pid == 0:
+                os.close(r)
+                os.close(w)
+                _child(req, fd)
+            os.close(fd)
+            ids[pid] = req["id"]
+            print(f"forked {req['id']} {pid}", flush=True)
+
+
+# ---------------------------------------------------------------------- test side
+
+
+class Child:
+    """One forked job: its pid, its output (a :class:`LogWatch`), its exit code."""
+
+    def __init__(self, zygote: Zygote, ident: str, pid: int, log: LogWatch) -> None:
+        self.zygote = zygote
+        self.id = ident
+        self.pid = pid
+        self.log = log
+        self.returncode: int | None = None
+
+    def wait(self, timeout: float | None = None) -> int:
+        """The exit code (negative: killed by that signal); TimeoutError after ``timeout``."""
+        if self.returncode is None:
+            line = self.zygote.log.wait_for(f"exit {self.id} ", timeout=timeout)
+            self.returncode = int(line.rsplit(" ", 1)[1])
+        return self.returncode
+
+    def poll(self) -> int | None:
+        """The exit code if the zygote has reaped the child, else None."""
+        if self.returncode is None:
+            done = [ln for ln in self.zygote.log.lines if ln.startswith(f"exit {self.id} ")]
+            if done:
+                self.returncode = int(done[0].rsplit(" ", 1)[1])
+        return self.returncode
+
+    def kill(self) -> int:
+        """SIGKILL the child (if it still runs) and return its exit code once reaped."""
+        if self.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
+        return self.wait(30.0)
+
+
+class Zygote:
+    """The test's handle on a zygote process (see the module docstring)."""
+
+    def __init__(self, workdir: Path, env: dict[str, str] | None = None, deadline_s: float = 120):
+        self.workdir = Path(workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        full = dict(os.environ if env is None else env)
+        full.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+        full["PYTHONUNBUFFERED"] = "1"
+        self.proc = subprocess.Popen(
+            [sys.executable, __file__],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            env=full,
+        )
+        self.log = LogWatch(self.proc.stdout, deadline_s)
+        self._n = 0
+        self.children: list[Child] = []
+        self.log.wait_for(READY)
+
+    def spawn(
+        self,
+        argv: list[str],
+        *,
+        script: str | os.PathLike[str] | None = None,
+        module: str | None = None,
+        env: dict[str, str] | None = None,
+        unset: tuple[str, ...] = ("ADAPTD_SOCKET",),
+        deadline_s: float = 120.0,
+    ) -> Child:
+        """Fork ``python SCRIPT ARGV`` (or ``python -m MODULE ARGV``) from the zygote."""
+        if (script is None) == (module is None):
+            raise ValueError("give exactly one of script= or module=")
+        self._n += 1
+        ident = f"c{self._n}"
+        fifo = self.workdir / f"{ident}.fifo"
+        os.mkfifo(fifo)
+        rfd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+        req = {"id": ident, "out": str(fifo), "argv": [str(a) for a in argv],
+               "env": env or {}, "unset": list(unset)}  # fmt: skip
+        if script is not None:
+            req["script"] = str(script)
+        else:
+            req["module"] = module
+        assert self.proc.stdin is not None
+        self.proc.stdin.write((json.dumps(req) + "\n").encode())
+        self.proc.stdin.flush()
+        line = self.log.wait_for(f"forked {ident} ")
+        # the child holds the write end now, so EOF means that it exited
+        os.set_blocking(rfd, True)
+        child = Child(
+            self, ident, int(line.rsplit(" ", 1)[1]), LogWatch(os.fdopen(rfd, "rb"), deadline_s)
+        )
+        self.children.append(child)
+        return child
+
+    def close(self) -> None:
+        """Kill every child still running, then end the zygote."""
+        for child in self.children:
+            with contextlib.suppress(TimeoutError):
+                child.kill()
+        if self.proc.stdin is not None:
+            with contextlib.suppress(OSError):
+                self.proc.stdin.close()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@contextlib.contextmanager
+def zygote(workdir: Path) -> Iterator[Zygote]:
+    z = Zygote(workdir)
+    try:
+        yield z
+    finally:
+        z.close()
+
+
+if __name__ == "__main__":
+    serve()
