@@ -383,9 +383,9 @@ class DestinationQueue:
             st.last_error = ""
         log.info(
             "event=replicated destination=%s job=%s step=%d bytes_sent=%d bytes=%d files=%d "
-            "resumed_files=%d seconds=%.3f",
+            "resumed_files=%d seconds=%.3f yielded_s=%.3f",
             name, job, step, result.bytes_sent, result.bytes_total, result.files,
-            result.resumed_files, result.seconds,
+            result.resumed_files, result.seconds, result.yielded_s,
         )  # fmt: skip
         if self._on_upload is not None:
             self._on_upload(name, job, result)

@@ -8,13 +8,17 @@ clock); the config tests go through :func:`adaptd.config.loads` and, once, throu
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from adaptd import config
+from adaptd.admin import ReplicationInfo
+from adaptd.metrics import Metrics
 from adaptd.tiers.replicator import (
     Pending,
     jobs_in_staging,
@@ -218,3 +222,61 @@ def test_serve_refuses_a_bad_destination_in_one_line(tmp_path: Path):
         "did you mean 'nfs'? (defined: nfs)"
     ]
     assert not (tmp_path / "a.sock").exists()
+
+
+# ---------------------------------------------------------------------- metrics
+
+
+def _row(job: str, **kw: object) -> ReplicationInfo:
+    base: dict[str, object] = dict(
+        destination="nfs", job=job, url=f"/mnt/nfs/{job}", last_step=None, uploading_step=None,
+        pending_step=None, pending_uploads=0, pending_bytes=0, seconds_behind=0.0,
+        throughput_bytes_s=None, last_throughput_bytes_s=None, uploaded_bytes=0, uploads=0,
+        failures=0, skipped=0, yields=0,
+    )  # fmt: skip
+    return ReplicationInfo(**{**base, **kw})  # type: ignore[arg-type]
+
+
+def test_replication_metrics_render_the_replicators_rows_and_pass_promtool():
+    m = Metrics()
+    assert not any(n.startswith("adaptd_replication_") and "upload_seconds" not in n
+                   for n in _names(m.render()))  # fmt: skip
+    rows = [
+        _row("llama", last_step=900, uploading_step=1000, pending_step=1100, pending_uploads=2,
+             pending_bytes=7 * 2**30, seconds_behind=412.5, uploaded_bytes=10**10, uploads=9,
+             failures=2, skipped=1, yields=3),
+        _row("bert", last_step=50, uploads=1, uploaded_bytes=10**6),
+    ]  # fmt: skip
+    m.set_replication_source(lambda: (rows, {"nfs": 123e6}))
+    m.on_upload("nfs", 42.0)
+    text = m.render().decode()
+    got = {
+        (s.name, frozenset(s.labels.items())): s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+    }
+    llama = frozenset({("destination", "nfs"), ("job_id", "llama")})
+    assert got[("adaptd_replication_pending_bytes", llama)] == 7 * 2**30
+    assert got[("adaptd_replication_pending_uploads", llama)] == 2
+    assert got[("adaptd_replication_lag_seconds", llama)] == 412.5
+    assert got[("adaptd_replication_last_step", llama)] == 900
+    assert got[("adaptd_replication_uploaded_bytes_total", llama)] == 10**10
+    assert got[("adaptd_replication_uploads_total", llama | {("result", "failed")})] == 2
+    assert got[("adaptd_replication_uploads_total", llama | {("result", "skipped")})] == 1
+    assert got[("adaptd_replication_yields_total", llama)] == 3
+    nfs = frozenset({("destination", "nfs")})
+    assert got[("adaptd_replication_throughput_bytes_per_second", nfs)] == 123e6
+    assert got[("adaptd_replication_upload_seconds_count", nfs)] == 1
+
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool is not installed; run scripts/install-test-deps.sh")
+    checked = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True,
+                             text=True, timeout=60, check=False)  # fmt: skip
+    assert checked.returncode == 0 and not (checked.stdout + checked.stderr).strip(), (
+        checked.stdout + checked.stderr
+    )
+
+
+def _names(text: bytes) -> set[str]:
+    return {f.name for f in text_string_to_metric_families(text.decode())}

@@ -351,6 +351,39 @@ def test_failures_are_retried_and_shown_deleted_checkpoints_skipped(tmp_path, da
     peer.close()
 
 
+# ---------------------------------------------------------------------- yielding
+
+
+def test_an_upload_yields_while_a_job_saves_on_the_same_disk(tmp_path, daemons):
+    """While the job's next save is in flight (its step reports say so, the daemon
+    emits SaveInFlight), the upload reading from the same disk pauses; it goes on
+    when the save is done, and the checkpoint still verifies."""
+    dest = tmp_path / "nfs"
+    staging = tmp_path / "local" / "j"
+    d = Daemon(tmp_path, config(
+        tmp_path,
+        f'[destinations.nfs]\nurl = "{dest}"\nbandwidth_mib_s = 2\n',
+        f'[jobs."j"]\nstaging = "{staging}"\nreplicate_to = ["nfs"]\n',
+    ))  # fmt: skip
+    daemons.append(d.start())
+    size = 6 * MIB
+    write_checkpoint(staging, 1, size)
+    peer = Peer(d, "j", staging)
+    peer.saved(1, size)
+    d.wait_row("j", "nfs", lambda r: r.uploading_step == 1 and r.uploaded_bytes > 0)
+    peer.send(p.Steps(v=p.VERSION, job="j", rank=0, step=2, count=1, mean_s=0.1,
+                      save_in_flight=True))  # fmt: skip
+    row = d.wait_row("j", "nfs", lambda r: r.yielding)
+    assert row.yields == 1 and row.uploading_step == 1
+    assert "event=replicate_yield destination=nfs step=1" in d.log.wait_for("replicate_yield")
+    held = row.uploaded_bytes
+    peer.send(p.Steps(v=p.VERSION, job="j", rank=0, step=3, count=1, mean_s=0.1))
+    f = fields(d.log.wait_for("event=replicated ", "job=j", "step=1"))
+    assert float(f["yielded_s"]) > 0 and held < ckpt_bytes(size, 1)
+    assert Replica(str(dest / "j")).verify(1).bytes == ckpt_bytes(size, 1)
+    peer.close()
+
+
 # ---------------------------------------------------------------------- a real TF job
 
 
