@@ -497,9 +497,9 @@ class _ReplicationCollector(Collector):
         return list(self._families([], {}))
 
     def collect(self) -> Iterator[Metric]:
-        if self.source is None:
-            return
-        rows, throughput = self.source()
+        # without replication the families are still described (HELP/TYPE, no samples),
+        # like a labelled metric that has no children yet
+        rows, throughput = self.source() if self.source is not None else ([], {})
         yield from self._families(rows, throughput)
 
     def _families(self, rows: list[ReplicationInfo], throughput: Mapping[str, float]):

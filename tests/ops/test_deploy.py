@@ -40,7 +40,7 @@ def dashboard_exprs() -> list[str]:
 def test_rules_pass_promtool_check() -> None:
     res = run(tool("promtool"), "check", "rules", RULES)
     assert res.returncode == 0, res.stdout + res.stderr
-    assert "SUCCESS: 5 rules found" in res.stdout
+    assert "SUCCESS: 7 rules found" in res.stdout
 
 
 def test_rule_unit_tests_pass() -> None:
@@ -67,6 +67,8 @@ def test_every_alert_the_issue_asks_for_exists() -> None:
         "AdaptdSaveBlockedLoop",  # a save blocked the loop over 5 s
         "AdaptdSavesFailingOrSlow",  # three slow or failed saves in a row
         "AdaptdNoRecentSave",  # no save for more than twice the planned interval
+        "AdaptdReplicationLagging",  # tiered storage: a destination over an hour behind
+        "AdaptdReplicationFailing",  # tiered storage: uploads failing, none succeeding
         "AdaptdDown",  # adaptd down
         "AdaptdTargetMissing",
     ]
@@ -85,7 +87,7 @@ def exported() -> set[str]:
 
 def test_rules_reference_only_exported_metrics(exported: set[str]) -> None:
     exprs = rule_exprs()
-    assert len(exprs) == 5
+    assert len(exprs) == 7
     used = set().union(*(adaptd_names(e) for e in exprs))
     assert used, exprs
     assert used - exported == set()
