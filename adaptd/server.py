@@ -65,6 +65,10 @@ REPLAN_TOLERANCE = 0.05
 TICK_INTERVAL_S = 1.0
 #: Queued messages per peer (ZeroMQ high-water marks): beyond them ZeroMQ drops.
 HWM = 1000
+#: Inbound messages queued per job connection. With frames of up to ``HARD_MAX_FRAME``
+#: this bounds what one flooding peer can park in the daemon's memory (25 MiB); a
+#: real rank sends about one message a second.
+JOB_RCVHWM = 100
 #: Frames above this are cut off by ZeroMQ (the peer is disconnected); between
 #: ``MAX_MESSAGE_BYTES`` and this they get a ``too_large`` error reply.
 HARD_MAX_FRAME = 4 * p.MAX_MESSAGE_BYTES
@@ -365,6 +369,7 @@ class Daemon:
             # A reply to a peer whose queue is full (or that is gone) raises instead of
             # vanishing silently, so it is counted as send_dropped.
             self._jobs.setsockopt(zmq.ROUTER_MANDATORY, 1)
+            self._jobs.setsockopt(zmq.RCVHWM, JOB_RCVHWM)
             # admin first: once the job socket exists, the daemon answers both
             self._bind(self._admin, self.admin_path, 0o600)
             if self.tcp is not None:

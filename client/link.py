@@ -6,6 +6,12 @@ peer fails at once instead of piling up stale reports). Every send is
 non-blocking; a message that cannot go out is dropped and counted. Frames that do
 not decode are dropped and counted too: a broken daemon must not break training.
 
+Over ``tcp://`` the connection is CURVE-encrypted and authenticated: the daemon's
+public key and this client's key pair come from the arguments or from
+``$ADAPTD_CURVE_SERVER_KEY`` (the server's public ``*.key`` file, or its 40-character
+Z85 key) and ``$ADAPTD_CURVE_CLIENT_KEY`` (this client's ``*.key_secret`` file); a
+``tcp://`` endpoint without them is refused at construction.
+
 Liveness is judged from the times passed in (no clock here): the daemon counts as
 present once it has sent Welcome, and as lost when nothing arrived for
 ``timeout_s`` after something was sent (or refused: with no peer every send is).
@@ -14,6 +20,8 @@ present once it has sent Welcome, and as lost when nothing arrived for
 from __future__ import annotations
 
 import logging
+import os
+from pathlib import Path
 
 import zmq
 
@@ -21,13 +29,65 @@ from adaptd import protocol
 
 log = logging.getLogger("adaptd.client")
 
+#: Environment variables naming the CURVE keys for a ``tcp://`` daemon.
+SERVER_KEY_ENV = "ADAPTD_CURVE_SERVER_KEY"
+CLIENT_KEY_ENV = "ADAPTD_CURVE_CLIENT_KEY"
+
+
+def curve_keys(
+    server_key: str | os.PathLike[str] | None = None,
+    client_key: str | os.PathLike[str] | None = None,
+) -> tuple[bytes, bytes, bytes]:
+    """(server public, client public, client secret) Z85 keys for a CURVE connection.
+
+    ``server_key``: the daemon's public certificate file or its Z85 key;
+    ``client_key``: this client's ``*.key_secret`` certificate file. Either falls back
+    to its environment variable. Raises :class:`ValueError` naming what is missing.
+    """
+    import zmq.auth
+
+    server = server_key or os.environ.get(SERVER_KEY_ENV)
+    client = client_key or os.environ.get(CLIENT_KEY_ENV)
+    if not server or not client:
+        raise ValueError(
+            "a tcp:// daemon needs CURVE keys: pass curve_server_key/curve_client_key or "
+            f"set ${SERVER_KEY_ENV} (the daemon's public key file) and ${CLIENT_KEY_ENV} "
+            "(this client's *.key_secret file); see docs/daemon.md"
+        )
+    text = os.fspath(server)
+    try:
+        if len(text) == 40 and not Path(text).exists():
+            server_public = text.encode("ascii")
+        else:
+            server_public, _ = zmq.auth.load_certificate(text)
+        public, secret = zmq.auth.load_certificate(os.fspath(client))
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"cannot read a CURVE key: {exc}") from None
+    if not secret:
+        raise ValueError(
+            f"{os.fspath(client)!r} holds no secret key: name this client's *.key_secret file"
+        )
+    return server_public, public, secret
+
 
 class DaemonLink:
     """One DEALER connection to ``endpoint``; never raises on send or receive."""
 
-    def __init__(self, endpoint: str, *, timeout_s: float = 5.0) -> None:
+    def __init__(
+        self,
+        endpoint: str,
+        *,
+        timeout_s: float = 5.0,
+        curve_server_key: str | os.PathLike[str] | None = None,
+        curve_client_key: str | os.PathLike[str] | None = None,
+    ) -> None:
+        """Raises :class:`ValueError` for a bad timeout or endpoint, or a ``tcp://``
+        endpoint without usable CURVE keys (see :func:`curve_keys`)."""
         if not timeout_s > 0:
             raise ValueError(f"daemon_timeout must be > 0 seconds, got {timeout_s!r}")
+        keys = None
+        if endpoint.startswith("tcp://"):
+            keys = curve_keys(curve_server_key, curve_client_key)
         self.endpoint = endpoint
         self.timeout_s = timeout_s
         self._context = zmq.Context.instance()
@@ -36,6 +96,8 @@ class DaemonLink:
         sock.setsockopt(zmq.IMMEDIATE, 1)
         sock.setsockopt(zmq.SNDHWM, 100)
         sock.setsockopt(zmq.RCVHWM, 100)
+        if keys is not None:
+            sock.curve_serverkey, sock.curve_publickey, sock.curve_secretkey = keys
         try:
             sock.connect(endpoint)
         except zmq.ZMQError as exc:
