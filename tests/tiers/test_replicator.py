@@ -8,6 +8,7 @@ clock); the config tests go through :func:`adaptd.config.loads` and, once, throu
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -155,6 +156,22 @@ def test_check_config_shows_destinations_with_credentials_hidden(tmp_path: Path)
     job = next(j for j in shown["jobs"] if j["pattern"] == "llama-*")
     assert job["staging"] == "/local/nvme/{job}" and job["replicate_to"] == ["nfs", "s3"]
     assert "hunter2" not in out.stdout
+
+
+def test_the_shipped_example_validates_with_its_tiered_storage_lines_uncommented():
+    text = (Path(__file__).parents[2] / "systemd" / "adaptd.toml").read_text()
+    keys = "url|bandwidth_mib_s|max_concurrent|keep_last|keep_every_hours|storage_options|"
+    keys += "staging|replicate_to"
+    wanted = re.compile(rf"#(\[destinations\.|\[jobs\.|({keys}) = )")
+    lines = [ln[1:] if wanted.match(ln) else ln for ln in text.splitlines()]
+    cfg = config.loads("\n".join(lines))
+    assert set(cfg.destinations) == {"nfs", "s3"}
+    staging, dests = cfg.replication_for("llama-70b-run3")
+    assert staging == Path("/local/nvme/ckpts/llama-70b-run3")
+    assert [(d.name, d.bandwidth_mib_s, d.keep_every_hours) for d in dests] == [
+        ("nfs", 200.0, 24.0),
+        ("s3", None, None),
+    ]
 
 
 BAD = [
