@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -99,6 +101,22 @@ def test_decoders_accept_or_refuse_any_bytes(frame: bytes) -> None:
         else:
             again = admin.encode(msg) if decode is admin.decode_request else p.encode(msg)
             assert decode(again) == msg
+
+
+def test_atheris_fuzzes_the_decoders(tmp_path: Path) -> None:
+    """A bounded, seeded coverage-guided run of tests/faults/fuzz_decoder.py (200,000
+    inputs); run it by hand with -max_total_time for longer. A finding exits non-zero
+    and leaves a crash-* file."""
+    pytest.importorskip("atheris")
+    harness = Path(__file__).with_name("fuzz_decoder.py")
+    res = subprocess.run(
+        [sys.executable, str(harness), "-runs=200000", "-seed=1",
+         f"-artifact_prefix={tmp_path}/", str(tmp_path / "corpus")],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "Done 200000 runs" in res.stderr, res.stderr[-2000:]
+    assert not list(tmp_path.glob("crash-*"))
 
 
 # ------------------------------------------------------------------ over the socket
