@@ -47,7 +47,7 @@ import re
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -388,7 +388,10 @@ class DestinationQueue:
             result.resumed_files, result.seconds, result.yielded_s,
         )  # fmt: skip
         if self._on_upload is not None:
-            self._on_upload(name, job, result)
+            try:
+                self._on_upload(name, job, result)
+            except Exception:  # the upload itself succeeded; only the callback failed
+                log.exception("event=replicate_callback_failed destination=%s job=%s", name, job)
         self._prune(replica, job)
 
     def _prune(self, replica: Replica, job: str) -> None:
@@ -749,17 +752,8 @@ class Replicator:
         """Bytes per second sent to each destination lately."""
         return {name: q.throughput() for name, q in self.queues.items()}
 
-    def idle(self) -> bool:
-        """Nothing queued or uploading anywhere (and nothing waiting in the intake)."""
-        return self._intake.empty() and all(r.pending_uploads == 0 for r in self.status())
-
 
 def _resolved(p: Path) -> Path:
     with contextlib.suppress(OSError):
         return p.resolve()
     return p
-
-
-def destinations_of(rows: Iterable[ReplicationInfo]) -> list[str]:
-    """Destination names in ``rows``, in order, once each."""
-    return list(dict.fromkeys(r.destination for r in rows))

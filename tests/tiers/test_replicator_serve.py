@@ -267,7 +267,11 @@ def test_two_jobs_share_a_destination_staggered_capped_and_pruned(tmp_path, daem
 # ---------------------------------------------------------------------- resume after SIGKILL
 
 
-def test_daemon_killed_mid_upload_resumes_it_after_restart(tmp_path, daemons):
+def test_an_upload_stopped_by_sigterm_then_sigkill_resumes_after_each_restart(tmp_path, daemons):
+    """SIGTERM mid-upload: the daemon stops at once (the upload is abandoned, not
+    failed). Restarted with no job connected, it catches up from the staging directory
+    and resumes; SIGKILLed mid-way through that, restarted again, it completes. Only
+    what was missing is sent, and the result verifies byte for byte."""
     dest = tmp_path / "nfs"
     staging = tmp_path / "local" / "big"
     text = config(
@@ -275,30 +279,42 @@ def test_daemon_killed_mid_upload_resumes_it_after_restart(tmp_path, daemons):
         f'[destinations.nfs]\nurl = "{dest}"\nbandwidth_mib_s = 4\n',
         f'[jobs."big"]\nstaging = "{staging}"\nreplicate_to = ["nfs"]\n',
     )
-    d = Daemon(tmp_path, text)
-    daemons.append(d.start())
     size = 12 * MIB  # 3 s at the cap
     write_checkpoint(staging, 5, size)
+    part = dest / "big" / ".ckpt-5.data-00000-of-00001.part"
+
+    def wait_partial(d: Daemon, nbytes: int) -> None:
+        end = time.monotonic() + DEADLINE
+        while not (part.exists() and part.stat().st_size >= nbytes):  # a real partial upload
+            assert time.monotonic() < end and d.proc.poll() is None, d.text()
+            time.sleep(0.02)  # polling the destination's file, not waiting for time
+
+    d = Daemon(tmp_path, text)
+    daemons.append(d.start())
     peer = Peer(d, "big", staging)
     peer.saved(5, size)
-    part = dest / "big" / ".ckpt-5.data-00000-of-00001.part"
-    end = time.monotonic() + DEADLINE
-    while not (part.exists() and part.stat().st_size >= 2 * MIB):  # a real partial upload
-        assert time.monotonic() < end, d.text()
-        time.sleep(0.02)
-    d.proc.send_signal(signal.SIGKILL)
-    d.proc.wait(10)
+    wait_partial(d, 2 * MIB)
     peer.close()
+    d.proc.send_signal(signal.SIGTERM)
+    assert d.proc.wait(timeout=10) == 0  # well before the upload could have finished
+    assert "event=replicate_interrupted destination=nfs job=big step=5" in d.text()
+    assert "event=replicate_failed" not in d.text()
     assert Replica(str(dest / "big")).latest() is None  # nothing half-published
-    kept = part.stat().st_size
 
     again = Daemon(tmp_path, text)
     daemons.append(again.start())  # no job connects: the daemon catches up by itself
-    line = again.log.wait_for("event=replicated ", "job=big", "step=5")
-    f = fields(line)
+    again.log.wait_for("event=replicate_catch_up destination=nfs job=big step=5")
+    wait_partial(again, part.stat().st_size + 2 * MIB)
+    again.proc.send_signal(signal.SIGKILL)
+    again.proc.wait(10)
+    assert Replica(str(dest / "big")).latest() is None
+    kept = part.stat().st_size
+
+    third = Daemon(tmp_path, text)
+    daemons.append(third.start())
+    f = fields(third.log.wait_for("event=replicated ", "job=big", "step=5"))
     assert int(f["bytes"]) == ckpt_bytes(size, 5)
     assert int(f["bytes_sent"]) <= ckpt_bytes(size, 5) - kept + 1 * MIB  # prefix kept
-    assert "event=replicate_catch_up destination=nfs job=big step=5" in again.text()
     replica = Replica(str(dest / "big"))
     assert replica.latest() == 5
     manifest = replica.verify(5)
