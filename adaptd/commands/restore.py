@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 from pathlib import Path
 from typing import Any
@@ -96,6 +97,10 @@ def run(args: argparse.Namespace) -> int:
             f"--to {target} already holds checkpoints; restore into an empty directory, "
             "or pass --force to add the fetched one beside them (the state file will name it)"
         )
+    # the skipped steps are printed below (or in the JSON), not also as log warnings
+    tiers_log = logging.getLogger("adaptd.tiers")
+    if not tiers_log.handlers:
+        tiers_log.addHandler(logging.NullHandler())
     ui = _Progress(enabled=not args.json and sys.stderr.isatty())
     try:
         with ui:
