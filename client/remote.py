@@ -156,7 +156,7 @@ def pull_if_empty(
     with ``step=None``; they are not raised, so a job whose destination is down starts
     fresh instead of not starting.
     """
-    from adaptd.tiers.replica import TierError
+    from adaptd.tiers.replica import TierError, is_storage_error
     from adaptd.tiers.restore import restore
 
     root = Path(directory)
@@ -174,7 +174,7 @@ def pull_if_empty(
         except OSError as exc:  # unreachable, refused, permission: the filesystem's word
             return _fresh(url, root, f"could not read it ({type(exc).__name__}: {exc})")
         except Exception as exc:  # s3/network clients raise their own types
-            if not _is_client_error(exc):
+            if not is_storage_error(exc):
                 raise
             return _fresh(url, root, f"could not read it ({type(exc).__name__}: {exc})")
         seconds = perf_counter() - t0
@@ -193,10 +193,3 @@ def _fresh(url: str, root: Path, why: str) -> Pull:
     reason = f"nothing restored from {url}: {why}; {root} is empty, so the job starts fresh"
     log.warning("%s", reason)
     return Pull(url, None, reason)
-
-
-def _is_client_error(exc: BaseException) -> bool:
-    """Errors of remote-storage client libraries (botocore/aiohttp) that mean the
-    destination could not be read, as opposed to a bug, which is raised."""
-    module = type(exc).__module__ or ""
-    return module.split(".", 1)[0] in ("botocore", "aiobotocore", "aiohttp", "s3fs")

@@ -269,7 +269,9 @@ def local_files(local_dir: str | os.PathLike[str], step: int) -> list[Path]:
 
 
 def is_storage_error(exc: BaseException) -> bool:
-    """Errors that mean "the destination could not be used" rather than a bug here."""
+    """Errors that mean "the destination could not be used" rather than a bug here:
+    OSError (fsspec's and s3fs's translation of most failures) and the remote-storage
+    clients' own types (botocore, aiohttp ...), which are otherwise raised as is."""
     if isinstance(exc, OSError):
         return True
     module = type(exc).__module__ or ""
