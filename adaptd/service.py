@@ -17,7 +17,9 @@
 
 Its tick hook (about once a second, in the daemon's loop) flushes the store, feeds
 metrics the newest snapshot and the store's fault counters, persists what was learned every
-:data:`PERSIST_EVERY_S`, updates ``STATUS=`` and pings the watchdog.
+:data:`PERSIST_EVERY_S`, updates ``STATUS=`` and pings the watchdog. A job's learned
+costs are also queued at each of its save reports, and the failure rate at each
+failure, so a SIGKILLed daemon loses at most the last tick of them.
 
 Raises :class:`ServiceError` (one line saying what to change) for any start-up
 problem: state database, sockets, metrics address.
@@ -325,6 +327,23 @@ class Service:
         ):
             # metrics.on_event reset the job's paused gauge; the operator's flag wins
             self.metrics.set_paused(event.job, s.paused)
+        # Written as it is learned, not only every PERSIST_EVERY_S and at exit: a
+        # SIGKILLed daemon never reaches its exit (tests/faults/test_daemon_crash.py).
+        if isinstance(event, ev.SaveReported) and event.counted:
+            self._persist_job(event.job, failure=False)
+        elif isinstance(event, ev.JobResumed):
+            self._persist_job(event.job, failure=True)
+
+    def _persist_job(self, job_id: str, *, failure: bool) -> None:
+        """Queue one job's learned costs (and, after a failure, the host's failure
+        rate) for the store's next flush (within a tick)."""
+        if self.store is None or self.daemon is None:
+            return
+        job = self.daemon.registry.jobs.get(job_id)
+        if job is not None:
+            self.store.set_param(job_scope(job_id), LEARNED_KEY, job.tracker.learned())
+        if failure:
+            self.store.set_param(GLOBAL, FAILURE_RATE_KEY, self.failure_rate.to_dict())
 
     def snapshot(self) -> Snapshot:
         """The sampler's newest snapshot with each storage target's ``writing_jobs``
