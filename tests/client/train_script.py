@@ -1,14 +1,15 @@
 """A small, deterministic training job with the hook, run as a subprocess by the tests.
 
     python train_script.py CKPT_DIR OUT_FILE --steps N [--policy SPEC] [--socket EP]
-                           [--pad-mb M] [--step-sleep S] [--timings FILE]
+                           [--pad-mb M] [--step-sleep S] [--timings FILE] [--stop-file F]
 
 Prints ``step N`` after each step, ``requested N`` right after the step whose
 boundary started a save, ``inflight N`` when a save's write is in flight right after
 the step, ``start N`` after restoring, ``saved N ok=...`` when a save report arrives,
 ``mode daemon|embedded N`` when the plan's source changes, and writes the final
 model, optimizer and RNG state as raw bytes to OUT_FILE. ``--timings FILE`` also
-writes each step's wall time and the time spent in ``ckptr.step()`` (float64 pairs).
+writes each step's wall time and the time spent in ``ckptr.step()`` (float64 pairs);
+``--stop-file F`` ends the loop (``stopped N``) at the first step after F exists.
 Keras model with Dropout, Adam, a shuffled tf.data pipeline and a tf.random.Generator.
 """
 
@@ -39,6 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--step-sleep", type=float, default=0.0)
     p.add_argument("--job", default="train-script")
     p.add_argument("--timings", default=None)
+    p.add_argument("--stop-file", default=None, help="end the loop once this file exists")
     args = p.parse_args(argv)
 
     tf.config.experimental.enable_op_determinism()
@@ -124,6 +126,9 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(args.step_sleep)
         if args.timings:
             timings.append((time.perf_counter() - t0, t2 - t1))
+        if args.stop_file and os.path.exists(args.stop_file):
+            print(f"stopped {step + 1}", flush=True)
+            break
     ckptr.close()
     if args.timings:
         np.asarray(timings, dtype=np.float64).tofile(args.timings)

@@ -1,0 +1,202 @@
+"""SIGKILL of the daemon while a real training job runs against it.
+
+A real ``adaptd serve`` (its own state directory) serves a real Keras job (forked
+from the zygote). The daemon first learns something worth keeping: save costs, and
+one failure of the job (the job is SIGKILLed and resumes from an older step). Then
+the daemon is SIGKILLed, with no chance to write anything at exit. The job must not
+wait on it (its step times stay as they were), must fall back to its embedded policy
+and keep saving, and must reconnect when the daemon is started again on the same
+state directory; the new daemon must restore the job's save costs, the failure it saw
+and the save history from its database.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from adaptd import admin
+from adaptd.spawn import LogWatch, start_daemon, stop_daemon
+from adaptd.store import GLOBAL, Store, job_scope
+
+from .conftest import TRAIN_SCRIPT
+from .zygote import Child, Zygote
+
+pytestmark = [pytest.mark.slow, pytest.mark.tf]
+
+JOB = "train-script"
+DEADLINE = 60.0
+EVERY = 40  # steps between saves (the job's fixed policy, planned by the daemon)
+
+
+class Serve:
+    """``adaptd serve`` on ``socket`` with its log watched; started again after a kill."""
+
+    def __init__(self, socket: Path, state: Path) -> None:
+        self.socket, self.state = socket, state
+        self.proc: subprocess.Popen | None = None
+        self.log: LogWatch | None = None
+
+    def start(self) -> None:
+        # a SIGKILLed daemon leaves its socket file behind, so wait for the log line
+        self.proc = start_daemon(
+            self.socket, ("--drain-grace", "0"), state_dir=self.state, log=subprocess.PIPE
+        )
+        self.log = LogWatch(self.proc.stderr, DEADLINE)
+        self.log.wait_for("event=listening")
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        assert self.proc.wait(30) == -signal.SIGKILL
+
+    def job(self) -> admin.JobInfo:
+        reply = admin.request(self.socket, admin.StatusRequest(), timeout_s=10)
+        assert isinstance(reply, admin.StatusReply)
+        return next(j for j in reply.jobs if j.job == JOB)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            stop_daemon(self.proc)
+
+
+def last_step(child: Child) -> int:
+    return max(int(ln.split()[1]) for ln in child.log.lines if ln.startswith("step "))
+
+
+def saved_after(child: Child, after: int, count: int) -> list[int]:
+    """Wait for ``count`` successful save reports in lines from index ``after`` on."""
+    steps: list[int] = []
+    while len(steps) < count:
+        line = child.log.wait_for("saved ", "ok=True", timeout=DEADLINE, after=after)
+        after = child.log.lines.index(line, after) + 1
+        steps.append(int(line.split()[1]))
+    return steps
+
+
+def connected_saves(child: Child, end: int) -> set[int]:
+    """Steps of the saves ``child`` reported while the daemon's plan was in force,
+    among its first ``end`` output lines."""
+    lines = child.log.lines[:end]
+    first = next(i for i, ln in enumerate(lines) if ln.startswith("mode daemon"))
+    return {int(ln.split()[1]) for ln in lines[first:] if re.fullmatch(r"saved \d+ ok=True", ln)}
+
+
+def wait_durable(state: Path, saves: int) -> float:
+    """Seconds until the daemon's database holds the job's ``saves`` and the failure
+    rate (polled read-only, as ``adaptd report`` reads it, with a deadline)."""
+    t0 = time.monotonic()
+    while True:
+        with Store.open(state / "adaptd.sqlite3", readonly=True) as db:
+            learned = db.param(job_scope(JOB), "learned") or {}
+            rate = db.param(GLOBAL, "failure_rate")
+        if learned.get("saves", 0) >= saves and rate is not None:
+            return time.monotonic() - t0
+        assert time.monotonic() - t0 < 10.0, f"not in the store after 10 s: {learned}, {rate}"
+        time.sleep(0.02)  # the poll period
+
+
+def test_daemon_sigkill_costs_the_loop_nothing_and_the_restart_restores_what_it_learned(
+    zygote: Zygote, short_dir: Path, tmp_path: Path
+) -> None:
+    socket, state = short_dir / "a.sock", short_dir / "state"
+    ckpt, stop, timings = tmp_path / "ckpt", tmp_path / "stop", tmp_path / "timings.bin"
+    args = ["--steps", "1000000", "--policy", f"fixed:steps={EVERY}", "--socket",
+            f"ipc://{socket}", "--step-sleep", "0.004", "--job", JOB]  # fmt: skip
+    daemon = Serve(socket, state)
+    daemon.start()
+    try:
+        # 1. the daemon learns: save costs, then one failure of the job
+        first = zygote.spawn([ckpt, tmp_path / "o1", *args], script=TRAIN_SCRIPT)
+        first.log.wait_for("mode daemon", timeout=DEADLINE)
+        saved_after(first, 0, 2)
+        first.kill()
+        job = zygote.spawn(
+            [ckpt, tmp_path / "out", *args, "--timings", timings, "--stop-file", stop],
+            script=TRAIN_SCRIPT,
+        )
+        daemon.log.wait_for("event=job_resumed", f"job={JOB}")
+        job.log.wait_for("mode daemon", timeout=DEADLINE)
+        saved_after(job, 0, 4)
+        before = daemon.job()
+        assert before.failures == 1 and before.saves >= 3 and before.save_cost_s is not None
+
+        # the store is written once per daemon tick (~1 s): what is that old is durable
+        durable_s = wait_durable(state, before.saves)
+
+        # 2. SIGKILL the daemon: the job falls back at once and keeps saving
+        mark = kill_mark = len(job.log.lines)
+        killed_at = last_step(job)
+        t_kill = time.monotonic()
+        daemon.kill()
+        line = job.log.wait_for("mode embedded", timeout=DEADLINE, after=mark)
+        fallback_s = time.monotonic() - t_kill
+        fell_back_at = int(line.split()[2])
+        embedded_saves = saved_after(job, mark, 2)
+
+        # 3. start it again on the same state directory: the job reconnects
+        mark = len(job.log.lines)
+        t_restart = time.monotonic()
+        daemon.start()
+        line = job.log.wait_for("mode daemon", timeout=DEADLINE, after=mark)
+        reconnect_s = time.monotonic() - t_restart
+        back_at = int(line.split()[2])
+        saved_after(job, job.log.lines.index(line), 2)
+        after = daemon.job()
+        log = daemon.log.text()
+        stop.touch()
+        assert job.wait(DEADLINE) == 0, job.log.text()[-2000:]
+    finally:
+        daemon.stop()
+
+    # what it learned came back from the store, not from the job's new reports
+    assert "event=learned_restored what=failure_rate" in log, log
+    m = re.search(rf"event=learned_restored job={JOB} saves=(\d+)", log)
+    assert m is not None and int(m.group(1)) >= before.saves, log
+    assert after.saves > before.saves and after.save_cost_s is not None
+    with Store.open(state / "adaptd.sqlite3", readonly=True) as db:
+        history = db.saves(JOB)
+        assert db.param(GLOBAL, "failure_rate")["failures"] >= 1
+        assert db.param(job_scope(JOB), "learned")["failures"] == 1
+        assert len(db.failures(JOB)) == 1
+    saved_steps = {s.step for s in history if s.ok}
+    # the history holds the saves reported before the kill, and none made while it was dead
+    assert saved_steps >= connected_saves(first, len(first.log.lines)) | connected_saves(
+        job, kill_mark
+    )
+    assert not saved_steps & set(embedded_saves)
+
+    # the loop never waited on the dead daemon: step times before / dead / after
+    t = np.fromfile(timings, dtype=np.float64).reshape(-1, 2)
+    start = int(job.log.lines[0].split()[1])
+    idx = lambda step: step - start - 1  # noqa: E731 - row of a step in the timings
+    phases = {
+        "before": t[max(20, idx(killed_at) - 200) : idx(killed_at)],  # 20: TF warm-up
+        "dead": t[idx(killed_at) : idx(back_at)],
+        "after": t[idx(back_at) : idx(back_at) + 200],
+    }
+    stats = {
+        name: (np.median(p[:, 0]), np.percentile(p[:, 0], 95), np.percentile(p[:, 1], 99), len(p))
+        for name, p in phases.items()
+    }
+    print(f"durable after {durable_s:.2f}s, fallback {fallback_s:.2f}s, "
+          f"reconnect {reconnect_s:.2f}s; step median/p95, hook p99 (ms), n: " + "; ".join(
+              f"{k} {a * 1e3:.2f}/{b * 1e3:.2f}, {c * 1e3:.3f}, {n}"
+              for k, (a, b, c, n) in stats.items()))  # fmt: skip
+    base_med, base_p95, base_hook, _ = stats["before"]
+    for name in ("dead", "after"):
+        med, p95, hook, n = stats[name]
+        assert n >= 50, (name, n)
+        # generous bounds: a shared 2-core CI box; a wait on the daemon would cost
+        # the daemon timeout (1 s) in some step, far outside these
+        assert med <= 1.5 * base_med + 0.002, (name, stats)
+        assert p95 <= 2.0 * base_p95 + 0.005, (name, stats)
+        assert hook <= max(0.005, 3 * base_hook), (name, stats)
+    assert t[idx(killed_at) : idx(back_at) + 50, 0].max() < 0.5, "a step waited on the daemon"
+    assert fallback_s < 5.0  # daemon_timeout is 1 s in the job
