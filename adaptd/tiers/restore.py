@@ -10,7 +10,8 @@ Used by ``adaptd restore`` and by the training hook's pull on a new host
 * Each file is streamed into a hidden temporary name in the directory and hashed on
   the way; only when every file of the step verified are they renamed into place,
   and TensorFlow's ``checkpoint`` state file is written last. A restore killed half
-  way leaves nothing TensorFlow (or the hook) would restore from.
+  way leaves nothing TensorFlow (or the hook) would restore from; its hidden
+  ``.ckpt-*.restore`` files are removed by the next restore into the directory.
 
 This module never imports TensorFlow: the state file is TensorFlow's small text
 format, written here directly.
@@ -81,6 +82,9 @@ def restore(
     candidates = [step] if step is not None else sorted(steps, reverse=True)
     root = Path(directory)
     root.mkdir(parents=True, exist_ok=True)
+    for leftover in root.glob(".*.restore"):  # of a restore killed half-way
+        if leftover.name.startswith((".ckpt-", f".{STATE_FILE}.")) and leftover.is_file():
+            leftover.unlink()
     skipped: list[tuple[int, str]] = []
     for s in candidates:
         try:

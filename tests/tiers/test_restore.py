@@ -218,3 +218,22 @@ def test_cli_in_a_subprocess_with_s3_credentials_from_the_environment(s3, tmp_pa
     assert b"restored step 7" in out
     assert b"step 7: fetching and verifying" in tty
     assert same_files(local, tmp_path / "new", 7)
+
+
+def test_leftovers_of_a_killed_restore_are_removed(tmp_path):
+    dest = Dest("local", str(tmp_path / "dest"), {}, {}, _local=tmp_path / "dest")
+    local = published(dest, tmp_path, 10)
+    new = tmp_path / "new"
+    new.mkdir()
+    (new / ".ckpt-10.index.restore").write_bytes(b"half")
+    (new / ".checkpoint.restore").write_text("half")
+    (new / ".mine.restore").write_text("not ours")
+    assert restore(dest.url, new).step == 10
+    assert sorted(p.name for p in new.iterdir()) == [
+        ".mine.restore",
+        "checkpoint",
+        "ckpt-10.data-00000-of-00002",
+        "ckpt-10.data-00001-of-00002",
+        "ckpt-10.index",
+    ]
+    assert same_files(local, new, 10)
