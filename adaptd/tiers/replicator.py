@@ -262,7 +262,7 @@ class DestinationQueue:
                 st.waiting.pop(max(st.waiting))
             # the job's place in line: its oldest save the running upload does not cover
             running = st.upload.step if st.upload is not None else -1
-            since = min(t for s, t in st.waiting.items() if s > running)
+            since = min((t for s, t in st.waiting.items() if s > running), default=saved)
             new = Pending(job, step, saved=saved, waiting_since=since, nbytes=nbytes)
             st.pending = merge(st.pending, new)
             self._cond.notify()
@@ -339,8 +339,8 @@ class DestinationQueue:
         if not index.exists():
             self._skipped(item, st, "deleted locally before it was uploaded (max_to_keep)")
             return
-        replica = Replica(st.url, storage_options=self.dest.storage_options)
         try:
+            replica = Replica(st.url, storage_options=self.dest.storage_options)
             remote = replica.latest()
             if remote is not None and remote >= step:
                 self._skipped(item, st, f"the destination's LATEST is already step {remote}")
@@ -577,11 +577,6 @@ class Replicator:
         self._caught_up: set[tuple[str, int]] = set()
         self.errors = 0
 
-    @property
-    def active(self) -> bool:
-        """Whether the config replicates anything at all."""
-        return bool(self.queues) and any(o.replicate_to for o in self.cfg.jobs)
-
     # -- the daemon's sink
 
     def on_event(self, event: ev.Event) -> None:
@@ -679,7 +674,7 @@ class Replicator:
             return
         staging = found[0]
         saves_to = Path(event.checkpoint_dir) if event.checkpoint_dir else None
-        if saves_to is not None:
+        if saves_to is not None and saves_to.is_absolute():
             with contextlib.suppress(OSError):
                 self._devices[event.job] = os.stat(saves_to).st_dev
             if _resolved(saves_to) != _resolved(staging):
