@@ -328,15 +328,16 @@ def test_yielding_is_bounded(tmp_path):
 
 UPLOADER = """
 import json, sys
-from adaptd.tiers.replica import Replica, Throttle
-url, local, options = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+from adaptd.tiers.replica import Replica
+url, local, options, stop_at = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), int(sys.argv[4])
 done = 0
 def progress(n):
     global done
     done += n
     print(done, flush=True)
-Replica(url, storage_options=options).upload(
-    local, 5, "job", throttle=Throttle(8 << 20), progress=progress)
+    if done >= stop_at:  # hold here, mid-file, until the test kills this process
+        sys.stdin.readline()
+Replica(url, storage_options=options).upload(local, 5, "job", progress=progress)
 print("finished", flush=True)
 """
 
@@ -345,23 +346,24 @@ def test_upload_killed_midway_resumes_with_only_the_rest(dest, tmp_path):
     sizes = (3 * MiB, 6 * MiB)
     local = write_checkpoint(tmp_path / "local", 5, shards=sizes)
     total = sum(sizes) + 2000
+    stop_at = sizes[0] + 3 * MiB  # half of the second shard sent
     env = dict(os.environ, **dest.env)
     proc = subprocess.Popen(
-        [sys.executable, "-c", UPLOADER, dest.url, str(local), json.dumps(dest.options)],
-        stdout=subprocess.PIPE, text=True, env=env,
+        [sys.executable, "-c", UPLOADER, dest.url, str(local), json.dumps(dest.options),
+         str(stop_at)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
     )  # fmt: skip
     killed_at = 0
     try:
-        for line in proc.stdout:  # progress lines: wait until the second shard is half sent
+        for line in proc.stdout:  # progress lines, until it holds mid-way
             killed_at = int(line) if line.strip().isdigit() else killed_at
-            if killed_at >= sizes[0] + 3 * MiB:
+            if killed_at >= stop_at:
                 proc.send_signal(signal.SIGKILL)
                 break
     finally:
         proc.kill()
         proc.wait(30)
-    assert proc.returncode == -signal.SIGKILL, "the upload finished before it was killed"
-    assert killed_at < total
+    assert proc.returncode == -signal.SIGKILL and killed_at == stop_at
 
     rep = replica(dest)
     assert rep.steps() == [] and rep.latest() is None  # nothing published half-way
