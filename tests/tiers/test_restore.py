@@ -198,7 +198,8 @@ def test_cli_in_a_subprocess_with_s3_credentials_from_the_environment(s3, tmp_pa
     proc = subprocess.Popen(
         [sys.executable, "-m", "adaptd.cli", "restore", "--from", dest.url,
          "--to", str(tmp_path / "new")],
-        stdout=subprocess.PIPE, stderr=slave, env=dict(os.environ, **s3.env, COLUMNS="100"),
+        stdout=subprocess.PIPE, stderr=slave,
+        env=dict(os.environ, **s3.env, COLUMNS="100", TERM="xterm"),
     )  # fmt: skip
     os.close(slave)
     tty = b""
