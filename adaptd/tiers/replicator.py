@@ -10,15 +10,17 @@ staging directory to its durable destinations, in the background, staggered.
   each of the job's destinations. The hook reports only after TensorFlow finalised
   the write, and the files are read from the job's *configured* staging directory,
   never from a path in a message;
-- a :class:`~adaptd.events.JobRegistered` (and the daemon's start) *catches up*: when
-  the staging directory's newest checkpoint (TF's ``checkpoint`` state file) is newer
-  than the destination's ``LATEST``, it is queued;
+- a :class:`~adaptd.events.JobRegistered` (and the daemon's start) *catches up*: the
+  staging directory's newest checkpoint (TF's ``checkpoint`` state file) is queued,
+  and uploaded unless the destination's ``LATEST`` already has it;
 - :class:`~adaptd.events.SaveInFlight` tells which jobs are writing right now: an
   upload whose staging directory is on the same device as a writing job's yields
   (``Replica.upload(should_yield=...)``) so the job's own save gets the disk.
 
-The sink does no I/O: events go to an *intake* thread (file sizes, remote
-``LATEST`` reads), which feeds one :class:`DestinationQueue` per destination. Each
+The sink does no I/O: events go to an *intake* thread (local file sizes, catch-up),
+which feeds one :class:`DestinationQueue` per destination; everything that touches
+a destination happens in that destination's workers, so a slow one holds up nobody
+else. Each
 destination runs ``max_concurrent`` worker threads sharing one
 :class:`~adaptd.tiers.replica.Throttle` (its bandwidth cap). Which upload runs next
 is the pure :func:`next_upload`: the job that has waited longest goes first, ties
@@ -342,9 +344,13 @@ class DestinationQueue:
         try:
             replica = Replica(st.url, storage_options=self.dest.storage_options)
             remote = replica.latest()
-            if remote is not None and remote >= step:
-                self._skipped(item, st, f"the destination's LATEST is already step {remote}")
+            if remote is not None:
                 self.track(job, st.staging, last_step=remote)
+            if remote == step:  # there already (a catch-up after a restart, usually)
+                log.info("event=replicate_current destination=%s job=%s step=%d", name, job, step)
+                return
+            if remote is not None and remote > step:
+                self._skipped(item, st, f"the destination's LATEST is already step {remote}")
                 return
             log.info(
                 "event=replicate_start destination=%s job=%s step=%d bytes=%d url=%s",
@@ -697,28 +703,23 @@ class Replicator:
         with contextlib.suppress(OSError):
             self._devices.setdefault(job, os.stat(staging).st_dev)
         local = newest_local_step(staging)
+        saved = None
+        if local is not None:
+            with contextlib.suppress(OSError):
+                saved = (staging / f"ckpt-{local}.index").stat().st_mtime
         for d in dests:
             q = self.queues[d.name]
-            try:
-                remote = Replica(d.job_url(job), storage_options=d.storage_options).latest()
-            except Exception as exc:
-                log.warning(
-                    "event=replicate_catch_up_failed destination=%s job=%s error=%r "
-                    "(queued anyway; the upload retries)",
-                    d.name, job, f"{type(exc).__name__}: {exc}",
-                )  # fmt: skip
-                remote = None
-            q.track(job, staging, last_step=remote)
-            if local is not None and (remote is None or local > remote):
-                try:
-                    saved = (staging / f"ckpt-{local}.index").stat().st_mtime
-                except OSError:
-                    continue
-                log.info(
-                    "event=replicate_catch_up destination=%s job=%s step=%d remote_step=%s",
-                    d.name, job, local, remote,
-                )  # fmt: skip
-                q.add(job, staging, local, saved=saved, nbytes=checkpoint_bytes(staging, local))
+            q.track(job, staging)
+            if local is None or saved is None:
+                continue
+            # queued without reading the destination here (that could be slow, and would
+            # hold up the intake): the worker compares with its LATEST before uploading
+            log.info(
+                "event=replicate_catch_up destination=%s job=%s step=%d "
+                "(uploaded unless the destination has it)",
+                d.name, job, local,
+            )  # fmt: skip
+            q.add(job, staging, local, saved=saved, nbytes=checkpoint_bytes(staging, local))
 
     # -- yielding
 

@@ -323,6 +323,14 @@ def test_an_upload_stopped_by_sigterm_then_sigkill_resumes_after_each_restart(tm
         staging / "ckpt-5.data-00000-of-00001"
     ).read_bytes()
 
+    # a fourth start finds the destination current: nothing is sent, nothing skipped
+    third.stop()
+    fourth = Daemon(tmp_path, text)
+    daemons.append(fourth.start())
+    fourth.log.wait_for("event=replicate_current destination=nfs job=big step=5")
+    row = fourth.wait_row("big", "nfs", lambda r: r.last_step == 5)
+    assert (row.uploads, row.skipped, row.uploaded_bytes, row.seconds_behind) == (0, 0, 0, 0)
+
 
 # ---------------------------------------------------------------------- failures, skips
 
