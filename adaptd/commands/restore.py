@@ -156,7 +156,7 @@ def _fail(args: argparse.Namespace, message: str, *, access: bool) -> int:
     if access:
         print(
             "  check the URL (a job's folder: <destination>/<job>), the credentials "
-            "(AWS_* variables) and the endpoint (--storage-option endpoint_url=...)",
+            "(AWS_* variables) and the --storage-option values (endpoint_url=...)",
             file=sys.stderr,
         )
     return 1

@@ -268,14 +268,24 @@ def local_files(local_dir: str | os.PathLike[str], step: int) -> list[Path]:
     return [*sorted(data), index]
 
 
+#: Packages whose exceptions mean the destination (or its storage_options) is at fault.
+STORAGE_PACKAGES = frozenset({"botocore", "aiobotocore", "aiohttp", "s3fs", "fsspec", "gcsfs"})
+
+
 def is_storage_error(exc: BaseException) -> bool:
     """Errors that mean "the destination could not be used" rather than a bug here:
-    OSError (fsspec's and s3fs's translation of most failures) and the remote-storage
-    clients' own types (botocore, aiohttp ...), which are otherwise raised as is."""
+    OSError (fsspec's and s3fs's translation of most failures), the remote-storage
+    clients' own types (botocore, aiohttp ...), and anything raised inside those
+    libraries (a TypeError for an unknown storage option, for instance)."""
     if isinstance(exc, OSError):
         return True
-    module = type(exc).__module__ or ""
-    return module.split(".", 1)[0] in ("botocore", "aiobotocore", "aiohttp", "s3fs", "fsspec")
+    if (type(exc).__module__ or "").split(".", 1)[0] in STORAGE_PACKAGES:
+        return True
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    module = tb.tb_frame.f_globals.get("__name__", "") if tb is not None else ""
+    return str(module).split(".", 1)[0] in STORAGE_PACKAGES
 
 
 class Replica:

@@ -175,6 +175,13 @@ def test_cli_reports_an_unreachable_s3_endpoint(tmp_path, capsys):
     )  # fmt: skip
     err = capsys.readouterr().err
     assert code == 1 and "s3://bucket/ckpts/job" in err and "failed" in err
+    assert "check the URL" in err and "--storage-option values" in err
+    # an option the S3 client does not know is the destination's problem, not a crash
+    code = run_cli(
+        "--from", "s3://bucket/ckpts/job", "--to", str(tmp_path / "new"),
+        f"--storage-option=endpoint_url=http://127.0.0.1:{port}", "--storage-option=bogus=1",
+    )  # fmt: skip
+    assert code == 1 and "unexpected keyword argument 'bogus'" in capsys.readouterr().err
 
 
 def test_storage_options_parse():
