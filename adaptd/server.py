@@ -1312,7 +1312,7 @@ class Daemon:
         public, secret = self._curve_pair
         self._auth = ThreadAuthenticator(self._ctx, log=logging.getLogger("adaptd.auth"))
         self._auth.start()
-        self._auth.configure_curve(domain="*", location=str(self.curve.client_keys))
+        self._auth.configure_curve(domain="adaptd", location=str(self.curve.client_keys))
         sock.setsockopt(zmq.ZAP_DOMAIN, b"adaptd")
         sock.curve_server = True
         sock.curve_publickey = public

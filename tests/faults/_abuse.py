@@ -244,3 +244,30 @@ def wait_until(cond: Callable[[], bool], what: str, timeout: float = DEADLINE) -
         if time.monotonic() > end:
             raise TimeoutError(f"{what}: not within {timeout}s")
         threading.Event().wait(0.05)
+
+
+class PeerProc:
+    """``_peer_proc.py`` as a child process: a rank (or operator) with its own pid,
+    and with ``uid``/``gid``/``groups`` in ``spec``, its own user (root only)."""
+
+    def __init__(self, spec: dict[str, object]) -> None:
+        import json
+
+        self.proc = subprocess.Popen(
+            [sys.executable, str(Path(__file__).with_name("_peer_proc.py")), json.dumps(spec)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+        )
+        self.log = spawn.LogWatch(self.proc.stdout, DEADLINE)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def wait_for(self, *needles: str, timeout: float | None = None) -> str:
+        return self.log.wait_for(*needles, timeout=timeout)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()  # reaped: its pid is really gone
