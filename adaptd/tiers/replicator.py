@@ -20,8 +20,7 @@ staging directory to its durable destinations, in the background, staggered.
 The sink does no I/O: events go to an *intake* thread (local file sizes, catch-up),
 which feeds one :class:`DestinationQueue` per destination; everything that touches
 a destination happens in that destination's workers, so a slow one holds up nobody
-else. Each
-destination runs ``max_concurrent`` worker threads sharing one
+else. Each destination runs ``max_concurrent`` worker threads sharing one
 :class:`~adaptd.tiers.replica.Throttle` (its bandwidth cap). Which upload runs next
 is the pure :func:`next_upload`: the job that has waited longest goes first, ties
 to the job that started an upload least recently, so jobs sharing a destination
