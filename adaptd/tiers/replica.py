@@ -535,8 +535,10 @@ class Replica:
         An interrupted upload of the same step resumes: files recorded complete in
         the journal (same local size and mtime, same size at the destination) are not
         sent again, and on a mounted path the matching prefix of a partial file is
-        kept. A step whose manifest already lists the local files is not sent again
-        (only ``LATEST`` is advanced if a crash came before it).
+        kept. A step whose manifest already lists these very files (names, sizes and
+        sha256 of the local files) is not sent again, only ``LATEST`` is advanced if
+        a crash came before it; a manifest of other content is deleted first, then
+        the step is sent whole.
 
         Raises:
             FileNotFoundError: the local checkpoint is not (or no longer) there.
@@ -552,10 +554,12 @@ class Replica:
             with self._errors("creating the folder"):
                 self.fs.makedirs(self.root, exist_ok=True)
 
-        done = self._already_published(step, stats)
-        if done is not None:
+        published = self._published(step, stats)
+        if published is True:
             self._advance_latest(step)
             return UploadResult(step, 0, total, len(files), time.perf_counter() - t0, len(files))
+        if published is False:  # a manifest of other content: readers stop trusting it now
+            self._remove([manifest_name(step)])
 
         journal = self._read_journal(step)
         remote_sizes = self._listing()
@@ -574,7 +578,7 @@ class Replica:
                 entries.append(FileEntry(path.name, st.st_size, rec["sha256"]))
                 resumed += 1
                 continue
-            sha, n = self._send(path, st.st_size, pacer)
+            sha, n = self._send(path, pacer)
             sent += n
             entries.append(FileEntry(path.name, st.st_size, sha))
             journal[path.name] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": sha}
@@ -591,22 +595,26 @@ class Replica:
         )  # fmt: skip
         return UploadResult(step, sent, total, len(files), seconds, resumed, pacer.yielded_s)
 
-    def _already_published(self, step: int, stats: list[tuple[Path, os.stat_result]]) -> object:
-        """The manifest, when it exists and lists exactly these local files and sizes."""
+    def _published(self, step: int, stats: list[tuple[Path, os.stat_result]]) -> bool | None:
+        """Whether this very checkpoint is already published: None when the step has no
+        manifest; True when its manifest lists exactly these local files, sizes and
+        sha256 (the local files are read, not the remote ones) and the destination
+        has them at those sizes; False otherwise (a damaged manifest, or another save
+        of the same step, e.g. by a job that was rolled back and saved it again)."""
         if manifest_name(step) not in self._listing():
             return None
         try:
             manifest = self.manifest(step)
-        except TierError:
-            return None  # damaged: upload again, the new manifest replaces it
-        listed = {(f.name, f.size) for f in manifest.files}
-        if listed != {(p.name, st.st_size) for p, st in stats}:
-            return None
-        try:
             self.check_sizes(manifest)
         except TierError:
-            return None
-        return manifest
+            return False
+        listed = {f.name: f for f in manifest.files}
+        if set(listed) != {p.name for p, _ in stats}:
+            return False
+        for path, st in stats:
+            if listed[path.name].size != st.st_size or listed[path.name].sha256 != _sha256(path):
+                return False
+        return True
 
     def _read_journal(self, step: int) -> dict[str, dict[str, Any]]:
         raw = self._read_small(journal_name(step))
@@ -619,7 +627,7 @@ class Replica:
             log.warning("%s: unreadable upload journal, sending every file", self.url)
             return {}
 
-    def _send(self, path: Path, size: int, pacer: _Pacer) -> tuple[str, int]:
+    def _send(self, path: Path, pacer: _Pacer) -> tuple[str, int]:
         """Copy one file; returns (sha256 of its content, bytes sent this time)."""
         # FileNotFoundError passes through: the checkpoint vanished
         with open(path, "rb") as src:
@@ -803,6 +811,14 @@ class _Pacer:
     def sent(self, n: int) -> None:
         if self.progress is not None:
             self.progress(n)
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def _matching_prefix(tmp: Path, src: IO[bytes], h: Any) -> int:

@@ -110,6 +110,20 @@ def test_a_published_step_is_not_sent_again_but_latest_is_repaired(dest, tmp_pat
     assert rep.latest() == 10
 
 
+def test_a_step_saved_again_with_other_content_replaces_the_old_one(dest, tmp_path):
+    """A job rolled back to an older step saves ckpt-<step> again (other bytes): the
+    old manifest goes first, then the new files and manifest are published."""
+    local = write_checkpoint(tmp_path / "local", 10, shards=(1000,))
+    rep = replica(dest)
+    rep.upload(local, 10, "job")
+    data = local / "ckpt-10.data-00000-of-00001"
+    data.write_bytes(bytes(reversed(data.read_bytes())))  # same names and sizes, new content
+    again = rep.upload(local, 10, "job")
+    assert again.bytes_sent == again.bytes_total == 1000 + 2000
+    assert rep.verify(10).files[0].sha256 == sha(data.read_bytes())
+    assert dest.read(data.name) == data.read_bytes()
+
+
 def test_local_checkpoint_missing_or_incomplete(tmp_path):
     rep = Replica(str(tmp_path / "dest"))
     with pytest.raises(FileNotFoundError, match=r"ckpt-7\.index"):
