@@ -264,6 +264,46 @@ def test_two_jobs_share_a_destination_staggered_capped_and_pruned(tmp_path, daem
     b.close()
 
 
+def test_concurrent_uploads_share_the_destinations_cap(tmp_path, daemons):
+    """max_concurrent = 2: two jobs' uploads run at the same time, and together they
+    stay under the destination's one 2 MiB/s cap (measured from the daemon's log)."""
+    dest = tmp_path / "nfs"
+    staging = tmp_path / "local"
+    d = Daemon(tmp_path, config(
+        tmp_path,
+        f'[destinations.nfs]\nurl = "{dest}"\nbandwidth_mib_s = 2\nmax_concurrent = 2\n',
+        f'[jobs."job-*"]\nstaging = "{staging}/{{job}}"\nreplicate_to = ["nfs"]\n',
+    ))  # fmt: skip
+    daemons.append(d.start())
+    size = 3 * MIB
+    peers = [Peer(d, j, staging / j) for j in ("job-a", "job-b")]
+    for peer in peers:
+        write_checkpoint(staging / peer.job, 1, size)
+        peer.saved(1, size)
+    for peer in peers:
+        d.wait_row(peer.job, "nfs", lambda r: r.last_step == 1)
+    events = uploads(d.text(), "nfs")
+    assert [kind for kind, _, _ in events][:2] == ["start", "start"]  # they overlapped
+    stamps = [_time(ln) for ln in d.text().splitlines() if "destination=nfs" in ln and
+              ("event=replicate_start" in ln or "event=replicated " in ln)]  # fmt: skip
+    span = max((t - stamps[0]) % 86400 for t in stamps)  # a run across midnight too
+    sent = 2 * ckpt_bytes(size, 1)
+    # one bucket for both: at most 2 MiB/s x (span + 0.25 s burst), 1 ms log resolution
+    assert sent <= 2 * MIB * (span + 0.25 + 0.002) * 1.02, span
+    assert sent / span >= 0.25 * 2 * MIB, span  # and not starved
+    for peer in peers:
+        assert Replica(str(dest / peer.job)).verify(1).bytes == ckpt_bytes(size, 1)
+        peer.close()
+
+
+def _time(line: str) -> float:
+    """Seconds of the log line's timestamp (``2026-12-03 07:08:38,413 INFO ...``)."""
+    clock = line.split()[1]
+    h, m, rest = clock.split(":")
+    sec, ms = rest.split(",")
+    return int(h) * 3600 + int(m) * 60 + int(sec) + int(ms) / 1000
+
+
 # ---------------------------------------------------------------------- resume after SIGKILL
 
 
