@@ -3,13 +3,18 @@ and small real filesystems (tmpfs) that a test can fill up or make read-only."""
 
 from __future__ import annotations
 
+import re
 import shutil
+import signal
 import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from adaptd import admin
+from adaptd.spawn import LogWatch, start_daemon, stop_daemon
 
 from .zygote import Zygote
 
@@ -25,6 +30,58 @@ def zygote(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Zygote]:
     z = Zygote(tmp_path_factory.mktemp("zygote"))
     yield z
     z.close()
+
+
+class Serve:
+    """``adaptd serve`` on ``socket`` (state in ``state``) with its log watched; it can be
+    SIGKILLed and started again. ``job()``: the status of the job ``job``."""
+
+    def __init__(self, socket: Path, state: Path, job: str) -> None:
+        self.socket, self.state, self.job_id = socket, state, job
+        self.proc: subprocess.Popen | None = None
+        self.log: LogWatch | None = None
+
+    def start(self) -> None:
+        # a SIGKILLed daemon leaves its socket file behind, so wait for the log line
+        self.proc = start_daemon(
+            self.socket, ("--drain-grace", "0"), state_dir=self.state, log=subprocess.PIPE
+        )
+        self.log = LogWatch(self.proc.stderr, 60.0)
+        self.log.wait_for("event=listening")
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        assert self.proc.wait(30) == -signal.SIGKILL
+
+    def job(self) -> admin.JobInfo:
+        reply = admin.request(self.socket, admin.StatusRequest(), timeout_s=10)
+        assert isinstance(reply, admin.StatusReply)
+        return next(j for j in reply.jobs if j.job == self.job_id)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            stop_daemon(self.proc)
+
+
+def state(ckpt: Path) -> tuple[int | None, set[int]]:
+    """(latest step, every step listed) from TensorFlow's ``checkpoint`` state file."""
+    path = ckpt / "checkpoint"
+    if not path.exists():
+        return None, set()
+    text = path.read_text()
+    latest = re.search(r'^model_checkpoint_path: "ckpt-(\d+)"', text, re.M)
+    listed = {int(s) for s in re.findall(r'^all_model_checkpoint_paths: "ckpt-(\d+)"', text, re.M)}
+    return (int(latest.group(1)) if latest else None), listed
+
+
+def on_disk(ckpt: Path) -> set[int]:
+    """Steps with any ``ckpt-N.*`` file (not the temporary names of a write)."""
+    return {
+        int(m.group(1))
+        for p in ckpt.iterdir()
+        if (m := re.fullmatch(r"ckpt-(\d+)\.(index|data-\d+-of-\d+)", p.name))
+    }
 
 
 @pytest.fixture

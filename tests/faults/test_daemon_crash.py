@@ -13,19 +13,15 @@ and the save history from its database.
 from __future__ import annotations
 
 import re
-import signal
-import subprocess
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from adaptd import admin
-from adaptd.spawn import LogWatch, start_daemon, stop_daemon
 from adaptd.store import GLOBAL, Store, job_scope
 
-from .conftest import TRAIN_SCRIPT
+from .conftest import TRAIN_SCRIPT, Serve
 from .zygote import Child, Zygote
 
 pytestmark = [pytest.mark.slow, pytest.mark.tf]
@@ -33,37 +29,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.tf]
 JOB = "train-script"
 DEADLINE = 60.0
 EVERY = 40  # steps between saves (the job's fixed policy, planned by the daemon)
-
-
-class Serve:
-    """``adaptd serve`` on ``socket`` with its log watched; started again after a kill."""
-
-    def __init__(self, socket: Path, state: Path) -> None:
-        self.socket, self.state = socket, state
-        self.proc: subprocess.Popen | None = None
-        self.log: LogWatch | None = None
-
-    def start(self) -> None:
-        # a SIGKILLed daemon leaves its socket file behind, so wait for the log line
-        self.proc = start_daemon(
-            self.socket, ("--drain-grace", "0"), state_dir=self.state, log=subprocess.PIPE
-        )
-        self.log = LogWatch(self.proc.stderr, DEADLINE)
-        self.log.wait_for("event=listening")
-
-    def kill(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGKILL)
-        assert self.proc.wait(30) == -signal.SIGKILL
-
-    def job(self) -> admin.JobInfo:
-        reply = admin.request(self.socket, admin.StatusRequest(), timeout_s=10)
-        assert isinstance(reply, admin.StatusReply)
-        return next(j for j in reply.jobs if j.job == JOB)
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            stop_daemon(self.proc)
 
 
 def last_step(child: Child) -> int:
@@ -109,7 +74,7 @@ def test_daemon_sigkill_costs_the_loop_nothing_and_the_restart_restores_what_it_
     ckpt, stop, timings = tmp_path / "ckpt", tmp_path / "stop", tmp_path / "timings.bin"
     args = ["--steps", "1000000", "--policy", f"fixed:steps={EVERY}", "--socket",
             f"ipc://{socket}", "--step-sleep", "0.004", "--job", JOB]  # fmt: skip
-    daemon = Serve(socket, state)
+    daemon = Serve(socket, state, JOB)
     daemon.start()
     try:
         # 1. the daemon learns: save costs, then one failure of the job
@@ -185,7 +150,8 @@ def test_daemon_sigkill_costs_the_loop_nothing_and_the_restart_restores_what_it_
         name: (np.median(p[:, 0]), np.percentile(p[:, 0], 95), np.percentile(p[:, 1], 99), len(p))
         for name, p in phases.items()
     }
-    print(f"durable after {durable_s:.2f}s, fallback {fallback_s:.2f}s, "
+    print(f"durable after {durable_s:.2f}s, fallback {fallback_s:.2f}s "
+          f"({fell_back_at - killed_at} steps), "
           f"reconnect {reconnect_s:.2f}s; step median/p95, hook p99 (ms), n: " + "; ".join(
               f"{k} {a * 1e3:.2f}/{b * 1e3:.2f}, {c * 1e3:.3f}, {n}"
               for k, (a, b, c, n) in stats.items()))  # fmt: skip

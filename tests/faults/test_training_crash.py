@@ -28,7 +28,7 @@ import pytest
 
 from adaptd.client import files
 
-from .conftest import TRAIN_SCRIPT
+from .conftest import TRAIN_SCRIPT, on_disk, state
 from .zygote import Zygote
 
 pytestmark = [pytest.mark.slow, pytest.mark.tf]
@@ -64,26 +64,6 @@ def schedule(seed: int = SEED, n: int = KILLS) -> list[Kill]:
         kind = rng.choices(kinds, weights)[0]
         out.append(Kill(kind, rng.randint(0, EVENTS[kind][1])))
     return out
-
-
-def state(ckpt: Path) -> tuple[int | None, set[int]]:
-    """(latest step, every step listed) from TensorFlow's ``checkpoint`` state file."""
-    path = ckpt / "checkpoint"
-    if not path.exists():
-        return None, set()
-    text = path.read_text()
-    latest = re.search(r'^model_checkpoint_path: "ckpt-(\d+)"', text, re.M)
-    listed = {int(s) for s in re.findall(r'^all_model_checkpoint_paths: "ckpt-(\d+)"', text, re.M)}
-    return (int(latest.group(1)) if latest else None), listed
-
-
-def on_disk(ckpt: Path) -> set[int]:
-    """Steps with any ``ckpt-N.*`` file (not the temporary names of a write)."""
-    return {
-        int(m.group(1))
-        for p in ckpt.iterdir()
-        if (m := re.fullmatch(r"ckpt-(\d+)\.(index|data-\d+-of-\d+)", p.name))
-    }
 
 
 def wait_write(child, ckpt: Path) -> str:
