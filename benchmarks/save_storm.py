@@ -14,17 +14,19 @@ side in one run, with the same jobs, state sizes and bandwidth cap:
 The shared destination is a ``scripts/slowfs.py`` FUSE passthrough mount with one
 token bucket (``--bandwidth-mib-s``) shared by every writer, standing for an NFS
 server that all jobs share. Each job is a real TensorFlow process holding
-``--state-mb`` of float32 state that changes every step (a matmul workload plus an
-optimizer-like update of every variable). Before each storm every job trains
-``--steps-between`` steps, reports ready and waits on its stdin; the driver then
-releases them at once and each calls ``save()`` at the same step. The first storm
-is a warm-up and is not counted; the first measured storm starts once the warm-up
-is durable everywhere. The next storms follow every ``--interval-s`` (by default
-half the time the capped destination needs for one storm's bytes): as in a real
-storm, a job's next save comes while its previous write may still be running, which
-is where writing straight to a slow shared server blocks the training loop (the
-hook allows one write in flight). ``--interval-s 0`` releases each storm only when
-the previous one is durable everywhere (isolated storms).
+``--state-mb`` of float32 state that changes every step (a small matmul plus an
+optimizer-like update of every variable, then a ``--step-ms`` wait standing for the
+accelerator's share of the step: on a GPU host the training loop's CPU is mostly
+idle, and 8 CPU-bound jobs would otherwise measure only this machine's 2 cores).
+The jobs train without pause; the driver writes "go" to every job's stdin at once
+and each calls ``save()`` at its next step (a storm). The first storm is a warm-up
+and is not counted; the first measured storm starts once the warm-up is durable
+everywhere. The next storms follow every ``--interval-s`` (by default half the time
+the capped destination needs for one storm's bytes): as in a real storm, a job's
+next save comes while its previous write may still be running, which is where
+writing straight to a slow shared server blocks the training loop (the hook allows
+one write in flight). ``--interval-s 0`` releases each storm only when the previous
+one is durable everywhere (isolated storms).
 
 Per save it records:
 
@@ -108,7 +110,12 @@ def _build(mb: int):
 
 
 def worker(args: argparse.Namespace) -> int:
-    """One job: train, and at each storm wait for "go" on stdin, then save."""
+    """One job: trains without pause; each "go" line on stdin makes it save at once.
+
+    The loop never stops for the barrier (a real job does not either): the hook
+    reports a save only from ``step()``, and its extra step time is real slowdown,
+    not idle waiting.
+    """
     from adaptd.client import AdaptiveCheckpointer
 
     state, train_step = _build(args.state_mb)
@@ -123,19 +130,43 @@ def worker(args: argparse.Namespace) -> int:
         state=state,
     )
     hook.restore_or_initialize()
+    commands: queue.SimpleQueue[str] = queue.SimpleQueue()
+
+    def read_stdin() -> None:
+        for line in sys.stdin:
+            commands.put(line.strip())
+        commands.put("eof")
+
+    threading.Thread(target=read_stdin, daemon=True).start()
+    device = threading.Event()  # never set: waiting on it stands for the device's step time
+
+    def one_step() -> None:
+        train_step()
+        if args.step_ms > 0:
+            device.wait(args.step_ms / 1000)
+        hook.step()
+
+    for _ in range(args.steps_between):  # warm up (tf.function tracing, first reports)
+        one_step()
+    print("ready", flush=True)
     starts: dict[int, float] = {}
-    for storm in range(args.storms + 1):
-        for _ in range(args.steps_between):
-            train_step()
-            hook.step()
-        print(f"ready {storm} {hook.step_count}", flush=True)
-        if sys.stdin.readline().strip() != "go":
+    while len(starts) <= args.storms:
+        one_step()
+        try:
+            command = commands.get_nowait()
+        except queue.Empty:
+            continue
+        if command != "go":
             return 2
         starts[hook.step_count] = time.time()
-        hook.save(reason=f"storm {storm}")
-    for _ in range(args.steps_between):  # the last save's extra step time is measured too
-        train_step()
-        hook.step()
+        hook.save(reason=f"storm {len(starts) - 1}")
+        print(f"saved {len(starts) - 1} {hook.step_count}", flush=True)
+    # keep training until the last write is reported (its extra step time is measured),
+    # then a little longer
+    while len(hook.history) < len(starts):
+        one_step()
+    for _ in range(args.steps_between):
+        one_step()
     hook.close()
     saves = [
         {
@@ -268,16 +299,21 @@ class Durability:
         with self._lock:
             return next((t for t, s in self._seen[k] if s >= step), None)
 
-    def wait(self, step: int, deadline_s: float, jobs: Jobs) -> None:
-        """Until every file names ``step`` or later; raises if a job dies or time runs out."""
+    def wait(self, steps: list[int], deadline_s: float, jobs: Jobs) -> None:
+        """Until file ``k`` names ``steps[k]`` or later, for every k; raises if a job dies
+        or time runs out."""
         end = time.monotonic() + deadline_s
         pause = threading.Event()
         while True:
-            missing = [str(p) for k, p in enumerate(self.files) if self.when(k, step) is None]
+            missing = [
+                f"{p} (step {steps[k]})"
+                for k, p in enumerate(self.files)
+                if self.when(k, steps[k]) is None
+            ]
             if not missing:
                 return
             if time.monotonic() > end:
-                raise TimeoutError(f"step {step} not durable within {deadline_s:.0f}s at {missing}")
+                raise TimeoutError(f"not durable within {deadline_s:.0f}s: {missing}")
             for k, proc in enumerate(jobs.procs):
                 if proc.poll() not in (None, 0):
                     raise RuntimeError(f"job {k} exited with status {proc.returncode}")
@@ -346,6 +382,8 @@ def run_mode(mode: str, args: argparse.Namespace, root: Path, mount: Path, backi
                 str(args.storms),
                 "--steps-between",
                 str(args.steps_between),
+                "--step-ms",
+                str(args.step_ms),
             ]
             for j, d in zip(jobs_ids, dirs, strict=True)
         ]
@@ -355,40 +393,44 @@ def run_mode(mode: str, args: argparse.Namespace, root: Path, mount: Path, backi
         stack.callback(jobs.stop)
         durability = Durability(watch)
         stack.callback(durability.stop)
+        jobs.wait_all(r"ready", deadline_s=args.deadline_s)
         released: dict[int, float] = {}
+        saved: dict[int, list[int]] = {}  # storm -> each job's step
         pace = threading.Event()
-        step = -1
         last = 0.0
         for storm in range(args.storms + 1):
-            ready = jobs.wait_all(rf"ready {storm} (\d+)", deadline_s=args.deadline_s)
-            steps = {int(m.group(1)) for m in ready.values()}
-            if len(steps) != 1:
-                raise RuntimeError(f"jobs are not in step at storm {storm}: {sorted(steps)}")
             if storm == 1 or (storm > 1 and args.interval_s == 0):
                 # after the warm-up, and between isolated storms: the previous one is durable
-                durability.wait(step, args.deadline_s, jobs)
+                durability.wait(saved[storm - 1], args.deadline_s, jobs)
             elif storm > 1:
                 pace.wait(max(0.0, last + args.interval_s - time.monotonic()))
-            step = steps.pop()
-            print(f"… {mode}: storm {storm} at step {step}", file=sys.stderr, flush=True)
             last = time.monotonic()
-            released[step] = jobs.release()
-        durability.wait(step, args.deadline_s, jobs)
+            released[storm] = jobs.release()
+            got = jobs.wait_all(rf"saved {storm} (\d+)", deadline_s=args.deadline_s)
+            saved[storm] = [int(got[i].group(1)) for i in range(args.jobs)]
+            print(
+                f"… {mode}: storm {storm} at steps {min(saved[storm])}-{max(saved[storm])}",
+                file=sys.stderr,
+                flush=True,
+            )
+        durability.wait(saved[args.storms], args.deadline_s, jobs)
         jobs.wait_all(r"RESULT .*", deadline_s=args.deadline_s)
         for proc in jobs.procs:
             proc.wait(timeout=args.deadline_s)
     records = []
-    warmup = min(released)
     for i, res in sorted(jobs.results.items()):
+        storm_of = {saved[storm][i]: storm for storm in saved}
         for s in res["saves"]:
-            if s["step"] == warmup or s["wall_start"] is None:
-                continue
+            storm = storm_of.get(s["step"])
+            if storm is None or storm == 0 or s["wall_start"] is None:
+                continue  # the warm-up
             if not s["ok"]:
                 raise RuntimeError(f"{mode}: job {i} save at step {s['step']} failed: {s['error']}")
             s["job"] = res["job"]
+            s["storm"] = storm
             s["hook_mode"] = res["mode"]
             s["shared_durable_s"] = durability.when(i, s["step"]) - s["wall_start"]
-            s["release_skew_s"] = s["wall_start"] - released[s["step"]]
+            s["release_skew_s"] = s["wall_start"] - released[storm]
             records.append(s)
     return {"mode": mode, "saves": records}
 
@@ -452,7 +494,15 @@ def main(argv: list[str] | None = None) -> int:
         help="the shared destination's total bandwidth (default 64 MiB/s)",
     )
     parser.add_argument("--storms", type=int, default=3, help="measured storms (plus 1 warm-up)")
-    parser.add_argument("--steps-between", type=int, default=10, help="steps before each storm")
+    parser.add_argument(
+        "--steps-between", type=int, default=10, help="warm-up steps, and steps after the last"
+    )
+    parser.add_argument(
+        "--step-ms",
+        type=float,
+        default=50.0,
+        help="per step, a wait standing for the accelerator's compute (default 50)",
+    )
     parser.add_argument(
         "--interval-s",
         type=float,
@@ -492,6 +542,8 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("jobs", "state_mb", "storms", "steps_between", "max_concurrent"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.step_ms < 0:
+        parser.error(f"--step-ms must be >= 0, got {args.step_ms}")
     if not args.bandwidth_mib_s > 0:
         parser.error(f"--bandwidth-mib-s must be > 0, got {args.bandwidth_mib_s}")
     # the time the capped destination needs for one storm's bytes, at best
@@ -548,6 +600,7 @@ def main(argv: list[str] | None = None) -> int:
         "bandwidth_mib_s": args.bandwidth_mib_s,
         "storms": args.storms,
         "steps_between": args.steps_between,
+        "step_ms": args.step_ms,
         "interval_s": args.interval_s,
         "storm_ideal_s": round(storm_s, 2),
         "max_concurrent": args.max_concurrent,
