@@ -317,7 +317,8 @@ def test_an_upload_stopped_by_sigterm_then_sigkill_resumes_after_each_restart(tm
     text = config(
         tmp_path,
         f'[destinations.nfs]\nurl = "{dest}"\nbandwidth_mib_s = 4\n',
-        f'[jobs."big"]\nstaging = "{staging}"\nreplicate_to = ["nfs"]\n',
+        # a glob entry: after a restart the daemon finds "big" by listing local/
+        f'[jobs."b*"]\nstaging = "{staging.parent}/{{job}}"\nreplicate_to = ["nfs"]\n',
     )
     size = 12 * MIB  # 3 s at the cap
     write_checkpoint(staging, 5, size)
