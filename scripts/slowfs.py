@@ -91,7 +91,7 @@ class TokenBucket:
         self._clock = clock
         self._sleep = sleep
         self._lock = threading.Lock()
-        self._tat = clock() - self._burst_s  # theoretical arrival time of the next byte
+        self._tat = clock() - self._burst_s  # when the link has sent all it was given
         self.waited_s = 0.0
 
     def take(self, n: int) -> float:
@@ -100,8 +100,9 @@ class TokenBucket:
             return 0.0
         with self._lock:
             now = self._clock()
+            # the link is free from _tat on; an idle link banks at most burst_s of credit
             self._tat = max(self._tat, now - self._burst_s) + n / self.rate
-            wait = self._tat - self._burst_s - now
+            wait = self._tat - now
             if wait > 0:
                 self.waited_s += wait
         if wait > 0:
