@@ -34,18 +34,19 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from adaptd import admin
 from adaptd import events as ev
-from adaptd.config import Config
+from adaptd.config import Config, StorageTarget
 from adaptd.estimators import FailureRate, JobTracker
 from adaptd.metrics import Metrics, MetricsError, MetricsServer
 from adaptd.protocol import Hello
 from adaptd.sdnotify import Notifier
 from adaptd.server import CurveKeys, Daemon, DaemonError
-from adaptd.snapshot import Snapshot
+from adaptd.snapshot import Snapshot, StorageSample
 from adaptd.store import GLOBAL, Store, StoreError, job_scope
 
 if TYPE_CHECKING:
@@ -62,6 +63,29 @@ FAILURE_RATE_KEY = "failure_rate"
 LEARNED_KEY = "learned"
 #: While draining on SIGTERM, each tick asks systemd for this much more time.
 EXTEND_BY_S = 10.0
+
+
+def storage_limits(
+    samples: Iterable[StorageSample], targets: Iterable[StorageTarget]
+) -> dict[str, int]:
+    """``[storage."NAME"] max_concurrent_saves`` by sampled storage target id.
+
+    A configured path belongs to the sampled target whose mount point is the longest
+    one containing it (the mount the path lives on); several configured paths on one
+    mount give it the smallest of their limits. Paths on no sampled target (no job
+    saves there yet) give nothing.
+    """
+    samples = tuple(samples)
+    out: dict[str, int] = {}
+    for t in targets:
+        if t.max_concurrent_saves is None:
+            continue
+        on = [s for s in samples if t.path.is_relative_to(s.mountpoint)]
+        if not on:
+            continue
+        st = max(on, key=lambda s: len(Path(s.mountpoint).parts))
+        out[st.target] = min(out.get(st.target, t.max_concurrent_saves), t.max_concurrent_saves)
+    return out
 
 
 class ServiceError(Exception):
@@ -348,16 +372,22 @@ class Service:
     def snapshot(self) -> Snapshot:
         """The sampler's newest snapshot with each storage target's ``writing_jobs``
         filled in from the daemon's save-in-flight events (only the daemon knows
-        those). The daemon's ``snapshot_source``; rebuilt only when either changed."""
+        those) and its ``max_writers`` from ``[storage."NAME"] max_concurrent_saves``.
+        The daemon's ``snapshot_source``; rebuilt only when either changed."""
         assert self.sampler is not None
         snap = self.sampler.latest()
         writing = frozenset(self.writing)
         view = self._view
         if view is not None and view[0] == id(snap) and view[1] == writing:
             return view[2]
-        if writing and snap.storage:
+        limits = storage_limits(snap.storage, self.cfg.storage.values())
+        if (writing or limits) and snap.storage:
             storage = tuple(
-                dataclasses.replace(st, writing_jobs=tuple(j for j in st.jobs if j in writing))
+                dataclasses.replace(
+                    st,
+                    writing_jobs=tuple(j for j in st.jobs if j in writing),
+                    max_writers=limits.get(st.target, st.max_writers),
+                )
                 for st in snap.storage
             )
             out = dataclasses.replace(snap, storage=storage)

@@ -20,7 +20,7 @@ from adaptd import protocol as p
 from adaptd.estimators import LEARNED_VERSION, FailureRate, JobTracker
 from adaptd.protocol import VERSION, Hello
 from adaptd.sdnotify import Notifier
-from adaptd.service import FAILURE_RATE_KEY, LEARNED_KEY, Service, ServiceError
+from adaptd.service import FAILURE_RATE_KEY, LEARNED_KEY, Service, ServiceError, storage_limits
 from adaptd.snapshot import StorageSample
 from adaptd.store import GLOBAL, Store, job_scope
 from adaptd.telemetry.sampler import Sampler
@@ -203,6 +203,54 @@ def test_glob_job_entries_apply_to_new_jobs_and_an_operator_resume_sticks(
     finally:
         for peer in peers:
             peer.close(linger=0)
+        ctx.destroy(linger=0)
+        svc.daemon.stop()
+        svc.close()
+
+
+def test_storage_limits_go_to_the_mount_each_configured_path_lives_on() -> None:
+    def sample(mount: str) -> StorageSample:
+        return StorageSample(target=f"t:{mount}", mountpoint=mount)
+
+    samples = [sample("/"), sample("/mnt/nfs"), sample("/mnt/nfs/scratch")]
+    targets = [
+        config.StorageTarget("nfs", Path("/mnt/nfs/ckpts"), max_concurrent_saves=3),
+        config.StorageTarget("nfs2", Path("/mnt/nfs/other"), max_concurrent_saves=2),
+        config.StorageTarget("deep", Path("/mnt/nfs/scratch/x"), max_concurrent_saves=1),
+        config.StorageTarget("free", Path("/data"), max_concurrent_saves=None),
+    ]
+    limits = storage_limits(samples, targets)
+    assert limits == {"t:/mnt/nfs": 2, "t:/mnt/nfs/scratch": 1}  # the smallest per mount
+    assert storage_limits([sample("/mnt/other")], targets) == {}
+
+
+def test_configured_storage_limit_reaches_the_snapshot_policies_read(short_dir: Path) -> None:
+    """``[storage."NAME"] max_concurrent_saves`` for the checkpoint directory's mount is
+    the sampled target's ``max_writers`` (what io_aware staggers by)."""
+    ckpt = short_dir / "ckpt"
+    ckpt.mkdir()
+    cfg = config.loads(
+        f'[daemon]\nsocket = "{short_dir}/a.sock"\nstate_dir = "{short_dir}/st"\n'
+        f'[metrics]\nlisten = "off"\n[storage.scratch]\npath = "{ckpt}"\n'
+        "max_concurrent_saves = 2\n"
+    )
+    svc = Service(cfg, notifier=Notifier(env={}), sampler=Sampler(storage=Storage()))
+    svc.open()
+    ctx = zmq.Context()
+    peer = ctx.socket(zmq.DEALER)
+    try:
+        svc.daemon.start()
+        peer.connect(svc.daemon.endpoint)
+        peer.send(p.encode(p.Hello(v=VERSION, job="j", checkpoint_dir=str(ckpt))))
+        end = time.monotonic() + 10
+        while not any("j" in s.jobs for s in svc.snapshot().storage):
+            assert time.monotonic() < end, "the job's storage target sampled within 10 s"
+            peer.poll(50)
+        target = next(s for s in svc.snapshot().storage if "j" in s.jobs)
+        assert target.max_writers == 2
+        assert svc.daemon.status().telemetry["storage"][0]["max_writers"] == 2
+    finally:
+        peer.close(linger=0)
         ctx.destroy(linger=0)
         svc.daemon.stop()
         svc.close()
