@@ -111,6 +111,15 @@ class JobFinished:
 
 
 @dataclass(frozen=True, slots=True)
+class JobForgotten:
+    """The registry dropped a finished or lost job to stay within its cap: whatever a
+    sink keeps per job (metric series, telemetry) can go too."""
+
+    time: float
+    job: str
+
+
+@dataclass(frozen=True, slots=True)
 class SaveReported:
     """A rank reported a save (``report.ok`` False: it failed). ``counted`` is False
     for a duplicate report of a step another rank already reported."""
@@ -186,6 +195,7 @@ Event = (
     | JobRevived
     | JobResumed
     | JobFinished
+    | JobForgotten
     | SaveReported
     | PlanChanged
     | SaveRequested

@@ -315,7 +315,8 @@ class Metrics:
             self._live.discard(ev.job)
         elif isinstance(ev, events.JobRevived):
             self._live.add(ev.job)
-        elif isinstance(ev, events.JobFinished):
+        elif isinstance(ev, events.JobFinished | events.JobForgotten):
+            # forgotten: a lost job the registry dropped; it will not come back as itself
             self._live.discard(ev.job)
             self._incarnations.pop(ev.job, None)
             self.remove_job(ev.job)

@@ -615,3 +615,5 @@ class Registry:
             for r in job.ranks.values():
                 self._peers.pop(r.identity, None)
             del self.jobs[job.id]
+            # sinks keep per-job state (metric series, telemetry) that must go too
+            self.emit(ev.JobForgotten(job.last_seen, job.id))

@@ -24,8 +24,11 @@ The schema is versioned with ``PRAGMA user_version`` and upgraded by the ordered
 :data:`MIGRATIONS` when the database is opened: version 1 was the first layout;
 version 2 added the save's extra step time and reason, the step time at each
 decision, the operator's job settings and the indexes the report queries use.
-Retention is bounded by age and by row count per history table (:meth:`Store.prune`,
-run from :meth:`Store.flush` every ``prune_every_s``).
+Retention is bounded by age and by row count per history table, and by the number
+of jobs whose learned parameters are kept (:meth:`Store.prune`, run from
+:meth:`Store.flush` every ``prune_every_s`` and whenever a tenth of
+``retention_rows`` history rows were written since the last prune, so a table holds
+at most ``retention_rows`` plus that tenth plus one flush, whatever the inflow).
 """
 
 from __future__ import annotations
@@ -314,6 +317,9 @@ class Store:
         self._failures: list[FailureRecord] = []
         self._params: dict[tuple[str, str], tuple[str, float]] = {}
         self._last_prune: float | None = None
+        #: History rows written since the last prune: a prune is also due once these
+        #: reach a tenth of ``retention_rows``, so the cap holds at any inflow rate.
+        self._since_prune = 0
         #: Rows dropped because the queue was full (flush not called, or failing).
         self.dropped = 0
         #: Flushes that failed; the batch was kept for the next one.
@@ -524,7 +530,11 @@ class Store:
                 return 0
             n = self.pending
             now = self._clock()
-            prune_due = self._last_prune is None or now - self._last_prune >= self.prune_every_s
+            prune_due = (
+                self._last_prune is None
+                or now - self._last_prune >= self.prune_every_s
+                or self._since_prune >= max(1, self.retention_rows // 10)
+            )
             if n == 0 and not prune_due:
                 return 0
             t0 = time.perf_counter()
@@ -543,12 +553,14 @@ class Store:
                 self.last_error = str(exc)
                 log.warning("%s: could not write %d rows (%s); will retry", self.path, n, exc)
                 return 0
+            self._since_prune += len(self._saves) + len(self._decisions) + len(self._failures)
             self._saves.clear()
             self._decisions.clear()
             self._failures.clear()
             self._params.clear()
             if prune_due:
                 self._last_prune = now
+                self._since_prune = 0
             self.last_flush_s = time.perf_counter() - t0
             return n
 
@@ -619,6 +631,7 @@ class Store:
                 self._conn.execute("ROLLBACK")
                 raise
             self._last_prune = now
+            self._since_prune = 0
             return out
 
     def _prune(self, now: float) -> dict[str, int]:
@@ -635,6 +648,12 @@ class Store:
             out[table] = n
         out["params"] = c.execute(
             "DELETE FROM params WHERE scope LIKE 'job:%' AND updated < ?", (cutoff,)
+        ).rowcount
+        # and at most retention_rows jobs' parameters: the most recently updated
+        out["params"] += c.execute(
+            "DELETE FROM params WHERE scope LIKE 'job:%' AND rowid NOT IN (SELECT rowid "
+            "FROM params WHERE scope LIKE 'job:%' ORDER BY updated DESC LIMIT ?)",
+            (self.retention_rows,),
         ).rowcount
         return out
 

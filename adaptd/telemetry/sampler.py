@@ -148,7 +148,7 @@ class Sampler:
         elif isinstance(event, ev.JobRevived):
             if (info := self._parked.pop(event.job, None)) is not None:
                 self._jobs[event.job] = info
-        elif isinstance(event, ev.JobFinished):
+        elif isinstance(event, ev.JobFinished | ev.JobForgotten):
             self._jobs.pop(event.job, None)
             self._parked.pop(event.job, None)
 

@@ -275,27 +275,36 @@ def test_retention_by_age_and_by_rows(tmp_path: Path) -> None:
     s.retention_rows = 3
     for i in range(30, 40):
         s.record_save(save("b", i, clock.t))
-    s.flush()
-    assert s.prune()["saves"] == 14  # 7 + 10 rows, the newest 3 kept
+    s.flush()  # 10 rows since the last prune, over a tenth of retention_rows: it prunes
+    assert s.counts()["saves"] == 3  # of 7 + 10 rows, the newest 3 kept
     assert [r.step for r in s.saves("b")] == [37, 38, 39]
     assert s.saves("a") == []
     s.close()
 
 
 def test_flush_prunes_on_its_own_schedule(tmp_path: Path) -> None:
+    """Every ``prune_every_s``, and as soon as a tenth of ``retention_rows`` rows came
+    in since the last prune (so the cap holds whatever the inflow)."""
     clock = Clock()
-    s = open_store(tmp_path / "s.db", clock=clock, retention_rows=5, prune_every_s=600)
-    for i in range(8):
+    s = open_store(tmp_path / "s.db", clock=clock, retention_rows=50, prune_every_s=600)
+    for i in range(58):
         s.record_save(save("a", i, clock.t))
     s.flush()  # the first flush also prunes
-    assert s.counts()["saves"] == 5
-    for i in range(8, 16):
+    assert s.counts()["saves"] == 50
+    for i in range(58, 62):
         s.record_save(save("a", i, clock.t))
-    s.flush()  # not due yet
-    assert s.counts()["saves"] == 13
+    s.flush()  # 4 rows: not due yet
+    assert s.counts()["saves"] == 54
+    s.record_save(save("a", 62, clock.t))
+    s.flush()  # 5 rows since the last prune, a tenth of 50: due
+    assert s.counts()["saves"] == 50
+    for i in range(63, 65):
+        s.record_save(save("a", i, clock.t))
+    s.flush()
+    assert s.counts()["saves"] == 52
     clock.t += 600
-    s.flush()  # due: nothing queued, still pruned
-    assert s.counts()["saves"] == 5
+    s.flush()  # due by time: nothing queued, still pruned
+    assert s.counts()["saves"] == 50
     s.close()
 
 
