@@ -69,7 +69,7 @@ def message_like(draw: st.DrawFn) -> bytes:
     for name in draw(st.lists(st.sampled_from(FIELDS), max_size=8, unique=True)):
         d[name] = draw(values)
     if draw(st.booleans()):
-        d[draw(st.text(max_size=8) | st.integers())] = draw(values)
+        d[draw(st.text(max_size=8) | st.integers(-(2**63), 2**64 - 1))] = draw(values)
     return msgspec.msgpack.encode(d)
 
 
@@ -84,7 +84,7 @@ any_frame = st.one_of(
 # ------------------------------------------------------------------ decoder level
 
 
-@seeded(max_examples=600)
+@seeded(max_examples=400)
 @given(frame=st.one_of(st.binary(max_size=512), message_like(), values.map(msgspec.msgpack.encode)))
 def test_decoders_accept_or_refuse_any_bytes(frame: bytes) -> None:
     """Every frame either decodes to a valid message that round-trips, or raises the
