@@ -533,6 +533,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--deadline-s", type=float, default=600.0, help="per-phase deadline")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     parser.add_argument("--json-out", default=None, help="also write the JSON to this file")
+    parser.add_argument(
+        "--keep", action="store_true", help="keep the jobs' and the daemon's logs (workdir)"
+    )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--job", help=argparse.SUPPRESS)
     parser.add_argument("--dir", help=argparse.SUPPRESS)
@@ -580,7 +583,12 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 1
     finally:
-        shutil.rmtree(root, ignore_errors=True)
+        if args.keep:
+            for data in (root / "backing", root / "staged" / "staging"):  # checkpoints
+                shutil.rmtree(data, ignore_errors=True)
+            print(f"save_storm: logs kept in {root}", file=sys.stderr)
+        else:
+            shutil.rmtree(root, ignore_errors=True)
     summary = [summarise(r) for r in runs]
     by = {s["mode"]: s for s in summary}
     ratios = {}
