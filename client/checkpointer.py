@@ -102,6 +102,10 @@ class AdaptiveCheckpointer:
             Default: the daemon's choice, and :data:`adaptd.policy.DEFAULT_SPEC`
             embedded.
         socket: daemon endpoint or socket path (default :func:`adaptd.paths.endpoint`).
+        curve_server_key, curve_client_key: for a ``tcp://`` socket, the daemon's public
+            key file and this client's ``*.key_secret`` (default:
+            ``$ADAPTD_CURVE_SERVER_KEY``/``$ADAPTD_CURVE_CLIENT_KEY``; see
+            :class:`adaptd.client.link.DaemonLink`).
         rank, world_size: this process's place in the job (default: environment,
             see :mod:`adaptd.client.ranks`).
         daemon_timeout: seconds of silence after a send before the daemon counts
@@ -148,6 +152,8 @@ class AdaptiveCheckpointer:
         writer_nice: int | None = DEFAULT_WRITER_NICE,
         restore_from: str | None = None,
         storage_options: Mapping[str, Any] | None = None,
+        curve_server_key: str | os.PathLike[str] | None = None,
+        curve_client_key: str | os.PathLike[str] | None = None,
         **trackables: Any,
     ) -> None:
         if not isinstance(directory, (str, os.PathLike)) or not os.fspath(directory):
@@ -231,7 +237,12 @@ class AdaptiveCheckpointer:
         self.manager = tf.train.CheckpointManager(
             self.checkpoint, str(self.directory), max_to_keep=max_to_keep
         )
-        self._link = DaemonLink(self.endpoint, timeout_s=daemon_timeout)
+        self._link = DaemonLink(
+            self.endpoint,
+            timeout_s=daemon_timeout,
+            curve_server_key=curve_server_key,
+            curve_client_key=curve_client_key,
+        )
 
         # Hot-path state: step() reads these three and nothing else.
         self._n = 0
