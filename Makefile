@@ -26,9 +26,11 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
+# save_storm takes about 4 minutes and needs root or FUSE permissions (scripts/slowfs.py).
 bench: $(STAMP)
 	$(BIN)/python benchmarks/hook_cost.py
 	$(BIN)/python benchmarks/save_stall.py
+	$(BIN)/python benchmarks/save_storm.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache
