@@ -57,6 +57,7 @@ import math
 import os
 import platform
 import queue
+import random
 import re
 import shutil
 import statistics
@@ -469,6 +470,33 @@ def summarise(run: dict) -> dict:
     }
 
 
+def upload_only(args: argparse.Namespace, root: Path, mount: Path) -> int:
+    """``--upload-only N``: one upload stream alone, as the Replicator runs it."""
+    from adaptd.tiers.replica import Replica
+
+    stage = root / "stage"
+    stage.mkdir()
+    rng = random.Random(0)
+    size = _state_bytes(args.state_mb)
+    replica = Replica(str(mount / "upload-only"))
+    rows = []
+    for step in range(1, args.upload_only + 1):
+        (stage / f"ckpt-{step}.data-00000-of-00001").write_bytes(rng.randbytes(size))
+        (stage / f"ckpt-{step}.index").write_bytes(b"index %d" % step)
+        t0, c0 = time.monotonic(), time.process_time()
+        result = replica.upload(stage, step, "upload-only")
+        seconds, cpu = time.monotonic() - t0, time.process_time() - c0
+        rows.append({"step": step, "bytes": result.bytes_sent, "seconds": seconds, "cpu_s": cpu})
+        print(
+            f"upload {step}: {result.bytes_sent / 2**20:.1f} MiB in {seconds:.3f} s = "
+            f"{result.bytes_sent / 2**20 / seconds:.1f} MiB/s (cap {args.bandwidth_mib_s:g}), "
+            f"uploader CPU {cpu:.3f} s"
+        )
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps({"machine": _machine(), "uploads": rows}))
+    return 0
+
+
 @contextlib.contextmanager
 def _plain_dir(backing: Path, mount: Path, **_: object) -> Iterator[None]:
     """``--unthrottled``: the mount point is a link to the backing directory, no cap."""
@@ -529,6 +557,14 @@ def main(argv: list[str] | None = None) -> int:
         help="no slowfs: the 'shared destination' is a plain local directory, uncapped",
     )
     parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument(
+        "--upload-only",
+        type=int,
+        default=0,
+        metavar="N",
+        help="no jobs, no daemon: time N single Replica.upload calls of one job's "
+        "checkpoint size through the same mount (what one upload stream reaches)",
+    )
     parser.add_argument("--workdir", default=None, help="where the run's files go (default: tmp)")
     parser.add_argument("--deadline-s", type=float, default=600.0, help="per-phase deadline")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
@@ -573,6 +609,8 @@ def main(argv: list[str] | None = None) -> int:
         backing.mkdir()
         mount.mkdir()
         with slow_mount(backing, mount, bandwidth_mib_s=args.bandwidth_mib_s) as fs:
+            if args.upload_only:
+                return upload_only(args, root, mount)
             for mode in modes:
                 runs.append(run_mode(mode, args, root, mount, backing))
     except SlowFSError as exc:
