@@ -17,15 +17,22 @@
    redundant host copy per variable. Only the instances we checkpoint are touched;
    the Keras class is not modified.
 
-2. **tf.data iterators.** On the first save the helper makes the host copy of an
-   iterator as ``OwnedIterator(dataset=self._dataset)``: a *new iterator over the
-   same dataset*, which draws from the dataset's shared shuffle seed generator.
-   With ``shuffle(..., seed=s, reshuffle_each_iteration=True)`` every later epoch
-   of the training iterator is then shuffled differently than without the save,
-   so a run with async saves is not bit-identical to one without (and a resumed
-   run diverges at the next epoch boundary). The fix makes the copy the same way
-   and then restores the training iterator from the state it serialised just
-   before, undoing the side effect; later saves refresh the copy as TF does.
+2. **tf.data iterators.** The helper's host copy of an iterator is
+   ``OwnedIterator(dataset=self._dataset)``: a *second live iterator over the same
+   dataset*, refreshed from the training iterator's state at each save call and
+   serialised later, by the async thread. Both iterators share the dataset's shuffle
+   seed generator (``shuffle(..., reshuffle_each_iteration=True)``), and the
+   serialised state includes that generator's *current* value. (a) Creating the copy
+   draws from the generator, so every later epoch of the training iterator is
+   shuffled differently than without the save. (b) When the training loop crosses an
+   epoch boundary before the async thread writes (a save a step or two before the
+   boundary, a loaded host), the generator has moved on and the checkpoint holds the
+   *next* epoch's seed: a run resumed from it shuffles differently from then on (found
+   by tests/faults/test_training_crash.py under load). The fix keeps no second
+   iterator: the host copy is the training iterator's serialised state itself, taken
+   at the save call into a variant-typed ``tf.Variable`` (``_IteratorState``), which
+   the async thread writes as it is. The files are the standard layout
+   (``.ATTRIBUTES/ITERATOR_STATE``), read by a plain ``tf.train.Checkpoint``.
 
 3. **SeedGenerator state.** Keras 3 layers such as ``Dropout`` draw their randomness
    from a ``keras.random.SeedGenerator`` whose ``state`` variable is not reachable
@@ -91,7 +98,8 @@ class _SharedHostCopy:
 
 
 class _IteratorCopy:
-    """``_copy_trackable_to_cpu`` for one tf.data iterator that leaves its shuffling alone."""
+    """``_copy_trackable_to_cpu`` for one tf.data iterator: snapshot its state at the
+    save call (eagerly on the first save, inside TF's ``_copy_to_cpu`` function later)."""
 
     __slots__ = ("_cls", "_it")
 
@@ -101,11 +109,30 @@ class _IteratorCopy:
 
     def __call__(self, object_map: Any) -> None:
         it = self._it
-        if it not in object_map:  # first save, eager: make the copy, then undo its side effect
-            state = it._serialize_to_tensors()
-            object_map[it] = self._cls(dataset=it._dataset)
-            it._restore_from_tensors(state)
-        object_map[it]._restore_from_tensors(it._serialize_to_tensors())
+        state = it._serialize_to_tensors()["_STATE"]
+        if it not in object_map:
+            object_map[it] = _iterator_state(it, state)
+        else:
+            object_map[it].state.assign(state)
+
+
+def _iterator_state(iterator: Any, state: Any) -> Any:
+    """A trackable holding a serialised iterator state, saved under the iterator's own
+    keys (its class's legacy saveable name, ``ITERATOR``, + ``_STATE``)."""
+    import tensorflow as tf
+    from tensorflow.python.checkpoint import saveable_compat
+
+    class _IteratorState(tf.__internal__.tracking.Trackable):
+        def __init__(self, value: Any) -> None:
+            self.state = tf.Variable(value, trainable=False, shape=tf.TensorShape(None))
+
+        def _serialize_to_tensors(self) -> dict[str, Any]:
+            return {"_STATE": self.state.read_value()}
+
+    name = saveable_compat.get_saveable_name(iterator)
+    if name is not None:
+        _IteratorState = saveable_compat.legacy_saveable_name(name)(_IteratorState)
+    return _IteratorState(state)
 
 
 def _layers(obj: Any) -> list[Any]:

@@ -153,3 +153,43 @@ def test_sigkill_at_20_seeded_points_then_resume_is_bit_identical(
     mid = sum("leftovers" in o for o in outcomes)
     print("\n".join(outcomes), f"\n{hit}/{KILLS} kills with a save in flight, {mid} mid-write")
     assert hit >= 4 and mid >= 2, "\n".join(outcomes)
+
+
+def test_a_saved_iterator_is_its_state_at_the_save_call_not_when_written() -> None:
+    """The finding above, deterministic: a save requested one step before an epoch
+    boundary and written after the loop crossed it. The checkpoint must hold the
+    iterator as it was at the save call; TF's own host copy (a second iterator that
+    shares the shuffle seed generator) held the next epoch's seed."""
+    tf = pytest.importorskip("tensorflow")
+    import numpy as np
+
+    from adaptd.client import async_fixes
+
+    def dataset():
+        x = np.arange(64, dtype="float32")  # 4 batches per epoch
+        return (
+            tf.data.Dataset.from_tensor_slices(x)
+            .shuffle(64, seed=5, reshuffle_each_iteration=True)
+            .repeat()
+            .batch(16)
+        )
+
+    def batches(state, n: int = 8) -> list[list[float]]:
+        other = iter(dataset())  # its own dataset: its own seed generator
+        other._restore_from_tensors(state)
+        return [next(other).numpy().tolist() for _ in range(n)]
+
+    it = iter(dataset())
+    assert async_fixes.fix_async_copies([it]) == 1
+    object_map: dict = {}
+    copy = tf.function(lambda: it._copy_trackable_to_cpu(object_map))  # as TF's _copy_to_cpu
+    for save in range(2):  # the first save copies eagerly, later ones in a tf.function
+        for _ in range(3):
+            next(it)  # one batch before the epoch boundary
+        if save == 0:
+            it._copy_trackable_to_cpu(object_map)
+        else:
+            copy()
+        after_save = [next(it).numpy().tolist() for _ in range(8)]  # crosses the boundary
+        written = object_map[it]._serialize_to_tensors()  # what the async thread writes
+        assert batches(written) == after_save, f"save {save}"
