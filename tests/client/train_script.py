@@ -39,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pad-mb", type=float, default=0.0)
     p.add_argument("--step-sleep", type=float, default=0.0)
     p.add_argument("--job", default="train-script")
+    p.add_argument("--max-to-keep", type=int, default=5, help="0: keep every checkpoint")
     p.add_argument("--timings", default=None)
     p.add_argument("--stop-file", default=None, help="end the loop once this file exists")
     args = p.parse_args(argv)
@@ -89,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         policy=args.policy,
         socket=args.socket,
         daemon_timeout=1.0,
+        max_to_keep=args.max_to_keep or None,
         model=model,
         optimizer=opt,
         data_iterator=it,
