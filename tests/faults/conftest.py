@@ -3,11 +3,13 @@ and small real filesystems (tmpfs) that a test can fill up or make read-only."""
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import shutil
 import signal
 import subprocess
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,7 +28,8 @@ TRAIN_SCRIPT = ROOT / "tests" / "client" / "train_script.py"
 def zygote(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Zygote]:
     """One process with TensorFlow imported; every training job of the session is
     forked from it (see zygote.py), so a job costs a fork, not a TF import."""
-    pytest.importorskip("tensorflow")
+    if importlib.util.find_spec("tensorflow") is None:  # not imported here: seconds
+        pytest.skip("needs TensorFlow (pip install 'adaptd[tensorflow]')")
     z = Zygote(tmp_path_factory.mktemp("zygote"))
     yield z
     z.close()
@@ -58,6 +61,17 @@ class Serve:
         reply = admin.request(self.socket, admin.StatusRequest(), timeout_s=10)
         assert isinstance(reply, admin.StatusReply)
         return next(j for j in reply.jobs if j.job == self.job_id)
+
+    def wait_job(self, pred, what: str, timeout: float = 60.0) -> admin.JobInfo:
+        """Poll the job's status (the admin socket) until ``pred(info)``: a report the
+        job printed as sent may not have been handled by the daemon yet."""
+        end = time.monotonic() + timeout
+        while True:
+            info = self.job()
+            if pred(info):
+                return info
+            assert time.monotonic() < end, f"no {what} within {timeout}s; last status {info}"
+            time.sleep(0.05)  # the poll period
 
     def stop(self) -> None:
         if self.proc is not None:
