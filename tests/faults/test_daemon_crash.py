@@ -89,7 +89,7 @@ def test_daemon_sigkill_costs_the_loop_nothing_and_the_restart_restores_what_it_
         daemon.log.wait_for("event=job_resumed", f"job={JOB}")
         job.log.wait_for("mode daemon", timeout=DEADLINE)
         saved_after(job, 0, 4)
-        before = daemon.job()
+        before = daemon.wait_job(lambda j: j.saves >= 3 and j.failures == 1, "3 saves, 1 failure")
         assert before.failures == 1 and before.saves >= 3 and before.save_cost_s is not None
 
         # the store is written once per daemon tick (~1 s): what is that old is durable
@@ -113,7 +113,7 @@ def test_daemon_sigkill_costs_the_loop_nothing_and_the_restart_restores_what_it_
         reconnect_s = time.monotonic() - t_restart
         back_at = int(line.split()[2])
         saved_after(job, job.log.lines.index(line), 2)
-        after = daemon.job()
+        after = daemon.wait_job(lambda j: j.saves > before.saves, "a save after the restart")
         log = daemon.log.text()
         stop.touch()
         assert job.wait(DEADLINE) == 0, job.log.text()[-2000:]

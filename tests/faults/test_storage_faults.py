@@ -14,12 +14,10 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from adaptd import admin
 from adaptd.client import files
 
 from .conftest import ROOT, TRAIN_SCRIPT, Serve, SmallFS, on_disk, state
@@ -44,17 +42,6 @@ def verify(zygote: Zygote, ckpt: Path) -> str:
     text = v.log.text()
     assert code == 0, text
     return next(ln for ln in text.splitlines() if ln.startswith("OK "))
-
-
-def wait_status(daemon: Serve, pred, what: str, timeout: float = DEADLINE) -> admin.JobInfo:
-    """Poll the daemon's status (its admin socket) until ``pred(job_info)``."""
-    end = time.monotonic() + timeout
-    while True:
-        info = daemon.job()
-        if pred(info):
-            return info
-        assert time.monotonic() < end, f"{what} within {timeout}s; last status {info}"
-        time.sleep(0.1)  # the poll period
 
 
 def test_full_then_read_only_disk_fails_saves_cleanly_and_saving_resumes(
@@ -82,11 +69,15 @@ def test_full_then_read_only_disk_fails_saves_cleanly_and_saving_resumes(
                 small_fs.remount("ro")
             failed, i = report_after(job, mark, False)
             latest, _ = state(ckpt)
-            info = daemon.job()
             # reported with its error, counted, and the previous checkpoint is intact
-            assert info.failed_saves >= len(faults) + 1, info
+            n, step = len(faults) + 1, failed
+            info = daemon.wait_job(
+                lambda j, n=n, step=step: (
+                    j.failed_saves >= n and j.last_save is not None and j.last_save.step >= step
+                ),
+                "the failed save's report",
+            )
             assert info.last_save is not None and not info.last_save.ok
-            assert info.last_save.step == failed
             expect = "No space left" if fault == "ENOSPC" else "Read-only file system"
             assert expect in info.last_save.error, info.last_save.error
             assert latest is not None and latest < failed and latest >= good
@@ -105,7 +96,7 @@ def test_full_then_read_only_disk_fails_saves_cleanly_and_saving_resumes(
                           f", latest stayed {latest}, next good save {good}")  # fmt: skip
         stop.touch()
         assert job.wait(DEADLINE) == 0, job.log.text()[-2000:]
-        final = wait_status(daemon, lambda j: j.state == "finished", "the job's goodbye")
+        final = daemon.wait_job(lambda j: j.state == "finished", "the job's goodbye")
     finally:
         daemon.stop()
     print("\n".join(faults))
@@ -157,8 +148,7 @@ def test_slow_storage_raises_the_save_cost_and_the_interval_follows(
         )  # fmt: skip
         job.log.wait_for("mode daemon", timeout=DEADLINE)
         # fast storage: a few saves measured, a plan from them
-        fast = wait_status(
-            daemon,
+        fast = daemon.wait_job(
             lambda j: j.saves >= 3 and j.plan is not None and j.plan.every_steps,
             "three saves and a plan",
         )
@@ -168,8 +158,7 @@ def test_slow_storage_raises_the_save_cost_and_the_interval_follows(
                 link.symlink_to(slow)
                 os.replace(link, ckpt)  # from now on every write goes through the cap
                 saves_then = fast.saves
-                slow_info = wait_status(
-                    daemon,
+                slow_info = daemon.wait_job(
                     lambda j: (
                         j.saves >= saves_then + 2
                         and j.plan is not None
