@@ -19,6 +19,7 @@ from pathlib import Path
 import msgspec
 import zmq
 
+from adaptd import paths
 from adaptd.protocol import MAX_MESSAGE_BYTES, JobId, Text
 
 #: Admin protocol version; bump on an incompatible change.
@@ -303,8 +304,15 @@ def decode_reply(frame: bytes) -> AnyReply:
 
 
 def admin_path(job_socket: str | os.PathLike[str]) -> Path:
-    """The admin socket beside a job socket: ``adaptd.sock`` -> ``adaptd.admin.sock``."""
-    p = Path(os.fspath(job_socket).removeprefix("ipc://"))
+    """The admin socket beside a job socket: ``adaptd.sock`` -> ``adaptd.admin.sock``.
+
+    A ``tcp://`` daemon has no job socket file: its admin socket is
+    ``adaptd.admin.sock`` in the runtime directory (:func:`adaptd.paths.runtime_dir`).
+    """
+    text = os.fspath(job_socket)
+    if text.startswith("tcp:/"):  # also the "tcp:/h:p" a Path makes of "tcp://h:p"
+        return paths.runtime_dir() / f"{Path(paths.SOCKET_NAME).stem}.admin.sock"
+    p = Path(text.removeprefix("ipc://"))
     return p.with_name(f"{p.stem}.admin{p.suffix}")
 
 

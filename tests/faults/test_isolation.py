@@ -280,6 +280,13 @@ def test_curve_admits_only_allowed_keys(where: Path, zctx: zmq.Context) -> None:
         assert [j.job for j in info.jobs] == ["trusted"]
         assert set(info.daemon.by_kind) == {"hello"} and info.daemon.rejected == {}
         assert re.search(r"curve.*client_keys=1", served.log.text())
+        # operators reach a TCP daemon's admin socket in the runtime directory
+        res = subprocess.run(
+            [sys.executable, "-m", "adaptd.cli", "status", "--json"],
+            capture_output=True, text=True, timeout=60, check=False,
+            env={**os.environ, "ADAPTD_SOCKET": endpoint, "RUNTIME_DIRECTORY": str(where)},
+        )  # fmt: skip
+        assert res.returncode == 0 and '"trusted"' in res.stdout, res.stderr
         link.close()
         stranger.close(0)
         plain.close()
