@@ -528,8 +528,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--step-ms",
         type=float,
-        default=50.0,
-        help="per step, a wait standing for the accelerator's compute (default 50)",
+        default=200.0,
+        help="per step, a wait standing for the accelerator's compute (default 200: 8 "
+        "jobs then leave the 2-core development VM some CPU, as GPU jobs leave a host's)",
     )
     parser.add_argument(
         "--interval-s",
