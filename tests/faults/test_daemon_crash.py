@@ -163,6 +163,7 @@ def test_daemon_sigkill_costs_the_loop_nothing_and_the_restart_restores_what_it_
         # the daemon timeout (1 s) in some step, far outside these
         assert med <= 1.5 * base_med + 0.002, (name, stats)
         assert p95 <= 2.0 * base_p95 + 0.005, (name, stats)
-        assert hook <= max(0.005, 3 * base_hook), (name, stats)
-    assert t[idx(killed_at) : idx(back_at) + 50, 0].max() < 0.5, "a step waited on the daemon"
+        assert hook <= max(0.01, 3 * base_hook), (name, stats)
+    # a step that waited for the dead daemon would take its timeout (1 s) or forever
+    assert t[idx(killed_at) : idx(back_at) + 50, 0].max() < 0.9, "a step waited on the daemon"
     assert fallback_s < 5.0  # daemon_timeout is 1 s in the job

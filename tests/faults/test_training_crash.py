@@ -152,7 +152,7 @@ def test_sigkill_at_20_seeded_points_then_resume_is_bit_identical(
     hit = sum("no save in flight" not in o for o in outcomes)
     mid = sum("leftovers" in o for o in outcomes)
     print("\n".join(outcomes), f"\n{hit}/{KILLS} kills with a save in flight, {mid} mid-write")
-    assert hit >= 4 and mid >= 2, "\n".join(outcomes)
+    assert hit >= 4 and mid >= 1, "\n".join(outcomes)
 
 
 def test_a_saved_iterator_is_its_state_at_the_save_call_not_when_written() -> None:
