@@ -26,7 +26,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-# save_storm takes about 4 minutes and needs root or FUSE permissions (scripts/slowfs.py).
+# save_storm takes 2-4 minutes and needs root or FUSE permissions (scripts/slowfs.py).
 bench: $(STAMP)
 	$(BIN)/python benchmarks/hook_cost.py
 	$(BIN)/python benchmarks/save_stall.py
