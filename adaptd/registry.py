@@ -537,6 +537,7 @@ class Registry:
     def _new_job(self, msg: Hello, now: float) -> Job:
         tracker = self.tracker_factory(msg)
         job = Job(id=msg.job, tracker=tracker, world_size=msg.world_size, created=now)
+        job.failures = tracker.failures  # what a restarted daemon restored (else 0)
         job.last_seen = now
         self.jobs[msg.job] = job
         self._evict()

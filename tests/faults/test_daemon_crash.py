@@ -125,6 +125,7 @@ def test_daemon_sigkill_costs_the_loop_nothing_and_the_restart_restores_what_it_
     m = re.search(rf"event=learned_restored job={JOB} saves=(\d+)", log)
     assert m is not None and int(m.group(1)) >= before.saves, log
     assert after.saves > before.saves and after.save_cost_s is not None
+    assert after.failures == 1  # restored, and the daemon's own restart is no failure
     with Store.open(state / "adaptd.sqlite3", readonly=True) as db:
         history = db.saves(JOB)
         assert db.param(GLOBAL, "failure_rate")["failures"] >= 1
