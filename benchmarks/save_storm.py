@@ -39,6 +39,9 @@ Per save it records:
   polled every 10 ms on the mount's backing directory by a watcher thread (so the
   figure's resolution is about 10 ms).
 
+and per mode how many of the measured checkpoints reached the shared destination
+(the Replicator skips a checkpoint superseded while it waited for its turn).
+
 Usage::
 
     python benchmarks/save_storm.py                      # 8 jobs x 32 MiB, 64 MiB/s
@@ -295,6 +298,13 @@ class Durability:
                         seen.append((now, s))
             self._stop.wait(POLL_S)
 
+    def steps_seen(self, k: int, after: int) -> int:
+        """How many different steps newer than ``after`` file ``k`` named (copies that
+        reached the destination; a superseded checkpoint the Replicator skipped is not
+        one)."""
+        with self._lock:
+            return sum(1 for _, s in self._seen[k] if s > after)
+
     def when(self, k: int, step: int) -> float | None:
         """When file ``k`` first named ``step`` or a later one (None: not yet)."""
         with self._lock:
@@ -433,7 +443,8 @@ def run_mode(mode: str, args: argparse.Namespace, root: Path, mount: Path, backi
             s["shared_durable_s"] = durability.when(i, s["step"]) - s["wall_start"]
             s["release_skew_s"] = s["wall_start"] - released[storm]
             records.append(s)
-    return {"mode": mode, "saves": records}
+    copied = sum(durability.steps_seen(i, saved[0][i]) for i in range(args.jobs))
+    return {"mode": mode, "saves": records, "copied": copied}
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -467,6 +478,7 @@ def summarise(run: dict) -> dict:
         "shared_durable_max_s": max(shared),
         "release_skew_max_s": max(s["release_skew_s"] for s in saves),
         "hook_modes": sorted({s["hook_mode"] for s in saves}),
+        "copied_to_shared": run["copied"],
     }
 
 
@@ -687,6 +699,7 @@ def main(argv: list[str] | None = None) -> int:
         "local durable mean s",
         "shared durable mean s",
         "shared durable p95 s",
+        "copied",
     )
     rows = [
         (
@@ -699,6 +712,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{s['hook_durable_mean_s']:.2f}",
             f"{s['shared_durable_mean_s']:.2f}",
             f"{s['shared_durable_p95_s']:.2f}",
+            f"{s['copied_to_shared']} of {s['saves']}",
         )
         for s in summary
     ]
