@@ -90,7 +90,11 @@ class DaemonLink:
             keys = curve_keys(curve_server_key, curve_client_key)
         self.endpoint = endpoint
         self.timeout_s = timeout_s
-        self._context = zmq.Context.instance()
+        # Its own context, so that close() can terminate it: zmq_ctx_term is what waits
+        # for a lingering last message (the Goodbye); without it a process that ends
+        # right after close() (os._exit in a forked worker, or a busy machine at
+        # interpreter exit) kills the I/O thread with the message still queued.
+        self._context = zmq.Context()
         sock = self._context.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.IMMEDIATE, 1)
@@ -102,6 +106,7 @@ class DaemonLink:
             sock.connect(endpoint)
         except zmq.ZMQError as exc:
             sock.close(0)
+            self._context.term()
             raise ValueError(
                 f"socket={endpoint!r} is not a usable ZeroMQ endpoint: {exc}"
             ) from None
@@ -180,10 +185,14 @@ class DaemonLink:
         self.first_tx_since_rx = None
 
     def close(self, linger_ms: int = 0) -> None:
-        """Close the socket; ``linger_ms`` lets a last message (Goodbye) go out."""
+        """Close the socket; messages already queued (a Goodbye) go out first, for at
+        most ``linger_ms``. Blocks until they have (or the time is up): with
+        ``IMMEDIATE`` nothing is queued while no daemon is connected, so without one
+        this returns at once."""
         if self._sock is not None:
             self._sock.close(linger_ms)
             self._sock = None
+            self._context.term()
 
     @property
     def closed(self) -> bool:

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 
+import pytest
 import zmq
 
 from adaptd import protocol
@@ -123,3 +127,63 @@ def test_bad_endpoint_is_a_value_error():
 
     with pytest.raises(ValueError, match="socket='nope://x'"):
         DaemonLink("nope://x")
+
+
+_LAST_WORDS = """
+import os, sys
+from adaptd import protocol
+from adaptd.client.link import DaemonLink
+
+link = DaemonLink(sys.argv[1])
+deadline = __import__("time").monotonic() + 10
+while not link._sock.poll(10, 2):  # POLLOUT: the daemon's end is connected
+    assert __import__("time").monotonic() < deadline
+print("ready", flush=True)
+sys.stdin.readline()  # the test makes the machine busy, then says go
+for n in range(99):  # a full send queue ahead of the goodbye
+    link.send(protocol.Steps(v=protocol.VERSION, job="j", rank=0, step=n, count=1, mean_s=0.1), 0.0)
+link.send(protocol.Goodbye(v=protocol.VERSION, job="j", rank=0, step=99, reason="closed"), 0.0)
+link.close(linger_ms=2000)
+os._exit(0)  # as a forked worker ends: no interpreter shutdown, no atexit
+"""
+
+
+@pytest.mark.slow
+def test_close_delivers_the_last_messages_before_the_process_ends(fake_daemon, tmp_path):
+    """A goodbye queued before ``close(linger_ms)`` reaches the daemon even when the
+    process ends right after (``os._exit``, as a forked worker does) on a busy machine:
+    otherwise a cleanly finished job looks lost to the daemon, and would count as a
+    failure once it resumes. Once connected, the job is reniced to 19 and two busy
+    loops start before it sends: the old link (a shared context never terminated) then
+    lost the goodbye (and everything queued before it) in most runs."""
+    script = tmp_path / "last_words.py"
+    script.write_text(_LAST_WORDS)
+    for attempt in range(5):
+        fake_daemon.received.clear()
+        job = subprocess.Popen(
+            [sys.executable, str(script), fake_daemon.endpoint],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        burn: list[subprocess.Popen] = []
+        try:
+            assert job.stdout.readline().strip() == "ready"
+            os.setpriority(os.PRIO_PROCESS, job.pid, 19)
+            burn = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+                    for _ in range(2)]  # fmt: skip
+            job.stdin.write("go\n")
+            job.stdin.flush()
+            assert job.wait(timeout=60) == 0
+        finally:
+            for proc in [*burn, job]:
+                proc.kill()
+                proc.wait()
+        deadline = time.monotonic() + 10
+        while not any(isinstance(m, protocol.Goodbye) for m in fake_daemon.received):
+            assert time.monotonic() < deadline, (
+                f"attempt {attempt}: no Goodbye; got {len(fake_daemon.received)} messages"
+            )
+            if fake_daemon.sock.poll(100):
+                fake_daemon.recv()
+        assert sum(isinstance(m, protocol.Steps) for m in fake_daemon.received) == 99
