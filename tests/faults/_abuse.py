@@ -20,6 +20,7 @@ from pathlib import Path
 import msgspec
 import psutil
 import zmq
+from integration._serve import Peer
 
 from adaptd import admin, spawn
 from adaptd import protocol as p
@@ -124,30 +125,13 @@ def _toml(v: object) -> str:
     return '"' + str(v).replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-class Rank:
-    """A raw DEALER that speaks the protocol as one rank of a job does."""
+class Rank(Peer):
+    """One rank of a job over a raw DEALER: the integration tests' :class:`Peer` with a
+    rank number, a hello that waits for the plan, and a goodbye."""
 
     def __init__(self, ctx: zmq.Context, endpoint: str, job: str, rank: int = 0) -> None:
-        self.job, self.rank = job, rank
-        self.sock = ctx.socket(zmq.DEALER)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.connect(endpoint)
-
-    def send(self, msg: p.Message) -> None:
-        self.sock.send(p.encode(msg))
-
-    def recv(self, timeout: float = DEADLINE) -> p.DaemonMessage:
-        if not self.sock.poll(int(timeout * 1000)):
-            raise TimeoutError(f"{self.job}: no message from the daemon within {timeout}s")
-        return p.decode_daemon(self.sock.recv())
-
-    def until(self, kind: type, timeout: float = DEADLINE):
-        """Skip other messages until a ``kind`` one arrives."""
-        end = time.monotonic() + timeout
-        while True:
-            msg = self.recv(max(0.0, end - time.monotonic()))
-            if isinstance(msg, kind):
-                return msg
+        super().__init__(ctx, endpoint, job)
+        self.rank = rank
 
     def silent_for(self, seconds: float) -> bool:
         return not self.sock.poll(int(seconds * 1000))
@@ -166,9 +150,6 @@ class Rank:
 
     def goodbye(self, step: int) -> None:
         self.send(p.Goodbye(v=V, job=self.job, rank=self.rank, step=step))
-
-    def close(self) -> None:
-        self.sock.close(linger=0)
 
 
 @dataclass

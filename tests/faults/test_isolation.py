@@ -46,13 +46,6 @@ def where() -> Iterator[Path]:
 
 
 @pytest.fixture
-def zctx() -> Iterator[zmq.Context]:
-    ctx = zmq.Context()
-    yield ctx
-    ctx.destroy(linger=0)
-
-
-@pytest.fixture
 def served(where: Path) -> Iterator[Served]:
     d = Served(where, daemon={"socket_mode": "0666", "admin_socket_mode": "0666"})
     yield d
