@@ -19,23 +19,8 @@ import slowfs
 MIB = 2**20
 
 
-class FakeClock:
-    """A clock that only moves when the bucket sleeps."""
-
-    def __init__(self) -> None:
-        self.now = 100.0
-        self.slept: list[float] = []
-
-    def __call__(self) -> float:
-        return self.now
-
-    def sleep(self, s: float) -> None:
-        self.slept.append(s)
-        self.now += s
-
-
-def test_token_bucket_paces_to_its_rate_after_the_burst():
-    clock = FakeClock()
+def test_token_bucket_paces_to_its_rate_after_the_burst(fake_clock):
+    clock = fake_clock
     bucket = slowfs.TokenBucket(10 * MIB, burst_bytes=MIB, clock=clock, sleep=clock.sleep)
     assert bucket.take(MIB) == 0.0  # the initial burst passes at once
     for _ in range(10):

@@ -226,23 +226,8 @@ def test_a_bad_manifest_is_not_trusted(dest, tmp_path):
 # ---------------------------------------------------------------------- throttle
 
 
-class FakeClock:
-    """Time that passes only when the throttle sleeps (a pure test of the arithmetic)."""
-
-    def __init__(self) -> None:
-        self.now = 100.0
-        self.slept: list[float] = []
-
-    def __call__(self) -> float:
-        return self.now
-
-    def sleep(self, s: float) -> None:
-        self.slept.append(s)
-        self.now += s
-
-
-def test_throttle_arithmetic():
-    clock = FakeClock()
+def test_throttle_arithmetic(fake_clock):
+    clock = fake_clock
     t = Throttle(1000.0, burst_s=0.5, clock=clock, sleep=clock.sleep)
     t.take(500)  # starts empty: 500 bytes at 1000 B/s
     assert clock.slept == [0.5]
