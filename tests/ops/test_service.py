@@ -4,12 +4,13 @@ ZeroMQ sockets; the sampler has no sources so nothing probes the host)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import shutil
 import stat
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -41,6 +42,27 @@ def make(short_dir: Path, **daemon: object) -> Service:
         '[policy]\ngpu_mtbf_hours = 1000\n[metrics]\nlisten = "off"\n'
     )
     return Service(cfg, notifier=Notifier(env={}), sampler=Sampler())
+
+
+@contextlib.contextmanager
+def serving(svc: Service) -> Iterator[Callable[[], zmq.Socket]]:
+    """Open ``svc``, run its daemon loop on a thread, and hand out DEALER sockets
+    connected to its job socket; all of it is closed again at the end."""
+    svc.open()
+    ctx = zmq.Context()
+    try:
+        svc.daemon.start()
+
+        def connect() -> zmq.Socket:
+            peer = ctx.socket(zmq.DEALER)
+            peer.connect(svc.daemon.endpoint)
+            return peer
+
+        yield connect
+    finally:
+        ctx.destroy(linger=0)
+        svc.daemon.stop()
+        svc.close()
 
 
 def test_restores_failure_rate_with_the_configured_prior_and_job_costs(short_dir: Path) -> None:
@@ -121,12 +143,8 @@ def test_a_save_in_flight_marks_the_jobs_storage_target_as_writing(short_dir: Pa
     svc = Service(
         make(short_dir).cfg, notifier=Notifier(env={}), sampler=Sampler(storage=Storage())
     )
-    svc.open()
-    ctx = zmq.Context()
-    peer = ctx.socket(zmq.DEALER)
-    try:
-        svc.daemon.start()
-        peer.connect(svc.daemon.endpoint)
+    with serving(svc) as connect:
+        peer = connect()
         peer.send(p.encode(p.Hello(v=VERSION, job="j", checkpoint_dir=str(ckpt))))
 
         def target() -> StorageSample | None:
@@ -148,11 +166,6 @@ def test_a_save_in_flight_marks_the_jobs_storage_target_as_writing(short_dir: Pa
         peer.send(p.encode(p.SaveReport(v=VERSION, job="j", rank=0, step=5, blocking_s=0.1,
                                         durable_s=0.5, bytes=10)))  # fmt: skip
         wait(lambda: target().writing_jobs == (), "the durable report to clear it")
-    finally:
-        peer.close(linger=0)
-        ctx.destroy(linger=0)
-        svc.daemon.stop()
-        svc.close()
 
 
 def test_glob_job_entries_apply_to_new_jobs_and_an_operator_resume_sticks(
@@ -169,14 +182,9 @@ def test_glob_job_entries_apply_to_new_jobs_and_an_operator_resume_sticks(
         '[jobs."batch-*"]\npolicy = "fixed:steps=40"\npaused = true\n'
     )
     svc = Service(cfg, notifier=Notifier(env={}), sampler=Sampler())
-    svc.open()
-    ctx = zmq.Context()
-    peers: list[zmq.Socket] = []
 
     def hello(job: str, rank: int = 0, world_size: int = 1) -> p.Plan:
-        peer = ctx.socket(zmq.DEALER)
-        peers.append(peer)
-        peer.connect(svc.daemon.endpoint)
+        peer = connect()
         peer.send(p.encode(p.Hello(v=VERSION, job=job, rank=rank, world_size=world_size)))
         end = time.monotonic() + 10
         while time.monotonic() < end:
@@ -186,8 +194,7 @@ def test_glob_job_entries_apply_to_new_jobs_and_an_operator_resume_sticks(
                     return msg
         raise AssertionError(f"no plan for {job} rank {rank} within 10 s")
 
-    try:
-        svc.daemon.start()
+    with serving(svc) as connect:
         exact = hello("exact")
         assert exact.policy.startswith("fixed") and "paused" in exact.reason
         glob = hello("batch-7", world_size=2)
@@ -200,12 +207,6 @@ def test_glob_job_entries_apply_to_new_jobs_and_an_operator_resume_sticks(
         assert isinstance(reply, admin.PauseReply)
         rank1 = hello("batch-7", rank=1, world_size=2)
         assert "paused" not in rank1.reason and rank1.next_step == 40  # the glob's policy
-    finally:
-        for peer in peers:
-            peer.close(linger=0)
-        ctx.destroy(linger=0)
-        svc.daemon.stop()
-        svc.close()
 
 
 def test_storage_limits_go_to_the_mount_each_configured_path_lives_on() -> None:
@@ -235,12 +236,8 @@ def test_configured_storage_limit_reaches_the_snapshot_policies_read(short_dir: 
         "max_concurrent_saves = 2\n"
     )
     svc = Service(cfg, notifier=Notifier(env={}), sampler=Sampler(storage=Storage()))
-    svc.open()
-    ctx = zmq.Context()
-    peer = ctx.socket(zmq.DEALER)
-    try:
-        svc.daemon.start()
-        peer.connect(svc.daemon.endpoint)
+    with serving(svc) as connect:
+        peer = connect()
         peer.send(p.encode(p.Hello(v=VERSION, job="j", checkpoint_dir=str(ckpt))))
         end = time.monotonic() + 10
         while not any("j" in s.jobs for s in svc.snapshot().storage):
@@ -249,8 +246,3 @@ def test_configured_storage_limit_reaches_the_snapshot_policies_read(short_dir: 
         target = next(s for s in svc.snapshot().storage if "j" in s.jobs)
         assert target.max_writers == 2
         assert svc.daemon.status().telemetry["storage"][0]["max_writers"] == 2
-    finally:
-        peer.close(linger=0)
-        ctx.destroy(linger=0)
-        svc.daemon.stop()
-        svc.close()
