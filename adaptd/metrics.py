@@ -19,8 +19,8 @@ Tiered storage (the daemon's Replicator, :mod:`adaptd.tiers.replicator`) adds
 ``adaptd_replication_*`` series per ``destination`` and ``job_id``: pending bytes and
 uploads, seconds behind, bytes uploaded, uploads by result, the newest replicated
 step, and per destination the recent throughput and an upload-time histogram. They
-are rendered at scrape time from the Replicator's status (``replication_source``),
-so the lag keeps growing between events.
+are rendered at scrape time from the Replicator's status (``replication``, given
+when the metrics are built), so the lag keeps growing between events.
 
 A save is *bad* when it failed, blocked the loop longer than ``slow_save_s``, or
 took longer to become durable than the job's planned interval (the next save
@@ -41,8 +41,8 @@ from prometheus_client.exposition import generate_latest, start_http_server
 from prometheus_client.registry import Collector
 
 from adaptd import __version__, events
+from adaptd.records import DecisionRecord, FailureRecord, SaveRecord, record_of
 from adaptd.snapshot import Snapshot
-from adaptd.store import DecisionRecord, FailureRecord, SaveRecord
 
 if TYPE_CHECKING:
     from adaptd.admin import ReplicationInfo
@@ -70,13 +70,19 @@ class Metrics:
     snapshot is swapped atomically) and cheap enough for the daemon's loop.
     """
 
-    def __init__(self, *, slow_save_s: float = 1.0, version: str = __version__) -> None:
+    def __init__(
+        self,
+        *,
+        slow_save_s: float = 1.0,
+        version: str = __version__,
+        replication: Callable[[], ReplicationView] | None = None,
+    ) -> None:
+        """``replication``: where the ``adaptd_replication_*`` series come from at
+        scrape time (the Replicator's rows and throughput; ``None``: no such series).
+        Raises :class:`ValueError` for a ``slow_save_s`` that is not positive."""
         if not slow_save_s > 0:
             raise ValueError(f"slow_save_s must be > 0, got {slow_save_s}")
         self.slow_save_s = slow_save_s
-        #: A job's current step time, for the step-time gauge and an interval given
-        #: in steps (a PlanChanged event carries none); set by the daemon's service.
-        self.step_time_of: Callable[[str], float | None] | None = None
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         Info("adaptd_build", "adaptd version", registry=r).info({"version": version})
@@ -155,14 +161,13 @@ class Metrics:
             "Time a successful upload of one checkpoint to a destination took.",
             ["destination"], buckets=SAVE_BUCKETS, registry=r,
         )  # fmt: skip
-        self._replication = _ReplicationCollector()
+        self._replication = _ReplicationCollector(replication)
         r.register(self._replication)
 
         self._lock = threading.Lock()
         self._streaks: dict[str, int] = {}
         self._planned_s: dict[str, float] = {}
         self._last_saved: dict[str, float] = {}
-        self._live: set[str] = set()  # for on_event's connected-jobs count
         self._incarnations: dict[str, int] = {}
 
     # ---------------------------------------------------------------- events
@@ -252,11 +257,6 @@ class Metrics:
         """``n`` messages were refused with ``code`` (``ProtocolError.code``)."""
         self.rejected.labels(code).inc(n)
 
-    def set_replication_source(self, source: Callable[[], ReplicationView] | None) -> None:
-        """Where the ``adaptd_replication_*`` series come from at scrape time (the
-        service passes its Replicator's view; ``None``: no replication series)."""
-        self._replication.source = source
-
     def on_upload(self, destination: str, seconds: float) -> None:
         """A checkpoint finished uploading to ``destination`` in ``seconds``."""
         self.upload_seconds.labels(destination).observe(seconds)
@@ -290,37 +290,31 @@ class Metrics:
     def on_event(self, ev: events.Event) -> None:
         """An :data:`adaptd.events.Sink`: update the metrics from the daemon's event.
 
-        Also keeps ``adaptd_jobs_connected`` (jobs registered and neither finished
-        nor lost). A lost job keeps its series (it may resume, and the no-save alert
-        should fire if it does not); a finished one is removed.
+        Saves, plans and failures are observed as the records the store keeps
+        (:func:`adaptd.records.record_of`); urgent save requests are not plans.
+        ``adaptd_jobs_connected`` is the registry's count of active jobs, which its
+        lifecycle events carry. A lost job keeps its series (it may resume, and the
+        no-save alert should fire if it does not); a finished one is removed.
         """
-        if isinstance(ev, events.JobRegistered):
+        rec = record_of(ev)
+        if isinstance(rec, SaveRecord):
+            assert isinstance(ev, events.SaveReported)
+            self.on_save(rec, counted=ev.counted)
+        elif isinstance(rec, DecisionRecord) and not rec.urgent:
+            self.on_decision(rec)
+        elif isinstance(rec, FailureRecord):
+            self.on_failure(rec)
+        elif isinstance(ev, events.JobRegistered):
             if self._incarnations.get(ev.job) != ev.incarnation:
                 self._incarnations[ev.job] = ev.incarnation
                 self.on_job_started(ev.job, time=ev.wall)
-            self._live.add(ev.job)
-        elif isinstance(ev, events.SaveReported):
-            rec = SaveRecord.from_report(ev.report, received=ev.wall)
-            self.on_save(rec, counted=ev.counted)
-        elif isinstance(ev, events.PlanChanged):
-            st = self.step_time_of(ev.job) if self.step_time_of is not None else None
-            self.on_decision(
-                DecisionRecord.from_decision(
-                    ev.job, ev.decision, time=ev.wall, step=ev.step, step_time_s=st
-                )
-            )
-        elif isinstance(ev, events.JobResumed):
-            self.failures.labels(ev.job).inc()
-        elif isinstance(ev, events.JobLost):
-            self._live.discard(ev.job)
-        elif isinstance(ev, events.JobRevived):
-            self._live.add(ev.job)
         elif isinstance(ev, events.JobFinished | events.JobForgotten):
             # forgotten: a lost job the registry dropped; it will not come back as itself
-            self._live.discard(ev.job)
             self._incarnations.pop(ev.job, None)
             self.remove_job(ev.job)
-        self.jobs.set(len(self._live))
+        active = getattr(ev, "jobs_active", None)
+        if active is not None:
+            self.jobs.set(active)
 
     # ---------------------------------------------------------------- output
 
@@ -491,8 +485,8 @@ class _SnapshotCollector(Collector):
 class _ReplicationCollector(Collector):
     """Renders the Replicator's status rows at scrape time."""
 
-    def __init__(self) -> None:
-        self.source: Callable[[], ReplicationView] | None = None
+    def __init__(self, source: Callable[[], ReplicationView] | None = None) -> None:
+        self.source = source
 
     def describe(self) -> Iterable[Metric]:
         return list(self._families([], {}))

@@ -197,3 +197,27 @@ def parse(spec: str | Policy) -> Policy:
 
 #: The policy a job gets when neither it nor the daemon's config names one.
 DEFAULT_SPEC = "default"
+
+
+class PolicyCache:
+    """Policies parsed from their specs, the ``size`` most recently added kept.
+
+    :func:`parse` reads the installed entry points' metadata, so a daemon that meets
+    the same spec in every hello parses it once. Raises what :func:`parse` raises.
+    """
+
+    def __init__(self, size: int = 256) -> None:
+        if size < 1:
+            raise ValueError(f"PolicyCache size must be >= 1, got {size}")
+        self.size = size
+        self._policies: dict[str, Policy] = {}
+
+    def get(self, spec: str) -> Policy:
+        """The policy for ``spec``; raises :class:`PolicyError`."""
+        cached = self._policies.get(spec)
+        if cached is None:
+            cached = parse(spec)
+            if len(self._policies) >= self.size:
+                self._policies.pop(next(iter(self._policies)))
+            self._policies[spec] = cached
+        return cached

@@ -11,6 +11,7 @@ from pathlib import Path
 import zmq
 
 from adaptd import protocol as p
+from adaptd.registry_view import RegistryView
 from adaptd.server import Daemon
 from adaptd.telemetry import nvml
 from adaptd.telemetry.host import Host
@@ -36,10 +37,11 @@ def test_hello_reaches_the_sampler_and_its_snapshots_feed_the_daemon(tmp_path: P
     daemon = Daemon(
         tmp_path / "a.sock",
         snapshot_source=sampler.latest,
-        sinks=[sampler.on_event],
-        tick_hooks=[sampler.tick, until_mapped],
+        # the sampler learns the jobs' directories and pids from the registry (read-only)
+        tick_hooks=[lambda now: sampler.tick(now, jobs=jobs.processes), until_mapped],
         tick_interval_s=0.05,
     )
+    jobs = RegistryView(daemon.registry)
     daemon.start()
     ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)

@@ -264,7 +264,7 @@ def test_replication_metrics_render_the_replicators_rows_and_pass_promtool():
              failures=2, skipped=1, yields=3),
         _row("bert", last_step=50, uploads=1, uploaded_bytes=10**6),
     ]  # fmt: skip
-    m.set_replication_source(lambda: (rows, {"nfs": 123e6}))
+    m = Metrics(replication=lambda: (rows, {"nfs": 123e6}))
     m.on_upload("nfs", 42.0)
     text = m.render().decode()
     got = {
