@@ -22,6 +22,7 @@ from pathlib import Path
 
 from adaptd.admin import ReplicationInfo
 from adaptd.config import Destination
+from adaptd.logfmt import logfmt
 from adaptd.tiers.replica import Replica, Throttle, UploadResult
 
 __all__ = [
@@ -248,9 +249,10 @@ class DestinationQueue:
                 self._run(item, st)
             except Exception:  # never let a bug end the worker
                 log.exception(
-                    "event=replicate_bug destination=%s job=%s step=%d",
-                    self.dest.name, item.job, item.step,
-                )  # fmt: skip
+                    logfmt(
+                        "replicate_bug", destination=self.dest.name, job=item.job, step=item.step
+                    )
+                )
                 self._failed(item, st, "internal error (see the daemon's log)")
             finally:
                 with self._cond:
@@ -269,15 +271,21 @@ class DestinationQueue:
             if remote is not None:
                 self.track(job, st.staging, last_step=remote)
             if remote == step:  # there already (a catch-up after a restart, usually)
-                log.info("event=replicate_current destination=%s job=%s step=%d", name, job, step)
+                log.info(logfmt("replicate_current", destination=name, job=job, step=step))
                 return
             if remote is not None and remote > step:
                 self._skipped(item, st, f"the destination's LATEST is already step {remote}")
                 return
             log.info(
-                "event=replicate_start destination=%s job=%s step=%d bytes=%d url=%s",
-                name, job, step, item.nbytes, st.url,
-            )  # fmt: skip
+                logfmt(
+                    "replicate_start",
+                    destination=name,
+                    job=job,
+                    step=step,
+                    bytes=item.nbytes,
+                    url=st.url,
+                )
+            )
             result = replica.upload(
                 st.staging,
                 step,
@@ -310,16 +318,24 @@ class DestinationQueue:
             st.last_rate = result.bytes_sent / result.seconds if result.seconds > 0 else None
             st.last_error = ""
         log.info(
-            "event=replicated destination=%s job=%s step=%d bytes_sent=%d bytes=%d files=%d "
-            "resumed_files=%d seconds=%.3f yielded_s=%.3f",
-            name, job, step, result.bytes_sent, result.bytes_total, result.files,
-            result.resumed_files, result.seconds, result.yielded_s,
-        )  # fmt: skip
+            logfmt(
+                "replicated",
+                destination=name,
+                job=job,
+                step=step,
+                bytes_sent=result.bytes_sent,
+                bytes=result.bytes_total,
+                files=result.files,
+                resumed_files=result.resumed_files,
+                seconds=round(result.seconds, 3),
+                yielded_s=round(result.yielded_s, 3),
+            )
+        )
         if self._on_upload is not None:
             try:
                 self._on_upload(name, job, result)
             except Exception:  # the upload itself succeeded; only the callback failed
-                log.exception("event=replicate_callback_failed destination=%s job=%s", name, job)
+                log.exception(logfmt("replicate_callback_failed", destination=name, job=job))
         self._prune(replica, job)
 
     def _prune(self, replica: Replica, job: str) -> None:
@@ -329,15 +345,24 @@ class DestinationQueue:
             deleted = replica.prune(keep_last=d.keep_last, keep_every_s=keep_every, now=self.wall())
         except Exception as exc:
             log.warning(
-                "event=replicate_prune_failed destination=%s job=%s error=%r",
-                d.name, job, f"{type(exc).__name__}: {exc}",
-            )  # fmt: skip
+                logfmt(
+                    "replicate_prune_failed",
+                    destination=d.name,
+                    job=job,
+                    error=f"{type(exc).__name__}: {exc}",
+                )
+            )
             return
         if deleted:
             log.info(
-                "event=replicate_pruned destination=%s job=%s steps=%s keep_last=%d",
-                d.name, job, ",".join(map(str, deleted)), d.keep_last,
-            )  # fmt: skip
+                logfmt(
+                    "replicate_pruned",
+                    destination=d.name,
+                    job=job,
+                    steps=",".join(map(str, deleted)),
+                    keep_last=d.keep_last,
+                )
+            )
 
     def _yield(self, st: _JobState) -> bool:
         if self._stopping.is_set():
@@ -350,10 +375,14 @@ class DestinationQueue:
                 with self._cond:
                     st.yields += 1
                 log.info(
-                    "event=replicate_yield destination=%s step=%d staging=%s "
-                    "(a job is saving on the same disk)",
-                    self.dest.name, upload.step, st.staging,
-                )  # fmt: skip
+                    logfmt(
+                        "replicate_yield",
+                        destination=self.dest.name,
+                        step=upload.step,
+                        staging=st.staging,
+                        why="a job is saving on the same disk",
+                    )
+                )
         return yielding
 
     def _progress(self, st: _JobState, n: int) -> None:
@@ -368,28 +397,43 @@ class DestinationQueue:
 
     def _skipped(self, item: Pending, st: _JobState, why: str) -> None:
         log.info(
-            "event=replicate_skipped destination=%s job=%s step=%d reason=%r",
-            self.dest.name, item.job, item.step, why,
-        )  # fmt: skip
+            logfmt(
+                "replicate_skipped",
+                destination=self.dest.name,
+                job=item.job,
+                step=item.step,
+                reason=why,
+            )
+        )
         with self._cond:
             st.skipped += 1
             st.waiting = {s: t for s, t in st.waiting.items() if s > item.step}
 
     def _interrupted(self, item: Pending, st: _JobState) -> None:
         log.info(
-            "event=replicate_interrupted destination=%s job=%s step=%d "
-            "(stopping; the upload resumes at the next start)",
-            self.dest.name, item.job, item.step,
-        )  # fmt: skip
+            logfmt(
+                "replicate_interrupted",
+                destination=self.dest.name,
+                job=item.job,
+                step=item.step,
+                why="stopping; the upload resumes at the next start",
+            )
+        )
 
     def _failed(self, item: Pending, st: _JobState, error: str) -> None:
         attempts = item.attempts + 1
         delay = retry_delay(attempts)
         log.warning(
-            "event=replicate_failed destination=%s job=%s step=%d attempt=%d retry_in_s=%g "
-            "error=%r",
-            self.dest.name, item.job, item.step, attempts, delay, error,
-        )  # fmt: skip
+            logfmt(
+                "replicate_failed",
+                destination=self.dest.name,
+                job=item.job,
+                step=item.step,
+                attempt=attempts,
+                retry_in_s=delay,
+                error=error,
+            )
+        )
         with self._cond:
             st.failures += 1
             st.last_error = error

@@ -57,6 +57,7 @@ from adaptd.admin import ReplicationInfo
 from adaptd.checkpoint_files import STATE_FILE, checkpoint_bytes
 from adaptd.checkpoint_files import state_file_step as parse_state_file
 from adaptd.config import JOB_PLACEHOLDER, Config
+from adaptd.logfmt import logfmt
 from adaptd.tiers.destination import (
     DestinationQueue,
     Pending,
@@ -229,7 +230,7 @@ class Replicator:
                     self._catch_up(item[1])
             except Exception:
                 self.errors += 1
-                log.exception("event=replicate_intake_error item=%r", item)
+                log.exception(logfmt("replicate_intake_error", item=repr(item)))
 
     def _saved(self, job: str, step: int, wall: float) -> None:
         found = self.cfg.replication_for(job)
@@ -239,11 +240,15 @@ class Replicator:
         nbytes = checkpoint_bytes(staging / f"ckpt-{step}")
         if nbytes == 0:
             log.warning(
-                "event=replicate_missing job=%s step=%d staging=%s (the job reported the save, "
-                "but its files are not in the configured staging directory: does the job save "
-                "to jobs.%s.staging?)",
-                job, step, staging, job,
-            )  # fmt: skip
+                logfmt(
+                    "replicate_missing",
+                    job=job,
+                    step=step,
+                    staging=staging,
+                    why="the job reported the save, but its files are not in the configured "
+                    f"staging directory: does the job save to jobs.{job}.staging?",
+                )
+            )
         for d in dests:
             self.queues[d.name].add(job, staging, step, saved=wall, nbytes=nbytes)
 
@@ -258,11 +263,15 @@ class Replicator:
                 self._devices[event.job] = os.stat(saves_to).st_dev
             if _resolved(saves_to) != _resolved(staging):
                 log.warning(
-                    "event=replicate_staging_mismatch job=%s saves_to=%s staging=%s (nothing "
-                    "it saves will be replicated until jobs.\"PATTERN\".staging names its "
-                    "checkpoint directory)",
-                    event.job, saves_to, staging,
-                )  # fmt: skip
+                    logfmt(
+                        "replicate_staging_mismatch",
+                        job=event.job,
+                        saves_to=saves_to,
+                        staging=staging,
+                        why="nothing it saves will be replicated until "
+                        'jobs."PATTERN".staging names its checkpoint directory',
+                    )
+                )
         key = (event.job, event.incarnation)
         if key not in self._caught_up:
             self._caught_up.add(key)
@@ -288,10 +297,14 @@ class Replicator:
             # queued without reading the destination here (that could be slow, and would
             # hold up the intake): the worker compares with its LATEST before uploading
             log.info(
-                "event=replicate_catch_up destination=%s job=%s step=%d "
-                "(uploaded unless the destination has it)",
-                d.name, job, local,
-            )  # fmt: skip
+                logfmt(
+                    "replicate_catch_up",
+                    destination=d.name,
+                    job=job,
+                    step=local,
+                    why="uploaded unless the destination has it",
+                )
+            )
             nbytes = checkpoint_bytes(staging / f"ckpt-{local}")
             q.add(job, staging, local, saved=saved, nbytes=nbytes)
 
