@@ -1,8 +1,8 @@
 """GPU utilisation and health from NVML: the only module that imports ``pynvml``.
 
 The NVML library object is injected: by default the real ``pynvml`` module (from
-nvidia-ml-py); tests, benchmarks and demos pass
-:class:`adaptd.telemetry.nvml_fixture.FixtureNvml`, which replays recorded answers.
+nvidia-ml-py); the tests and benchmarks pass ``FixtureNvml`` (``tests/nvml_fixture.py``,
+kept out of the runtime package), which replays recorded answers.
 Anything with the same function names, an ``NVMLError`` class carrying the error
 code in ``.value`` and NVML's integer codes will do.
 

@@ -336,8 +336,9 @@ def test_rejected_messages_and_saves_in_flight_are_events(sock_dir, zctx) -> Non
 
 
 def test_status_shows_telemetry_and_survives_a_failing_source(sock_dir, zctx, capsys) -> None:
+    from nvml_fixture import FixtureNvml
+
     from adaptd.telemetry import report
-    from adaptd.telemetry.nvml_fixture import FixtureNvml
     from adaptd.telemetry.sampler import Sampler
 
     sampler = Sampler.default(interval=1.0, nvml_library=FixtureNvml("h100_8gpu"))

@@ -10,6 +10,7 @@ import threading
 import time
 
 import pytest
+from nvml_fixture import FixtureNvml
 
 from adaptd import protocol as p
 from adaptd.registry import Registry
@@ -17,7 +18,6 @@ from adaptd.registry_view import RegistryView
 from adaptd.snapshot import GpuSample
 from adaptd.telemetry import nvml
 from adaptd.telemetry.host import Host
-from adaptd.telemetry.nvml_fixture import FixtureNvml
 from adaptd.telemetry.sampler import JobInfo, Sampler, parent_pid
 from adaptd.telemetry.storage import Storage
 
