@@ -3,18 +3,15 @@
 :class:`DaemonParts` is everything :class:`adaptd.server.Daemon` runs: the
 transport, the event bus, the registry, the operator settings, the planner, the
 drains, the job and admin handlers and the status view, each given the others it
-needs when it is built. Two factories build them:
-
-- :func:`parts` from explicit values, already valid (``adaptd serve`` passes what its
-  :class:`~adaptd.config.Config` validated, through :class:`adaptd.service.Service`);
-- :func:`checked_parts` from the keyword arguments of ``Daemon(...)`` (tests, the
-  demo): it checks each one first and raises :class:`~adaptd.transport.DaemonError`
-  naming the option.
+needs when it is built. :func:`parts` wires them from values that are already
+valid: ``adaptd serve`` passes what its :class:`~adaptd.config.Config` validated
+(through :class:`adaptd.service.Service`); ``Daemon(socket, policy=..., ...)`` (tests,
+the demo) checks its keyword arguments first and raises
+:class:`~adaptd.transport.DaemonError` naming the option.
 """
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -22,7 +19,7 @@ from dataclasses import dataclass
 from adaptd import events as ev
 from adaptd import policy as policy_mod
 from adaptd.admin import JobSettings
-from adaptd.admin_handler import AdminHandler, admin_gid
+from adaptd.admin_handler import AdminHandler
 from adaptd.drains import Drains
 from adaptd.job_handler import RESEND_AFTER_S, JobHandler
 from adaptd.planner import REPLAN_TOLERANCE, Planner
@@ -31,13 +28,12 @@ from adaptd.settings import ConfiguredSettings, OperatorSettings
 from adaptd.snapshot import Snapshot
 from adaptd.stats import DaemonStats
 from adaptd.status_view import ReplicationSource, StatusExtra, StatusView
-from adaptd.transport import CurveKeys, DaemonError, Transport
+from adaptd.transport import Transport
 
 __all__ = [
     "TICK_INTERVAL_S",
     "DaemonParts",
     "TickHook",
-    "checked_parts",
     "parts",
     "snapshot_now",
 ]
@@ -158,58 +154,5 @@ def parts(
         stats=stats,
         tick_hooks=tuple(tick_hooks),
         tick_interval_s=tick_interval_s,
-        clock=clock,
-    )
-
-
-def checked_parts(
-    socket: str | os.PathLike[str] | None = None,
-    *,
-    policy: str = policy_mod.DEFAULT_SPEC,
-    snapshot_source: Callable[[], Snapshot] = snapshot_now,
-    sinks: Iterable[ev.Sink] = (),
-    tick_hooks: Iterable[TickHook] = (),
-    silence_timeout_s: float = 300.0,
-    resend_after_s: float = RESEND_AFTER_S,
-    tick_interval_s: float = TICK_INTERVAL_S,
-    replan_tolerance: float = REPLAN_TOLERANCE,
-    clock: Callable[[], float] = time.monotonic,
-    job_settings: Mapping[str, JobSettings] | None = None,
-    status_extra: StatusExtra | None = None,
-    config_settings: ConfiguredSettings | None = None,
-    replication_source: ReplicationSource | None = None,
-    curve: CurveKeys | None = None,
-    admin_group: str | None = None,
-) -> DaemonParts:
-    """The parts for ``Daemon(socket, ...)``: every argument checked, then :func:`parts`.
-
-    Raises :class:`~adaptd.transport.DaemonError` for a bad ``policy``,
-    ``silence_timeout_s``, ``replan_tolerance``, socket, CURVE keys or admin group.
-    """
-    try:
-        policy_mod.parse(policy)
-    except policy_mod.PolicyError as exc:
-        raise DaemonError(f"--policy {policy!r}: {exc}") from None
-    if not silence_timeout_s > 0:
-        raise DaemonError(f"--silence-timeout must be > 0 seconds, got {silence_timeout_s}")
-    if not 0 <= replan_tolerance < 1:
-        raise DaemonError(f"replan_tolerance must be in [0, 1), got {replan_tolerance}")
-    events = ev.EventBus(sinks)
-    transport = Transport(socket, curve=curve, clock=clock)
-    return parts(
-        transport,
-        events=events,
-        registry=Registry(emit=events, silence_timeout_s=silence_timeout_s),
-        default_spec=policy,
-        snapshot_source=snapshot_source,
-        tick_hooks=tick_hooks,
-        job_settings=job_settings,
-        config_settings=config_settings,
-        status_extra=status_extra,
-        replication_source=replication_source,
-        admin_group_id=admin_gid(admin_group),
-        resend_after_s=resend_after_s,
-        tick_interval_s=tick_interval_s,
-        replan_tolerance=replan_tolerance,
         clock=clock,
     )

@@ -41,7 +41,9 @@ import zmq
 from adaptd import admin
 from adaptd import events as ev
 from adaptd import policy as policy_mod
-from adaptd.assembly import TICK_INTERVAL_S, DaemonParts, TickHook, checked_parts, snapshot_now
+from adaptd.admin_handler import admin_gid
+from adaptd.assembly import TICK_INTERVAL_S, DaemonParts, TickHook, snapshot_now
+from adaptd.assembly import parts as build_parts
 from adaptd.job_handler import RESEND_AFTER_S
 from adaptd.logfmt import Throttle, logfmt
 from adaptd.planner import REPLAN_TOLERANCE
@@ -57,6 +59,7 @@ from adaptd.transport import (
     MAX_IPC_PATH,
     CurveKeys,
     DaemonError,
+    Transport,
     peer_cred,
 )
 
@@ -83,9 +86,9 @@ log = logging.getLogger("adaptd.server")
 class Daemon:
     """The adaptd daemon. Construct, then :meth:`serve` (blocking) or :meth:`start` (thread).
 
-    ``Daemon(socket, policy=..., sinks=..., ...)`` checks its arguments and builds its
-    parts (:func:`adaptd.assembly.checked_parts`); ``Daemon(parts=...)`` runs parts
-    built elsewhere (:func:`adaptd.assembly.parts`, from a validated config; the other
+    ``Daemon(socket, policy=..., sinks=..., ...)`` checks each argument and builds its
+    parts with :func:`adaptd.assembly.parts`; ``Daemon(parts=...)`` runs parts built
+    elsewhere (``adaptd serve`` builds them from its validated config; the other
     arguments are then not used). Raises
     :class:`DaemonError` from the constructor for a bad argument, and from
     :meth:`open` when the socket is held by another live daemon or cannot be bound.
@@ -112,24 +115,32 @@ class Daemon:
         admin_group: str | None = None,
         parts: DaemonParts | None = None,
     ) -> None:
-        if parts is None:
-            parts = checked_parts(
-                socket,
-                policy=policy,
+        if parts is None:  # today's keyword arguments: check each, then build the parts
+            try:
+                policy_mod.parse(policy)
+            except policy_mod.PolicyError as exc:
+                raise DaemonError(f"--policy {policy!r}: {exc}") from None
+            if not silence_timeout_s > 0:
+                raise DaemonError(f"--silence-timeout must be > 0 seconds, got {silence_timeout_s}")
+            if not 0 <= replan_tolerance < 1:
+                raise DaemonError(f"replan_tolerance must be in [0, 1), got {replan_tolerance}")
+            events = ev.EventBus(sinks)
+            parts = build_parts(
+                Transport(socket, curve=curve, clock=clock),
+                events=events,
+                registry=Registry(emit=events, silence_timeout_s=silence_timeout_s),
+                default_spec=policy,
                 snapshot_source=snapshot_source,
-                clock=clock,
-                sinks=sinks,
                 tick_hooks=tick_hooks,
-                silence_timeout_s=silence_timeout_s,
+                job_settings=job_settings,
+                config_settings=config_settings,
+                status_extra=status_extra,
+                replication_source=replication_source,
+                admin_group_id=admin_gid(admin_group),
                 resend_after_s=resend_after_s,
                 tick_interval_s=tick_interval_s,
                 replan_tolerance=replan_tolerance,
-                job_settings=job_settings,
-                status_extra=status_extra,
-                config_settings=config_settings,
-                replication_source=replication_source,
-                curve=curve,
-                admin_group=admin_group,
+                clock=clock,
             )
         self.parts = parts
         self.transport = parts.transport
