@@ -23,6 +23,40 @@ import zmq
 from adaptd import paths
 from adaptd.protocol import MAX_MESSAGE_BYTES, JobId, Text
 
+__all__ = [
+    "ADMIN_VERSION",
+    "MAX_REQUEST_BYTES",
+    "AdminError",
+    "AnyReply",
+    "AnyRequest",
+    "DaemonInfo",
+    "DrainJob",
+    "DrainReply",
+    "DrainRequest",
+    "ErrorReply",
+    "JobInfo",
+    "JobSettings",
+    "PauseReply",
+    "PauseRequest",
+    "PlanInfo",
+    "RankInfo",
+    "ReplicationInfo",
+    "Reply",
+    "Request",
+    "SaveInfo",
+    "SaveNowReply",
+    "SaveNowRequest",
+    "SetPolicyReply",
+    "SetPolicyRequest",
+    "StatusReply",
+    "StatusRequest",
+    "admin_path",
+    "decode_reply",
+    "decode_request",
+    "encode",
+    "request",
+]
+
 #: Admin protocol version; bump on an incompatible change.
 ADMIN_VERSION = 1
 #: Largest admin request the daemon accepts. Replies (status) may be larger.

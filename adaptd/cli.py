@@ -15,6 +15,13 @@ from types import ModuleType
 
 from adaptd import __version__
 
+__all__ = [
+    "COMMANDS",
+    "UsageError",
+    "build_parser",
+    "main",
+]
+
 #: name -> module under adaptd.commands; each module's ``HELP`` is the command's one-line help
 COMMANDS: dict[str, str] = {
     "serve": "serve",

@@ -47,6 +47,15 @@ from adaptd.snapshot import Snapshot
 if TYPE_CHECKING:
     from adaptd.admin import ReplicationInfo
 
+__all__ = [
+    "JOB",
+    "SAVE_BUCKETS",
+    "Metrics",
+    "MetricsError",
+    "MetricsServer",
+    "ReplicationView",
+]
+
 #: What the Replicator shows the metrics: its status rows and each destination's throughput.
 ReplicationView = tuple["list[ReplicationInfo]", Mapping[str, float]]
 

@@ -16,6 +16,12 @@ from dataclasses import dataclass
 from adaptd.protocol import Plan, SaveNow
 from adaptd.snapshot import Decision, same_saves
 
+__all__ = [
+    "NEVER",
+    "Due",
+    "SaveSchedule",
+]
+
 #: "No save planned": larger than any step count, so ``step >= NEVER`` is never true.
 NEVER = 1 << 62
 

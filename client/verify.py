@@ -42,6 +42,23 @@ from typing import Any
 
 from adaptd.checkpoint_files import DATA_SHARD, STATE_FILE, state_file_path
 
+__all__ = [
+    "CORRUPTED",
+    "MISSING_SHARD",
+    "MISSING_TENSOR",
+    "NO_CHECKPOINT",
+    "OVERSIZED",
+    "TRUNCATED",
+    "UNREADABLE_INDEX",
+    "UNREADABLE_TENSOR",
+    "Problem",
+    "Report",
+    "crc32c",
+    "find",
+    "read_index",
+    "verify",
+]
+
 #: Kinds of :class:`Problem`, for scripts that branch on them.
 NO_CHECKPOINT = "no_checkpoint"
 UNREADABLE_INDEX = "unreadable_index"

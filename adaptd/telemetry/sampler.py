@@ -40,6 +40,16 @@ from adaptd.telemetry.host import Host
 from adaptd.telemetry.once import OnceLog
 from adaptd.telemetry.storage import Storage
 
+__all__ = [
+    "HISTORY",
+    "MAX_PARENT_DEPTH",
+    "GpuSource",
+    "JobInfo",
+    "JobSource",
+    "Sampler",
+    "parent_pid",
+]
+
 log = logging.getLogger(__name__)
 
 #: Snapshots kept (5 minutes at 1 Hz).

@@ -31,6 +31,11 @@ from typing import Any
 from adaptd.checkpoint_files import STATE_FILE, state_file_text
 from adaptd.tiers.replica import Manifest, Replica, TierError, fsync_dir
 
+__all__ = [
+    "RestoreResult",
+    "restore",
+]
+
 log = logging.getLogger("adaptd.tiers")
 
 
