@@ -51,32 +51,15 @@ from adaptd.registry import Registry
 from adaptd.settings import ConfiguredSettings
 from adaptd.snapshot import Snapshot, same_saves
 from adaptd.status_view import ReplicationSource, StatusExtra
-from adaptd.transport import (
-    BATCH,
-    HARD_MAX_FRAME,
-    HWM,
-    JOB_RCVHWM,
-    MAX_IPC_PATH,
-    CurveKeys,
-    DaemonError,
-    Transport,
-    peer_cred,
-)
+from adaptd.transport import HARD_MAX_FRAME, CurveKeys, DaemonError, Transport
 
+# Also importable from here, as before the daemon was split: the frame limit, the
+# CURVE keys and the start-up error (adaptd.transport), and same_saves (adaptd.snapshot).
 __all__ = [
-    "BATCH",
     "HARD_MAX_FRAME",
-    "HWM",
-    "JOB_RCVHWM",
-    "MAX_IPC_PATH",
-    "REPLAN_TOLERANCE",
-    "RESEND_AFTER_S",
-    "TICK_INTERVAL_S",
     "CurveKeys",
     "Daemon",
     "DaemonError",
-    "logfmt",
-    "peer_cred",
     "same_saves",
 ]
 
