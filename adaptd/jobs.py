@@ -123,3 +123,31 @@ class Job:
     @property
     def step(self) -> int:
         return self.tracker.step
+
+    def in_flight_step(self, step: int) -> int | None:
+        """The step of a save a rank reports in flight at ``step``, which the tracker
+        does not know of yet (``None``: none to tell it).
+
+        Ranks save where the plan says, so the save is at the newest step of the plan's
+        grid after the last known save, at or before ``step``; with no such grid step it
+        is an urgent save (placed at ``step``) when one was asked for, else the known
+        save still being written by a slower rank. Telling the tracker of it at once
+        moves the policy's anchor to this save: otherwise an interval that drifts by a
+        step would plan a second save right behind the one in flight, which the hook
+        would have to wait for.
+        """
+        t = self.tracker
+        floor = t.last_save_step if t.last_save_step is not None else t.start_step
+        saved: int | None = None
+        plan = self.plan
+        if plan is not None:
+            due = plan.due_after(floor)
+            if due is not None and due <= step:
+                if plan.every_steps:
+                    due += (step - due) // plan.every_steps * plan.every_steps
+                saved = due
+        if saved is None and (plan is None or self.urgent is not None or self.urgent_sent):
+            saved = step
+        if saved is None or saved <= floor:
+            return None
+        return saved

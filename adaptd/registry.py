@@ -249,25 +249,10 @@ class Registry:
         if old is not None:
             self._peers.pop(old.identity, None)
         hostname = msg.hostname or self.hostname
-        start_time = None
-        if msg.pid > 0 and hostname == self.hostname:
-            start_time = self.probe.start_time(msg.pid)
-        rank = Rank(
-            rank=msg.rank,
-            identity=identity,
-            pid=msg.pid,
-            hostname=hostname,
-            registered=now,
-            last_seen=now,
-            start_time=start_time,
-            step=msg.resumed_from,
-        )
+        local = hostname == self.hostname
+        rank = _new_rank(identity, msg, hostname, now, peer, self.probe, local)
         if old is not None and kind == "reconnect":
             rank.step = max(old.step, msg.resumed_from)
-        if peer is not None:
-            rank.peer = peer
-            if peer.pid:
-                rank.peer_start = self.probe.start_time(peer.pid)
         if kind in ("new", "resume", "restart"):
             job.owner = peer.owner if peer is not None else None
         elif job.owner is None and peer is not None:
@@ -325,30 +310,13 @@ class Registry:
         self._note_writing(job, now)
 
     def _save_started(self, job: Job, step: int, now: float) -> None:
-        """A rank reports a save in flight that the tracker does not know of yet.
-
-        Ranks save where the plan says, so the save is at the newest step of the plan's
-        grid after the last known save, at or before ``step``; with no such grid step it
-        is an urgent save (placed at ``step``) when one was asked for, else the known
-        save still being written by a slower rank. Telling the tracker now, not when the
-        save report arrives (after the write is durable), moves the policy's anchor to
-        this save: otherwise an interval that drifts by a step would plan a second save
-        right behind the one in flight, which the hook would have to wait for.
-        """
-        t = job.tracker
-        floor = t.last_save_step if t.last_save_step is not None else t.start_step
-        saved: int | None = None
-        plan = job.plan
-        if plan is not None:
-            due = plan.due_after(floor)
-            if due is not None and due <= step:
-                if plan.every_steps:
-                    due += (step - due) // plan.every_steps * plan.every_steps
-                saved = due
-        if saved is None and (plan is None or job.urgent is not None or job.urgent_sent):
-            saved = step
-        if saved is None or saved <= floor:
+        """A rank reports a save in flight that the tracker does not know of yet: tell the
+        tracker now (:meth:`Job.in_flight_step` says at which step), not when the save
+        report arrives after the write is durable."""
+        saved = job.in_flight_step(step)
+        if saved is None:
             return
+        t = job.tracker
         # when the save began: that many steps before this report (never before the last)
         when = now - (step - saved) * (t.step_time_s or 0.0)
         t.on_save_requested(max(when, min(t.time, now)), saved)
@@ -571,3 +539,31 @@ def check_claim(
             "a second process may not report for it (a restarted rank is accepted "
             "once its old process has exited)",
         )
+
+
+def _new_rank(
+    identity: bytes,
+    msg: Hello,
+    hostname: str,
+    now: float,
+    peer: PeerCred | None,
+    probe: ProcessProbe,
+    local: bool,
+) -> Rank:
+    """A rank from its hello; the probe records its process's start time (on this host)
+    and that of the process the connection really comes from, to tell a reused pid."""
+    rank = Rank(
+        rank=msg.rank,
+        identity=identity,
+        pid=msg.pid,
+        hostname=hostname,
+        registered=now,
+        last_seen=now,
+        start_time=probe.start_time(msg.pid) if msg.pid > 0 and local else None,
+        step=msg.resumed_from,
+    )
+    if peer is not None:
+        rank.peer = peer
+        if peer.pid:
+            rank.peer_start = probe.start_time(peer.pid)
+    return rank
