@@ -52,7 +52,7 @@ def test_invalid_figures_are_named(call, message) -> None:
 positive = st.floats(min_value=1e-3, max_value=1e7, allow_nan=False)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200)
 @given(delta=positive, mtbf=positive, factor=st.floats(min_value=1.001, max_value=100))
 def test_interval_grows_with_cost_and_mtbf(delta, mtbf, factor) -> None:
     for f in (model.young_interval, model.daly_interval):
@@ -60,7 +60,7 @@ def test_interval_grows_with_cost_and_mtbf(delta, mtbf, factor) -> None:
         assert f(delta, mtbf * factor) >= f(delta, mtbf)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200)
 @given(
     mtbf=st.floats(min_value=100, max_value=1e7),
     ratio=st.floats(min_value=1e-6, max_value=0.05),
