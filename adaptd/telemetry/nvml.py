@@ -2,7 +2,7 @@
 
 The NVML library object is injected: by default the real ``pynvml`` module (from
 nvidia-ml-py); tests, benchmarks and demos pass
-:class:`adaptd.telemetry.nvml_fixture.FixtureNvml`, which replays recorded answers.
+:class:`adaptd.telemetry.nvml_fixture.FixtureNvml`, which replays a fixture.
 Anything with the same function names, an ``NVMLError`` class carrying the error
 code in ``.value`` and NVML's integer codes will do.
 

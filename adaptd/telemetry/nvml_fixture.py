@@ -1,11 +1,12 @@
-"""A fake NVML library that replays recorded answers, for tests, benchmarks and demos.
+"""A fake NVML library that replays a fixture of NVML answers, for tests, benchmarks and demos.
 
 :class:`FixtureNvml` stands in for the ``pynvml`` module at the one boundary
 where :mod:`adaptd.telemetry.nvml` takes its library. It answers every NVML call
-from a fixture: JSON of real NVML answers per function per device, errors
-included as NVML error codes, optionally changing over time (frames), so an ECC
-count can rise and an XID 79 can arrive. ``scripts/record_nvml_fixture.py``
-records the same format from a real GPU host.
+from a fixture: JSON of NVML answers per function per device, errors included as
+NVML error codes, optionally changing over time (frames), so an ECC count can rise
+and an XID 79 can arrive. ``scripts/record_nvml_fixture.py`` records the format from
+a real GPU host; the fixtures shipped in ``tests/fixtures/nvml/`` are synthetic
+(modelled on NVML's documentation, and marked so), as no GPU host was available.
 
 Format (``"format": "adaptd-nvml-fixture/1"``)::
 
