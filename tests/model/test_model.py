@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 
 import pytest
 from hypothesis import given, settings
@@ -142,3 +143,9 @@ def test_weibull_scale_gives_the_mean() -> None:
     lam = model.weibull_scale(1000.0, 0.7)
     assert lam * math.gamma(1 + 1 / 0.7) == pytest.approx(1000.0)
     assert model.job_mtbf(50000 * 3600, 16384) == pytest.approx(10986.3, rel=1e-4)
+
+
+def test_hypothesis_draws_the_same_examples_every_run() -> None:
+    """The suite's profile (tests/conftest.py) is derandomised unless ``explore`` is asked."""
+    if os.environ.get("ADAPTD_HYPOTHESIS_PROFILE", "ci") == "ci":
+        assert settings.default.derandomize and settings.default.database is None
