@@ -81,6 +81,11 @@ def test_daemon_sigkill_costs_the_loop_nothing_and_the_restart_restores_what_it_
         first = zygote.spawn([ckpt, tmp_path / "o1", *args], script=TRAIN_SCRIPT)
         first.log.wait_for("mode daemon", timeout=DEADLINE)
         saved_after(first, 0, 2)
+        # a save the job printed may still sit in its socket's queue: kill it only once
+        # the daemon has them (reports travel in order, so the newest is enough)
+        first_end = len(first.log.lines)
+        newest = max(connected_saves(first, first_end))
+        daemon.wait_job(lambda j: (j.last_durable_step or 0) >= newest, "the first run's saves")
         first.kill()
         job = zygote.spawn(
             [ckpt, tmp_path / "out", *args, "--timings", timings, "--stop-file", stop],
@@ -134,10 +139,12 @@ def test_daemon_sigkill_costs_the_loop_nothing_and_the_restart_restores_what_it_
         assert db.param(job_scope(JOB), "learned")["failures"] == 1
         assert len(db.failures(JOB)) == 1
     saved_steps = {s.step for s in history if s.ok}
-    # the history holds the saves reported before the kill, and none made while it was dead
-    assert saved_steps >= connected_saves(first, len(first.log.lines)) | connected_saves(
-        job, kill_mark
-    )
+    # the history holds the saves the daemon had before it was killed and had written (up
+    # to before.last_durable_step: wait_durable saw those in the database), and none made
+    # while it was dead; a save the job printed just before the kill may not have reached
+    # it, and what came within its last tick is lost by design (docs/reliability.md)
+    known = {s for s in connected_saves(job, kill_mark) if s <= (before.last_durable_step or 0)}
+    assert saved_steps >= connected_saves(first, first_end) | known
     assert not saved_steps & set(embedded_saves)
 
     # the loop never waited on the dead daemon: step times before / dead / after. The
