@@ -22,17 +22,20 @@ VERSION = 1
 MAX_MESSAGE_BYTES = 64 * 1024
 #: Longest free-text field (reasons, error text, paths).
 MAX_TEXT = 4096
+#: Longest duration a field may carry (about 30 years): durations are finite.
+MAX_SECONDS = 1e9
 
 _Text = msgspec.Meta(max_length=MAX_TEXT)
 _Id = msgspec.Meta(min_length=1, max_length=256, pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.:@+-]*$")
 _NonNeg = msgspec.Meta(ge=0)
+_Duration = msgspec.Meta(ge=0, le=MAX_SECONDS)  # rejects NaN and infinity too
 
 import typing as _t  # noqa: E402  (kept next to the aliases it builds)
 
 JobId = _t.Annotated[str, _Id]
 Text = _t.Annotated[str, _Text]
 Count = _t.Annotated[int, _NonNeg]
-Seconds = _t.Annotated[float, _NonNeg]
+Seconds = _t.Annotated[float, _Duration]
 
 
 class Message(msgspec.Struct, frozen=True, tag_field="kind", forbid_unknown_fields=True):
@@ -57,18 +60,29 @@ class Hello(Message, frozen=True, tag="hello"):
     gpus: Count = 0  # GPUs this rank uses (0: none/unknown)
     policy: Text = ""  # a policy spec the job insists on ("" = the daemon's choice)
     hostname: Text = ""
+    # the newest checkpoint was damaged and the run resumed from an older one: which,
+    # and why ("" = resumed from the newest, or started fresh)
+    restore_fallback: Text = ""
 
 
 class Steps(Message, frozen=True, tag="steps"):
-    """A batch of step timings since the previous report."""
+    """A batch of step timings since the previous report.
+
+    ``max_s`` and ``max_steps`` name the batch's slowest ``step()`` call (its seconds
+    and the steps it covered), so the daemon can leave one slow step (a retrace) out
+    of the job's pace; ``warmup`` says the batch holds the run's first step (tracing,
+    compiling), which is never the job's pace. Older clients send none of them.
+    """
 
     job: JobId
     rank: Count
     step: Count  # newest completed step
     count: Count  # steps in this batch
     mean_s: Seconds
-    max_s: Seconds = 0.0
+    max_s: Seconds = 0.0  # the slowest step() call of the batch (0: not measured)
     save_in_flight: bool = False
+    max_steps: Count = 1  # steps that slowest call covered
+    warmup: bool = False  # the batch holds the run's first step
 
 
 class SaveReport(Message, frozen=True, tag="save_report"):
@@ -85,6 +99,7 @@ class SaveReport(Message, frozen=True, tag="save_report"):
     error: Text = ""
     path: Text = ""
     reason: Text = ""  # why the save happened (the plan's reason)
+    current_step: Count = 0  # the newest completed step when sent (0: not given)
 
 
 class Goodbye(Message, frozen=True, tag="goodbye"):

@@ -418,7 +418,16 @@ class Registry:
         if msg.save_in_flight and not t.save_in_flight:
             self._save_started(job, msg.step, now)
         if rank.rank == job.lead_rank():
-            t.on_steps(now, msg.step, msg.count, msg.mean_s, msg.save_in_flight)
+            t.on_steps(
+                now,
+                msg.step,
+                msg.count,
+                msg.mean_s,
+                msg.save_in_flight,
+                max_s=msg.max_s,
+                max_steps=msg.max_steps,
+                warmup=msg.warmup,
+            )
         else:  # other ranks move the step only; their timings would count the job twice
             t.on_steps(now, msg.step, 0, 0.0, t.save_in_flight)
         pending = job.pending_resume
@@ -470,8 +479,9 @@ class Registry:
 
     def save_report(self, job: Job, rank: Rank, msg: SaveReport, now: float) -> bool:
         """A save report; returns whether it taught the tracker (first report of a step,
-        or a failure)."""
+        or a failure). The report's steps move the job's step, as a step report does."""
         self._heard(job, rank, now)
+        rank.step = max(rank.step, msg.step, msg.current_step)
         counted = not msg.ok or msg.step not in job.counted_save_steps
         if counted:
             job.tracker.on_save_report(
@@ -486,6 +496,8 @@ class Registry:
                 job.counted_save_steps.add(msg.step)
                 if len(job.counted_save_steps) > 64:  # only recent steps can repeat
                     job.counted_save_steps.discard(min(job.counted_save_steps))
+        t = job.tracker
+        t.on_steps(now, max(msg.step, msg.current_step), 0, 0.0, t.save_in_flight)
         if msg.ok:
             job.urgent = None
         job.last_save = msg

@@ -781,8 +781,8 @@ class Daemon:
             every_steps=d.every_steps if d.every_steps and d.every_steps >= 1 else None,
             policy=(d.policy or job.policy_spec)[: p.MAX_TEXT],
             reason=d.reason[: p.MAX_TEXT],
-            interval_s=d.interval_s if d.interval_s is not None and d.interval_s >= 0 else None,
-            waste=d.waste if d.waste is not None and d.waste >= 0 else None,
+            interval_s=_duration(d.interval_s),
+            waste=_duration(d.waste),
         )
 
     def _decide(self, job: Job, now: float) -> bool:
@@ -1396,6 +1396,13 @@ def _log_job_event(event: ev.Event) -> None:
         log.info(logfmt("job_revived", job=event.job))
     elif isinstance(event, ev.JobFinished):
         log.info(logfmt("job_finished", job=event.job, step=event.step, reason=event.reason))
+
+
+def _duration(value: float | None) -> float | None:
+    """A policy's figure as the protocol carries it: None unless finite and in range."""
+    if value is None or not 0 <= value <= p.MAX_SECONDS:
+        return None
+    return value
 
 
 def _job_socket_path(socket: str | os.PathLike[str] | None) -> Path:

@@ -244,10 +244,13 @@ class AdaptiveCheckpointer:
             curve_client_key=curve_client_key,
         )
 
-        # Hot-path state: step() reads these three and nothing else.
+        # Hot-path state: step() reads these and nothing else.
         self._n = 0
         self._due = 0  # 0: the first step() runs the slow path, which starts the hook
         self._tick_at = 0.0
+        self._last = 0.0  # when the previous step() (or the slow path) ended
+        self._slowest = 0.0  # the slowest step() call since the last report...
+        self._slowest_n = 1  # ...and the steps it covered
 
         self._started = False
         self._closed = False
@@ -333,10 +336,16 @@ class AdaptiveCheckpointer:
         the previous call, e.g. ``steps_per_execution``). Costs well under a
         microsecond unless a save is due or the socket's poll time has come."""
         now = perf_counter()
+        dt = now - self._last
+        self._last = now
+        if dt > self._slowest:  # rare: kept so that a retrace stays out of the step time
+            self._slowest = dt
+            self._slowest_n = steps
         n = self._n + steps
         self._n = n
         if n >= self._due or now >= self._tick_at:
             self._boundary(n, now)
+            self._last = perf_counter()  # the slow path's time is no step's time
 
     def save(self, reason: str = "requested") -> None:
         """Save the current step now (asynchronously), unless it is already saved.
@@ -426,6 +435,7 @@ class AdaptiveCheckpointer:
             self._tracker.on_restart(restore_s)
         self._gpus = gpus
         self._clock = StepClock(start, now)
+        self._last, self._slowest, self._slowest_n = now, 0.0, 1
         self._baseline = Baseline(start, now)
         self._schedule.last_saved_step = start if start else None
         self._watcher = threading.Thread(
@@ -498,22 +508,39 @@ class AdaptiveCheckpointer:
             self._report(pending, n, now)
         if now >= self._report_at:
             self._report_at = now + self._report_s
-            batch = self._clock.batch(n, now)
-            if batch is not None:
-                in_flight = self.save_in_flight
-                self._tracker.on_steps(now, n, batch.count, batch.mean_s, in_flight)
-                link.send(
-                    protocol.Steps(
-                        v=protocol.VERSION,
-                        job=self.job,
-                        rank=self.rank,
-                        step=n,
-                        count=batch.count,
-                        mean_s=batch.mean_s,
-                        save_in_flight=in_flight,
-                    ),
-                    now,
-                )
+            self._report_steps(n, now, self.save_in_flight)
+
+    def _report_steps(self, n: int, now: float, in_flight: bool) -> None:
+        """Close the step batch at ``n``: into the embedded tracker and to the daemon."""
+        batch = self._clock.batch(n, now, self._slowest, self._slowest_n)
+        self._slowest, self._slowest_n = 0.0, 1
+        if batch is None:
+            return
+        self._tracker.on_steps(
+            now,
+            n,
+            batch.count,
+            batch.mean_s,
+            in_flight,
+            max_s=batch.max_s,
+            max_steps=batch.max_steps,
+            warmup=batch.warmup,
+        )
+        self._link.send(
+            protocol.Steps(
+                v=protocol.VERSION,
+                job=self.job,
+                rank=self.rank,
+                step=n,
+                count=batch.count,
+                mean_s=batch.mean_s,
+                max_s=min(batch.max_s, protocol.MAX_SECONDS),
+                max_steps=batch.max_steps,
+                warmup=batch.warmup,
+                save_in_flight=in_flight,
+            ),
+            now,
+        )
 
     def _on_message(self, msg: protocol.DaemonMessage, n: int, now: float) -> None:
         if isinstance(msg, protocol.Welcome):
@@ -675,6 +702,7 @@ class AdaptiveCheckpointer:
             error=pending.error[: protocol.MAX_TEXT],
             path=pending.path[: protocol.MAX_TEXT],
             reason=pending.reason[: protocol.MAX_TEXT],
+            current_step=n,
         )
         self.history.append(report)
         self._tracker.on_save_report(
@@ -761,19 +789,7 @@ class AdaptiveCheckpointer:
                             timeout,
                         )
                 now = perf_counter()
-                batch = self._clock.batch(n, now)
-                if batch is not None:
-                    self._link.send(
-                        protocol.Steps(
-                            v=protocol.VERSION,
-                            job=self.job,
-                            rank=self.rank,
-                            step=n,
-                            count=batch.count,
-                            mean_s=batch.mean_s,
-                        ),
-                        now,
-                    )
+                self._report_steps(n, now, False)
                 self._link.send(
                     protocol.Goodbye(
                         v=protocol.VERSION, job=self.job, rank=self.rank, step=n, reason=goodbye
