@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections import deque
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -77,8 +76,10 @@ class LevelEstimate:
         if not jump > 1:
             raise ValueError(f"jump must be a factor > 1, got {jump}")
         self.jump = jump
-        self._values: deque[float] = deque(maxlen=window)
-        self._weights: deque[float] = deque(maxlen=window)
+        self._window = window
+        # (value, weight) pairs, oldest first: a short list, lighter than a deque (the
+        # daemon keeps four of these for each of up to a thousand remembered jobs)
+        self._obs: list[tuple[float, float]] = []
         self._last: tuple[float, float] | None = None
         self._median: float | None = None
 
@@ -95,39 +96,34 @@ class LevelEstimate:
         level = self.value
         prev = self._last
         self._last = (value, weight)
-        if level is not None and prev is not None and len(self._values) > 2:
+        obs = self._obs
+        if level is not None and prev is not None and len(obs) > 2:
             hi, lo = level * self.jump, level / self.jump
             if (value > hi and prev[0] > hi) or (value < lo and prev[0] < lo):
-                self._values.clear()
-                self._weights.clear()
-                self._values.append(prev[0])
-                self._weights.append(prev[1])
-        self._values.append(value)
-        self._weights.append(weight)
-        self._median = _weighted_median(self._values, self._weights)
+                obs[:] = [prev]
+        obs.append((value, weight))
+        if len(obs) > self._window:
+            del obs[0]
+        self._median = _weighted_median(obs)
 
     @property
     def value(self) -> float | None:
         return self._median
 
     def values(self) -> list[float]:
-        return list(self._values)
+        return [v for v, _ in self._obs]
 
     def load(self, values: Iterable[float]) -> None:
         """Start again from ``values`` (each of weight 1), e.g. from the store."""
-        self._values.clear()
-        self._weights.clear()
-        for v in values:
-            self._values.append(float(v))
-            self._weights.append(1.0)
-        self._last = (self._values[-1], 1.0) if self._values else None
-        self._median = _weighted_median(self._values, self._weights) if self._values else None
+        self._obs = [(float(v), 1.0) for v in values][-self._window :]
+        self._last = self._obs[-1] if self._obs else None
+        self._median = _weighted_median(self._obs) if self._obs else None
 
 
-def _weighted_median(values: Iterable[float], weights: Iterable[float]) -> float:
+def _weighted_median(obs: Iterable[tuple[float, float]]) -> float:
     """The value with half the weight on either side; between two values, their mean
     (so equal weights give :func:`statistics.median`)."""
-    pairs = sorted(zip(values, weights, strict=True))
+    pairs = sorted(obs)
     half = sum(w for _, w in pairs) / 2
     acc = 0.0
     low: float | None = None

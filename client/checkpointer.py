@@ -47,6 +47,8 @@ STEP_KEY = "adaptd_global_step"
 SEEDS_KEY = "adaptd_keras_seeds"
 _RESERVED = {STEP_KEY, SEEDS_KEY, "save_counter"}
 _INF = float("inf")
+#: The reason of the save :meth:`AdaptiveCheckpointer.close` makes of the last step.
+FINAL_SAVE_REASON = "end of run"
 #: Default nice value of TensorFlow's async-save thread (see ``writer_nice``): None,
 #: left alone. Measured on a shared 2-core box, a niced writer did not shorten the
 #: loop's stall reliably but was starved by the host's other work (256 MB durable in
@@ -126,6 +128,10 @@ class AdaptiveCheckpointer:
             checkpoint from when ``directory`` has none, e.g. on a new host (default
             ``$ADAPTD_RESTORE_FROM``; see :mod:`adaptd.client.remote`).
         storage_options: fsspec options for ``restore_from`` (e.g. ``endpoint_url``).
+        save_on_close: :meth:`close` (and leaving a ``with`` block without an
+            exception) saves the current step when the run advanced since its last
+            save, so even a run shorter than the first planned interval leaves a
+            checkpoint (as the Keras callback saves at the end of ``fit``). Default on.
         **trackables: what to checkpoint (``model=``, ``optimizer=``,
             ``data_iterator=``, ``rng=``, any ``tf`` trackable).
 
@@ -154,6 +160,7 @@ class AdaptiveCheckpointer:
         storage_options: Mapping[str, Any] | None = None,
         curve_server_key: str | os.PathLike[str] | None = None,
         curve_client_key: str | os.PathLike[str] | None = None,
+        save_on_close: bool = True,
         **trackables: Any,
     ) -> None:
         if not isinstance(directory, (str, os.PathLike)) or not os.fspath(directory):
@@ -221,6 +228,7 @@ class AdaptiveCheckpointer:
         self._report_s = float(report_interval)
         self._decide_s = float(decide_interval)
         self._handle_sigterm = bool(handle_sigterm)
+        self._save_on_close = bool(save_on_close)
         self._trackables = dict(trackables)
         self._writer_nice_wanted = writer_nice or 0
         self._writer_tid: int | None = None
@@ -367,16 +375,23 @@ class AdaptiveCheckpointer:
         self._due = self._schedule.due
 
     def close(self, timeout: float | None = 300.0) -> None:
-        """Wait up to ``timeout`` seconds for an in-flight save, report it, say goodbye
-        to the daemon and close the socket. Idempotent."""
-        self._finish(timeout, goodbye="closed")
+        """Save the current step if the run advanced since its last save (unless
+        ``save_on_close=False``), wait up to ``timeout`` seconds for the save in
+        flight, report it, say goodbye to the daemon and close the socket. Idempotent.
+
+        A process that ends without calling it is closed at exit without that final
+        save: the state at exit may be that of a step that raised.
+        """
+        self._finish(timeout, goodbye="closed", final_save=self._save_on_close)
 
     def __enter__(self) -> AdaptiveCheckpointer:
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        reason = "closed" if exc_type is None else f"exception: {exc_type.__name__}"
-        self._finish(300.0, goodbye=reason)
+        if exc_type is None:
+            self._finish(300.0, goodbye="closed", final_save=self._save_on_close)
+        else:  # the state may be that of a half-done step: not saved
+            self._finish(300.0, goodbye=f"exception: {exc_type.__name__}")
 
     @property
     def step_count(self) -> int:
@@ -766,7 +781,7 @@ class AdaptiveCheckpointer:
         log.warning("SIGTERM: saving step %d, then exiting", n)
         self._finish(None, goodbye="SIGTERM")
 
-    def _finish(self, timeout: float | None, goodbye: str) -> None:
+    def _finish(self, timeout: float | None, goodbye: str, final_save: bool = False) -> None:
         if self._closed:
             return
         self._closed = True
@@ -776,8 +791,11 @@ class AdaptiveCheckpointer:
             if self._started:
                 n = self._n
                 now = perf_counter()
-                if signum is not None and self._schedule.last_saved_step != n:
+                last = self._schedule.last_saved_step
+                if signum is not None and last != n:
                     self._save(n, "SIGTERM")
+                elif final_save and n != (last or 0):
+                    self._save(n, FINAL_SAVE_REASON)
                 pending = self._pending
                 if pending is not None:
                     if pending.done.wait(timeout):
@@ -814,8 +832,8 @@ def _weak_close(ckptr: AdaptiveCheckpointer) -> Callable[[], None]:
 
     def close_at_exit() -> None:
         obj = ref()
-        if obj is not None:
-            obj.close(timeout=60.0)
+        if obj is not None:  # no final save: the process may be ending on an error
+            obj._finish(60.0, goodbye="closed")
 
     return close_at_exit
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from adaptd.client.checkpointer import FINAL_SAVE_REASON
 from adaptd.spawn import running_daemon
 
 pytestmark = [pytest.mark.slow, pytest.mark.tf]
@@ -51,9 +52,10 @@ def test_a_slow_first_step_does_not_make_the_daemon_save_at_every_step(tmp_path:
     for every, interval_s in plans:
         assert every * step_s >= 0.7 * interval_s, (every, interval_s, step_s, plans)
     saves = [e for e in events if e["event"] == "save" and e["ok"]]
-    planned = [e for e in saves if e["reason"] not in ("closed", "SIGTERM")]
+    planned = [e for e in saves if e["reason"] != FINAL_SAVE_REASON]
     shortest = min(interval_s for _, interval_s in plans)
     # as many saves as the stated intervals allow in the run, not one per step
     assert 1 <= len(planned) <= 1 + done["fast_s"] / shortest, (planned, plans)
+    assert saves[-1]["reason"] == FINAL_SAVE_REASON  # close() saved the last step
     for a, b in itertools.pairwise(planned):
         assert (b["step"] - a["step"]) * step_s >= 0.7 * shortest, (planned, plans)
