@@ -154,6 +154,8 @@ class JobInfo(msgspec.Struct, frozen=True):
     lost_s: float | None = None  # seconds since it was lost
     paused: bool = False  # ``adaptd pause``: non-urgent saves held
     policy_set: bool = False  # the policy was set by ``adaptd set-policy``
+    # the run resumed from an older checkpoint: the damaged newer one(s) and why
+    restore_fallback: str = ""
 
 
 class DaemonInfo(msgspec.Struct, frozen=True):

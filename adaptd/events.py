@@ -40,6 +40,7 @@ class JobRegistered:
     checkpoint_dir: str
     resumed_from: int
     incarnation: int
+    restore_fallback: str = ""  # the rank skipped a damaged newest checkpoint: which, why
 
 
 @dataclass(frozen=True, slots=True)

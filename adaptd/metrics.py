@@ -132,6 +132,11 @@ class Metrics:
         self.decisions = Counter(
             "adaptd_decisions", "Plans decided for the job.", [JOB], registry=r
         )
+        self.restore_fallbacks = Counter(
+            "adaptd_restore_fallbacks",
+            "Runs that resumed from an older checkpoint because the newest was damaged.",
+            [JOB], registry=r,
+        )  # fmt: skip
         self.failures = Counter(
             "adaptd_job_failures",
             "Failures observed: the job vanished without a goodbye and resumed from an older step.",
@@ -164,6 +169,7 @@ class Metrics:
         self._last_saved: dict[str, float] = {}
         self._live: set[str] = set()  # for on_event's connected-jobs count
         self._incarnations: dict[str, int] = {}
+        self._fell_back: dict[str, int] = {}  # job -> the run whose fallback was counted
 
     # ---------------------------------------------------------------- events
 
@@ -277,7 +283,7 @@ class Metrics:
         for metric in (
             self.save_blocking, self.save_durable, self.save_bytes, self.bad_streak,
             self.last_save, self.started, self.interval_s, self.interval_steps, self.waste,
-            self.step_time, self.paused, self.decisions, self.failures,
+            self.step_time, self.paused, self.decisions, self.failures, self.restore_fallbacks,
         ):  # fmt: skip
             _remove(metric, job)
         for result in ("ok", "failed"):
@@ -286,6 +292,7 @@ class Metrics:
             self._streaks.pop(job, None)
             self._planned_s.pop(job, None)
             self._last_saved.pop(job, None)
+            self._fell_back.pop(job, None)
 
     def on_event(self, ev: events.Event) -> None:
         """An :data:`adaptd.events.Sink`: update the metrics from the daemon's event.
@@ -298,6 +305,9 @@ class Metrics:
             if self._incarnations.get(ev.job) != ev.incarnation:
                 self._incarnations[ev.job] = ev.incarnation
                 self.on_job_started(ev.job, time=ev.wall)
+            if ev.restore_fallback and self._fell_back.get(ev.job) != ev.incarnation:
+                self._fell_back[ev.job] = ev.incarnation  # once per run, not per rank
+                self.restore_fallbacks.labels(ev.job).inc()
             self._live.add(ev.job)
         elif isinstance(ev, events.SaveReported):
             rec = SaveRecord.from_report(ev.report, received=ev.wall)

@@ -203,6 +203,7 @@ class Job:
     counted_save_steps: set[int] = field(default_factory=set)
     finished_reason: str = ""
     owner: str | None = None  # the principal (PeerCred.owner) that started this run
+    restore_fallback: str = ""  # this run resumed past a damaged checkpoint: which, why
 
     def live_ranks(self) -> list[Rank]:
         return [r for r in self.ranks.values() if r.alive]
@@ -362,6 +363,8 @@ class Registry:
         job.last_seen = now
         if msg.checkpoint_dir:
             job.checkpoint_dir = msg.checkpoint_dir
+        if msg.restore_fallback:
+            job.restore_fallback = msg.restore_fallback
         self.emit(
             ev.JobRegistered(
                 time=now,
@@ -374,6 +377,7 @@ class Registry:
                 checkpoint_dir=msg.checkpoint_dir,
                 resumed_from=msg.resumed_from,
                 incarnation=job.incarnation,
+                restore_fallback=msg.restore_fallback,
             )
         )
         return job, rank, kind
@@ -571,6 +575,7 @@ class Registry:
         job.world_size = msg.world_size
         job.urgent = None
         job.urgent_sent = False
+        job.restore_fallback = ""  # set again by this run's hello if it fell back
         job.policy = None  # chosen again from this run's hello
         t = job.tracker
         if failed_at is not None:

@@ -29,10 +29,12 @@ serve`` with signals wired to :meth:`Daemon.stop`) or in its own thread
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import fcntl
 import grp
 import logging
+import math
 import os
 import pwd
 import socket as _socket
@@ -63,6 +65,10 @@ RESEND_AFTER_S = 2.0
 REPLAN_TOLERANCE = 0.05
 #: Liveness checks and tick hooks run this often.
 TICK_INTERVAL_S = 1.0
+#: How far past a job's last reported step an overdue save is placed (see
+#: :func:`ahead_of_the_job`): ranks report about once a second, so they are up to that
+#: far on when a plan reaches them.
+PLAN_LEAD_S = 2.0
 #: Queued messages per peer (ZeroMQ high-water marks): beyond them ZeroMQ drops.
 HWM = 1000
 #: Inbound messages queued per job connection. With frames of up to ``HARD_MAX_FRAME``
@@ -183,6 +189,34 @@ def same_saves(old: Decision, new: Decision, step: int, tolerance: float = 0.0) 
         return False
     slack = tolerance * old.every_steps
     return abs(new.every_steps - old.every_steps) <= slack and abs(new_next - old_next) <= slack
+
+
+def ahead_of_the_job(
+    new: Decision,
+    old: Decision | None,
+    step: int,
+    step_time_s: float | None,
+    lead_s: float = PLAN_LEAD_S,
+) -> Decision:
+    """An overdue save moved to a step the job's ranks have not passed yet.
+
+    A policy plans an overdue save at the step after the job's last report
+    (``step + 1``), but a rank is up to a report interval further on when the plan
+    reaches it, so it would take the next step of the plan's grid, a whole interval
+    later; and at the next report the same overdue decision, named from a newer
+    step, would move the grid again, so the save never came (a job whose interval
+    shrank while a slow write was in flight went 45 s without a save). So the save
+    goes ``lead_s`` of steps past ``step``, or stays at the step the current plan
+    ``old`` already names within that lead: once announced, it holds still.
+    """
+    if new.urgent or new.next_step is None or new.next_step > step + 1:
+        return new
+    if not step_time_s or step_time_s <= 0:
+        return new
+    lead = step + max(1, math.ceil(lead_s / step_time_s))
+    pending = old.due_after(step) if old is not None and not old.urgent else None
+    nxt = pending if pending is not None and pending <= lead else lead
+    return dataclasses.replace(new, next_step=nxt)
 
 
 @dataclass
@@ -736,6 +770,16 @@ class Daemon:
                 policy=job.policy_spec,
             )
         )
+        if msg.restore_fallback:
+            log.warning(
+                logfmt(
+                    "restore_fallback",
+                    job=job.id,
+                    rank=msg.rank,
+                    resumed_from=msg.resumed_from,
+                    detail=msg.restore_fallback,
+                )
+            )
         self._send_rank(
             rank,
             p.Welcome(v=p.VERSION, job=job.id, rank=rank.rank, daemon_version=__version__),
@@ -832,6 +876,7 @@ class Daemon:
                 interval_s=decision.interval_s,
                 waste=decision.waste,
             )
+        decision = ahead_of_the_job(decision, job.plan, state.step, state.step_time_s)
         job.latest = decision
         if decision.urgent:
             if job.urgent_sent:
@@ -1300,6 +1345,7 @@ class Daemon:
             lost_s=(now - job.lost_at) if job.state == "lost" and job.lost_at is not None else None,
             paused=self.job_settings.get(job.id, admin.JobSettings()).paused,
             policy_set=self.job_settings.get(job.id, admin.JobSettings()).policy is not None,
+            restore_fallback=job.restore_fallback,
         )
 
     # ------------------------------------------------------------------ files

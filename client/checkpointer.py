@@ -32,7 +32,7 @@ import msgspec
 import tensorflow as tf
 
 from adaptd import paths, protocol
-from adaptd.client import async_fixes, files, ranks, remote
+from adaptd.client import async_fixes, files, intact, ranks, remote
 from adaptd.client.costs import Baseline, SaveWindow, StepClock
 from adaptd.client.link import DaemonLink
 from adaptd.client.schedule import NEVER, Due, SaveSchedule
@@ -280,6 +280,8 @@ class AdaptiveCheckpointer:
         self._sigterm_installed = False
         self.resumed_from = 0
         self.restore_s: float | None = None
+        #: What restore_or_initialize() restored and the damaged checkpoints it skipped.
+        self.resume = intact.Resume(None)
         self.state_bytes = 0
         #: Every finished save, as sent to the daemon (failed ones too).
         self.history: list[protocol.SaveReport] = []
@@ -290,14 +292,22 @@ class AdaptiveCheckpointer:
     # ------------------------------------------------------------------ public API
 
     def restore_or_initialize(self) -> int:
-        """Restore the newest checkpoint, if any; return the step to continue from.
+        """Restore the newest intact checkpoint, if any; return the step to continue from.
 
         Removes leftovers of interrupted writes first. With ``restore_from`` and a
         directory without checkpoints, first pulls the newest verified checkpoint from
         there (a destination that cannot be read is a warning and a fresh start; the
-        pull's time counts into ``restore_s``). Call once, before the first
-        :meth:`step`. Raises RuntimeError when called twice or after :meth:`step`,
-        and whatever TensorFlow raises when the checkpoint does not match the state.
+        pull's time counts into ``restore_s``). Each checkpoint, newest first, gets
+        ``adaptd verify``'s quick check before it is restored; a damaged one is
+        skipped with a warning naming it and why, the next older one is restored, and
+        the daemon is told (see :mod:`adaptd.client.intact`; :attr:`resume` holds
+        what happened). Call once, before the first :meth:`step`.
+
+        Raises:
+            RuntimeError: called twice or after :meth:`step`.
+            NoIntactCheckpoint: there are checkpoints, but every one is damaged (the
+                message names each and what is wrong).
+            AssertionError: (TensorFlow's) the checkpoint does not match the state.
         """
         if self._started:
             raise RuntimeError("restore_or_initialize() must be called once, before step()")
@@ -311,21 +321,30 @@ class AdaptiveCheckpointer:
                 self.manager = tf.train.CheckpointManager(
                     self.checkpoint, str(self.directory), max_to_keep=self._max_to_keep
                 )
-        latest = self.manager.latest_checkpoint
+        self.resume = intact.restore_newest_intact(self.directory, self._restore)
+        latest = self.resume.restored
         start = 0
         restore_s = None
         if latest:
-            self._drop_seeds_missing_from(latest)
-            async_fixes.build_optimizers(self._trackables)
-            status = self.checkpoint.restore(latest)
-            status.assert_existing_objects_matched()
             start = int(self._step_var.numpy())
             if start == 0:  # written without our step variable: trust the name ckpt-N
                 start = _number_of(latest)
             restore_s = perf_counter() - t0
             log.info("restored %s: continuing from step %d (%.3fs)", latest, start, restore_s)
+        if self.resume.skipped:
+            text = f"adaptd: the newest checkpoint in {self.directory} is damaged: " + (
+                self.resume.describe()
+            )
+            log.warning("%s", text)
+            warnings.warn(text, RuntimeWarning, stacklevel=2)
         self._start(start, restore_s)
         return start
+
+    def _restore(self, prefix: str) -> None:
+        """Load checkpoint ``prefix`` into the state (raises if it does not match)."""
+        self._drop_seeds_missing_from(prefix)
+        async_fixes.build_optimizers(self._trackables)
+        self.checkpoint.restore(prefix).assert_existing_objects_matched()
 
     def _drop_seeds_missing_from(self, path: str) -> None:
         """Keras creates its global seed generator lazily, so an older checkpoint may
@@ -479,6 +498,7 @@ class AdaptiveCheckpointer:
                 gpus=self._gpus,
                 policy=self._policy_spec or "",
                 hostname=_socket.gethostname()[: protocol.MAX_TEXT],
+                restore_fallback=self.resume.describe()[: protocol.MAX_TEXT],
             ),
             now,
         )

@@ -25,6 +25,12 @@ What is checked, in order, each failure naming what is wrong:
 
 :func:`verify` never raises for a bad checkpoint: it returns a :class:`Report`
 whose ``problems`` say what is wrong. It needs TensorFlow (``adaptd[tensorflow]``).
+
+``verify(path, read_tensors=False)`` is the check the hook runs at every start
+(:mod:`adaptd.client.intact`): steps 1, 2 and 4, reading only the object graph and
+the step, so its cost is the index's size, not the checkpoint's; flipped bytes in
+a shard are then found by TensorFlow's restore itself, which checks every tensor's
+CRC32C as it reads it. :func:`candidates` lists what a resume may fall back to.
 """
 
 from __future__ import annotations
@@ -301,9 +307,43 @@ class _Acc:
         self.problems.append(Problem(kind, message))
 
 
-def verify(path: str | os.PathLike[str]) -> Report:
+def candidates(directory: str | os.PathLike[str]) -> list[Path]:
+    """The checkpoints a resume from ``directory`` may use, newest first.
+
+    The one the ``checkpoint`` state file names (what TensorFlow's
+    ``CheckpointManager`` would restore, even when its index is gone) and every
+    numbered checkpoint of the same name with an index or a data shard on disk,
+    none newer than the named one: a checkpoint written after the state file's
+    latest was never recorded as finished. Without a state file, every numbered
+    checkpoint. Damaged ones are listed too; :func:`verify` says which.
+    """
+    d = Path(directory)
+    if not d.is_dir():
+        return []
+    named = _state_file_names(d, [])
+    found: dict[Path, tuple[int, str]] = {}  # prefix -> (number, name before it)
+    for f in (*d.glob("*.index"), *d.glob("*.data-*-of-*")):
+        prefix = _prefix_of(f)
+        m = _NUMBERED.search(prefix.name)
+        if m:
+            found[prefix] = (int(m.group(1)), prefix.name[: m.start()])
+    if named is not None:
+        m = _NUMBERED.search(named.name)
+        if m is None:
+            return [named]
+        number, stem = int(m.group(1)), named.name[: m.start()]
+        found = {p: k for p, k in found.items() if k[1] == stem and k[0] < number}
+        found[named] = (number, stem)
+    return sorted(found, key=lambda p: found[p], reverse=True)
+
+
+def verify(path: str | os.PathLike[str], *, read_tensors: bool = True) -> Report:
     """Check the checkpoint ``path`` means (see :func:`find`); never raises for a bad
-    or missing checkpoint, only for an unexpected fault of TensorFlow itself."""
+    or missing checkpoint, only for an unexpected fault of TensorFlow itself.
+
+    ``read_tensors=False`` skips reading every tensor in full (step 3 then reads only
+    the object graph and the step): the quick check of the module docstring.
+    """
     t0 = time.perf_counter()
     prefix, notes = find(path)
     acc = _Acc(notes=notes)
@@ -321,7 +361,7 @@ def verify(path: str | os.PathLike[str]) -> Report:
     index_bytes = index.stat().st_size
     entries, num_shards = _check_index(index, acc)
     shard_sizes, bad_shards = _check_shards(prefix, entries, num_shards, acc)
-    tensors, read, step = _read_tensors(prefix, entries, bad_shards, acc)
+    tensors, read, step = _read_tensors(prefix, entries, bad_shards, acc, read_tensors)
     return Report(
         path=str(path),
         prefix=str(prefix),
@@ -436,10 +476,15 @@ def _show(key: str) -> str:
 
 
 def _read_tensors(
-    prefix: Path, entries: dict[str, Any] | None, bad_shards: set[int], acc: _Acc
+    prefix: Path,
+    entries: dict[str, Any] | None,
+    bad_shards: set[int],
+    acc: _Acc,
+    read_all: bool = True,
 ) -> tuple[int, int, int | None]:
-    """Read every tensor through TensorFlow's reader (CRC-checked); returns
-    ``(tensors listed, tensors read, adaptd's step or None)``."""
+    """Read every tensor (or, without ``read_all``, only the object graph and the
+    step) through TensorFlow's reader (CRC-checked); returns ``(tensors listed,
+    tensors read, adaptd's step or None)``."""
     import tensorflow as tf
 
     from adaptd.client.checkpointer import STEP_KEY
@@ -456,6 +501,8 @@ def _read_tensors(
     for name in sorted(dtypes):
         if name in skip:
             continue  # already reported with its shard
+        if not read_all and name != _OBJECT_GRAPH_KEY and name.split("/", 1)[0] != STEP_KEY:
+            continue
         try:
             if dtypes[name] == tf.variant:
                 # a tf.data iterator's state: the numpy-based reader cannot convert a

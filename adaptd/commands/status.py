@@ -130,6 +130,8 @@ def render(reply: object) -> str:
             note += f"  (save requested: {j.urgent})"
         if j.last_save and not j.last_save.ok:
             note += f"  (last save failed: {j.last_save.error})"
+        if j.restore_fallback:
+            note += f"  (resumed past a damaged checkpoint: {j.restore_fallback})"
         lines.append(f"{j.job}: {note}")
     return "\n".join(lines) + "\n" + _replication(reply) + _telemetry(reply)
 
