@@ -250,6 +250,7 @@ class SetPolicyReply(Reply, frozen=True, tag="set_policy"):
 class PauseReply(Reply, frozen=True, tag="pause"):
     jobs: list[str]  # the jobs whose setting changed
     paused: bool
+    targets: int = 0  # the jobs asked about (--all: every active job, or every paused one)
 
 
 class ErrorReply(Reply, frozen=True, tag="error"):

@@ -34,7 +34,7 @@ import logging
 import math
 import os
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
 from types import MappingProxyType
@@ -295,11 +295,47 @@ class Config:
         return replace(self, **data)
 
     def as_dict(self) -> dict[str, Any]:
-        """JSON-ready view, for ``serve --check-config`` and ``status``."""
-        d: dict[str, Any] = {f.name: _plain(getattr(self, f.name)) for f in fields(self)}
-        d["socket_mode"] = oct(self.socket_mode)
-        d["admin_socket_mode"] = oct(self.admin_socket_mode)
-        d["metrics_url"] = self.metrics_url
+        """The effective settings as the config file names and writes them, for
+        ``serve --check-config``: its sections and keys (``policy.gpu_mtbf_hours``, not
+        the hours in seconds), modes as the example writes them (``"0660"``),
+        ``metrics.listen`` as ``"HOST:PORT"`` or ``"off"``; a setting left unset is
+        ``None``. Beside them, ``source`` (the file read) and ``metrics_url``. With the
+        ``None`` values dropped, the sections load back into this same config.
+        """
+        d: dict[str, Any] = {"source": self.source, "metrics_url": self.metrics_url}
+        d["daemon"] = {
+            "socket": self.socket,
+            "admin_socket": str(self.admin_socket),
+            "socket_mode": f"{self.socket_mode:04o}",
+            "admin_socket_mode": f"{self.admin_socket_mode:04o}",
+            "socket_group": self.socket_group,
+            "state_dir": str(self.state_dir),
+            "db_path": str(self.db_path),
+            "log_level": self.log_level,
+            "sample_interval_s": self.sample_interval_s,
+            "liveness_timeout_s": self.liveness_timeout_s,
+            "drain_grace_s": self.drain_grace_s,
+            "watchdog": self.watchdog,
+            "admin_group": self.admin_group,
+            "curve_secret_key": _plain(self.curve_secret_key),
+            "curve_client_keys": _plain(self.curve_client_keys),
+        }
+        d["policy"] = {"default": self.default_policy, "gpu_mtbf_hours": self.gpu_mtbf_s / 3600}
+        listen = "off"
+        if self.metrics_listen is not None:
+            host, port = self.metrics_listen
+            listen = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        d["metrics"] = {"listen": listen, "slow_save_s": self.slow_save_s}
+        d["retention"] = {"days": self.retention_days, "rows": self.retention_rows}
+        d["jobs"] = {o.pattern: {k: _plain(getattr(o, k)) for k in _JOB_KEYS} for o in self.jobs}
+        d["storage"] = {
+            name: {k: _plain(getattr(t, k)) for k in _STORAGE_KEYS}
+            for name, t in self.storage.items()
+        }
+        d["destinations"] = {
+            name: {k: _plain(getattr(t, k)) for k in _DESTINATION_KEYS}
+            for name, t in self.destinations.items()
+        }
         for dest in d["destinations"].values():
             dest["storage_options"] = _redacted(dest["storage_options"])
         return d
@@ -434,8 +470,7 @@ class _Reader:
         for key in data:
             if key not in allowed:
                 dotted = f"{where}.{key}" if where else key
-                near = difflib.get_close_matches(key, allowed, n=1, cutoff=0.6)
-                hint = f"; did you mean {near[0]!r}?" if near else ""
+                hint = did_you_mean(key, allowed)
                 listed = ", ".join(allowed)
                 what = "setting" if where else "section"
                 raise self.fail(dotted, f"unknown {what}{hint} (allowed here: {listed})")
@@ -699,9 +734,7 @@ class _Reader:
             raise self.fail(dotted, f"must be a list of destination names, got {_show(v)}")
         for name in v:
             if name not in destinations:
-                lowered = {d.lower(): d for d in destinations}
-                near = difflib.get_close_matches(name.lower(), list(lowered), n=1, cutoff=0.6)
-                hint = f"; did you mean {lowered[near[0]]!r}?" if near else ""
+                hint = did_you_mean(name, destinations, ignore_case=True)
                 known = ", ".join(destinations) or "none: add a [destinations.NAME] section"
                 raise self.fail(dotted, f"unknown destination {name!r}{hint} (defined: {known})")
         if len(set(v)) != len(v):
@@ -755,8 +788,9 @@ class _Reader:
         return MappingProxyType(out)
 
     def url(self, v: Any, dotted: str) -> str:
-        """A destination URL: an absolute path, ``file://``, ``s3://bucket[/prefix]`` (with
-        s3fs installed) or another protocol fsspec knows."""
+        """A destination URL: an absolute path, ``file://``, ``s3://bucket[/prefix]`` or
+        another protocol fsspec knows, whose filesystem package (s3fs, gcsfs...) is
+        installed."""
         if not isinstance(v, str) or not v.strip():
             raise self.fail(dotted, f"must be a URL or an absolute path, got {_show(v)}")
         scheme, sep, rest = v.partition("://")
@@ -774,16 +808,25 @@ class _Reader:
             raise self.fail(
                 dotted, f"unknown protocol {scheme!r} in {v!r} (use s3://, file:// or a path)"
             )
-        if scheme in ("s3", "s3a"):
-            if not rest.split("/", 1)[0]:
-                raise self.fail(dotted, f"needs a bucket: s3://BUCKET[/PREFIX], got {v!r}")
-            import importlib.util
+        if scheme in ("s3", "s3a") and not rest.split("/", 1)[0]:
+            raise self.fail(dotted, f"needs a bucket: s3://BUCKET[/PREFIX], got {v!r}")
+        # the protocol's filesystem must be importable now, not at the first upload
+        import importlib.util
 
-            if importlib.util.find_spec("s3fs") is None:
-                raise self.fail(
-                    dotted,
-                    f"{v!r} needs s3fs, which is not installed; pip install 'adaptd[s3]'",
-                )
+        from fsspec.registry import known_implementations
+
+        module = known_implementations.get(scheme, {}).get("class", "fsspec").split(".")[0]
+        why = ""
+        if importlib.util.find_spec(module) is None:
+            why = "not installed"
+        else:
+            try:
+                fsspec.get_filesystem_class(scheme)
+            except ImportError as exc:  # a package it needs in turn (aiohttp for http://)
+                why = f"not usable: {exc}"
+        if why:
+            how = "pip install 'adaptd[s3]'" if scheme in ("s3", "s3a") else f"install {module}"
+            raise self.fail(dotted, f"{v!r} needs {module}, which is {why}; {how}")
         return v
 
     def storage(self, data: Any) -> Mapping[str, StorageTarget]:
@@ -805,6 +848,18 @@ class _Reader:
                 name=name, path=self.path(t, where, "path", Path("/")), max_concurrent_saves=limit
             )
         return MappingProxyType(out)
+
+
+def did_you_mean(name: str, choices: Iterable[str], *, ignore_case: bool = False) -> str:
+    """``"; did you mean 'x'?"`` for the choice closest to a misspelt ``name``, else ``""``.
+
+    Shared by the config file's checks and the hook's arguments, so a typo gets the
+    same hint wherever it is made.
+    """
+    choices = list(choices)
+    keys = {(c.lower() if ignore_case else c): c for c in choices}
+    near = difflib.get_close_matches(name.lower() if ignore_case else name, list(keys), 1, 0.6)
+    return f"; did you mean {keys[near[0]]!r}?" if near else ""
 
 
 def admin_path_for(socket: str, run_dir: Path | None = None) -> Path:

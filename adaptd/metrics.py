@@ -31,13 +31,15 @@ in a row; the alert rules in ``deploy/prometheus/`` fire at three.
 from __future__ import annotations
 
 import contextlib
+import socket
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING
+from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.exposition import generate_latest, start_http_server
+from prometheus_client.exposition import ThreadingWSGIServer, generate_latest, make_wsgi_app
 from prometheus_client.registry import Collector
 
 from adaptd import __version__, events
@@ -359,6 +361,17 @@ class Metrics:
         return server
 
 
+#: How often the endpoint's thread checks whether it should stop: ``stop()`` (and so
+#: the daemon's exit) waits at most this long for it. The library's default, 0.5 s,
+#: made an idle daemon take half a second or more to exit after SIGTERM.
+STOP_POLL_S = 0.05
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:
+        """Scrapes are not logged (one a few seconds, forever)."""
+
+
 class MetricsServer:
     """The ``/metrics`` HTTP endpoint on its own daemon thread. ``port=0`` picks one."""
 
@@ -370,13 +383,28 @@ class MetricsServer:
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
+        """Listen (IPv4 or IPv6, as ``host`` is) and serve on a daemon thread."""
+
+        class Server(ThreadingWSGIServer):
+            """ThreadingWSGIServer with the address family of this host."""
+
         try:
-            httpd, thread = start_http_server(self.port, self.host, self.metrics.registry)
+            infos = socket.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM,
+                                       flags=socket.AI_PASSIVE)  # fmt: skip
+            Server.address_family = infos[0][0]
+            httpd = make_server(
+                infos[0][4][0], self.port, make_wsgi_app(self.metrics.registry), Server,
+                handler_class=_QuietHandler,
+            )  # fmt: skip
         except OSError as exc:
             raise MetricsError(
                 f"metrics.listen {self.host}:{self.port}: cannot listen ({exc.strerror or exc}); "
                 'choose another address, or set metrics.listen = "off"'
             ) from None
+        thread = threading.Thread(
+            target=httpd.serve_forever, args=(STOP_POLL_S,), name="adaptd-metrics", daemon=True
+        )
+        thread.start()
         self._httpd, self._thread = httpd, thread
         self.port = httpd.server_address[1]
 

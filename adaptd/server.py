@@ -1109,7 +1109,7 @@ class Daemon:
                 changed=",".join(changed) or "none",
             )
         )
-        return admin.PauseReply(jobs=changed, paused=req.paused)
+        return admin.PauseReply(jobs=changed, paused=req.paused, targets=len(targets))
 
     # ------------------------------------------------------------------ drains
 

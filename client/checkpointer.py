@@ -14,6 +14,7 @@ report, log line and plan change happens on the training thread.
 from __future__ import annotations
 
 import atexit
+import inspect
 import logging
 import os
 import signal
@@ -36,6 +37,7 @@ from adaptd.client import async_fixes, files, intact, ranks, remote
 from adaptd.client.costs import Baseline, SaveWindow, StepClock
 from adaptd.client.link import DaemonLink
 from adaptd.client.schedule import NEVER, Due, SaveSchedule
+from adaptd.config import did_you_mean
 from adaptd.estimators import JobTracker
 from adaptd.policy import DEFAULT_SPEC, Policy, PolicyError, parse
 from adaptd.snapshot import Snapshot
@@ -49,6 +51,9 @@ _RESERVED = {STEP_KEY, SEEDS_KEY, "save_counter"}
 _INF = float("inf")
 #: The reason of the save :meth:`AdaptiveCheckpointer.close` makes of the last step.
 FINAL_SAVE_REASON = "end of run"
+#: At most this long (or ``daemon_timeout``, if shorter) ``restore_or_initialize()``
+#: waits for a daemon whose socket is there to answer: a live one does in milliseconds.
+WELCOME_WAIT_S = 1.0
 #: Default nice value of TensorFlow's async-save thread (see ``writer_nice``): None,
 #: left alone. Measured on a shared 2-core box, a niced writer did not shorten the
 #: loop's stall reliably but was starved by the host's other work (256 MB durable in
@@ -206,6 +211,12 @@ class AdaptiveCheckpointer:
             if key in _RESERVED:
                 raise ValueError(f"the checkpoint key {key!r} is reserved by adaptd; rename it")
             if not isinstance(value, tf.__internal__.tracking.Trackable):
+                hint = did_you_mean(key, _OPTIONS)
+                if hint:  # a misspelt option, not state: say which one was meant
+                    raise ValueError(
+                        f"{key}= is not an option of AdaptiveCheckpointer{hint} (other keywords "
+                        "are state to checkpoint and must be TensorFlow trackables)"
+                    )
                 raise ValueError(
                     f"{key}= must be a TensorFlow trackable (model, optimizer, tf.Variable, "
                     f"tf.data iterator, tf.random.Generator, ...), got {type(value).__name__}"
@@ -220,6 +231,11 @@ class AdaptiveCheckpointer:
         self.rank, self.world_size = ranks.resolve(rank, world_size)
         self.policy: Policy = parse(policy if policy is not None else DEFAULT_SPEC)
         self._policy_spec = _spec_of(policy)
+        #: How the embedded policy is named in messages: the spec as given (the
+        #: package default's is "default"), or a policy object's class name.
+        self._policy_label = self._policy_spec or (
+            DEFAULT_SPEC if policy is None else _name_of(self.policy)
+        )
         # A policy object cannot be sent to the daemon, so it is run here and the
         # daemon's plans are ignored (its urgent SaveNow requests are still honoured).
         self._local_only = policy is not None and not isinstance(policy, str)
@@ -272,6 +288,7 @@ class AdaptiveCheckpointer:
         self._watcher: threading.Thread | None = None
         self._report_at = self._decide_at = self._hello_at = self._deadline_at = 0.0
         self._daemon_mode = False
+        self._hello_sent = False
         self._warned = False
         self._fell_back = False
         self._error_codes: set[str] = set()
@@ -338,7 +355,34 @@ class AdaptiveCheckpointer:
             log.warning("%s", text)
             warnings.warn(text, RuntimeWarning, stacklevel=2)
         self._start(start, restore_s)
+        self._await_daemon()
         return start
+
+    def _await_daemon(self) -> None:
+        """Wait briefly for a daemon that is there to answer the Hello with its plan,
+        so that training starts under it (and :attr:`mode` says so) instead of under
+        the embedded policy until the first poll. No socket file: no wait."""
+        endpoint = self.endpoint
+        if endpoint.startswith("ipc://") and not os.path.exists(endpoint[len("ipc://") :]):
+            return
+        link = self._link
+        start = perf_counter()
+        deadline = start + min(link.timeout_s, WELCOME_WAIT_S)
+        retry_at = start + 0.02
+        while self._schedule.source != "daemon" and not (self._local_only and link.welcomed):
+            now = perf_counter()
+            if now >= deadline:
+                return
+            until = deadline if self._hello_sent else min(deadline, retry_at)
+            if link.wait(until - now):
+                now = perf_counter()
+                for msg in link.receive(now):
+                    self._on_message(msg, self._n, now)
+                self._due = self._schedule.due
+            elif not self._hello_sent and perf_counter() >= retry_at:
+                # the first Hello is refused while the connection is still being made
+                self._hello_sent = self._send_hello(perf_counter())
+                retry_at = perf_counter() + 0.02
 
     def _restore(self, prefix: str) -> None:
         """Load checkpoint ``prefix`` into the state (raises if it does not match)."""
@@ -476,7 +520,7 @@ class AdaptiveCheckpointer:
             target=self._watch, name="adaptd-save-watcher", daemon=True
         )
         self._watcher.start()
-        self._send_hello(now)
+        self._hello_sent = self._send_hello(now)
         self._deadline_at = now + self._link.timeout_s
         self._report_at = now + self._report_s
         self._decide(start, now)
@@ -484,8 +528,9 @@ class AdaptiveCheckpointer:
         self._due = self._schedule.due
         self._tick_at = now + self._poll_s
 
-    def _send_hello(self, now: float) -> None:
-        self._link.send(
+    def _send_hello(self, now: float) -> bool:
+        """Say hello; False when the send was refused (no connection yet)."""
+        sent = self._link.send(
             protocol.Hello(
                 v=protocol.VERSION,
                 job=self.job,
@@ -503,6 +548,7 @@ class AdaptiveCheckpointer:
             now,
         )
         self._hello_at = now + 1.0
+        return sent
 
     # ------------------------------------------------------------------ slow path
 
@@ -610,7 +656,7 @@ class AdaptiveCheckpointer:
         self._schedule.daemon_lost()
         text = (
             f"adaptd: no daemon at {self.endpoint} ({why}); deciding in-process with "
-            f"policy {self._policy_spec or _name_of(self.policy)!r} until it answers"
+            f"policy {self._policy_label!r} until it answers"
         )
         if not self._warned:
             self._warned = True
@@ -631,7 +677,7 @@ class AdaptiveCheckpointer:
         try:
             decision = self.policy.decide(Snapshot(time=now), state)
         except Exception as exc:  # a broken plugin must not stop training
-            log.error("policy %s failed: %s", _name_of(self.policy), exc)
+            log.error("policy %s failed: %s", self._policy_label, exc)
             return
         if self._schedule.set_embedded(decision, n):
             log.info("embedded plan: %s", _describe(self._schedule))
@@ -929,5 +975,12 @@ def _describe(schedule: SaveSchedule) -> str:
     every = f", then every {d.every_steps}" if d.every_steps else ""
     return f"{where}{every} ({d.policy or '?'}: {d.reason})"
 
+
+#: The constructor's options, for the did-you-mean of a misspelt one.
+_OPTIONS = tuple(
+    p.name
+    for p in inspect.signature(AdaptiveCheckpointer.__init__).parameters.values()
+    if p.kind is inspect.Parameter.KEYWORD_ONLY
+)
 
 __all__ = ["AdaptiveCheckpointer", "PolicyError"]

@@ -273,6 +273,11 @@ def test_writer_thread_is_reniced(tmp_path):
         ({"job": "j", "daemon_timeout": 0}, "daemon_timeout must be > 0 seconds, got 0"),
         ({"job": "j", "rank": 3, "world_size": 2}, "rank 3 is not below world_size 2"),
         ({"job": "j", "v": 3}, "v= must be a TensorFlow trackable .* got int"),
+        # a misspelt option gets the config file's did-you-mean, not "must be a trackable"
+        (
+            {"job": "j", "poll_intervall": 1},
+            "poll_intervall= is not an option .*; did you mean 'poll_interval'",
+        ),
         ({"job": "j", "adaptd_global_step": None}, "reserved"),
     ],
 )

@@ -88,9 +88,11 @@ def test_unit_exec_start_parses_and_check_config_prints_effective_settings() -> 
     assert r.returncode == 0, r.stderr
     cfg = json.loads(r.stdout)
     assert cfg["source"] == str(EXAMPLE)
-    assert cfg["socket"] == "/run/adaptd/adaptd.sock"
-    assert cfg["admin_socket"] == "/run/adaptd/adaptd.admin.sock"  # where the daemon binds it
-    assert cfg["drain_grace_s"] == 90.0 and cfg["metrics_url"] == "http://127.0.0.1:9465/metrics"
+    assert cfg["daemon"]["socket"] == "/run/adaptd/adaptd.sock"
+    # where the daemon binds it
+    assert cfg["daemon"]["admin_socket"] == "/run/adaptd/adaptd.admin.sock"
+    assert cfg["daemon"]["drain_grace_s"] == 90.0
+    assert cfg["metrics_url"] == "http://127.0.0.1:9465/metrics"
 
 
 def test_check_config_reports_a_bad_setting_on_one_line(short_dir: Path) -> None:

@@ -62,10 +62,14 @@ def test_shipped_example_is_valid_as_is_and_fully_uncommented(tmp_path: Path) ->
     # the defaults the example documents are the defaults
     defaults = config.from_mapping({}).as_dict()
     documented = full.as_dict()
-    for key in ("log_level", "sample_interval_s", "liveness_timeout_s", "drain_grace_s",
-                "watchdog", "default_policy", "slow_save_s", "metrics_listen", "retention_days",
-                "retention_rows", "socket_mode", "admin_socket_mode"):  # fmt: skip
-        assert documented[key] == defaults[key], key
+    for section, key in (
+        ("daemon", "log_level"), ("daemon", "sample_interval_s"),
+        ("daemon", "liveness_timeout_s"), ("daemon", "drain_grace_s"), ("daemon", "watchdog"),
+        ("policy", "default"), ("metrics", "slow_save_s"), ("metrics", "listen"),
+        ("retention", "days"), ("retention", "rows"), ("daemon", "socket_mode"),
+        ("daemon", "admin_socket_mode"),
+    ):  # fmt: skip
+        assert documented[section][key] == defaults[section][key], key
 
 
 def test_full_file_round_trip(tmp_path: Path) -> None:
@@ -128,7 +132,7 @@ path = "/mnt/nfs"
     assert c.storage["nfs"].path == Path("/mnt/nfs")
     assert c.storage["nfs"].max_concurrent_saves is None
     d = c.as_dict()
-    assert d["admin_socket_mode"] == "0o600" and d["storage"]["nfs"]["path"] == "/mnt/nfs"
+    assert d["daemon"]["admin_socket_mode"] == "0600" and d["storage"]["nfs"]["path"] == "/mnt/nfs"
 
 
 @pytest.mark.parametrize("off", ['"off"', '""', "false", '"disabled"'])
@@ -266,3 +270,39 @@ def test_admin_socket_elsewhere_than_beside_the_job_socket_is_refused(tmp_path: 
     with pytest.raises(config.ConfigError, match=re.escape(f"{tmp_path}/j.admin.sock")) as e:
         config.loads(text)
     assert e.value.key == "daemon.admin_socket"
+
+
+def test_check_config_names_every_setting_as_the_config_file_does(tmp_path: Path) -> None:
+    """``--check-config`` said ``gpu_mtbf_s`` and ``"0o600"`` where the file says
+    ``policy.gpu_mtbf_hours`` and ``"0600"``: now its sections and keys are the file's,
+    and what it prints loads back into the same config."""
+    text = re.sub(r"^#(?=[\w\[])", "", EXAMPLE.read_text(), flags=re.M)
+    text = text.replace('url = "s3://ml-checkpoints/prod"', f'url = "{tmp_path}/s3"')
+    c = config.loads(text, source="example")
+    d = c.as_dict()
+    allowed = {
+        "daemon": config._DAEMON_KEYS, "policy": config._POLICY_KEYS,
+        "metrics": config._METRICS_KEYS, "retention": config._RETENTION_KEYS,
+    }  # fmt: skip
+    for section, keys in allowed.items():
+        assert set(d[section]) == set(keys), section
+    for entry in d["jobs"].values():
+        assert set(entry) == set(config._JOB_KEYS)
+    for entry in d["storage"].values():
+        assert set(entry) == set(config._STORAGE_KEYS)
+    for entry in d["destinations"].values():
+        assert set(entry) == set(config._DESTINATION_KEYS)
+    assert d["daemon"]["socket_mode"] == "0660" and d["daemon"]["admin_socket_mode"] == "0600"
+    assert d["policy"]["gpu_mtbf_hours"] == pytest.approx(50677, abs=1)
+    assert d["metrics"]["listen"] == "127.0.0.1:9465"
+
+    def settings(value):  # TOML has no null: an unset setting is left out
+        if isinstance(value, dict):
+            return {k: settings(v) for k, v in value.items() if v is not None}
+        return value
+
+    back = config.from_mapping(settings({k: d[k] for k in config._SECTIONS}), source="example")
+    assert back == c
+    assert config.from_mapping({"metrics": {"listen": "off"}}).as_dict()["metrics"]["listen"] == (
+        "off"
+    )
