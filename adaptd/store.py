@@ -18,7 +18,10 @@ written through at once.
 Reads (for ``status``, ``report`` and the daemon's start-up) first flush the queue
 so they see everything recorded so far. Another process may open the same file
 read-only (``readonly=True``) while the daemon runs; WAL lets it read without
-blocking the daemon.
+blocking the daemon. A second writer may not: opening for writing takes
+``adaptd.sqlite3.lock`` (:mod:`adaptd.lockfile`), so a second daemon on the same
+state directory refuses to start and names the one holding it, instead of each
+overwriting what the other learned.
 
 The schema is versioned with ``PRAGMA user_version`` and upgraded by the ordered
 :data:`MIGRATIONS` when the database is opened: version 1 was the first layout;
@@ -44,7 +47,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, TypeVar
 
-from adaptd import events, paths
+from adaptd import events, lockfile, paths
 from adaptd.protocol import SaveReport
 from adaptd.snapshot import Decision
 
@@ -279,6 +282,18 @@ _FAILURE_COLS = tuple(f.name for f in fields(FailureRecord))
 _R = TypeVar("_R")
 
 
+def _lock_writer(path: Path, owner: str) -> int:
+    """Take ``PATH.lock``, the one-writer lock of the database at ``path``."""
+    try:
+        return lockfile.acquire(path.with_name(path.name + ".lock"), owner)
+    except lockfile.Held as exc:
+        raise StoreError(
+            f"{path}: in use by another adaptd daemon ({exc.holder}); two daemons must not "
+            "share a state database: stop that one first, or give this one its own "
+            "daemon.state_dir (--state-dir)"
+        ) from None
+
+
 def default_path() -> Path:
     """``adaptd.sqlite3`` in :func:`adaptd.paths.state_dir`."""
     return paths.state_dir() / "adaptd.sqlite3"
@@ -306,6 +321,7 @@ class Store:
         self._conn = conn
         self.path = path
         self.readonly = readonly
+        self._lock_fd: int | None = None  # the writer's lock (see :meth:`open`)
         self.retention_days = retention_days
         self.retention_rows = retention_rows
         self.prune_every_s = prune_every_s
@@ -343,13 +359,17 @@ class Store:
         max_pending: int = 10_000,
         clock: Callable[[], float] = time.time,
         busy_timeout_s: float = 0.5,
+        owner: str = "",
     ) -> Store:
         """Open (creating and migrating as needed) the database at ``path``
         (default: :func:`default_path`).
 
         ``readonly=True`` opens an existing database for reading only, without
-        migrating it. Raises :class:`StoreError` when the file cannot be created or
-        opened, is not an adaptd database, or has a schema this adaptd cannot use.
+        migrating it. Opening for writing takes the database's lock file first and
+        names this process in it (``owner``, e.g. the daemon's socket, says more).
+        Raises :class:`StoreError` when another process holds the lock (naming it),
+        when the file cannot be created or opened, is not an adaptd database, or has
+        a schema this adaptd cannot use.
         """
         if retention_days <= 0 or retention_rows < 1:
             raise ValueError(
@@ -372,9 +392,14 @@ class Store:
                 )
             else:
                 path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-                conn = sqlite3.connect(
-                    path, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False
-                )
+                lock_fd = _lock_writer(path, owner)
+                try:
+                    conn = sqlite3.connect(
+                        path, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False
+                    )
+                except BaseException:
+                    lockfile.release(lock_fd)
+                    raise
         except (OSError, sqlite3.Error) as exc:
             raise StoreError(
                 f"{path}: cannot open the state database ({exc}); check daemon.state_dir "
@@ -390,16 +415,20 @@ class Store:
             max_pending=max_pending,
             clock=clock,
         )
+        if not readonly:
+            store._lock_fd = lock_fd
         try:
             store._prepare()
         except sqlite3.DatabaseError as exc:
             conn.close()
+            lockfile.release(store._lock_fd)
             raise StoreError(
                 f"{path}: not a usable SQLite database ({exc}); move it aside and restart "
                 "(adaptd then starts with empty state)"
             ) from None
         except StoreError:
             conn.close()
+            lockfile.release(store._lock_fd)
             raise
         return store
 
@@ -464,6 +493,8 @@ class Store:
                 self.flush()
             self._conn.close()
             self._conn = None  # type: ignore[assignment]
+            lockfile.release(self._lock_fd)
+            self._lock_fd = None
 
     def __enter__(self) -> Store:
         return self
