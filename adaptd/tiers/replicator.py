@@ -151,6 +151,17 @@ def newest_local_step(staging: Path) -> int | None:
     return step
 
 
+def missing_reason(staging: Path, saves_to: Path | None) -> str:
+    """Why a checkpoint a job reported is not in its staging directory: the job saves
+    somewhere else (its hello said so), or TF's ``max_to_keep`` deleted it already."""
+    if saves_to is not None and _resolved(saves_to) != _resolved(staging):
+        return (
+            f"not in the staging directory {staging}: the job saves to {saves_to} "
+            '(set jobs."PATTERN".staging to it)'
+        )
+    return "deleted locally before it was uploaded (max_to_keep)"
+
+
 def checkpoint_bytes(staging: Path, step: int) -> int:
     """Total size of ``staging/ckpt-<step>.*`` (index and data shards); 0 if gone."""
     total = 0
@@ -201,6 +212,7 @@ class _JobState:
 
     url: str
     staging: Path
+    saves_to: Path | None = None  # where the job says it saves (its hello), if known
     last_step: int | None = None
     pending: Pending | None = None
     upload: _Upload | None = None
@@ -250,10 +262,22 @@ class DestinationQueue:
                 st.last_step = last_step
                 st.waiting = {s: t for s, t in st.waiting.items() if s > last_step}
 
-    def add(self, job: str, staging: Path, step: int, *, saved: float, nbytes: int) -> None:
-        """Queue ``job``'s checkpoint ``step`` (replacing an older pending one)."""
+    def add(
+        self,
+        job: str,
+        staging: Path,
+        step: int,
+        *,
+        saved: float,
+        nbytes: int,
+        saves_to: Path | None = None,
+    ) -> None:
+        """Queue ``job``'s checkpoint ``step`` (replacing an older pending one);
+        ``saves_to`` is the directory the job said it saves to."""
         with self._cond:
             st = self._state(job, staging)
+            if saves_to is not None:
+                st.saves_to = saves_to
             if st.last_step is not None and step <= st.last_step:
                 return
             if st.upload is not None and st.upload.step >= step:
@@ -338,7 +362,7 @@ class DestinationQueue:
         name, job, step = self.dest.name, item.job, item.step
         index = st.staging / f"ckpt-{step}.index"
         if not index.exists():
-            self._skipped(item, st, "deleted locally before it was uploaded (max_to_keep)")
+            self._skipped(item, st, missing_reason(st.staging, st.saves_to))
             return
         try:
             replica = Replica(st.url, storage_options=self.dest.storage_options)
@@ -579,6 +603,7 @@ class Replicator:
         self._writing: frozenset[str] = frozenset()
         #: device of each job's save directory (written by the intake thread)
         self._devices: dict[str, int] = {}
+        self._saves_to: dict[str, Path] = {}  # job -> the directory its hello named
         self._caught_up: set[tuple[str, int]] = set()
         self.errors = 0
 
@@ -670,8 +695,11 @@ class Replicator:
                 "to jobs.%s.staging?)",
                 job, step, staging, job,
             )  # fmt: skip
+        saves_to = self._saves_to.get(job)
         for d in dests:
-            self.queues[d.name].add(job, staging, step, saved=wall, nbytes=nbytes)
+            self.queues[d.name].add(
+                job, staging, step, saved=wall, nbytes=nbytes, saves_to=saves_to
+            )
 
     def _registered(self, event: ev.JobRegistered) -> None:
         found = self.cfg.replication_for(event.job)
@@ -680,6 +708,7 @@ class Replicator:
         staging = found[0]
         saves_to = Path(event.checkpoint_dir) if event.checkpoint_dir else None
         if saves_to is not None and saves_to.is_absolute():
+            self._saves_to[event.job] = saves_to
             with contextlib.suppress(OSError):
                 self._devices[event.job] = os.stat(saves_to).st_dev
             if _resolved(saves_to) != _resolved(staging):
