@@ -38,8 +38,14 @@ Count = _t.Annotated[int, _NonNeg]
 Seconds = _t.Annotated[float, _Duration]
 
 
-class Message(msgspec.Struct, frozen=True, tag_field="kind", forbid_unknown_fields=True):
-    """Base of every message: ``v`` is the protocol version."""
+class Message(
+    msgspec.Struct, frozen=True, tag_field="kind", forbid_unknown_fields=True, omit_defaults=True
+):
+    """Base of every message: ``v`` is the protocol version.
+
+    A field left at its default is not sent (``omit_defaults``): a message that needs
+    none of the fields added since a daemon was built is the message it knows.
+    """
 
     v: int
 
@@ -99,7 +105,6 @@ class SaveReport(Message, frozen=True, tag="save_report"):
     error: Text = ""
     path: Text = ""
     reason: Text = ""  # why the save happened (the plan's reason)
-    current_step: Count = 0  # the newest completed step when sent (0: not given)
 
 
 class Goodbye(Message, frozen=True, tag="goodbye"):

@@ -483,9 +483,10 @@ class Registry:
 
     def save_report(self, job: Job, rank: Rank, msg: SaveReport, now: float) -> bool:
         """A save report; returns whether it taught the tracker (first report of a step,
-        or a failure). The report's steps move the job's step, as a step report does."""
+        or a failure). The saved step moves the job's step, as a step report does: a
+        plan made from this report counts from the save, not from the last batch."""
         self._heard(job, rank, now)
-        rank.step = max(rank.step, msg.step, msg.current_step)
+        rank.step = max(rank.step, msg.step)
         counted = not msg.ok or msg.step not in job.counted_save_steps
         if counted:
             job.tracker.on_save_report(
@@ -501,7 +502,7 @@ class Registry:
                 if len(job.counted_save_steps) > 64:  # only recent steps can repeat
                     job.counted_save_steps.discard(min(job.counted_save_steps))
         t = job.tracker
-        t.on_steps(now, max(msg.step, msg.current_step), 0, 0.0, t.save_in_flight)
+        t.on_steps(now, msg.step, 0, 0.0, t.save_in_flight)
         if msg.ok:
             job.urgent = None
         job.last_save = msg

@@ -783,7 +783,6 @@ class AdaptiveCheckpointer:
             error=pending.error[: protocol.MAX_TEXT],
             path=pending.path[: protocol.MAX_TEXT],
             reason=pending.reason[: protocol.MAX_TEXT],
-            current_step=n,
         )
         self.history.append(report)
         self._tracker.on_save_report(

@@ -83,7 +83,7 @@ def test_an_overdue_save_is_made_even_when_the_plan_arrives_a_report_late() -> N
                         saves.append(step)
                         sock.send(p.encode(p.SaveReport(v=p.VERSION, job="j", rank=0, step=step,
                                                         blocking_s=0.02, durable_s=0.05,
-                                                        bytes=1, current_step=step)))  # fmt: skip
+                                                        bytes=1)))  # fmt: skip
                 sock.send(p.encode(p.Steps(v=p.VERSION, job="j", rank=0, step=step, count=100,
                                            mean_s=STEP_S)))  # fmt: skip
                 late = plans()
