@@ -191,6 +191,8 @@ class JobInfo(msgspec.Struct, frozen=True):
     lost_s: float | None = None  # seconds since it was lost
     paused: bool = False  # ``adaptd pause``: non-urgent saves held
     policy_set: bool = False  # the policy was set by ``adaptd set-policy``
+    # the run resumed from an older checkpoint: the damaged newer one(s) and why
+    restore_fallback: str = ""
 
 
 class DaemonInfo(msgspec.Struct, frozen=True):
@@ -285,6 +287,7 @@ class SetPolicyReply(Reply, frozen=True, tag="set_policy"):
 class PauseReply(Reply, frozen=True, tag="pause"):
     jobs: list[str]  # the jobs whose setting changed
     paused: bool
+    targets: int = 0  # the jobs asked about (--all: every active job, or every paused one)
 
 
 class ErrorReply(Reply, frozen=True, tag="error"):

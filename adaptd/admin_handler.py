@@ -235,7 +235,7 @@ class AdminHandler:
                 changed=",".join(changed) or "none",
             )
         )
-        return admin.PauseReply(jobs=changed, paused=req.paused)
+        return admin.PauseReply(jobs=changed, paused=req.paused, targets=len(targets))
 
 
 def _groups_of(pid: int | None, uid: int) -> set[int]:

@@ -38,6 +38,7 @@ from types import MappingProxyType
 from typing import Any
 
 from adaptd import paths
+from adaptd.config_kinds import did_you_mean
 from adaptd.config_schema import (
     DB_NAME,
     DESTINATION_SETTINGS,
@@ -74,6 +75,7 @@ __all__ = [
     "StorageTarget",
     "admin_path_for",
     "default_path",
+    "did_you_mean",
     "from_mapping",
     "load",
     "loads",

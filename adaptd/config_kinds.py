@@ -14,7 +14,7 @@ import importlib.util
 import json
 import logging
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
@@ -33,6 +33,7 @@ __all__ = [
     "Check",
     "ConfigError",
     "Parse",
+    "did_you_mean",
     "parse_listen",
     "show",
 ]
@@ -96,8 +97,7 @@ class Check:
         for key in data:
             if key not in allowed:
                 dotted = f"{where}.{key}" if where else key
-                near = difflib.get_close_matches(key, allowed, n=1, cutoff=0.6)
-                hint = f"; did you mean {near[0]!r}?" if near else ""
+                hint = did_you_mean(key, allowed)
                 listed = ", ".join(allowed)
                 what = "setting" if where else "section"
                 raise self.fail(dotted, f"unknown {what}{hint} (allowed here: {listed})")
@@ -313,9 +313,7 @@ def replicate_to(check: Check, v: Any, dotted: str, ctx: Mapping[str, Any]) -> t
         raise check.fail(dotted, f"must be a list of destination names, got {show(v)}")
     for n in v:
         if n not in destinations:
-            lowered = {d.lower(): d for d in destinations}
-            near = difflib.get_close_matches(n.lower(), list(lowered), n=1, cutoff=0.6)
-            hint = f"; did you mean {lowered[near[0]]!r}?" if near else ""
+            hint = did_you_mean(n, destinations, ignore_case=True)
             known = ", ".join(destinations) or "none: add a [destinations.NAME] section"
             raise check.fail(dotted, f"unknown destination {n!r}{hint} (defined: {known})")
     if len(set(v)) != len(v):
@@ -335,8 +333,9 @@ def replicate_to(check: Check, v: Any, dotted: str, ctx: Mapping[str, Any]) -> t
 
 
 def url(check: Check, v: Any, dotted: str, ctx: Mapping[str, Any]) -> str:
-    """A destination URL: an absolute path, ``file://``, ``s3://bucket[/prefix]`` (with
-    s3fs installed) or another protocol fsspec knows."""
+    """A destination URL: an absolute path, ``file://``, ``s3://bucket[/prefix]`` or
+    another protocol fsspec knows, whose filesystem package (s3fs, gcsfs...) is
+    installed: a missing one is found by ``--check-config``, not at the first upload."""
     if not isinstance(v, str) or not v.strip():
         raise check.fail(dotted, f"must be a URL or an absolute path, got {show(v)}")
     scheme, sep, rest = v.partition("://")
@@ -354,14 +353,34 @@ def url(check: Check, v: Any, dotted: str, ctx: Mapping[str, Any]) -> str:
         raise check.fail(
             dotted, f"unknown protocol {scheme!r} in {v!r} (use s3://, file:// or a path)"
         )
-    if scheme in ("s3", "s3a"):
-        if not rest.split("/", 1)[0]:
-            raise check.fail(dotted, f"needs a bucket: s3://BUCKET[/PREFIX], got {v!r}")
-        if importlib.util.find_spec("s3fs") is None:
-            raise check.fail(
-                dotted, f"{v!r} needs s3fs, which is not installed; pip install 'adaptd[s3]'"
-            )
+    if scheme in ("s3", "s3a") and not rest.split("/", 1)[0]:
+        raise check.fail(dotted, f"needs a bucket: s3://BUCKET[/PREFIX], got {v!r}")
+    from fsspec.registry import known_implementations
+
+    module = known_implementations.get(scheme, {}).get("class", "fsspec").split(".")[0]
+    why = ""
+    if importlib.util.find_spec(module) is None:
+        why = "not installed"
+    else:
+        try:
+            fsspec.get_filesystem_class(scheme)
+        except ImportError as exc:  # a package it needs in turn (aiohttp for http://)
+            why = f"not usable: {exc}"
+    if why:
+        how = "pip install 'adaptd[s3]'" if scheme in ("s3", "s3a") else f"install {module}"
+        raise check.fail(dotted, f"{v!r} needs {module}, which is {why}; {how}")
     return v
+
+
+def did_you_mean(name: str, choices: Iterable[str], *, ignore_case: bool = False) -> str:
+    """``"; did you mean 'x'?"`` for the choice closest to a misspelt ``name``, else ``""``.
+
+    Shared by the config file's checks and the hook's arguments, so a typo gets the
+    same hint wherever it is made.
+    """
+    keys = {(c.lower() if ignore_case else c): c for c in choices}
+    near = difflib.get_close_matches(name.lower() if ignore_case else name, list(keys), 1, 0.6)
+    return f"; did you mean {keys[near[0]]!r}?" if near else ""
 
 
 def options(check: Check, v: Any, dotted: str, ctx: Mapping[str, Any]) -> Mapping[str, Any]:

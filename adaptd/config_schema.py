@@ -216,7 +216,9 @@ DESTINATION_SETTINGS: tuple[Setting, ...] = (
     Setting("url", url, None,
             "where checkpoints go: an absolute path (NFS mount), `file:///...`, "
             "`s3://BUCKET/PREFIX` (needs `pip install 'adaptd[s3]'`; without s3fs the config "
-            "is refused) or another fsspec protocol. Job J's checkpoints go to `<url>/J`",
+            "is refused) or another fsspec protocol whose filesystem is installed (`gs://` "
+            "needs gcsfs: without it the config is refused). Job J's checkpoints go to "
+            "`<url>/J`",
             "required",
             required=': where checkpoints go ("s3://bucket/prefix", "/mnt/nfs/ckpts" or '
             '"file:///...")'),

@@ -10,6 +10,12 @@ the time in, so it is deterministic and testable.
   median over recent saves, robust to one outlier, that jumps to a new level once
   two saves in a row agree on it, so an NFS storm that makes saves 10x slower is
   followed after two saves and left after two more.
+- The step time comes from :class:`StepTime`, the same level over step batches
+  weighted by their steps, fed only the steady part of each batch: the run's first
+  step (tracing, an XLA compile) and a step far slower than the rest of its batch (a
+  retrace) are left out, so a 3 s first step followed by 20 ms steps gives 20 ms
+  from the first batch after it, and a phase that doubles the step time is followed
+  after two batches.
 - M comes from :class:`FailureRate`, a Gamma–Poisson posterior on the per-GPU
   failure rate, shared by all the jobs on a host and fed by the failures and the
   GPU-seconds the trackers watch. Job M = per-GPU M ÷ the job's GPUs.
@@ -21,8 +27,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import statistics
-from collections import deque
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -50,17 +54,31 @@ SAVE_WINDOW = 5
 #: on the same side, for the estimate to jump to them.
 LEVEL_JUMP = 2.0
 
+#: Step batches remembered for the step time, and the factor two batches in a row
+#: must sit from it, on the same side, for it to jump to them (a doubling is followed
+#: after two reports; batch means of a steady job vary by a few percent).
+STEP_WINDOW = 5
+STEP_JUMP = 1.5
+
+#: A step this many times slower than the mean of the other steps of its batch is an
+#: outlier with a cause (a retrace, an eval, a compile), left out of the step time.
+STEP_OUTLIER = 3.0
+
 #: Version of the dicts :meth:`JobTracker.learned` and :meth:`FailureRate.to_dict` write.
 LEARNED_VERSION = 1
 
 
 class LevelEstimate:
-    """A robust running level: median of a short window, with change detection.
+    """A robust running level: weighted median of a short window, with change detection.
 
     A median alone ignores one outlier but needs half the window to follow a real
     shift. Here, when the two newest observations both differ from the median by
     more than ``jump``x in the same direction, the window restarts from them, so a
     10x slow-down is tracked after two observations and recovery after two more.
+
+    Each observation may carry a weight (default 1: the plain median): a batch of 50
+    steps weighs 50 times a batch of one, so one slow step alone in its report
+    cannot outvote the steps around it.
     """
 
     def __init__(self, window: int = SAVE_WINDOW, jump: float = LEVEL_JUMP) -> None:
@@ -69,38 +87,132 @@ class LevelEstimate:
         if not jump > 1:
             raise ValueError(f"jump must be a factor > 1, got {jump}")
         self.jump = jump
-        self._values: deque[float] = deque(maxlen=window)
-        self._last: float | None = None
+        self._window = window
+        # (value, weight) pairs, oldest first: a short list, lighter than a deque (the
+        # daemon keeps four of these for each of up to a thousand remembered jobs)
+        self._obs: list[tuple[float, float]] = []
+        self._last: tuple[float, float] | None = None
         self._median: float | None = None
 
-    def add(self, value: float) -> None:
-        """Record one observation (non-negative seconds)."""
+    def add(self, value: float, weight: float = 1.0) -> None:
+        """Record one observation (non-negative seconds) of weight ``weight`` (> 0).
+
+        Raises :class:`ValueError` for a value or weight that is not a finite
+        number in range.
+        """
         if not (value >= 0 and math.isfinite(value)):
             raise ValueError(f"observation must be a finite number >= 0, got {value!r}")
+        if not (weight > 0 and math.isfinite(weight)):
+            raise ValueError(f"weight must be a finite number > 0, got {weight!r}")
         level = self.value
         prev = self._last
-        self._last = value
-        if level is not None and prev is not None and len(self._values) > 2:
+        self._last = (value, weight)
+        obs = self._obs
+        if level is not None and prev is not None and len(obs) > 2:
             hi, lo = level * self.jump, level / self.jump
-            if (value > hi and prev > hi) or (value < lo and prev < lo):
-                self._values.clear()
-                self._values.append(prev)
-        self._values.append(value)
-        self._median = statistics.median(self._values)
+            if (value > hi and prev[0] > hi) or (value < lo and prev[0] < lo):
+                obs[:] = [prev]
+        obs.append((value, weight))
+        if len(obs) > self._window:
+            del obs[0]
+        self._median = _weighted_median(obs)
 
     @property
     def value(self) -> float | None:
         return self._median
 
     def values(self) -> list[float]:
-        return list(self._values)
+        return [v for v, _ in self._obs]
 
     def load(self, values: Iterable[float]) -> None:
-        self._values.clear()
-        for v in values:
-            self._values.append(float(v))
-        self._last = self._values[-1] if self._values else None
-        self._median = statistics.median(self._values) if self._values else None
+        """Start again from ``values`` (each of weight 1), e.g. from the store."""
+        self._obs = [(float(v), 1.0) for v in values][-self._window :]
+        self._last = self._obs[-1] if self._obs else None
+        self._median = _weighted_median(self._obs) if self._obs else None
+
+
+def _weighted_median(obs: Iterable[tuple[float, float]]) -> float:
+    """The value with half the weight on either side; between two values, their mean
+    (so equal weights give :func:`statistics.median`)."""
+    pairs = sorted(obs)
+    half = sum(w for _, w in pairs) / 2
+    acc = 0.0
+    low: float | None = None
+    for v, w in pairs:
+        acc += w
+        if low is None and acc >= half * (1 - 1e-12):
+            low = v
+        if acc > half * (1 + 1e-12):
+            return (low + v) / 2 if low is not None else v
+    return pairs[-1][0]
+
+
+def steady_part(
+    count: int, mean_s: float, max_s: float = 0.0, max_steps: int = 1, warmup: bool = False
+) -> tuple[int, float] | None:
+    """The steps of a batch that show the job's pace: ``(steps, mean seconds)``, or
+    None when none do.
+
+    A batch of ``count`` steps of mean ``mean_s`` whose slowest ``step()`` call
+    took ``max_s`` for ``max_steps`` steps (``max_s`` 0: not measured). That call is
+    left out when ``warmup`` says it is the run's first step (tracing, compiling),
+    or when it is :data:`STEP_OUTLIER` times slower per step than the rest. A
+    warm-up batch that is nothing but the warm-up, or whose slowest step was not
+    measured, shows nothing.
+    """
+    if count <= 0 or not (mean_s >= 0 and math.isfinite(mean_s)):
+        return None
+    if max_s > 0 and math.isfinite(max_s):
+        k = min(max(1, max_steps), count)
+        rest = count - k
+        if rest <= 0:
+            return None if warmup else (count, mean_s)
+        rest_mean = max(0.0, mean_s * count - max_s) / rest
+        if warmup or max_s / k > STEP_OUTLIER * rest_mean:
+            return rest, rest_mean
+        return count, mean_s
+    return None if warmup else (count, mean_s)
+
+
+class StepTime:
+    """The job's steady step time, from batches of step timings (see :func:`steady_part`).
+
+    A :class:`LevelEstimate` over the batches' steady means weighted by their steps:
+    it converges on the first steady batch, ignores a slow batch among steady ones,
+    and follows a lasting change (a slower phase) after two batches.
+    """
+
+    def __init__(self, window: int = STEP_WINDOW, jump: float = STEP_JUMP) -> None:
+        self._level = LevelEstimate(window, jump)
+        #: Steps left out so far as warm-up or outliers.
+        self.ignored_steps = 0
+
+    def add(
+        self,
+        count: int,
+        mean_s: float,
+        *,
+        max_s: float = 0.0,
+        max_steps: int = 1,
+        warmup: bool = False,
+    ) -> None:
+        """One batch of ``count`` steps (see :func:`steady_part` for the rest)."""
+        part = steady_part(count, mean_s, max_s, max_steps, warmup)
+        if part is None:
+            self.ignored_steps += max(0, count)
+            return
+        steps, mean = part
+        self.ignored_steps += count - steps
+        if mean > 0:
+            self._level.add(mean, weight=steps)
+
+    @property
+    def value(self) -> float | None:
+        return self._level.value
+
+    def load(self, value: float | None) -> None:
+        """Start from a step time learned before (one observation's worth)."""
+        self._level.load([] if value is None else [value])
 
 
 @dataclasses.dataclass
@@ -212,7 +324,6 @@ class JobTracker:
         start_step: int = 0,
         state_bytes: int | None = None,
         gpu_mtbf_s: float = PRIOR_GPU_MTBF_S,
-        step_time_halflife: float = 200.0,
         failure_rate: FailureRate | None = None,
     ) -> None:
         if gpu_mtbf_s <= 0:
@@ -224,10 +335,9 @@ class JobTracker:
         self.state_bytes = state_bytes
         #: Shared by the jobs of a host when the caller passes one in.
         self.failure_rate = failure_rate or FailureRate(prior_gpu_mtbf_s=gpu_mtbf_s)
-        self._halflife = step_time_halflife
         self.step = start_step
         self.time = 0.0
-        self.step_time_s: float | None = None
+        self._step_time = StepTime()
         self.last_save_step: int | None = None
         self.last_save_time: float | None = None
         self.last_durable_step: int | None = None
@@ -247,9 +357,23 @@ class JobTracker:
     # -------------------------------------------------------------- inputs
 
     def on_steps(
-        self, time: float, step: int, count: int, mean_s: float, save_in_flight: bool = False
+        self,
+        time: float,
+        step: int,
+        count: int,
+        mean_s: float,
+        save_in_flight: bool = False,
+        *,
+        max_s: float = 0.0,
+        max_steps: int = 1,
+        warmup: bool = False,
     ) -> None:
         """A batch of ``count`` steps with mean duration ``mean_s`` ended at ``step``.
+
+        ``max_s``/``max_steps``: the slowest ``step()`` call of the batch and the steps
+        it covered (0: not measured); ``warmup``: the batch holds the run's first step,
+        whose time is tracing or compiling, not the job's pace. See :class:`StepTime`
+        for what the step time takes from them. ``count`` 0 only moves the step.
 
         The time since the previous report counts as watched exposure
         (job GPUs × seconds) for the failure-rate posterior.
@@ -263,14 +387,8 @@ class JobTracker:
         self.time = max(self.time, time)
         self.step = max(self.step, step)
         self.save_in_flight = save_in_flight
-        if count <= 0 or mean_s <= 0:
-            return
-        if self.step_time_s is None:
-            self.step_time_s = mean_s
-        else:
-            # exponential weighting by steps, so a batch of 100 counts 100 times one of 1
-            keep = 0.5 ** (count / self._halflife)
-            self.step_time_s = keep * self.step_time_s + (1 - keep) * mean_s
+        if count > 0:
+            self._step_time.add(count, mean_s, max_s=max_s, max_steps=max_steps, warmup=warmup)
 
     def on_save_requested(self, time: float, step: int) -> None:
         self.time = max(self.time, time)
@@ -350,6 +468,11 @@ class JobTracker:
         self._last_accrued = 0.0
 
     # -------------------------------------------------------------- outputs
+
+    @property
+    def step_time_s(self) -> float | None:
+        """The job's steady seconds per step (None until a steady batch was seen)."""
+        return self._step_time.value
 
     @property
     def save_cost_s(self) -> float | None:
@@ -433,6 +556,7 @@ class JobTracker:
         self._restores.load(data.get("restores_s", ()))
         self.restore_s = self._restores.value
         st = data.get("step_time_s")
-        self.step_time_s = float(st) if st is not None else self.step_time_s
+        if st is not None:
+            self._step_time.load(float(st))
         self.saves = int(data.get("saves", self.saves))
         self.failures = int(data.get("failures", self.failures))

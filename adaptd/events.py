@@ -62,6 +62,7 @@ class JobRegistered:
     checkpoint_dir: str
     resumed_from: int
     incarnation: int
+    restore_fallback: str = ""  # the rank skipped a damaged newest checkpoint: which, why
     jobs_active: int | None = None  # active jobs in the registry after this event
 
 

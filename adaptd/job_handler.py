@@ -201,6 +201,16 @@ class JobHandler:
                 policy=job.policy_spec,
             )
         )
+        if msg.restore_fallback:
+            log.warning(
+                logfmt(
+                    "restore_fallback",
+                    job=job.id,
+                    rank=msg.rank,
+                    resumed_from=msg.resumed_from,
+                    detail=msg.restore_fallback,
+                )
+            )
         welcome = p.Welcome(v=p.VERSION, job=job.id, rank=rank.rank, daemon_version=__version__)
         self.transport.send_rank(rank, welcome, now)
         if kind in ("resume", "restart"):

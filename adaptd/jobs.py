@@ -112,6 +112,7 @@ class Job:
     counted_save_steps: set[int] = field(default_factory=set)
     finished_reason: str = ""
     owner: str | None = None  # the principal (PeerCred.owner) that started this run
+    restore_fallback: str = ""  # this run resumed past a damaged checkpoint: which, why
 
     def live_ranks(self) -> list[Rank]:
         return [r for r in self.ranks.values() if r.alive]

@@ -33,11 +33,13 @@ in a row; the alert rules in ``deploy/prometheus/`` fire at three.
 from __future__ import annotations
 
 import contextlib
+import socket
 import threading
 from collections.abc import Callable
+from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
-from prometheus_client.exposition import generate_latest, start_http_server
+from prometheus_client.exposition import ThreadingWSGIServer, generate_latest, make_wsgi_app
 
 from adaptd import __version__, events
 from adaptd.metrics_scrape import JOB, ReplicationCollector, ReplicationView, SnapshotCollector
@@ -140,6 +142,11 @@ class Metrics:
         self.decisions = Counter(
             "adaptd_decisions", "Plans decided for the job.", [JOB], registry=r
         )
+        self.restore_fallbacks = Counter(
+            "adaptd_restore_fallbacks",
+            "Runs that resumed from an older checkpoint because the newest was damaged.",
+            [JOB], registry=r,
+        )  # fmt: skip
         self.failures = Counter(
             "adaptd_job_failures",
             "Failures observed: the job vanished without a goodbye and resumed from an older step.",
@@ -171,6 +178,7 @@ class Metrics:
         self._planned_s: dict[str, float] = {}
         self._last_saved: dict[str, float] = {}
         self._incarnations: dict[str, int] = {}
+        self._fell_back: dict[str, int] = {}  # job -> the run whose fallback was counted
 
     # ---------------------------------------------------------------- events
 
@@ -279,7 +287,7 @@ class Metrics:
         for metric in (
             self.save_blocking, self.save_durable, self.save_bytes, self.bad_streak,
             self.last_save, self.started, self.interval_s, self.interval_steps, self.waste,
-            self.step_time, self.paused, self.decisions, self.failures,
+            self.step_time, self.paused, self.decisions, self.failures, self.restore_fallbacks,
         ):  # fmt: skip
             _remove(metric, job)
         for result in ("ok", "failed"):
@@ -288,6 +296,7 @@ class Metrics:
             self._streaks.pop(job, None)
             self._planned_s.pop(job, None)
             self._last_saved.pop(job, None)
+            self._fell_back.pop(job, None)
 
     def on_event(self, ev: events.Event) -> None:
         """An :data:`adaptd.events.Sink`: update the metrics from the daemon's event.
@@ -310,6 +319,9 @@ class Metrics:
             if self._incarnations.get(ev.job) != ev.incarnation:
                 self._incarnations[ev.job] = ev.incarnation
                 self.on_job_started(ev.job, time=ev.wall)
+            if ev.restore_fallback and self._fell_back.get(ev.job) != ev.incarnation:
+                self._fell_back[ev.job] = ev.incarnation  # once per run, not per rank
+                self.restore_fallbacks.labels(ev.job).inc()
         elif isinstance(ev, events.JobFinished | events.JobForgotten):
             # forgotten: a lost job the registry dropped; it will not come back as itself
             self._incarnations.pop(ev.job, None)
@@ -345,6 +357,17 @@ class Metrics:
         return server
 
 
+#: How often the endpoint's thread checks whether it should stop: ``stop()`` (and so
+#: the daemon's exit) waits at most this long for it. The library's default, 0.5 s,
+#: made an idle daemon take half a second or more to exit after SIGTERM.
+STOP_POLL_S = 0.05
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:
+        """Scrapes are not logged (one a few seconds, forever)."""
+
+
 class MetricsServer:
     """The ``/metrics`` HTTP endpoint on its own daemon thread. ``port=0`` picks one."""
 
@@ -356,13 +379,28 @@ class MetricsServer:
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
+        """Listen (IPv4 or IPv6, as ``host`` is) and serve on a daemon thread."""
+
+        class Server(ThreadingWSGIServer):
+            """ThreadingWSGIServer with the address family of this host."""
+
         try:
-            httpd, thread = start_http_server(self.port, self.host, self.metrics.registry)
+            infos = socket.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM,
+                                       flags=socket.AI_PASSIVE)  # fmt: skip
+            Server.address_family = infos[0][0]
+            httpd = make_server(
+                infos[0][4][0], self.port, make_wsgi_app(self.metrics.registry), Server,
+                handler_class=_QuietHandler,
+            )  # fmt: skip
         except OSError as exc:
             raise MetricsError(
                 f"metrics.listen {self.host}:{self.port}: cannot listen ({exc.strerror or exc}); "
                 'choose another address, or set metrics.listen = "off"'
             ) from None
+        thread = threading.Thread(
+            target=httpd.serve_forever, args=(STOP_POLL_S,), name="adaptd-metrics", daemon=True
+        )
+        thread.start()
         self._httpd, self._thread = httpd, thread
         self.port = httpd.server_address[1]
 

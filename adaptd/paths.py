@@ -46,9 +46,10 @@ def runtime_dir() -> Path:
 
 
 def socket_path(explicit: str | os.PathLike[str] | None = None) -> Path:
-    """The job socket's filesystem path."""
+    """The job socket's filesystem path. An ``ipc://`` endpoint means its path, as
+    ``serve --socket`` and ``ADAPTD_SOCKET`` take it."""
     if explicit:
-        return Path(explicit)
+        return Path(os.fspath(explicit).removeprefix("ipc://"))
     if env := os.environ.get("ADAPTD_SOCKET"):
         return Path(env.removeprefix("ipc://"))
     return runtime_dir() / SOCKET_NAME

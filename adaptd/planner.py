@@ -13,7 +13,9 @@ logged; the job keeps its plan.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import math
 import time
 from collections.abc import Callable
 
@@ -26,13 +28,24 @@ from adaptd.settings import OperatorSettings
 from adaptd.snapshot import Decision, Snapshot, same_saves
 from adaptd.stats import DaemonStats
 
-__all__ = ["REPLAN_TOLERANCE", "Planner", "SendRank", "same_saves"]
+__all__ = [
+    "PLAN_LEAD_S",
+    "REPLAN_TOLERANCE",
+    "Planner",
+    "SendRank",
+    "ahead_of_the_job",
+    "same_saves",
+]
 
 log = logging.getLogger("adaptd.server")
 
 #: A new decision whose interval and next save moved by at most this fraction of the
 #: current interval keeps the current plan (see :func:`~adaptd.snapshot.same_saves`).
 REPLAN_TOLERANCE = 0.05
+#: How far past a job's last reported step an overdue save is placed (see
+#: :func:`ahead_of_the_job`): ranks report about once a second, so they are up to that
+#: far on when a plan reaches them.
+PLAN_LEAD_S = 2.0
 
 #: Sends a message to one rank and notes when (:meth:`adaptd.transport.Transport.send_rank`).
 SendRank = Callable[[Rank, p.Message, float], None]
@@ -152,6 +165,7 @@ class Planner:
                 interval_s=decision.interval_s,
                 waste=decision.waste,
             )
+        decision = ahead_of_the_job(decision, job.plan, state.step, state.step_time_s)
         job.latest = decision
         if decision.urgent:
             if job.urgent_sent:
@@ -227,8 +241,8 @@ class Planner:
             every_steps=d.every_steps if d.every_steps and d.every_steps >= 1 else None,
             policy=(d.policy or job.policy_spec)[: p.MAX_TEXT],
             reason=d.reason[: p.MAX_TEXT],
-            interval_s=d.interval_s if d.interval_s is not None and d.interval_s >= 0 else None,
-            waste=d.waste if d.waste is not None and d.waste >= 0 else None,
+            interval_s=_figure(d.interval_s),
+            waste=_figure(d.waste),
         )
 
     def send_plan(self, rank: Rank, job: Job, now: float) -> None:
@@ -255,3 +269,38 @@ class Planner:
             )
         )
         return len(ranks)
+
+
+def ahead_of_the_job(
+    new: Decision,
+    old: Decision | None,
+    step: int,
+    step_time_s: float | None,
+    lead_s: float = PLAN_LEAD_S,
+) -> Decision:
+    """An overdue save moved to a step the job's ranks have not passed yet.
+
+    A policy plans an overdue save at the step after the job's last report
+    (``step + 1``), but a rank is up to a report interval further on when the plan
+    reaches it, so it would take the next step of the plan's grid, a whole interval
+    later; and at the next report the same overdue decision, named from a newer
+    step, would move the grid again, so the save never came (a job whose interval
+    shrank while a slow write was in flight went 45 s without a save). So the save
+    goes ``lead_s`` of steps past ``step``, or stays at the step the current plan
+    ``old`` already names within that lead: once announced, it holds still.
+    """
+    if new.urgent or new.next_step is None or new.next_step > step + 1:
+        return new
+    if not step_time_s or step_time_s <= 0:
+        return new
+    lead = step + max(1, math.ceil(lead_s / step_time_s))
+    pending = old.due_after(step) if old is not None and not old.urgent else None
+    nxt = pending if pending is not None and pending <= lead else lead
+    return dataclasses.replace(new, next_step=nxt)
+
+
+def _figure(value: float | None) -> float | None:
+    """A policy's figure as the protocol carries it: None unless finite and in range."""
+    if value is None or not 0 <= value <= p.MAX_SECONDS:
+        return None
+    return value

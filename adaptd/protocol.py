@@ -76,8 +76,14 @@ Seconds = _t.Annotated[float, msgspec.Meta(ge=0, le=MAX_SECONDS)]
 Figure = _t.Annotated[float, msgspec.Meta(ge=0)]
 
 
-class Message(msgspec.Struct, frozen=True, tag_field="kind", forbid_unknown_fields=True):
-    """Base of every message: ``v`` is the protocol version."""
+class Message(
+    msgspec.Struct, frozen=True, tag_field="kind", forbid_unknown_fields=True, omit_defaults=True
+):
+    """Base of every message: ``v`` is the protocol version.
+
+    A field left at its default is not sent (``omit_defaults``): a message that needs
+    none of the fields added since a daemon was built is the message it knows.
+    """
 
     v: int
 
@@ -98,18 +104,29 @@ class Hello(Message, frozen=True, tag="hello"):
     gpus: _t.Annotated[int, msgspec.Meta(ge=0, le=MAX_RANK_GPUS)] = 0  # 0: none/unknown
     policy: Text = ""  # a policy spec the job insists on ("" = the daemon's choice)
     hostname: Text = ""
+    # the newest checkpoint was damaged and the run resumed from an older one: which,
+    # and why ("" = resumed from the newest, or started fresh)
+    restore_fallback: Text = ""
 
 
 class Steps(Message, frozen=True, tag="steps"):
-    """A batch of step timings since the previous report."""
+    """A batch of step timings since the previous report.
+
+    ``max_s`` and ``max_steps`` name the batch's slowest ``step()`` call (its seconds
+    and the steps it covered), so the daemon can leave one slow step (a retrace) out
+    of the job's pace; ``warmup`` says the batch holds the run's first step (tracing,
+    compiling), which is never the job's pace. Older clients send none of them.
+    """
 
     job: JobId
     rank: Count
     step: Count  # newest completed step
     count: Count  # steps in this batch
     mean_s: Seconds
-    max_s: Seconds = 0.0
+    max_s: Seconds = 0.0  # the slowest step() call of the batch (0: not measured)
     save_in_flight: bool = False
+    max_steps: Count = 1  # steps that slowest call covered
+    warmup: bool = False  # the batch holds the run's first step
 
 
 class SaveReport(Message, frozen=True, tag="save_report"):

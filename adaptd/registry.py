@@ -262,6 +262,8 @@ class Registry:
         job.last_seen = now
         if msg.checkpoint_dir:
             job.checkpoint_dir = msg.checkpoint_dir
+        if msg.restore_fallback:
+            job.restore_fallback = msg.restore_fallback
         self.emit(
             ev.JobRegistered(
                 time=now,
@@ -274,6 +276,7 @@ class Registry:
                 checkpoint_dir=msg.checkpoint_dir,
                 resumed_from=msg.resumed_from,
                 incarnation=job.incarnation,
+                restore_fallback=msg.restore_fallback,
                 jobs_active=self.by_state["active"],
             )
         )
@@ -287,7 +290,16 @@ class Registry:
         if msg.save_in_flight and not t.save_in_flight:
             self._save_started(job, msg.step, now)
         if rank.rank == job.lead_rank():
-            t.on_steps(now, msg.step, msg.count, msg.mean_s, msg.save_in_flight)
+            t.on_steps(
+                now,
+                msg.step,
+                msg.count,
+                msg.mean_s,
+                msg.save_in_flight,
+                max_s=msg.max_s,
+                max_steps=msg.max_steps,
+                warmup=msg.warmup,
+            )
         else:  # other ranks move the step only; their timings would count the job twice
             t.on_steps(now, msg.step, 0, 0.0, t.save_in_flight)
         pending = job.pending_resume
@@ -323,8 +335,10 @@ class Registry:
 
     def save_report(self, job: Job, rank: Rank, msg: SaveReport, now: float) -> bool:
         """A save report; returns whether it taught the tracker (first report of a step,
-        or a failure)."""
+        or a failure). The saved step moves the job's step, as a step report does: a
+        plan made from this report counts from the save, not from the last batch."""
         self._heard(job, rank, now)
+        rank.step = max(rank.step, msg.step)
         counted = not msg.ok or msg.step not in job.counted_save_steps
         if counted:
             job.tracker.on_save_report(
@@ -339,6 +353,8 @@ class Registry:
                 job.counted_save_steps.add(msg.step)
                 if len(job.counted_save_steps) > 64:  # only recent steps can repeat
                     job.counted_save_steps.discard(min(job.counted_save_steps))
+        t = job.tracker
+        t.on_steps(now, msg.step, 0, 0.0, t.save_in_flight)
         if msg.ok:
             job.urgent = None
         job.last_save = msg
@@ -425,6 +441,7 @@ class Registry:
         job.world_size = msg.world_size
         job.urgent = None
         job.urgent_sent = False
+        job.restore_fallback = ""  # set again by this run's hello if it fell back
         job.policy = None  # chosen again from this run's hello
         t = job.tracker
         if failed_at is not None:

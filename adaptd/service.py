@@ -170,7 +170,10 @@ class Service:
         cfg = self.cfg
         try:
             self.store = Store.open(
-                cfg.db_path, retention_days=cfg.retention_days, retention_rows=cfg.retention_rows
+                cfg.db_path,
+                retention_days=cfg.retention_days,
+                retention_rows=cfg.retention_rows,
+                owner=f"socket {cfg.socket}",  # which daemon holds it, for the one refused
             )
         except StoreError as exc:
             raise ServiceError(f"daemon.db_path: {exc}") from None

@@ -167,4 +167,5 @@ class StatusView:
             lost_s=(now - job.lost_at) if job.state == "lost" and job.lost_at is not None else None,
             paused=setting.paused,
             policy_set=setting.policy is not None,
+            restore_fallback=job.restore_fallback,
         )

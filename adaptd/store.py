@@ -18,7 +18,10 @@ written through at once.
 Reads (for ``status``, ``report`` and the daemon's start-up) first flush the queue
 so they see everything recorded so far. Another process may open the same file
 read-only (``readonly=True``) while the daemon runs; WAL lets it read without
-blocking the daemon.
+blocking the daemon. A second writer may not: opening for writing takes
+``adaptd.sqlite3.lock`` (:mod:`adaptd.lockfile`), so a second daemon on the same
+state directory refuses to start and names the one holding it, instead of each
+overwriting what the other learned.
 
 The records it keeps are those of :mod:`adaptd.records` (made from the daemon's
 events by :func:`adaptd.records.record_of`); the tables, their versioned migrations
@@ -44,7 +47,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any, TypeVar
 
-from adaptd import events, paths, schema
+from adaptd import events, lockfile, paths, schema
 from adaptd.records import (
     DecisionRecord,
     FailureRecord,
@@ -108,6 +111,36 @@ KEEP = _Keep.KEEP
 _R = TypeVar("_R")
 
 
+def _connect(
+    path: Path, readonly: bool, busy_timeout_s: float, owner: str
+) -> tuple[sqlite3.Connection, int | None]:
+    """The database's connection and, for a writer, its lock (taken first)."""
+    lock_fd = None if readonly else _lock_writer(path, owner)
+    try:
+        return schema.connect(path, readonly=readonly, busy_timeout_s=busy_timeout_s), lock_fd
+    except BaseException:
+        lockfile.release(lock_fd)
+        raise
+
+
+def _lock_writer(path: Path, owner: str) -> int:
+    """Take ``PATH.lock``, the one-writer lock of the database at ``path``."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        return lockfile.acquire(path.with_name(path.name + ".lock"), owner)
+    except lockfile.Held as exc:
+        raise StoreError(
+            f"{path}: in use by another adaptd daemon ({exc.holder}); two daemons must not "
+            "share a state database: stop that one first, or give this one its own "
+            "daemon.state_dir (--state-dir)"
+        ) from None
+    except OSError as exc:
+        raise StoreError(
+            f"{path}: cannot open the state database ({exc}); check daemon.state_dir "
+            "and that the directory is writable by the daemon's user"
+        ) from None
+
+
 def default_path() -> Path:
     """``adaptd.sqlite3`` in :func:`adaptd.paths.state_dir`."""
     return paths.state_dir() / "adaptd.sqlite3"
@@ -135,6 +168,7 @@ class Store:
         self._conn = conn
         self.path = path
         self.readonly = readonly
+        self._lock_fd: int | None = None  # the writer's lock (see :meth:`open`)
         self.retention_days = retention_days
         self.retention_rows = retention_rows
         self.prune_every_s = prune_every_s
@@ -169,21 +203,25 @@ class Store:
         max_pending: int = 10_000,
         clock: Callable[[], float] = time.time,
         busy_timeout_s: float = 0.5,
+        owner: str = "",
     ) -> Store:
         """Open (creating and migrating as needed) the database at ``path``
         (default: :func:`default_path`).
 
         ``readonly=True`` opens an existing database for reading only, without
-        migrating it. Raises :class:`StoreError` when the file cannot be created or
-        opened, is not an adaptd database, or has a schema this adaptd cannot use.
+        migrating it. Opening for writing takes the database's lock file first and
+        names this process in it (``owner``, e.g. the daemon's socket, says more).
+        Raises :class:`StoreError` when another process holds the lock (naming it),
+        when the file cannot be created or opened, is not an adaptd database, or has
+        a schema this adaptd cannot use.
         """
         if retention_days <= 0 or retention_rows < 1:
             raise ValueError(
                 f"retention must be positive: days={retention_days}, rows={retention_rows}"
             )
         path = Path(path) if path is not None else default_path()
-        conn = schema.connect(path, readonly=readonly, busy_timeout_s=busy_timeout_s)
-        return cls(
+        conn, lock_fd = _connect(path, readonly, busy_timeout_s, owner)
+        store = cls(
             conn,
             path,
             readonly=readonly,
@@ -193,6 +231,8 @@ class Store:
             max_pending=max_pending,
             clock=clock,
         )
+        store._lock_fd = lock_fd
+        return store
 
     def schema_version(self) -> int:
         """The database's ``PRAGMA user_version``."""
@@ -208,6 +248,8 @@ class Store:
                 self.flush()
             self._conn.close()
             self._conn = None  # type: ignore[assignment]
+            lockfile.release(self._lock_fd)
+            self._lock_fd = None
 
     def __enter__(self) -> Store:
         return self

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import logging
 import os
 import socket as _socket
@@ -27,7 +26,7 @@ from typing import Any
 
 import zmq
 
-from adaptd import admin, paths
+from adaptd import admin, lockfile, paths
 from adaptd import protocol as p
 from adaptd.jobs import PeerCred, Rank
 from adaptd.logfmt import Throttle, logfmt
@@ -336,29 +335,20 @@ class Transport:
 
     def _lock(self) -> None:
         try:
-            fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            self._lock_fd = lockfile.acquire(self.lock_path)
         except OSError as exc:
             raise DaemonError(
                 f"cannot open the lock file {self.lock_path}: {exc.strerror}"
             ) from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.read(fd, 64).decode("ascii", "replace").strip() or "unknown"
-            os.close(fd)
+        except lockfile.Held as exc:
             raise DaemonError(
-                f"another adaptd daemon (pid {holder}) is serving {self.socket_path}; "
+                f"another adaptd daemon ({exc.holder}) is serving {self.socket_path}; "
                 "stop it first, or pass a different --socket"
             ) from None
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
-        self._lock_fd = fd
 
     def _unlock(self) -> None:
-        # The lock file stays: unlinking it would let a starting daemon lock an orphaned inode.
-        if self._lock_fd is not None:
-            os.close(self._lock_fd)
-            self._lock_fd = None
+        lockfile.release(self._lock_fd)
+        self._lock_fd = None
 
     def _close_sockets(self) -> None:
         for s in (self._jobs, self._admin):

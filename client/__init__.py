@@ -1,7 +1,8 @@
 """The training-loop hook (import name ``adaptd.client``).
 
 ``AdaptiveCheckpointer`` for custom loops, ``AdaptiveCheckpointCallback`` for
-``model.fit``. Both need TensorFlow, which is imported only when one of them is
+``model.fit``; ``NoIntactCheckpoint`` is what a resume raises when every checkpoint
+is damaged. The first two need TensorFlow, which is imported only when one of them is
 first used, so the pure helpers (``adaptd.client.schedule``, ``costs``, ``link``,
 ``files``, ``ranks``) import without it.
 """
@@ -14,7 +15,9 @@ if TYPE_CHECKING:
     from adaptd.client.callback import AdaptiveCheckpointCallback
     from adaptd.client.checkpointer import AdaptiveCheckpointer
 
-__all__ = ["AdaptiveCheckpointCallback", "AdaptiveCheckpointer"]
+from adaptd.client.intact import NoIntactCheckpoint
+
+__all__ = ["AdaptiveCheckpointCallback", "AdaptiveCheckpointer", "NoIntactCheckpoint"]
 
 
 def __getattr__(name: str) -> Any:

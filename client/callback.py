@@ -71,6 +71,8 @@ class AdaptiveCheckpointCallback(keras.callbacks.Callback):
                 raise ValueError(
                     f"{key}= is taken from the model that fit() trains; do not pass it"
                 )
+        if "save_on_close" in options:
+            raise ValueError("save_on_close= is the callback's save_on_end=; pass that instead")
         self.directory = directory
         self.job = job
         self._options = dict(options, max_to_keep=max_to_keep, policy=policy, socket=socket)
@@ -98,8 +100,9 @@ class AdaptiveCheckpointCallback(keras.callbacks.Callback):
         trackables: dict[str, Any] = {"model": model}
         if model.optimizer is not None:
             trackables["optimizer"] = model.optimizer
+        # the end of fit is saved below (save_on_end), not by close()
         self.checkpointer = AdaptiveCheckpointer(
-            self.directory, job=self.job, **self._options, **trackables
+            self.directory, job=self.job, **self._options, save_on_close=False, **trackables
         )
         start = self.checkpointer.restore_or_initialize()
         self.resumed_from = start

@@ -14,6 +14,7 @@ report, log line and plan change happens on the training thread.
 from __future__ import annotations
 
 import atexit
+import inspect
 import logging
 import os
 import signal
@@ -32,10 +33,11 @@ import msgspec
 import tensorflow as tf
 
 from adaptd import paths, protocol
-from adaptd.client import async_fixes, files, ranks, remote
+from adaptd.client import async_fixes, files, intact, ranks, remote
 from adaptd.client.costs import Baseline, SaveWindow, StepClock
 from adaptd.client.link import DaemonLink
 from adaptd.client.schedule import NEVER, Due, SaveSchedule
+from adaptd.config import did_you_mean
 from adaptd.estimators import JobTracker
 from adaptd.policy import DEFAULT_SPEC, Policy, PolicyError, parse
 from adaptd.snapshot import Snapshot
@@ -47,6 +49,11 @@ STEP_KEY = "adaptd_global_step"
 SEEDS_KEY = "adaptd_keras_seeds"
 _RESERVED = {STEP_KEY, SEEDS_KEY, "save_counter"}
 _INF = float("inf")
+#: The reason of the save :meth:`AdaptiveCheckpointer.close` makes of the last step.
+FINAL_SAVE_REASON = "end of run"
+#: At most this long (or ``daemon_timeout``, if shorter) ``restore_or_initialize()``
+#: waits for a daemon whose socket is there to answer: a live one does in milliseconds.
+WELCOME_WAIT_S = 1.0
 #: Default nice value of TensorFlow's async-save thread (see ``writer_nice``): None,
 #: left alone. Measured on a shared 2-core box, a niced writer did not shorten the
 #: loop's stall reliably but was starved by the host's other work (256 MB durable in
@@ -126,6 +133,10 @@ class AdaptiveCheckpointer:
             checkpoint from when ``directory`` has none, e.g. on a new host (default
             ``$ADAPTD_RESTORE_FROM``; see :mod:`adaptd.client.remote`).
         storage_options: fsspec options for ``restore_from`` (e.g. ``endpoint_url``).
+        save_on_close: :meth:`close` (and leaving a ``with`` block without an
+            exception) saves the current step when the run advanced since its last
+            save, so even a run shorter than the first planned interval leaves a
+            checkpoint (as the Keras callback saves at the end of ``fit``). Default on.
         **trackables: what to checkpoint (``model=``, ``optimizer=``,
             ``data_iterator=``, ``rng=``, any ``tf`` trackable).
 
@@ -154,6 +165,7 @@ class AdaptiveCheckpointer:
         storage_options: Mapping[str, Any] | None = None,
         curve_server_key: str | os.PathLike[str] | None = None,
         curve_client_key: str | os.PathLike[str] | None = None,
+        save_on_close: bool = True,
         **trackables: Any,
     ) -> None:
         if not isinstance(directory, (str, os.PathLike)) or not os.fspath(directory):
@@ -199,6 +211,12 @@ class AdaptiveCheckpointer:
             if key in _RESERVED:
                 raise ValueError(f"the checkpoint key {key!r} is reserved by adaptd; rename it")
             if not isinstance(value, tf.__internal__.tracking.Trackable):
+                hint = did_you_mean(key, _OPTIONS)
+                if hint:  # a misspelt option, not state: say which one was meant
+                    raise ValueError(
+                        f"{key}= is not an option of AdaptiveCheckpointer{hint} (other keywords "
+                        "are state to checkpoint and must be TensorFlow trackables)"
+                    )
                 raise ValueError(
                     f"{key}= must be a TensorFlow trackable (model, optimizer, tf.Variable, "
                     f"tf.data iterator, tf.random.Generator, ...), got {type(value).__name__}"
@@ -213,6 +231,11 @@ class AdaptiveCheckpointer:
         self.rank, self.world_size = ranks.resolve(rank, world_size)
         self.policy: Policy = parse(policy if policy is not None else DEFAULT_SPEC)
         self._policy_spec = _spec_of(policy)
+        #: How the embedded policy is named in messages: the spec as given (the
+        #: package default's is "default"), or a policy object's class name.
+        self._policy_label = self._policy_spec or (
+            DEFAULT_SPEC if policy is None else _name_of(self.policy)
+        )
         # A policy object cannot be sent to the daemon, so it is run here and the
         # daemon's plans are ignored (its urgent SaveNow requests are still honoured).
         self._local_only = policy is not None and not isinstance(policy, str)
@@ -221,6 +244,7 @@ class AdaptiveCheckpointer:
         self._report_s = float(report_interval)
         self._decide_s = float(decide_interval)
         self._handle_sigterm = bool(handle_sigterm)
+        self._save_on_close = bool(save_on_close)
         self._trackables = dict(trackables)
         self._writer_nice_wanted = writer_nice or 0
         self._writer_tid: int | None = None
@@ -244,10 +268,13 @@ class AdaptiveCheckpointer:
             curve_client_key=curve_client_key,
         )
 
-        # Hot-path state: step() reads these three and nothing else.
+        # Hot-path state: step() reads these and nothing else.
         self._n = 0
         self._due = 0  # 0: the first step() runs the slow path, which starts the hook
         self._tick_at = 0.0
+        self._last = 0.0  # when the previous step() (or the slow path) ended
+        self._slowest = 0.0  # the slowest step() call since the last report...
+        self._slowest_n = 1  # ...and the steps it covered
 
         self._started = False
         self._closed = False
@@ -261,6 +288,7 @@ class AdaptiveCheckpointer:
         self._watcher: threading.Thread | None = None
         self._report_at = self._decide_at = self._hello_at = self._deadline_at = 0.0
         self._daemon_mode = False
+        self._hello_sent = False
         self._warned = False
         self._fell_back = False
         self._error_codes: set[str] = set()
@@ -269,6 +297,8 @@ class AdaptiveCheckpointer:
         self._sigterm_installed = False
         self.resumed_from = 0
         self.restore_s: float | None = None
+        #: What restore_or_initialize() restored and the damaged checkpoints it skipped.
+        self.resume = intact.Resume(None)
         self.state_bytes = 0
         #: Every finished save, as sent to the daemon (failed ones too).
         self.history: list[protocol.SaveReport] = []
@@ -279,14 +309,22 @@ class AdaptiveCheckpointer:
     # ------------------------------------------------------------------ public API
 
     def restore_or_initialize(self) -> int:
-        """Restore the newest checkpoint, if any; return the step to continue from.
+        """Restore the newest intact checkpoint, if any; return the step to continue from.
 
         Removes leftovers of interrupted writes first. With ``restore_from`` and a
         directory without checkpoints, first pulls the newest verified checkpoint from
         there (a destination that cannot be read is a warning and a fresh start; the
-        pull's time counts into ``restore_s``). Call once, before the first
-        :meth:`step`. Raises RuntimeError when called twice or after :meth:`step`,
-        and whatever TensorFlow raises when the checkpoint does not match the state.
+        pull's time counts into ``restore_s``). Each checkpoint, newest first, gets
+        ``adaptd verify``'s quick check before it is restored; a damaged one is
+        skipped with a warning naming it and why, the next older one is restored, and
+        the daemon is told (see :mod:`adaptd.client.intact`; :attr:`resume` holds
+        what happened). Call once, before the first :meth:`step`.
+
+        Raises:
+            RuntimeError: called twice or after :meth:`step`.
+            NoIntactCheckpoint: there are checkpoints, but every one is damaged (the
+                message names each and what is wrong).
+            AssertionError: (TensorFlow's) the checkpoint does not match the state.
         """
         if self._started:
             raise RuntimeError("restore_or_initialize() must be called once, before step()")
@@ -300,21 +338,57 @@ class AdaptiveCheckpointer:
                 self.manager = tf.train.CheckpointManager(
                     self.checkpoint, str(self.directory), max_to_keep=self._max_to_keep
                 )
-        latest = self.manager.latest_checkpoint
+        self.resume = intact.restore_newest_intact(self.directory, self._restore)
+        latest = self.resume.restored
         start = 0
         restore_s = None
         if latest:
-            self._drop_seeds_missing_from(latest)
-            async_fixes.build_optimizers(self._trackables)
-            status = self.checkpoint.restore(latest)
-            status.assert_existing_objects_matched()
             start = int(self._step_var.numpy())
             if start == 0:  # written without our step variable: trust the name ckpt-N
                 start = _number_of(latest)
             restore_s = perf_counter() - t0
             log.info("restored %s: continuing from step %d (%.3fs)", latest, start, restore_s)
+        if self.resume.skipped:
+            text = f"adaptd: the newest checkpoint in {self.directory} is damaged: " + (
+                self.resume.describe()
+            )
+            log.warning("%s", text)
+            warnings.warn(text, RuntimeWarning, stacklevel=2)
         self._start(start, restore_s)
+        self._await_daemon()
         return start
+
+    def _await_daemon(self) -> None:
+        """Wait briefly for a daemon that is there to answer the Hello with its plan,
+        so that training starts under it (and :attr:`mode` says so) instead of under
+        the embedded policy until the first poll. No socket file: no wait."""
+        endpoint = self.endpoint
+        if endpoint.startswith("ipc://") and not os.path.exists(endpoint[len("ipc://") :]):
+            return
+        link = self._link
+        start = perf_counter()
+        deadline = start + min(link.timeout_s, WELCOME_WAIT_S)
+        retry_at = start + 0.02
+        while self._schedule.source != "daemon" and not (self._local_only and link.welcomed):
+            now = perf_counter()
+            if now >= deadline:
+                return
+            until = deadline if self._hello_sent else min(deadline, retry_at)
+            if link.wait(until - now):
+                now = perf_counter()
+                for msg in link.receive(now):
+                    self._on_message(msg, self._n, now)
+                self._due = self._schedule.due
+            elif not self._hello_sent and perf_counter() >= retry_at:
+                # the first Hello is refused while the connection is still being made
+                self._hello_sent = self._send_hello(perf_counter())
+                retry_at = perf_counter() + 0.02
+
+    def _restore(self, prefix: str) -> None:
+        """Load checkpoint ``prefix`` into the state (raises if it does not match)."""
+        self._drop_seeds_missing_from(prefix)
+        async_fixes.build_optimizers(self._trackables)
+        self.checkpoint.restore(prefix).assert_existing_objects_matched()
 
     def _drop_seeds_missing_from(self, path: str) -> None:
         """Keras creates its global seed generator lazily, so an older checkpoint may
@@ -333,10 +407,16 @@ class AdaptiveCheckpointer:
         the previous call, e.g. ``steps_per_execution``). Costs well under a
         microsecond unless a save is due or the socket's poll time has come."""
         now = perf_counter()
+        dt = now - self._last
+        self._last = now
+        if dt > self._slowest:  # rare: kept so that a retrace stays out of the step time
+            self._slowest = dt
+            self._slowest_n = steps
         n = self._n + steps
         self._n = n
         if n >= self._due or now >= self._tick_at:
             self._boundary(n, now)
+            self._last = perf_counter()  # the slow path's time is no step's time
 
     def save(self, reason: str = "requested") -> None:
         """Save the current step now (asynchronously), unless it is already saved.
@@ -358,16 +438,23 @@ class AdaptiveCheckpointer:
         self._due = self._schedule.due
 
     def close(self, timeout: float | None = 300.0) -> None:
-        """Wait up to ``timeout`` seconds for an in-flight save, report it, say goodbye
-        to the daemon and close the socket. Idempotent."""
-        self._finish(timeout, goodbye="closed")
+        """Save the current step if the run advanced since its last save (unless
+        ``save_on_close=False``), wait up to ``timeout`` seconds for the save in
+        flight, report it, say goodbye to the daemon and close the socket. Idempotent.
+
+        A process that ends without calling it is closed at exit without that final
+        save: the state at exit may be that of a step that raised.
+        """
+        self._finish(timeout, goodbye="closed", final_save=self._save_on_close)
 
     def __enter__(self) -> AdaptiveCheckpointer:
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        reason = "closed" if exc_type is None else f"exception: {exc_type.__name__}"
-        self._finish(300.0, goodbye=reason)
+        if exc_type is None:
+            self._finish(300.0, goodbye="closed", final_save=self._save_on_close)
+        else:  # the state may be that of a half-done step: not saved
+            self._finish(300.0, goodbye=f"exception: {exc_type.__name__}")
 
     @property
     def step_count(self) -> int:
@@ -426,13 +513,14 @@ class AdaptiveCheckpointer:
             self._tracker.on_restart(restore_s)
         self._gpus = gpus
         self._clock = StepClock(start, now)
+        self._last, self._slowest, self._slowest_n = now, 0.0, 1
         self._baseline = Baseline(start, now)
         self._schedule.last_saved_step = start if start else None
         self._watcher = threading.Thread(
             target=self._watch, name="adaptd-save-watcher", daemon=True
         )
         self._watcher.start()
-        self._send_hello(now)
+        self._hello_sent = self._send_hello(now)
         self._deadline_at = now + self._link.timeout_s
         self._report_at = now + self._report_s
         self._decide(start, now)
@@ -440,8 +528,9 @@ class AdaptiveCheckpointer:
         self._due = self._schedule.due
         self._tick_at = now + self._poll_s
 
-    def _send_hello(self, now: float) -> None:
-        self._link.send(
+    def _send_hello(self, now: float) -> bool:
+        """Say hello; False when the send was refused (no connection yet)."""
+        sent = self._link.send(
             protocol.Hello(
                 v=protocol.VERSION,
                 job=self.job,
@@ -454,10 +543,12 @@ class AdaptiveCheckpointer:
                 gpus=self._gpus,
                 policy=self._policy_spec or "",
                 hostname=_socket.gethostname()[: protocol.MAX_TEXT],
+                restore_fallback=self.resume.describe()[: protocol.MAX_TEXT],
             ),
             now,
         )
         self._hello_at = now + 1.0
+        return sent
 
     # ------------------------------------------------------------------ slow path
 
@@ -498,22 +589,39 @@ class AdaptiveCheckpointer:
             self._report(pending, n, now)
         if now >= self._report_at:
             self._report_at = now + self._report_s
-            batch = self._clock.batch(n, now)
-            if batch is not None:
-                in_flight = self.save_in_flight
-                self._tracker.on_steps(now, n, batch.count, batch.mean_s, in_flight)
-                link.send(
-                    protocol.Steps(
-                        v=protocol.VERSION,
-                        job=self.job,
-                        rank=self.rank,
-                        step=n,
-                        count=batch.count,
-                        mean_s=batch.mean_s,
-                        save_in_flight=in_flight,
-                    ),
-                    now,
-                )
+            self._report_steps(n, now, self.save_in_flight)
+
+    def _report_steps(self, n: int, now: float, in_flight: bool) -> None:
+        """Close the step batch at ``n``: into the embedded tracker and to the daemon."""
+        batch = self._clock.batch(n, now, self._slowest, self._slowest_n)
+        self._slowest, self._slowest_n = 0.0, 1
+        if batch is None:
+            return
+        self._tracker.on_steps(
+            now,
+            n,
+            batch.count,
+            batch.mean_s,
+            in_flight,
+            max_s=batch.max_s,
+            max_steps=batch.max_steps,
+            warmup=batch.warmup,
+        )
+        self._link.send(
+            protocol.Steps(
+                v=protocol.VERSION,
+                job=self.job,
+                rank=self.rank,
+                step=n,
+                count=batch.count,
+                mean_s=batch.mean_s,
+                max_s=min(batch.max_s, protocol.MAX_SECONDS),
+                max_steps=batch.max_steps,
+                warmup=batch.warmup,
+                save_in_flight=in_flight,
+            ),
+            now,
+        )
 
     def _on_message(self, msg: protocol.DaemonMessage, n: int, now: float) -> None:
         if isinstance(msg, protocol.Welcome):
@@ -548,7 +656,7 @@ class AdaptiveCheckpointer:
         self._schedule.daemon_lost()
         text = (
             f"adaptd: no daemon at {self.endpoint} ({why}); deciding in-process with "
-            f"policy {self._policy_spec or _name_of(self.policy)!r} until it answers"
+            f"policy {self._policy_label!r} until it answers"
         )
         if not self._warned:
             self._warned = True
@@ -569,7 +677,7 @@ class AdaptiveCheckpointer:
         try:
             decision = self.policy.decide(Snapshot(time=now), state)
         except Exception as exc:  # a broken plugin must not stop training
-            log.error("policy %s failed: %s", _name_of(self.policy), exc)
+            log.error("policy %s failed: %s", self._policy_label, exc)
             return
         if self._schedule.set_embedded(decision, n):
             log.info("embedded plan: %s", _describe(self._schedule))
@@ -738,7 +846,7 @@ class AdaptiveCheckpointer:
         log.warning("SIGTERM: saving step %d, then exiting", n)
         self._finish(None, goodbye="SIGTERM")
 
-    def _finish(self, timeout: float | None, goodbye: str) -> None:
+    def _finish(self, timeout: float | None, goodbye: str, final_save: bool = False) -> None:
         if self._closed:
             return
         self._closed = True
@@ -748,8 +856,11 @@ class AdaptiveCheckpointer:
             if self._started:
                 n = self._n
                 now = perf_counter()
-                if signum is not None and self._schedule.last_saved_step != n:
+                last = self._schedule.last_saved_step
+                if signum is not None and last != n:
                     self._save(n, "SIGTERM")
+                elif final_save and n != (last or 0):
+                    self._save(n, FINAL_SAVE_REASON)
                 pending = self._pending
                 if pending is not None:
                     if pending.done.wait(timeout):
@@ -761,19 +872,7 @@ class AdaptiveCheckpointer:
                             timeout,
                         )
                 now = perf_counter()
-                batch = self._clock.batch(n, now)
-                if batch is not None:
-                    self._link.send(
-                        protocol.Steps(
-                            v=protocol.VERSION,
-                            job=self.job,
-                            rank=self.rank,
-                            step=n,
-                            count=batch.count,
-                            mean_s=batch.mean_s,
-                        ),
-                        now,
-                    )
+                self._report_steps(n, now, False)
                 self._link.send(
                     protocol.Goodbye(
                         v=protocol.VERSION, job=self.job, rank=self.rank, step=n, reason=goodbye
@@ -798,8 +897,8 @@ def _weak_close(ckptr: AdaptiveCheckpointer) -> Callable[[], None]:
 
     def close_at_exit() -> None:
         obj = ref()
-        if obj is not None:
-            obj.close(timeout=60.0)
+        if obj is not None:  # no final save: the process may be ending on an error
+            obj._finish(60.0, goodbye="closed")
 
     return close_at_exit
 
@@ -875,5 +974,12 @@ def _describe(schedule: SaveSchedule) -> str:
     every = f", then every {d.every_steps}" if d.every_steps else ""
     return f"{where}{every} ({d.policy or '?'}: {d.reason})"
 
+
+#: The constructor's options, for the did-you-mean of a misspelt one.
+_OPTIONS = tuple(
+    p.name
+    for p in inspect.signature(AdaptiveCheckpointer.__init__).parameters.values()
+    if p.kind is inspect.Parameter.KEYWORD_ONLY
+)
 
 __all__ = ["AdaptiveCheckpointer", "PolicyError"]

@@ -2,7 +2,10 @@
 
 The loop is timed at step boundaries only: a batch report needs the number of
 steps and the wall time between two boundaries, minus the time the loop spent
-blocked in a save (that time is the save's cost, not the step's).
+blocked in a save (that time is the save's cost, not the step's). The hook also
+keeps the slowest ``step()`` call of the batch, and the first batch of a run is
+marked as warm-up, so the daemon can leave tracing and retracing out of the step
+time (:func:`adaptd.estimators.steady_part`).
 
 The extra step time a save causes is measured over a *window*: from the moment the
 save call returned until the first step boundary after the background write
@@ -24,28 +27,49 @@ class StepBatch:
     step: int
     count: int
     mean_s: float
+    max_s: float = 0.0  # the slowest step() call (0: not measured)
+    max_steps: int = 1  # steps that call covered
+    warmup: bool = False  # the batch holds the run's first step
 
 
 class StepClock:
-    """Turns (step, time) at report ticks into step batches, excluding blocked time."""
+    """Turns (step, time) at report ticks into step batches, excluding blocked time.
+
+    The first batch it closes is the run's warm-up batch.
+    """
 
     def __init__(self, step: int, now: float) -> None:
         self._step = step
         self._time = now
         self._blocked = 0.0
+        self._first = True
 
     def blocked(self, seconds: float) -> None:
         """The loop was blocked ``seconds`` in a save since the last batch."""
         self._blocked += seconds
 
-    def batch(self, step: int, now: float) -> StepBatch | None:
-        """Close the current batch at ``step``/``now``; None when no step completed."""
+    def batch(
+        self, step: int, now: float, slowest_s: float = 0.0, slowest_steps: int = 1
+    ) -> StepBatch | None:
+        """Close the current batch at ``step``/``now``; None when no step completed.
+
+        ``slowest_s``/``slowest_steps``: the batch's slowest ``step()`` call, as the
+        hook timed it (0: not timed).
+        """
         count = step - self._step
         if count <= 0:
             return None
         mean = max(0.0, now - self._time - self._blocked) / count
         self._step, self._time, self._blocked = step, now, 0.0
-        return StepBatch(step=step, count=count, mean_s=mean)
+        warmup, self._first = self._first, False
+        return StepBatch(
+            step=step,
+            count=count,
+            mean_s=mean,
+            max_s=max(0.0, slowest_s),
+            max_steps=max(1, min(slowest_steps, count)),
+            warmup=warmup,
+        )
 
 
 class SaveWindow:

@@ -177,6 +177,14 @@ class DaemonLink:
             out.append(msg)
         return out
 
+    def wait(self, timeout_s: float) -> bool:
+        """Block up to ``timeout_s`` until a message is waiting; True when one is.
+        For start-up only (the training loop never blocks on the daemon)."""
+        sock = self._sock
+        if sock is None:
+            return False
+        return bool(sock.poll(max(0, int(timeout_s * 1000)), zmq.POLLIN))
+
     # ------------------------------------------------------------------ liveness
 
     def alive(self, now: float) -> bool:

@@ -25,6 +25,12 @@ What is checked, in order, each failure naming what is wrong:
 
 :func:`verify` never raises for a bad checkpoint: it returns a :class:`Report`
 whose ``problems`` say what is wrong. It needs TensorFlow (``adaptd[tensorflow]``).
+
+``verify(path, read_tensors=False)`` is the check the hook runs at every start
+(:mod:`adaptd.client.intact`): steps 1, 2 and 4, reading only the object graph and
+the step, so its cost is the index's size, not the checkpoint's; flipped bytes in
+a shard are then found by TensorFlow's restore itself, which checks every tensor's
+CRC32C as it reads it. :func:`candidates` lists what a resume may fall back to.
 """
 
 from __future__ import annotations
@@ -33,14 +39,13 @@ import bisect
 import contextlib
 import os
 import re
-import struct
 import time
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from adaptd.checkpoint_files import DATA_SHARD, STATE_FILE, state_file_path
+from adaptd.client.sstable import crc32c, read_index
 
 __all__ = [
     "CORRUPTED",
@@ -69,9 +74,6 @@ CORRUPTED = "corrupted"
 UNREADABLE_TENSOR = "unreadable_tensor"
 MISSING_TENSOR = "missing_tensor"
 
-_TABLE_MAGIC = 0xDB4775248B80FB57
-_FOOTER_LEN = 48  # two block handles padded to 40 bytes, then the 8-byte magic
-_BLOCK_TRAILER = 5  # compression type byte + masked CRC32C
 _OBJECT_GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
 _NUMBERED = re.compile(r"-(\d+)$")
 
@@ -109,120 +111,6 @@ class Report:
         out = asdict(self)
         out["ok"] = self.ok
         return out
-
-
-class _IndexError(Exception):
-    """The index cannot be parsed; the message says where and why."""
-
-
-# --------------------------------------------------------------------------- CRC32C
-
-
-def _crc32c_table() -> tuple[int, ...]:
-    table = []
-    for i in range(256):
-        c = i
-        for _ in range(8):
-            c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
-        table.append(c)
-    return tuple(table)
-
-
-_CRC_TABLE = _crc32c_table()
-
-
-def crc32c(data: bytes) -> int:
-    """CRC-32C (Castagnoli), as TensorFlow's tables and bundles use. Pure Python:
-    fine for index files (about 100 bytes per tensor); TF checks the data itself."""
-    crc = 0xFFFFFFFF
-    table = _CRC_TABLE
-    for b in data:
-        crc = table[(crc ^ b) & 0xFF] ^ (crc >> 8)
-    return crc ^ 0xFFFFFFFF
-
-
-def _unmask(masked: int) -> int:
-    rot = (masked - 0xA282EAD8) & 0xFFFFFFFF
-    return ((rot >> 17) | (rot << 15)) & 0xFFFFFFFF
-
-
-# --------------------------------------------------------------------------- the index (SSTable)
-
-
-def _varint(buf: bytes, pos: int) -> tuple[int, int]:
-    result = shift = 0
-    while True:
-        if pos >= len(buf) or shift > 63:
-            raise _IndexError("malformed varint")
-        b = buf[pos]
-        pos += 1
-        result |= (b & 0x7F) << shift
-        if not b & 0x80:
-            return result, pos
-        shift += 7
-
-
-def _block(data: bytes, offset: int, size: int, what: str) -> bytes:
-    end = offset + size + _BLOCK_TRAILER
-    if offset < 0 or end > len(data):
-        raise _IndexError(f"{what} block at byte {offset} runs past the end of the file")
-    contents = data[offset : offset + size]
-    kind = data[offset + size]
-    (stored,) = struct.unpack_from("<I", data, offset + size + 1)
-    if _unmask(stored) != crc32c(contents + bytes([kind])):
-        raise _IndexError(f"{what} block at byte {offset}: checksum mismatch")
-    if kind != 0:
-        raise _IndexError(f"{what} block at byte {offset}: compression type {kind} unsupported")
-    return contents
-
-
-def _entries(block: bytes) -> Iterator[tuple[bytes, bytes]]:
-    if len(block) < 4:
-        raise _IndexError("block too short")
-    (restarts,) = struct.unpack_from("<I", block, len(block) - 4)
-    limit = len(block) - 4 - 4 * restarts
-    if limit < 0:
-        raise _IndexError("block restart array is larger than the block")
-    pos, key = 0, b""
-    while pos < limit:
-        shared, pos = _varint(block, pos)
-        unshared, pos = _varint(block, pos)
-        vlen, pos = _varint(block, pos)
-        if shared > len(key) or pos + unshared + vlen > limit:
-            raise _IndexError("block entry overruns the block")
-        key = key[:shared] + block[pos : pos + unshared]
-        pos += unshared
-        yield key, block[pos : pos + vlen]
-        pos += vlen
-
-
-def read_index(path: str | os.PathLike[str]) -> list[tuple[bytes, bytes]]:
-    """All ``(key, value)`` pairs of a TensorFlow SSTable file, in key order.
-
-    Every block's checksum is verified. Raises :class:`ValueError` naming the
-    problem (too short, bad magic, checksum mismatch, malformed block) and
-    :class:`OSError` when the file cannot be read.
-    """
-    data = Path(path).read_bytes()
-    try:
-        if len(data) < _FOOTER_LEN:
-            raise _IndexError(f"{len(data)} bytes, shorter than a table footer")
-        footer = data[-_FOOTER_LEN:]
-        (magic,) = struct.unpack_from("<Q", footer, 40)
-        if magic != _TABLE_MAGIC:
-            raise _IndexError("not a TensorFlow table (bad magic number in the footer)")
-        _, pos = _varint(footer, 0)  # metaindex offset
-        _, pos = _varint(footer, pos)  # metaindex size
-        idx_off, pos = _varint(footer, pos)
-        idx_size, _ = _varint(footer, pos)
-        out: list[tuple[bytes, bytes]] = []
-        for _, handle in _entries(_block(data, idx_off, idx_size, "index")):
-            off, p = _varint(handle, 0)
-            size, _ = _varint(handle, p)
-            out.extend(_entries(_block(data, off, size, "data")))
-        return out
-    except _IndexError as exc:
-        raise ValueError(str(exc)) from None
 
 
 # --------------------------------------------------------------------------- finding the checkpoint
@@ -318,9 +206,43 @@ class _Acc:
         self.problems.append(Problem(kind, message))
 
 
-def verify(path: str | os.PathLike[str]) -> Report:
+def candidates(directory: str | os.PathLike[str]) -> list[Path]:
+    """The checkpoints a resume from ``directory`` may use, newest first.
+
+    The one the ``checkpoint`` state file names (what TensorFlow's
+    ``CheckpointManager`` would restore, even when its index is gone) and every
+    numbered checkpoint of the same name with an index or a data shard on disk,
+    none newer than the named one: a checkpoint written after the state file's
+    latest was never recorded as finished. Without a state file, every numbered
+    checkpoint. Damaged ones are listed too; :func:`verify` says which.
+    """
+    d = Path(directory)
+    if not d.is_dir():
+        return []
+    named = _state_file_names(d, [])
+    found: dict[Path, tuple[int, str]] = {}  # prefix -> (number, name before it)
+    for f in (*d.glob("*.index"), *d.glob("*.data-*-of-*")):
+        prefix = _prefix_of(f)
+        m = _NUMBERED.search(prefix.name)
+        if m:
+            found[prefix] = (int(m.group(1)), prefix.name[: m.start()])
+    if named is not None:
+        m = _NUMBERED.search(named.name)
+        if m is None:
+            return [named]
+        number, stem = int(m.group(1)), named.name[: m.start()]
+        found = {p: k for p, k in found.items() if k[1] == stem and k[0] < number}
+        found[named] = (number, stem)
+    return sorted(found, key=lambda p: found[p], reverse=True)
+
+
+def verify(path: str | os.PathLike[str], *, read_tensors: bool = True) -> Report:
     """Check the checkpoint ``path`` means (see :func:`find`); never raises for a bad
-    or missing checkpoint, only for an unexpected fault of TensorFlow itself."""
+    or missing checkpoint, only for an unexpected fault of TensorFlow itself.
+
+    ``read_tensors=False`` skips reading every tensor in full (step 3 then reads only
+    the object graph and the step): the quick check of the module docstring.
+    """
     t0 = time.perf_counter()
     prefix, notes = find(path)
     acc = _Acc(notes=notes)
@@ -338,7 +260,7 @@ def verify(path: str | os.PathLike[str]) -> Report:
     index_bytes = index.stat().st_size
     entries, num_shards = _check_index(index, acc)
     shard_sizes, bad_shards = _check_shards(prefix, entries, num_shards, acc)
-    tensors, read, step = _read_tensors(prefix, entries, bad_shards, acc)
+    tensors, read, step = _read_tensors(prefix, entries, bad_shards, acc, read_tensors)
     return Report(
         path=str(path),
         prefix=str(prefix),
@@ -453,10 +375,15 @@ def _show(key: str) -> str:
 
 
 def _read_tensors(
-    prefix: Path, entries: dict[str, Any] | None, bad_shards: set[int], acc: _Acc
+    prefix: Path,
+    entries: dict[str, Any] | None,
+    bad_shards: set[int],
+    acc: _Acc,
+    read_all: bool = True,
 ) -> tuple[int, int, int | None]:
-    """Read every tensor through TensorFlow's reader (CRC-checked); returns
-    ``(tensors listed, tensors read, adaptd's step or None)``."""
+    """Read every tensor (or, without ``read_all``, only the object graph and the
+    step) through TensorFlow's reader (CRC-checked); returns ``(tensors listed,
+    tensors read, adaptd's step or None)``."""
     import tensorflow as tf
 
     from adaptd.client.checkpointer import STEP_KEY
@@ -473,6 +400,8 @@ def _read_tensors(
     for name in sorted(dtypes):
         if name in skip:
             continue  # already reported with its shard
+        if not read_all and name != _OBJECT_GRAPH_KEY and name.split("/", 1)[0] != STEP_KEY:
+            continue
         try:
             if dtypes[name] == tf.variant:
                 # a tf.data iterator's state: the numpy-based reader cannot convert a

@@ -60,6 +60,14 @@ class Guards:
                     notes.append(f"floored: a save takes {job.save_latency_s:.3g}s to be durable")
         if not notes:
             return d
+        # the interval stated is the one asked for now: a cap shortens it
+        interval_s = d.interval_s
+        if every is not None and job.step_time_s:
+            interval_s = every * job.step_time_s
         return dataclasses.replace(
-            d, next_step=nxt, every_steps=every, reason=f"{d.reason}; {'; '.join(notes)}"
+            d,
+            next_step=nxt,
+            every_steps=every,
+            interval_s=interval_s,
+            reason=f"{d.reason}; {'; '.join(notes)}",
         )

@@ -4,13 +4,16 @@ Interval policies anchor on the newest save (or the step the job resumed from),
 not on a global grid: when the interval changes, the next save is one new
 interval after the last one, and a save that is already overdue happens at the
 next step. Every rank reads the same ``last_save_step``, so ranks still agree.
+
+An interval in seconds becomes the whole number of steps that covers it (rounded
+up), so a plan never asks for saves closer together than the interval it states.
 """
 
 from __future__ import annotations
 
 import math
 
-from adaptd.policy import Policy, PolicyError, parse, steps_for_seconds
+from adaptd.policy import Policy, PolicyError, parse
 from adaptd.snapshot import Decision, JobState
 
 __all__ = [
@@ -44,7 +47,7 @@ def plan(
 ) -> Decision:
     """A decision saving ``interval_s`` of compute after the anchor (``None`` plan
     while the step time is unknown)."""
-    every = steps_for_seconds(interval_s, job.step_time_s)
+    every = steps_ceil(interval_s, job.step_time_s)
     if every is None:
         return Decision(next_step=None, reason=f"{reason}: waiting for a step time", policy=policy)
     return Decision(

@@ -48,3 +48,9 @@ def test_state_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     assert paths.state_dir() == tmp_path / "adaptd"
     monkeypatch.setenv("STATE_DIRECTORY", str(tmp_path / "sd"))
     assert paths.state_dir() == tmp_path / "sd"
+
+
+def test_an_ipc_endpoint_means_its_path(tmp_path: Path) -> None:
+    """Operator commands take ``--socket ipc:///x.sock`` as serve and ADAPTD_SOCKET do."""
+    assert paths.socket_path(f"ipc://{tmp_path}/x.sock") == tmp_path / "x.sock"
+    assert paths.endpoint(f"ipc://{tmp_path}/x.sock") == f"ipc://{tmp_path}/x.sock"

@@ -13,6 +13,18 @@ from adaptd import protocol as p
     [
         p.Hello(v=p.VERSION, job="job-1", rank=3, world_size=8, pid=42, checkpoint_dir="/ck"),
         p.Steps(v=p.VERSION, job="job-1", rank=0, step=100, count=50, mean_s=0.02, max_s=0.1),
+        p.Steps(
+            v=p.VERSION,
+            job="j",
+            rank=0,
+            step=1,
+            count=1,
+            mean_s=3.0,
+            max_s=3.0,
+            max_steps=1,
+            warmup=True,
+        ),
+        p.Hello(v=p.VERSION, job="j", restore_fallback="ckpt-35: truncated"),
         p.SaveReport(
             v=p.VERSION, job="j", rank=0, step=100, blocking_s=0.1, durable_s=1.2, bytes=10
         ),
@@ -41,6 +53,16 @@ def raw(**fields) -> bytes:
     return msgspec.msgpack.encode(fields)
 
 
+def test_an_old_clients_steps_report_still_validates() -> None:
+    """Fields added later are optional: a report without them decodes to the defaults."""
+    old = raw(kind="steps", v=1, job="j", rank=0, step=5, count=5, mean_s=0.1)
+    msg = p.decode_client(old)
+    assert (msg.max_s, msg.max_steps, msg.warmup) == (0.0, 1, False)
+    # and a new client's message that needs no new field is the one an old daemon knows
+    assert set(msgspec.msgpack.decode(p.encode(msg))) == {"kind", "v", "job", "rank", "step",
+                                                          "count", "mean_s"}  # fmt: skip
+
+
 @pytest.mark.parametrize(
     ("frame", "code"),
     [
@@ -53,6 +75,35 @@ def raw(**fields) -> bytes:
         (raw(kind="hello", v=1, job="j", rank="0"), "invalid"),  # wrong type
         (raw(kind="hello", v=1, job="j", bogus=1), "invalid"),  # unknown field
         (raw(kind="steps", v=1, job="j", rank=0, step=1, count=1, mean_s=-1.0), "invalid"),
+        # durations are finite: an infinite or NaN time would poison the estimates
+        (raw(kind="steps", v=1, job="j", rank=0, step=1, count=1, mean_s=float("inf")), "invalid"),
+        (
+            raw(
+                kind="steps", v=1, job="j", rank=0, step=1, count=1, mean_s=0.1, max_s=float("nan")
+            ),
+            "invalid",
+        ),
+        (
+            raw(kind="steps", v=1, job="j", rank=0, step=1, count=1, mean_s=0.1, max_s=-1.0),
+            "invalid",
+        ),
+        (
+            raw(kind="steps", v=1, job="j", rank=0, step=1, count=1, mean_s=0.1, max_steps=-1),
+            "invalid",
+        ),
+        (
+            raw(
+                kind="save_report",
+                v=1,
+                job="j",
+                rank=0,
+                step=1,
+                blocking_s=float("inf"),
+                durable_s=1.0,
+                bytes=1,
+            ),
+            "invalid",
+        ),
         (raw(kind="launch_missiles", v=1), "invalid"),
         (
             raw(kind="plan", v=1, job="j", seq=1, next_step=1),

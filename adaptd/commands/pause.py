@@ -35,7 +35,10 @@ def run(args: argparse.Namespace, paused: bool = PAUSED) -> int:
         print(f"{'paused' if paused else 'resumed'}: " + ", ".join(reply.jobs))
     elif args.job:
         print(f"nothing to {name}: {args.job} is already {'' if paused else 'not '}paused")
+    elif not paused:
+        print("nothing to resume: no paused job to resume")
+    elif reply.targets:
+        print("nothing to pause: every active job is already paused")
     else:
-        which = "active job is already paused" if paused else "paused job to resume"
-        print(f"nothing to {name}: " + (f"every {which}" if paused else f"no {which}"))
+        print("nothing to pause: no active jobs")
     return 0

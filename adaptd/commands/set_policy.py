@@ -17,7 +17,7 @@ HELP = "change a running job's policy (the new plan reaches it at once)"
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--job", metavar="JOB", required=True, help="the job id")
-    parser.add_argument("spec", metavar="SPEC", help="a policy spec, e.g. 'fixed:every=500'")
+    parser.add_argument("spec", metavar="SPEC", help="a policy spec, e.g. 'fixed:steps=500'")
     _operator.add_socket_args(parser)
 
 

@@ -13,6 +13,7 @@ prints one line and exits 1, it never hangs.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 
 import msgspec
@@ -52,11 +53,19 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _num(value: float | int | None, unit: str = "", digits: int = 3) -> str:
+    """``digits`` significant digits, never in exponent notation: an interval of
+    4,720 s reads ``4720s``, not ``4.72e+03s``; a tiny figure keeps its digits."""
     if value is None:
         return "-"
     if isinstance(value, int):
         return f"{value}{unit}"
-    return f"{value:.{digits}g}{unit}"
+    if not math.isfinite(value):
+        return f"{value}{unit}"
+    if value == 0 or abs(value) >= 10 ** (digits - 1):
+        return f"{value:.0f}{unit}"
+    decimals = digits - 1 - math.floor(math.log10(abs(value)))
+    text = f"{value:.{decimals}f}"
+    return (text.rstrip("0").rstrip(".") if "." in text else text) + unit
 
 
 def _ms(seconds: float | None) -> str:
@@ -130,6 +139,8 @@ def render(reply: object) -> str:
             note += f"  (save requested: {j.urgent})"
         if j.last_save and not j.last_save.ok:
             note += f"  (last save failed: {j.last_save.error})"
+        if j.restore_fallback:
+            note += f"  (resumed past a damaged checkpoint: {j.restore_fallback})"
         lines.append(f"{j.job}: {note}")
     return "\n".join(lines) + "\n" + _replication(reply) + _telemetry(reply)
 

@@ -11,6 +11,7 @@ in its own workers, so a slow destination holds up nobody else.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import threading
@@ -125,6 +126,7 @@ class _JobState:
 
     url: str
     staging: Path
+    saves_to: Path | None = None  # where the job says it saves (its hello), if known
     last_step: int | None = None
     pending: Pending | None = None
     upload: _Upload | None = None
@@ -174,10 +176,22 @@ class DestinationQueue:
                 st.last_step = last_step
                 st.waiting = {s: t for s, t in st.waiting.items() if s > last_step}
 
-    def add(self, job: str, staging: Path, step: int, *, saved: float, nbytes: int) -> None:
-        """Queue ``job``'s checkpoint ``step`` (replacing an older pending one)."""
+    def add(
+        self,
+        job: str,
+        staging: Path,
+        step: int,
+        *,
+        saved: float,
+        nbytes: int,
+        saves_to: Path | None = None,
+    ) -> None:
+        """Queue ``job``'s checkpoint ``step`` (replacing an older pending one);
+        ``saves_to`` is the directory the job said it saves to."""
         with self._cond:
             st = self._state(job, staging)
+            if saves_to is not None:
+                st.saves_to = saves_to
             if st.last_step is not None and step <= st.last_step:
                 return
             if st.upload is not None and st.upload.step >= step:
@@ -263,7 +277,7 @@ class DestinationQueue:
         name, job, step = self.dest.name, item.job, item.step
         index = st.staging / f"ckpt-{step}.index"
         if not index.exists():
-            self._skipped(item, st, "deleted locally before it was uploaded (max_to_keep)")
+            self._skipped(item, st, missing_reason(st.staging, st.saves_to))
             return
         try:
             replica = Replica(st.url, storage_options=self.dest.storage_options)
@@ -510,3 +524,21 @@ class _Gate:
             n -= piece
             if n <= 0:
                 return
+
+
+def missing_reason(staging: Path, saves_to: Path | None) -> str:
+    """Why a checkpoint a job reported is not in its staging directory: the job saves
+    somewhere else (its hello said so), or TF's ``max_to_keep`` deleted it already."""
+    if saves_to is not None and resolved(saves_to) != resolved(staging):
+        return (
+            f"not in the staging directory {staging}: the job saves to {saves_to} "
+            '(set jobs."PATTERN".staging to it)'
+        )
+    return "deleted locally before it was uploaded (max_to_keep)"
+
+
+def resolved(p: Path) -> Path:
+    """``p`` with links resolved where it can be, else as given."""
+    with contextlib.suppress(OSError):
+        return p.resolve()
+    return p

@@ -64,6 +64,7 @@ from adaptd.tiers.destination import (
     UploadInterrupted,
     merge,
     next_upload,
+    resolved,
     retry_delay,
 )
 from adaptd.tiers.replica import UploadResult
@@ -154,6 +155,7 @@ class Replicator:
         self._writing: frozenset[str] = frozenset()
         #: device of each job's save directory (written by the intake thread)
         self._devices: dict[str, int] = {}
+        self._saves_to: dict[str, Path] = {}  # job -> the directory its hello named
         self._caught_up: set[tuple[str, int]] = set()
         self.errors = 0
 
@@ -250,7 +252,9 @@ class Replicator:
                 )
             )
         for d in dests:
-            self.queues[d.name].add(job, staging, step, saved=wall, nbytes=nbytes)
+            self.queues[d.name].add(
+                job, staging, step, saved=wall, nbytes=nbytes, saves_to=self._saves_to.get(job)
+            )
 
     def _registered(self, event: ev.JobRegistered) -> None:
         found = self.cfg.replication_for(event.job)
@@ -261,7 +265,8 @@ class Replicator:
         if saves_to is not None and saves_to.is_absolute():
             with contextlib.suppress(OSError):
                 self._devices[event.job] = os.stat(saves_to).st_dev
-            if _resolved(saves_to) != _resolved(staging):
+            self._saves_to[event.job] = saves_to
+            if resolved(saves_to) != resolved(staging):
                 log.warning(
                     logfmt(
                         "replicate_staging_mismatch",
@@ -334,9 +339,3 @@ class Replicator:
     def throughput(self) -> dict[str, float]:
         """Bytes per second sent to each destination lately."""
         return {name: q.throughput() for name, q in self.queues.items()}
-
-
-def _resolved(p: Path) -> Path:
-    with contextlib.suppress(OSError):
-        return p.resolve()
-    return p

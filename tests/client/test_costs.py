@@ -35,3 +35,14 @@ def test_baseline_between_save_windows():
     b.restart(12, 4.0)
     assert b.close(12, 4.0) == pytest.approx(0.2)  # no step since: keeps the last
     assert b.close(22, 5.0) == pytest.approx(0.1)
+
+
+def test_step_clock_marks_the_first_batch_warm_up_and_carries_the_slowest_call():
+    c = StepClock(step=0, now=0.0)
+    first = c.batch(1, 3.0, slowest_s=3.0)  # the run's first step: 3 s of tracing
+    assert (first.count, first.max_s, first.max_steps, first.warmup) == (1, 3.0, 1, True)
+    b = c.batch(51, 4.0, slowest_s=0.03, slowest_steps=1)
+    assert (b.count, b.warmup) == (50, False) and b.mean_s == pytest.approx(0.02)
+    assert b.max_s == 0.03
+    # a steps_per_execution call never covers more steps than its batch holds
+    assert c.batch(53, 5.0, slowest_s=1.0, slowest_steps=10).max_steps == 2

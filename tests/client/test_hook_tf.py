@@ -160,10 +160,11 @@ def test_numbering_continues_after_resume(tmp_path):
                 for _ in range(steps):
                     train_step()
                     ckptr.step()
-    assert [r.step for r in ckptr.history] == [12]  # 8 was restored, not saved again
+    # 8 was restored, not saved again; the run's last step, 15, was saved at close
+    assert [r.step for r in ckptr.history] == [12, 15]
     state = tf.train.get_checkpoint_state(str(d))
     names = [os.path.basename(p) for p in state.all_model_checkpoint_paths]
-    assert names == ["ckpt-4", "ckpt-8", "ckpt-12"]
+    assert names == ["ckpt-4", "ckpt-8", "ckpt-12", "ckpt-15"]
     assert not (d / "ckpt-1.index").exists()
 
 
@@ -172,7 +173,7 @@ def test_failed_write_is_reported_and_never_latest(tmp_path, caplog):
     v = tf.Variable(tf.zeros([256]))
     ckptr = AdaptiveCheckpointer(
         d, job="fail", policy="fixed:steps=5", socket=nodaemon(tmp_path), daemon_timeout=0.2,
-        handle_sigterm=False, v=v,
+        handle_sigterm=False, save_on_close=False, v=v,
     )  # fmt: skip
     ckptr.restore_or_initialize()
     # A regular file where TF's writer wants its ckpt-10_temp/ folder: the
@@ -272,6 +273,11 @@ def test_writer_thread_is_reniced(tmp_path):
         ({"job": "j", "daemon_timeout": 0}, "daemon_timeout must be > 0 seconds, got 0"),
         ({"job": "j", "rank": 3, "world_size": 2}, "rank 3 is not below world_size 2"),
         ({"job": "j", "v": 3}, "v= must be a TensorFlow trackable .* got int"),
+        # a misspelt option gets the config file's did-you-mean, not "must be a trackable"
+        (
+            {"job": "j", "poll_intervall": 1},
+            "poll_intervall= is not an option .*; did you mean 'poll_interval'",
+        ),
         ({"job": "j", "adaptd_global_step": None}, "reserved"),
     ],
 )
@@ -524,7 +530,11 @@ def test_step_without_restore_starts_fresh_and_explicit_saves(tmp_path):
         assert ckptr.step_count == 6
         with pytest.raises(RuntimeError, match="restore_or_initialize"):
             ckptr.restore_or_initialize()
-    assert [(r.step, r.reason) for r in ckptr.history] == [(3, "by hand"), (4, "next boundary")]
+    assert [(r.step, r.reason) for r in ckptr.history] == [
+        (3, "by hand"),
+        (4, "next boundary"),
+        (6, "end of run"),  # leaving the with block saved the last step
+    ]
     with pytest.raises(RuntimeError, match="closed"):
         ckptr.save()
     reader = tf.train.load_checkpoint(str(tmp_path / "ck" / "ckpt-4"))

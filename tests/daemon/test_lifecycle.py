@@ -173,3 +173,16 @@ def test_status_table_and_json(daemon_proc, zctx) -> None:
     assert job["last_save"]["ok"] is False and job["failed_saves"] == 1
     assert data["daemon"]["by_kind"] == {"hello": 1, "steps": 1, "save_report": 1}
     assert data["daemon"]["uptime_s"] > 0
+
+
+def test_status_prints_long_intervals_without_exponents(daemon_proc, zctx) -> None:
+    """``status`` printed intervals such as ``4.72e+03s``."""
+    r0 = Peer(zctx, daemon_proc.endpoint)
+    r0.hello("long-job", 0, pid=os.getpid(), policy="daly:save_cost_s=100,mtbf_s=100000")
+    r0.steps("long-job", 20, count=20, mean_s=0.1)
+    daemon_proc.log.wait_for("event=plan", "job=long-job", "every_steps=4")
+    interval = daemon_proc.job("long-job").plan.interval_s
+    assert interval > 1000
+    r = cli("status", "--socket", str(daemon_proc.socket))
+    row = next(line for line in r.stdout.splitlines() if line.startswith("long-job "))
+    assert "e+" not in row and f"{interval:.0f}s" in row.split(), row

@@ -259,6 +259,28 @@ def test_set_policy_bad_spec_and_unknown_job(shared_daemon, zctx, capsys) -> Non
     assert rc == 1 and "job 'ghost' is unknown" in err
 
 
+def test_every_example_spec_in_the_help_texts_is_accepted(capsys) -> None:
+    """``set-policy --help`` showed 'fixed:every=500', which set-policy refuses."""
+    import importlib
+    import re
+
+    from adaptd.cli import COMMANDS, build_parser
+    from adaptd.policy import parse
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command")
+    specs = []
+    for name, command in sub.choices.items():
+        importlib.import_module(f"adaptd.commands.{COMMANDS[name]}").configure(command)
+        quoted = re.findall(r"'([a-z_]+(?::[^' ]*)?(?:\+[a-z_:=,.;]+)*)'", command.format_help())
+        for spec in quoted:
+            if ":" in spec or spec in ("phased", "daly", "default"):
+                specs.append((name, spec))
+    assert ("set-policy", "fixed:steps=500") in specs
+    for _, spec in specs:
+        parse(spec)  # raises PolicyError for a bad example
+
+
 # ------------------------------------------------------------------ pause / resume
 
 
@@ -292,6 +314,33 @@ def test_pause_holds_planned_saves_but_not_urgent_ones(sock_dir, jobs, capsys) -
         assert (rc, out) == (0, "nothing to resume: no paused job to resume\n")
         rc, _, err = run_cli(capsys, "pause", "--job", "ghost", "--socket", sock)
         assert rc == 1 and "unknown" in err
+
+
+def test_pause_all_without_active_jobs_says_so(sock_dir, capsys) -> None:
+    with thread_daemon(sock_dir / "adaptd.sock") as (d, _):
+        rc, out, _ = run_cli(capsys, "pause", "--all", "--socket", str(d.socket_path))
+    assert (rc, out) == (0, "nothing to pause: no active jobs\n")
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("status",),
+        ("status", "--json"),
+        ("save-now", "--all"),
+        ("drain", "--timeout", "0.5"),
+        ("pause", "--all"),
+        ("resume", "--all"),
+        ("set-policy", "--job", "ipc-job", "fixed:steps=7"),
+    ],
+)
+def test_operator_commands_take_the_ipc_form_serve_takes(shared_daemon, zctx, capsys, args):
+    """``--socket ipc:///run/x/adaptd.sock`` as ``serve --socket`` and ADAPTD_SOCKET take
+    it: it said "no adaptd daemon is running (no socket at ipc:/run/x/adaptd.admin.sock)"."""
+    Peer(zctx, shared_daemon.endpoint).hello("ipc-job")
+    rc, out, err = run_cli(capsys, *args, "--socket", f"ipc://{shared_daemon.socket}")
+    assert "no adaptd daemon" not in err and out
+    assert rc == (1 if args[0] == "drain" else 0), err  # the peer never saves: drain times out
 
 
 def test_settings_restored_at_start_apply_to_the_job(sock_dir, zctx, caplog) -> None:

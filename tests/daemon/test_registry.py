@@ -42,6 +42,28 @@ def test_step_from_any_rank_timings_from_the_lead_only() -> None:
     assert job.tracker.step == 20 and job.tracker.step_time_s == pytest.approx(0.2)
 
 
+def test_every_report_moves_the_daemons_view_of_the_step() -> None:
+    """A save report carries the step the job is at: the view does not wait for the
+    next step report (issue 11: 37 plans in a row computed at step 1)."""
+    reg = Registry()
+    job, r0, _ = reg.hello(b"a", hello("j", 0, world=1), 0.0)
+    reg.steps(job, r0, steps("j", 0, 1, count=1, mean_s=3.0), 3.0)
+    reg.save_report(job, r0, save("j", 0, 40), 3.5)
+    assert job.tracker.step == 40 and r0.step == 40
+
+
+def test_the_lead_ranks_warm_up_and_slowest_step_reach_the_step_time() -> None:
+    reg = Registry()
+    job, r0, _ = reg.hello(b"a", hello("j", 0, world=1), 0.0)
+    first = p.Steps(v=V, job="j", rank=0, step=1, count=1, mean_s=3.0, max_s=3.0, warmup=True)
+    reg.steps(job, r0, first, 3.0)
+    assert job.tracker.step_time_s is None  # the first step is warm-up
+    retrace = p.Steps(v=V, job="j", rank=0, step=51, count=50, mean_s=(2.0 + 49 * 0.02) / 50,
+                      max_s=2.0)  # fmt: skip
+    reg.steps(job, r0, retrace, 4.0)
+    assert job.tracker.step_time_s == pytest.approx(0.02)
+
+
 def test_each_saved_step_counts_once_failures_always() -> None:
     reg = Registry()
     job, r0, _ = reg.hello(b"a", hello("j", 0), 0.0)

@@ -39,9 +39,9 @@ def verify(zygote: Zygote, ckpt: Path) -> str:
     """``adaptd verify CKPT`` (forked from the zygote: TF is imported there); its output."""
     v = zygote.spawn(["verify", ckpt], module="adaptd.cli")
     code = v.wait(DEADLINE)
-    text = v.log.text()
-    assert code == 0, text
-    return next(ln for ln in text.splitlines() if ln.startswith("OK "))
+    assert code == 0, v.log.text()
+    # the child's output can trail the zygote's "exit" line: wait for it, not a snapshot
+    return v.log.wait_for("OK ", timeout=DEADLINE)
 
 
 def test_full_then_read_only_disk_fails_saves_cleanly_and_saving_resumes(
@@ -166,7 +166,9 @@ def test_slow_storage_raises_the_save_cost_and_the_interval_follows(
                     lambda j: (
                         j.saves >= saves_then + 2
                         and j.plan is not None
-                        and (j.plan.interval_s or 0) >= 2 * fast.plan.interval_s
+                        # Daly's τ grows with √δ: δ about 4x makes it about 2x; 1.5x
+                        # leaves room for the noise of a loaded box
+                        and (j.plan.interval_s or 0) >= 1.5 * fast.plan.interval_s
                     ),
                     "the interval to grow",
                 )

@@ -298,3 +298,57 @@ def test_drain_waits_for_the_job_until_a_second_signal_or_with_no_grace(
             peer.close()
             d.kill()
             notify.close()
+
+
+def test_a_second_daemon_on_the_same_state_refuses_and_names_the_first(short_dir: Path) -> None:
+    """Two daemons on different sockets shared one state database, each overwriting the
+    other's learned figures; started together, one said "database is locked; move it
+    aside", which is the wrong advice."""
+    state = short_dir / "state"
+
+    def serve(name: str) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            [sys.executable, "-m", "adaptd.cli", "serve", "--socket", str(short_dir / name),
+             "--state-dir", str(state), "--metrics-listen", "off", "--drain-grace", "0"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+
+    def wait_until(cond, what: str) -> None:
+        deadline = time.monotonic() + 30
+        while not cond():
+            assert time.monotonic() < deadline, f"{what} within 30 s"
+            time.sleep(0.02)  # the poll period
+
+    first = serve("a.sock")
+    try:
+        wait_until(lambda: (short_dir / "a.sock").exists(), "the first daemon listening")
+        second = serve("b.sock")
+        _, err = second.communicate(timeout=60)
+        assert second.returncode == 1
+        assert err.strip().splitlines() == [
+            f"adaptd serve: daemon.db_path: {state / 'adaptd.sqlite3'}: in use by another "
+            f"adaptd daemon (pid {first.pid}, socket {short_dir / 'a.sock'}); two daemons "
+            "must not share a state database: stop that one first, or give this one its own "
+            "daemon.state_dir (--state-dir)"
+        ]
+        assert not (short_dir / "b.sock").exists()
+    finally:
+        first.terminate()
+        first.communicate(timeout=60)
+    # started at the same moment: one serves, the other says which one holds the state
+    for _ in range(3):
+        both = [serve("c.sock"), serve("d.sock")]
+        try:
+            wait_until(lambda b=both: any(p.poll() is not None for p in b), "one of two exiting")
+            lost = next(p for p in both if p.poll() is not None)
+            won = next(p for p in both if p is not lost)
+            _, err = lost.communicate(timeout=60)
+            assert lost.returncode == 1 and "move it aside" not in err, err
+            won_socket = "c.sock" if won is both[0] else "d.sock"
+            assert f"(pid {won.pid}, socket {short_dir / won_socket})" in err, err
+            assert won.poll() is None  # still serving
+        finally:
+            for p in both:
+                if p.poll() is None:
+                    p.terminate()
+                p.communicate(timeout=60)

@@ -270,3 +270,29 @@ def test_sparse_histories_still_draw(tmp_path: Path) -> None:
             assert (s.width_px, s.height_px) == (1200, 1100)
             assert _png_size((tmp_path / f"{job}.png").read_bytes()) == (1200, 1100)
         assert report.load(store, "broken").failed == 3
+
+
+def test_the_axes_fit_a_short_run_and_a_probe_beside_short_intervals() -> None:
+    """A 90 s run filled 15 % of the width (the axis was padded by 5 minutes), and the
+    interval panel, in minutes because of a 300 s probe, drew 4.6 s as a flat line on
+    zero."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    lo, hi = report._time_limits([T0, T0 + 45, T0 + 90])
+    assert 90 / (hi - lo) > 0.9
+    assert report._time_limits([T0]) == (T0 - 30, T0 + 30)  # one moment: a minute around it
+    fig, ax = plt.subplots()
+    try:
+        values = [300.0] + [4.6, 4.7, 4.5] * 10
+        report._seconds_axis(ax, "interval", values)
+        assert ax.get_yscale() == "log"
+        bottom, top = ax.get_ylim()
+        frac = (math.log(4.6) - math.log(bottom)) / (math.log(top) - math.log(bottom))
+        assert 0.05 < frac < 0.5  # off the floor, below the probe
+        report._seconds_axis(ax2 := fig.add_subplot(2, 1, 2), "interval", [4.6, 5.0, 9.0])
+        assert ax2.get_yscale() == "linear"  # close values keep a linear axis
+    finally:
+        plt.close(fig)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import time
 from pathlib import Path
@@ -153,7 +154,8 @@ def test_job_settings_are_written_through_and_survive_restart(tmp_path: Path) ->
     # visible to another connection at once, without any flush
     row = other_connection(db).execute("SELECT policy, paused FROM job_settings WHERE job='a'")
     assert row.fetchone() == ("fixed:steps=50", 1)
-    s._conn.close()  # a crash: no close(), no flush
+    s._conn.close()  # a crash: no close(), no flush...
+    os.close(s._lock_fd)  # ...and the dead process's lock goes with it
     s = open_store(db)
     a = s.job_setting("a")
     assert a is not None and (a.policy, a.paused) == ("fixed:steps=50", True)
@@ -372,3 +374,20 @@ def test_flush_of_a_tick_is_fast(tmp_path: Path) -> None:
     p90 = sorted(took)[int(0.9 * len(took)) - 1]
     assert p90 < 0.25 and max(took) < 1.0, f"100-row flushes took {sorted(took)[-3:]} s"
     s.close()
+
+
+def test_one_writer_per_database_and_the_refused_one_is_told_who(tmp_path: Path) -> None:
+    """Two daemons on one state directory overwrote each other's learned figures."""
+    db = tmp_path / "s.db"
+    first = Store.open(db, owner="socket /run/a/adaptd.sock")
+    with pytest.raises(StoreError) as info:
+        Store.open(db, owner="socket /run/b/adaptd.sock")
+    msg = str(info.value)
+    assert f"in use by another adaptd daemon (pid {os.getpid()}, socket /run/a/adaptd.sock)" in (
+        msg
+    )
+    assert "move it aside" not in msg and "daemon.state_dir" in msg
+    with Store.open(db, readonly=True) as reader:  # a reader (adaptd report) still may
+        assert reader.schema_version() > 0
+    first.close()
+    Store.open(db, owner="socket /run/b/adaptd.sock").close()  # free once the first closed

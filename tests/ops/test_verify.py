@@ -281,3 +281,36 @@ def test_cli_truncated_json_and_empty_directory_exit_1(ckpts, tmp_path: Path) ->
     p = _cli(empty)
     assert p.returncode == 1
     assert p.stdout.startswith("FAIL: no complete checkpoint")
+
+
+# --------------------------------------------------------------------------- resume's check
+
+
+def test_the_quick_check_reads_the_index_and_finds_what_sizes_show(ckpts) -> None:
+    """What restore_or_initialize() runs at every start: no tensor is read in full."""
+    prefix = ckpts["managed"] / "ckpt-3"
+    quick = verify.verify(prefix, read_tensors=False)
+    assert quick.ok and quick.tensors_read == 1 < quick.tensors  # the object graph only
+    (data,) = _data(prefix)
+    offset, _ = _w_range(prefix)
+    raw = bytearray(data.read_bytes())
+    raw[offset + 100] ^= 0xFF  # a flipped byte: only reading the tensor finds it...
+    data.write_bytes(bytes(raw))
+    assert verify.verify(prefix, read_tensors=False).ok
+    assert _kinds(verify.verify(prefix)) == [verify.CORRUPTED]  # ...as the restore does
+    os.truncate(data, data.stat().st_size - 100)  # a cut-short file: the sizes show it
+    assert _kinds(verify.verify(prefix, read_tensors=False)) == [verify.TRUNCATED]
+
+
+def test_candidates_are_the_state_files_checkpoints_newest_first(ckpts) -> None:
+    d = ckpts["managed"]
+    names = lambda: [p.name for p in verify.candidates(d)]  # noqa: E731
+    assert names() == ["ckpt-3", "ckpt-2", "ckpt-1"]
+    (d / "ckpt-3.index").unlink()  # damaged ones are candidates too: verify says why
+    assert names() == ["ckpt-3", "ckpt-2", "ckpt-1"]
+    for f in d.glob("ckpt-2.*"):  # a checkpoint never finished: newer than the latest
+        shutil.copy(f, d / f.name.replace("ckpt-2", "ckpt-9"))
+    assert names() == ["ckpt-3", "ckpt-2", "ckpt-1"]
+    (d / "checkpoint").unlink()  # without a state file: every numbered one
+    assert names() == ["ckpt-9", "ckpt-3", "ckpt-2", "ckpt-1"]
+    assert verify.candidates(d / "nowhere") == []

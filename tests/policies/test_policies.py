@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from adaptd import model
@@ -63,22 +65,23 @@ def snap(
     )
 
 
-DALY_STEPS = round(model.daly_interval(8.0, 175_000.0))  # 1666
+DALY_STEPS = math.ceil(model.daly_interval(8.0, 175_000.0))  # 1668: whole steps covering it
+DALY_HALF = math.ceil(model.daly_interval(8.0, 175_000.0) / 2.0)
 
 
 @pytest.mark.parametrize(
     ("policy", "state", "next_step", "every"),
     [
         (Daly(), job(), 900 + DALY_STEPS, DALY_STEPS),
-        (Daly(), job(step_time_s=2.0), 900 + round(DALY_STEPS / 2), round(DALY_STEPS / 2)),
+        (Daly(), job(step_time_s=2.0), 900 + DALY_HALF, DALY_HALF),
         (Daly(), job(last_save_step=None, start_step=200), 200 + DALY_STEPS, DALY_STEPS),
         (Daly(), job(step=5000), 5001, DALY_STEPS),  # overdue: save at the next step
         (Daly(), job(save_cost_s=None, last_save_step=None, step=10), 300, 300),  # cold probe
         # a failure-prone job probes within a tenth of its MTBF
         (Daly(), job(save_cost_s=None, last_save_step=None, step=10, mtbf_s=1000.0), 100, 100),
-        (Daly(save_cost_s=30.0, mtbf_s=10986.0), job(), 900 + 792, 792),  # pinned (oracle)
-        (Young(), job(), 900 + round(model.young_interval(8, 175e3)), 1673),
-        (Budget(), job(), 900 + round(8 / 0.035), 229),
+        (Daly(save_cost_s=30.0, mtbf_s=10986.0), job(), 900 + 793, 793),  # pinned (oracle)
+        (Young(), job(), 900 + math.ceil(model.young_interval(8, 175e3)), 1674),
+        (Budget(), job(), 900 + math.ceil(8 / 0.035), 229),
         (Budget(overhead=0.01), job(), 900 + 800, 800),
         (Fixed(steps=50), job(), 1050, 50),
     ],
@@ -300,3 +303,29 @@ def test_all_builtins_are_registered() -> None:
         "default",
     }
     assert names <= set(available())
+
+
+@pytest.mark.parametrize(
+    "spec",
+    ["daly", "young", "weibull", "budget", "default", "default:max_lost_s=90",
+     "guards:max_lost_s=45", "fixed:seconds=7.5", "phased", "opportunistic", "io_aware"],
+)  # fmt: skip
+def test_a_plan_never_asks_for_saves_closer_together_than_the_interval_it_states(spec) -> None:
+    """Seconds become the whole steps that cover them, and a wrapper that changes the
+    steps states the interval it now asks for."""
+    import random
+
+    policy = parse(spec)
+    rng = random.Random(11)
+    for _ in range(300):
+        st = 10 ** rng.uniform(-2.5, 1.2)
+        state = job(
+            step_time_s=st,
+            save_cost_s=10 ** rng.uniform(-3, 2),
+            save_latency_s=10 ** rng.uniform(-2, 2.5),
+            mtbf_s=10 ** rng.uniform(2, 6),
+            save_in_flight=rng.random() < 0.3,
+        )
+        d = policy.decide(snap(), state)
+        if d.every_steps and d.interval_s is not None:
+            assert d.every_steps * st >= d.interval_s * (1 - 1e-9), (spec, st, d)

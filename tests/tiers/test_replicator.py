@@ -225,6 +225,25 @@ def test_s3_destination_without_s3fs_is_refused_with_the_fix(monkeypatch: pytest
         config.loads('[destinations.a]\nurl = "s3://bucket/prefix"')
 
 
+def test_check_config_refuses_a_destination_whose_filesystem_is_not_installed(tmp_path: Path):
+    """gs:// was accepted without gcsfs; the failure came only at upload or restore time."""
+    import importlib.util
+
+    if importlib.util.find_spec("gcsfs") is not None:
+        pytest.skip("gcsfs is installed here")
+    path = tmp_path / "adaptd.toml"
+    path.write_text('[destinations.gcs]\nurl = "gs://bucket/ckpts"\n')
+    out = subprocess.run(
+        [sys.executable, "-m", "adaptd.cli", "serve", "--check-config", "--config", str(path)],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert out.returncode == 1 and out.stdout == ""
+    assert out.stderr.strip() == (
+        f"adaptd serve: {path}: destinations.gcs.url: 'gs://bucket/ckpts' needs gcsfs, "
+        "which is not installed; install gcsfs"
+    )
+
+
 def test_serve_refuses_a_bad_destination_in_one_line(tmp_path: Path):
     path = tmp_path / "adaptd.toml"
     path.write_text('[destinations.nfs]\nurl = "/x"\n[jobs."j"]\nstaging = "/s/{job}"\n'

@@ -416,6 +416,26 @@ def test_failures_are_retried_and_shown_deleted_checkpoints_skipped(tmp_path, da
     peer.close()
 
 
+def test_a_job_saving_outside_its_staging_directory_is_skipped_for_that_reason(tmp_path, daemons):
+    """It was skipped as "deleted locally before it was uploaded (max_to_keep)", which
+    is not what happened."""
+    staging, elsewhere = tmp_path / "local" / "k", tmp_path / "elsewhere" / "k"
+    d = Daemon(tmp_path, config(
+        tmp_path,
+        f'[destinations.nfs]\nurl = "{tmp_path / "dest"}"\n',
+        f'[jobs."k"]\nstaging = "{staging}"\nreplicate_to = ["nfs"]\n',
+    ))  # fmt: skip
+    daemons.append(d.start())
+    write_checkpoint(elsewhere, 1, 1000)
+    peer = Peer(d, "k", elsewhere)  # its hello names where it really saves
+    d.log.wait_for("event=replicate_staging_mismatch", "job=k")
+    peer.saved(1, 1000)
+    line = d.log.wait_for("event=replicate_skipped", "job=k", "step=1")
+    assert f"the job saves to {elsewhere}" in line and "max_to_keep" not in line, line
+    assert d.wait_row("k", "nfs", lambda r: r.skipped == 1).last_step is None
+    peer.close()
+
+
 # ---------------------------------------------------------------------- yielding
 
 

@@ -1,0 +1,110 @@
+"""Which checkpoint a run resumes from: the newest one that is whole.
+
+A newest checkpoint can be damaged: a disk fault, a copy cut short, a file removed
+by hand. Restoring it raised a raw TensorFlow error (``IndexError: Read less bytes
+than requested``) and the job could not start, while an older intact checkpoint sat
+beside it. Keras' ``BackupAndRestore`` falls back to its previous backup in this
+case; so does the hook:
+
+1. the candidates are :func:`adaptd.client.verify.candidates`, newest first;
+2. each gets the quick check of ``adaptd verify`` (index checksums, every shard's
+   size, the object graph; ``verify(read_tensors=False)``), whose cost is the index's
+   size, not the checkpoint's;
+3. the first that passes is restored; TensorFlow checks every tensor's CRC32C as it
+   reads it, so a flipped byte fails the restore (``DataLossError``) and the next
+   older candidate is tried.
+
+A checkpoint that does not match the model (a wrong or renamed variable) is not
+damage: that error is raised as it is, since an older checkpoint would not match
+either. Only when no candidate is intact does :class:`NoIntactCheckpoint` stop the
+run, naming each checkpoint found and what is wrong with it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+#: Longest reason kept per damaged checkpoint (reports and the Hello field).
+_MAX_WHY = 400
+
+
+@dataclass(frozen=True, slots=True)
+class Damaged:
+    """A checkpoint a resume skipped: its name (``ckpt-35``) and what is wrong."""
+
+    name: str
+    why: str
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.why})"
+
+
+class NoIntactCheckpoint(RuntimeError):
+    """Every checkpoint in ``directory`` is damaged; ``damaged`` says how, newest first.
+
+    Raised by ``restore_or_initialize()`` instead of TensorFlow's error, so the run
+    stops with what was found. Move the damaged checkpoints aside to start over, or
+    restore an intact copy (e.g. ``adaptd restore``) into the directory.
+    """
+
+    def __init__(self, directory: str | os.PathLike[str], damaged: list[Damaged]) -> None:
+        self.directory = str(directory)
+        self.damaged = list(damaged)
+        listing = "; ".join(str(d) for d in damaged)
+        super().__init__(
+            f"no intact checkpoint in {self.directory}: {len(damaged)} found, all damaged: "
+            f"{listing}. Move them aside to start over, or restore an intact copy "
+            "(adaptd restore) into the directory"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Resume:
+    """What :func:`restore_newest_intact` did: the checkpoint restored (None: none
+    existed) and the newer ones it skipped as damaged."""
+
+    restored: str | None
+    skipped: tuple[Damaged, ...] = ()
+
+    def describe(self) -> str:
+        """One line for logs and the daemon: ``""`` when nothing was skipped."""
+        if not self.skipped:
+            return ""
+        skipped = "; ".join(str(d) for d in self.skipped)
+        return f"skipped damaged {skipped}; resumed from {Path(self.restored or '').name}"
+
+
+def restore_newest_intact(
+    directory: str | os.PathLike[str], restore: Callable[[str], None]
+) -> Resume:
+    """Restore the newest intact checkpoint of ``directory`` with ``restore(prefix)``.
+
+    ``restore`` loads the state (it raises for a checkpoint that does not match the
+    state; that error is not caught). Raises :class:`NoIntactCheckpoint` when there
+    are checkpoints but none is intact.
+    """
+    import tensorflow as tf
+
+    from adaptd.client import verify
+
+    skipped: list[Damaged] = []
+    for prefix in verify.candidates(directory):
+        report = verify.verify(prefix, read_tensors=False)
+        if not report.ok:
+            why = "; ".join(f"{p.kind}: {p.message}" for p in report.problems)
+            skipped.append(Damaged(prefix.name, why[:_MAX_WHY]))
+            continue
+        try:
+            restore(str(prefix))
+        except (tf.errors.DataLossError, tf.errors.OutOfRangeError, IndexError) as exc:
+            # a checksum mismatch (flipped bytes) or a short read while restoring
+            message = " ".join((getattr(exc, "message", None) or str(exc)).split())
+            skipped.append(Damaged(prefix.name, f"{verify.CORRUPTED}: {message}"[:_MAX_WHY]))
+            continue
+        return Resume(str(prefix), tuple(skipped))
+    if skipped:
+        raise NoIntactCheckpoint(directory, skipped)
+    return Resume(None)
