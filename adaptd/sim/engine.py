@@ -51,6 +51,8 @@ __all__ = [
 JOB = "sim"
 TARGET = "sim-storage"
 PID = 1
+#: Seconds between the hook's step reports (its ``report_interval``).
+REPORT_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -133,6 +135,7 @@ class _Run:
         self.run_wall = 0.0  # compute wall time since the last step report
         self.due = scenario.steps
         self.first_report = True
+        self.report_at: int | None = None  # the step of the report after the first one
         self.vanished_at: float | None = None
         self._parts: dict[
             tuple[bool, float], tuple[tuple[GpuSample, ...], tuple[StorageSample, ...]]
@@ -180,17 +183,25 @@ class _Run:
         """A step report as the hook sends it: the steps since the last one, their mean.
 
         The first report of an incarnation holds exactly its first (slow) step, since
-        the engine reports at that step's end (``first_report``). A signal the
-        estimator may want (a warm-up flag, the batch's slowest step) goes in this
-        one ``on_steps`` call: the batch holds the incarnation's first step when
-        ``self.reported_step == self.tracker.start_step`` (before the update), and
-        its slowest step then took ``self.s.first_step_s``.
+        the engine reports at that step's end (``first_report``); like the hook's, it
+        says so (``warmup``) and names that step's time as the batch's slowest
+        (``max_s``), so the estimator leaves the compile out of the job's pace. The
+        hook reports again about a second later (:data:`REPORT_S`), and so does the
+        engine (``report_at``): that batch is the first the step time learns from.
         """
         step = int(self.pos + 1e-9)
         count = step - self.reported_step
         if count > 0:
+            first = self.reported_step == self.tracker.start_step
+            mean = self.run_wall / count
             self.tracker.on_steps(
-                self.t, step, count, self.run_wall / count, self.write_end is not None
+                self.t,
+                step,
+                count,
+                mean,
+                self.write_end is not None,
+                max_s=max(mean, self.st + self.warm) if first else 0.0,
+                warmup=first,
             )
             self.reported_step = step
             self.run_wall = 0.0
@@ -256,6 +267,7 @@ class _Run:
         self.warm_end = self.t + self.warm
         self.tracker.on_resume(self.t, self.durable)  # the hello
         self.first_report = True
+        self.report_at = None
         self.decide()
 
     def start_save(self) -> None:
@@ -310,6 +322,8 @@ class _Run:
                 events.append((t_due, 3))
             if self.first_report:
                 events.append((self.time_to(math.floor(self.pos + 1e-9) + 1), 4))
+            elif self.report_at is not None and self.report_at < n:
+                events.append((self.time_to(self.report_at), 6))
             boundary = self.s.next_boundary(self.t)
             if boundary < math.inf:
                 events.append((boundary, 5))
@@ -326,6 +340,11 @@ class _Run:
                 self.start_save()
             elif kind == 4:
                 self.first_report = False
+                self.decide()
+                steps = max(1, math.ceil(REPORT_S / self.st))
+                self.report_at = math.floor(self.pos + 1e-9) + steps
+            elif kind == 6:
+                self.report_at = None
                 self.decide()
             else:
                 self.decide()
