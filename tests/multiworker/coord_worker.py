@@ -7,6 +7,7 @@ Scenarios:
   facade     the key-value and barrier calls of adaptd.client.coordination
   lockstep   the agreement, ranks in lock step (a real all-reduce every step)
   free       the agreement, ranks running free at different speeds
+  restore    the restore agreement (tests/multiworker/restore_scenarios.py)
 """
 
 from __future__ import annotations
@@ -206,6 +207,10 @@ def main() -> int:
             results[name] = agree(store, rank, world, name, all_reduce, 0.01)
         elif name == "free":  # proposals 2 steps ahead: ranks pass them, or wait at them
             results[name] = agree(store, rank, world, name, None, 0.0)
+        elif name == "restore":
+            import restore_scenarios  # beside this script
+
+            results[name] = restore_scenarios.run(store, rank, world)
         else:
             raise SystemExit(f"unknown scenario {name!r}")
     with open(os.environ["RESULT"], "w") as f:

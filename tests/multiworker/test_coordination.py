@@ -1,8 +1,8 @@
 """The coordination-service facade and the agreement on it, with real
 ``MultiWorkerMirroredStrategy`` workers on localhost (tests/multiworker/coord_worker.py).
 
-One 3-worker job runs every scenario (TensorFlow's start-up dominates); the tests
-below each check one claim on what the workers recorded.
+One 3-worker job (tests/multiworker/conftest.py) runs every scenario: TensorFlow's
+start-up dominates. The tests below each check one claim on what the workers recorded.
 """
 
 from __future__ import annotations
@@ -12,26 +12,9 @@ from typing import Any
 
 import pytest
 
-from tests.multiworker.cluster import HERE, Cluster
+from tests.multiworker.conftest import STEPS
 
 pytestmark = [pytest.mark.slow, pytest.mark.tf]
-
-WORKERS = 3
-STEPS = 1000
-
-
-@pytest.fixture(scope="module")
-def job(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
-    workdir = tmp_path_factory.mktemp("coord")
-    with Cluster(
-        workdir,
-        WORKERS,
-        HERE / "coord_worker.py",
-        ["facade", "lockstep", "free"],
-        env={"STEPS": str(STEPS), "SEED": "12", "ADAPTD_TEST_LOG": "INFO"},
-    ) as cluster:
-        return cluster.wait_ok(timeout=240)
-
 
 # ---------------------------------------------------------------------- the facade
 
