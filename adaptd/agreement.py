@@ -36,7 +36,7 @@ error, never a rank resuming alone.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
 from adaptd import protocol as p
@@ -95,12 +95,16 @@ def acknowledge(proposal: p.Propose, rank: int, step: int) -> p.Ack:
     )
 
 
-def decide(proposal: p.Propose, acks: Mapping[int, p.Ack], world_size: int) -> p.Decide:
-    """Commit when every rank ``0..world_size-1`` acknowledged ``ok``; else abort, with
-    the reason and, when ranks had passed ``at_step``, the furthest step seen."""
-    missing = [r for r in range(world_size) if r not in acks]
-    late = sorted(r for r, a in acks.items() if not a.ok and r < world_size)
-    steps = [a.step for a in acks.values()]
+def decide(
+    proposal: p.Propose, acks: Mapping[int, p.Ack], ranks: int | Collection[int]
+) -> p.Decide:
+    """Commit when every rank acknowledged ``ok`` (``ranks``: the ranks that must, or
+    the world size for ``0..ranks-1``); else abort, with the reason and, when ranks
+    had passed ``at_step``, the furthest step seen."""
+    members = set(range(ranks)) if isinstance(ranks, int) else set(ranks)
+    missing = sorted(r for r in members if r not in acks)
+    late = sorted(r for r, a in acks.items() if not a.ok and r in members)
+    steps = [a.step for r, a in acks.items() if r in members]
     if not missing and not late:
         return p.Decide(v=p.VERSION, job=proposal.job, round=proposal.round, commit=True)
     parts = []
