@@ -223,16 +223,22 @@ class JobRestore:
 
     def _gather(self, key_of: Any, kind: type, timeout_s: float, what: str) -> dict[int, Any]:
         deadline = time.monotonic() + timeout_s
-        out: dict[int, Any] = {}
+        raws: dict[int, str] = {}
         for r in range(self.world_size):
-            raw = self.store.get(key_of(r), max(0.001, deadline - time.monotonic()))
-            if raw is None:
-                missing = [q for q in range(self.world_size) if q not in out]
-                raise RestoreAgreementError(
-                    f"no {what} from rank(s) {', '.join(map(str, missing))} within "
-                    f"{timeout_s:g}s: every rank of job {self.job!r} must start (and reach "
-                    "restore_or_initialize) together; check the other workers' logs"
-                )
+            left = deadline - time.monotonic()
+            key = key_of(r)
+            raw = self.store.get(key, left) if left > 0 else self.store.try_get(key)
+            if raw is not None:
+                raws[r] = raw
+        missing = [r for r in range(self.world_size) if r not in raws]
+        if missing:
+            raise RestoreAgreementError(
+                f"no {what} from rank(s) {', '.join(map(str, missing))} within "
+                f"{timeout_s:g}s: every rank of job {self.job!r} must start (and reach "
+                "restore_or_initialize) together; check the other workers' logs"
+            )
+        out: dict[int, Any] = {}
+        for r, raw in raws.items():
             try:
                 msg = p.decode_rank(raw)
             except p.ProtocolError as exc:
