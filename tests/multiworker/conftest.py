@@ -12,6 +12,8 @@ from tests.multiworker.cluster import HERE, Cluster
 
 WORKERS = 3
 STEPS = 1000
+#: The step at which the last worker's process ends in the "dead" scenario.
+DIES_AT = 300
 #: Steps the durable destination of the restore scenarios holds.
 DEST_STEPS = (20, 30)
 
@@ -42,6 +44,6 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
         "RESTORE_ROOT": str(workdir / "restore"),
         "RESTORE_DEST": _destination(workdir),
     }
-    scenarios = ["facade", "lockstep", "free", "restore"]
+    scenarios = ["facade", "lockstep", "free", "restore", "dead"]
     with Cluster(workdir, WORKERS, HERE / "coord_worker.py", scenarios, env=env) as cluster:
         return cluster.wait_ok(timeout=300)

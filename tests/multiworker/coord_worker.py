@@ -8,6 +8,7 @@ Scenarios:
   lockstep   the agreement, ranks in lock step (a real all-reduce every step)
   free       the agreement, ranks running free at different speeds
   restore    the restore agreement (tests/multiworker/restore_scenarios.py)
+  dead       as free, and the last rank's process ends half-way (must be last)
 """
 
 from __future__ import annotations
@@ -128,8 +129,18 @@ class MiniHook:
 
 
 def agree(
-    store: Coordination, rank: int, world: int, name: str, collective: Any | None, lead: float
+    store: Coordination,
+    rank: int,
+    world: int,
+    name: str,
+    collective: Any | None,
+    lead: float,
+    timeout: float = 20.0,
+    die_at: int | None = None,
 ) -> dict[str, Any]:
+    """Random plan changes (rank 0) and urgent saves (every rank) for STEPS steps.
+    With ``die_at``, the last rank ends its process at that step (its results so far
+    written): the others must still finish, every wait bounded by ``timeout``."""
     rng = random.Random(f"{SEED}-{name}-{rank}")
     hook = MiniHook()
     agreement = Agreement(
@@ -139,7 +150,7 @@ def agree(
         world_size=world,
         position=lambda: hook.n,
         wake=hook.wake,
-        timeout_s=20,
+        timeout_s=timeout,
         slice_s=0.2,
         lead_time_s=lead,
     )
@@ -150,6 +161,10 @@ def agree(
     t_start = time.perf_counter()
     pace = 0.0002 * (1 + 2 * rank) if collective is None else 0.0
     for i in range(STEPS):
+        if die_at is not None and rank == world - 1 and i == die_at:
+            RESULTS[name] = {"died_at": hook.n}
+            write(RESULTS)
+            os._exit(0)
         if collective is not None:
             collective()
         elif pace:
@@ -165,7 +180,8 @@ def agree(
         now = time.perf_counter()
         hook.step((now - t_start) / (i + 1))
     took = time.perf_counter() - t_start
-    store.barrier(f"{name}/end", 120)
+    if die_at is None:
+        store.barrier(f"{name}/end", 120)
     agreement.close()
     return {
         "steps": hook.n,
@@ -183,6 +199,15 @@ def agree(
     }
 
 
+#: What this worker saw, by scenario (written to $RESULT).
+RESULTS: dict[str, Any] = {}
+
+
+def write(results: dict[str, Any]) -> None:
+    with open(os.environ["RESULT"], "w") as f:
+        json.dump(results, f)
+
+
 def main() -> int:
     scenarios = sys.argv[1:]
     if os.environ.get("ADAPTD_TEST_LOG"):
@@ -193,7 +218,8 @@ def main() -> int:
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     rank, world = ranks.resolve()
     store = Coordination(rank, world)
-    results: dict[str, Any] = {"rank": rank, "world": world}
+    results = RESULTS
+    results.update(rank=rank, world=world)
 
     @tf.function
     def all_reduce() -> Any:
@@ -207,14 +233,22 @@ def main() -> int:
             results[name] = agree(store, rank, world, name, all_reduce, 0.01)
         elif name == "free":  # proposals 2 steps ahead: ranks pass them, or wait at them
             results[name] = agree(store, rank, world, name, None, 0.0)
+        elif name == "dead":  # the last rank's process ends at step 300; always last
+            results[name] = agree(store, rank, world, name, None, 0.0, timeout=1.0, die_at=300)
+            # the chief hosts the service: it leaves only after the other survivors
+            survivors = range(world - 1)
+            store.put(f"dead/done/{rank}", "1")
+            for r in survivors:
+                store.get(f"dead/done/{r}", 60)
+            write(results)
+            return 0
         elif name == "restore":
             import restore_scenarios  # beside this script
 
             results[name] = restore_scenarios.run(store, rank, world)
         else:
             raise SystemExit(f"unknown scenario {name!r}")
-    with open(os.environ["RESULT"], "w") as f:
-        json.dump(results, f)
+    write(results)
     store.barrier("exit", 60)
     return 0
 

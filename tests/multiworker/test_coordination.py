@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.multiworker.conftest import STEPS
+from tests.multiworker.conftest import DIES_AT, STEPS, WORKERS
 
 pytestmark = [pytest.mark.slow, pytest.mark.tf]
 
@@ -104,6 +104,27 @@ def test_ranks_running_free_wait_at_an_undecided_step_or_are_refused(job) -> Non
     reasons = [r[5] for r in free[0]["rounds"] if not r[4]]
     assert any("past step" in why for why in reasons), reasons
     assert all(s["stall_s"] < 30 for s in free)
+
+
+def test_a_rank_that_dies_costs_the_others_bounded_waits_never_a_hang(job) -> None:
+    # The last worker's process ends at its step 300 (round timeout 1 s): from the
+    # first round it missed on, every round is aborted for want of its
+    # acknowledgement, the survivors wait at most a few timeouts per round, finish
+    # every step, and still agree with each other.
+    assert job[-1]["dead"] == {"died_at": DIES_AT}
+    survivors = [w["dead"] for w in job[:-1]]
+    first = survivors[0]
+    for s in survivors:
+        assert s["steps"] == STEPS and not s["broken"]
+        assert s["rounds"] == first["rounds"] and s["saves"] == first["saves"]
+    missing = f"no acknowledgement from rank(s) {WORKERS - 1}"
+    gone = next(i for i, r in enumerate(first["rounds"]) if missing in r[5])
+    late = first["rounds"][gone:]
+    assert not any(r[4] for r in late)  # nothing commits without the dead rank
+    assert all(missing in r[5] or "closing" in r[5] for r in late)
+    aborted = sum(1 for r in first["rounds"] if not r[4])
+    for s in survivors:
+        assert s["stall_s"] <= aborted * (2 * 1.0 + 2 * 0.2 + 1.0)
 
 
 # ---------------------------------------------------------------------- unavailable
