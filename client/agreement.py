@@ -342,6 +342,10 @@ class Agreement:
                 proposal = rules.save_proposal(self.job, k, at, self.rank, reason, stop=stop)
             elif self._wish_plan is not None:
                 decision, source, by = self._wish_plan
+                # never before a committed plan still waiting for its step: plans
+                # apply in round order at one boundary, so the newer one wins
+                waiting = [c.at_step for c in self._committed if c.action == "plan"]
+                at = max([at, *waiting])
                 if rules.same_saves_after(self._agreed_plan, decision, at - 1):
                     self._wish_plan = None
                 else:

@@ -196,7 +196,13 @@ def agree(
         "stall_s": agreement.stall_s,
         "broken": agreement.broken,
         "gate_after": agreement.gate == NEVER,
+        "in_force": _plan(hook.schedule.decision),
+        "agreed": _plan(agreement.agreed_plan),
     }
+
+
+def _plan(d: Decision | None) -> list[Any] | None:
+    return None if d is None else [d.next_step, d.every_steps]
 
 
 #: What this worker saw, by scenario (written to $RESULT).

@@ -94,6 +94,17 @@ def test_a_committed_change_applies_exactly_at_its_step(job, scenario) -> None:
             assert k not in applied
 
 
+@pytest.mark.parametrize("scenario", ["lockstep", "free"])
+def test_the_newest_committed_plan_is_the_one_in_force(job, scenario) -> None:
+    # A plan proposed after another one committed never takes effect before it
+    # (else the older plan would apply last and win).
+    for w in job:
+        s = w[scenario]
+        last_plan = max((r for r in s["rounds"] if r[4] and r[1] == "plan"), key=lambda r: r[0])
+        if last_plan[2] <= STEPS:  # it took effect within the run
+            assert s["in_force"] == s["agreed"], (w["rank"], s["in_force"], s["agreed"])
+
+
 def test_ranks_running_free_wait_at_an_undecided_step_or_are_refused(job) -> None:
     # Proposals 2 steps ahead, ranks at different speeds: some ranks reached a
     # proposed step before its round was decided (and waited), and some proposals
