@@ -45,6 +45,7 @@ from typing import Protocol
 from adaptd import agreement as rules
 from adaptd import protocol as p
 from adaptd.client.coordination import CoordinationError
+from adaptd.client.ledger import Applied, Ledger, Round
 from adaptd.client.schedule import NEVER, SaveSchedule
 from adaptd.snapshot import Decision
 
@@ -105,30 +106,6 @@ class Keys:
 
     def restored(self, rank: int) -> str:
         return f"{self.prefix}/restore/done/{rank}"
-
-
-@dataclass(frozen=True)
-class Round:
-    """A decided round, as every rank records it."""
-
-    round: int
-    action: str
-    at_step: int
-    proposer: int
-    commit: bool
-    reason: str
-
-
-@dataclass(frozen=True)
-class Applied:
-    """A committed change as this rank applied it: at ``step``, its first boundary at
-    or after ``at_step``."""
-
-    round: int
-    action: str
-    at_step: int
-    step: int
-    reason: str
 
 
 class Agreement:
@@ -194,8 +171,8 @@ class Agreement:
         # (a proposal written too late for its round is never decided).
         self._hold: tuple[int, int] | None = None
         self._round = 0  # the round the watcher is in (or waits for)
-        self._committed: list[p.Propose] = []  # committed, not yet applied
-        self._agreed_plan: Decision | None = None  # after every committed plan round
+        #: Decided rounds and committed changes waiting for their step.
+        self.ledger = Ledger()
         self._mine: int | None = None  # the round of our own undecided proposal
         self._attempts = 0
         self._last_abort: p.Decide | None = None
@@ -203,9 +180,6 @@ class Agreement:
         self._wish_save: tuple[str, int, bool] | None = None  # reason, since step, stop
         #: Why the agreement stopped working ("" while it works).
         self.broken = ""
-        #: Every decided round, and every change as applied here.
-        self.rounds: list[Round] = []
-        self.applied: list[Applied] = []
         #: Times the training thread waited at an undecided step, and for how long.
         self.stalls = 0
         self.stall_s = 0.0
@@ -240,8 +214,7 @@ class Agreement:
         """The step the training thread may run to before its next slow path: ``due``,
         lowered to the gate and to the next committed change. Call with :attr:`lock`
         held, and store the result while still holding it."""
-        nxt = min((c.at_step for c in self._committed), default=NEVER)
-        return min(due, self._limit(), nxt)
+        return min(due, self._limit(), self.ledger.next_step())
 
     def _limit(self) -> int:
         """The step not to pass before the current round is decided (lock held)."""
@@ -279,7 +252,17 @@ class Agreement:
     @property
     def agreed_plan(self) -> Decision | None:
         """The job's plan after every committed plan round (applied or not yet)."""
-        return self._agreed_plan
+        return self.ledger.agreed_plan
+
+    @property
+    def rounds(self) -> list[Round]:
+        """Every decided round."""
+        return self.ledger.rounds
+
+    @property
+    def applied(self) -> list[Applied]:
+        """Every committed change as applied here."""
+        return self.ledger.applied
 
     # ------------------------------------------------------------------ internals: training
 
@@ -315,19 +298,8 @@ class Agreement:
 
     def _apply(self, step: int, schedule: SaveSchedule) -> bool:
         with self.lock:
-            ready = [c for c in self._committed if c.at_step <= step]
-            if not ready:
-                return False
-            self._committed = [c for c in self._committed if c.at_step > step]
-        stop = False
-        for c in ready:
-            if c.action == "plan":
-                schedule.adopt(rules.decision_of(c), step, c.source or "daemon")
-            else:
-                schedule.request(step, c.reason or c.action, step)
-                stop = stop or c.action == "stop"
-            self.applied.append(Applied(c.round, c.action, c.at_step, step, c.reason))
-        return stop
+            ready = self.ledger.take(step)
+        return self.ledger.apply(ready, step, schedule) if ready else False
 
     def _propose(self, step: int, step_time_s: float | None) -> None:
         with self.lock:
@@ -344,9 +316,8 @@ class Agreement:
                 decision, source, by = self._wish_plan
                 # never before a committed plan still waiting for its step: plans
                 # apply in round order at one boundary, so the newer one wins
-                waiting = [c.at_step for c in self._committed if c.action == "plan"]
-                at = max([at, *waiting])
-                if rules.same_saves_after(self._agreed_plan, decision, at - 1):
+                at = max(at, self.ledger.plan_floor())
+                if rules.same_saves_after(self.ledger.agreed_plan, decision, at - 1):
                     self._wish_plan = None
                 else:
                     proposal = rules.plan_proposal(
@@ -499,18 +470,10 @@ class Agreement:
         return d
 
     def _record(self, k: int, proposal: p.Propose | None, decision: p.Decide | None) -> None:
-        commit = proposal is not None and decision is not None and decision.commit
         with self.lock:
-            if proposal is not None:
-                reason = decision.reason if decision is not None else ""
-                self.rounds.append(
-                    Round(k, proposal.action, proposal.at_step, proposal.proposer, commit, reason)
-                )
+            commit = proposal is not None and self.ledger.record(k, proposal, decision)
             if commit:
                 assert proposal is not None
-                self._committed.append(proposal)
-                if proposal.action == "plan":
-                    self._agreed_plan = rules.decision_of(proposal)
                 self._settle_wishes(proposal)
             if self._mine == k:
                 self._mine = None
@@ -547,7 +510,7 @@ class Agreement:
                 self._wish_save = None
         if self._wish_plan is not None and committed.action == "plan":
             decision = self._wish_plan[0]
-            if rules.same_saves_after(self._agreed_plan, decision, committed.at_step - 1):
+            if rules.same_saves_after(self.ledger.agreed_plan, decision, committed.at_step - 1):
                 self._wish_plan = None
 
 
