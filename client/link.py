@@ -170,6 +170,18 @@ class DaemonLink:
             out.append(msg)
         return out
 
+    def poll(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` for a message to arrive (without reading it); True
+        when one is waiting. For the rare waits of the training thread (a step held
+        for a daemon's decision), never on the per-step path."""
+        sock = self._sock
+        if sock is None:
+            return False
+        try:
+            return bool(sock.poll(max(0, int(timeout_s * 1000)), zmq.POLLIN))
+        except zmq.ZMQError:
+            return False
+
     # ------------------------------------------------------------------ liveness
 
     def alive(self, now: float) -> bool:
