@@ -16,6 +16,10 @@ from adaptd.policies.risk import Risk
 from adaptd.policy import AnyPolicy, Policy
 from adaptd.snapshot import Decision, JobState, Snapshot
 
+__all__ = [
+    "Default",
+]
+
 
 @dataclass(frozen=True)
 class Default:
