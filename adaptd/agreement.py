@@ -192,17 +192,6 @@ def decision_of(proposal: p.Propose) -> Decision:
     )
 
 
-def same_saves_after(agreed: Decision | None, wanted: Decision | None, step: int) -> bool:
-    """True when, from the step after ``step`` on, ``agreed`` and ``wanted`` save at the
-    same steps (same next save, same repetition): proposing ``wanted`` would change
-    nothing."""
-    if agreed is None or wanted is None:
-        return agreed is None and wanted is None
-    return agreed.due_after(step) == wanted.due_after(step) and (
-        agreed.every_steps == wanted.every_steps
-    )
-
-
 def satisfies(committed: p.Propose, wish: str, since_step: int) -> bool:
     """Whether a committed round fulfils a rank's wish made at ``since_step``: a save
     wish by any save or stop at or after that step, a stop wish by a stop."""
@@ -296,7 +285,6 @@ __all__ = [
     "lead_steps",
     "plan_proposal",
     "retry_step",
-    "same_saves_after",
     "satisfies",
     "save_proposal",
 ]

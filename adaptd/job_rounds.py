@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 from adaptd import agreement as rules
 from adaptd import protocol as p
-from adaptd.snapshot import Decision
+from adaptd.snapshot import Decision, same_saves
 
 #: Default bound on a round: a rank that has not answered by then is counted missing.
 TIMEOUT_S = 10.0
@@ -113,7 +113,7 @@ class JobRounds:
         at = rules.retry_step(max(steps.values()), lead, self._last_abort, self._attempts)
         if self._save is not None:
             proposal = rules.save_proposal(self.job, self.round, at, self.proposer, self._save)
-        elif self._plan is not None and not rules.same_saves_after(self.agreed, self._plan, at - 1):
+        elif self._plan is not None and not same_saves(self.agreed, self._plan, at - 1):
             proposal = rules.plan_proposal(
                 self.job, self.round, at, self.proposer, self._plan, source="daemon"
             )
@@ -157,9 +157,7 @@ class JobRounds:
         self._attempts, self._last_abort = 0, None
         if proposal.action == "plan":
             self.agreed = rules.decision_of(proposal)
-            if self._plan is not None and rules.same_saves_after(
-                self.agreed, self._plan, proposal.at_step - 1
-            ):
+            if self._plan is not None and same_saves(self.agreed, self._plan, proposal.at_step - 1):
                 self._plan = None
         else:
             self._save = None

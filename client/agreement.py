@@ -7,15 +7,8 @@ thread makes at step boundaries (never per step). The rules are
 (:class:`adaptd.client.coordination.Coordination`), whose first-writer-wins keys and
 blocking gets with timeouts are all it needs.
 
-Keys of one checkpointer's session (``adaptd/<job>/<session>/``)::
-
-    r<k>/proposal     the round's Propose (first writer wins the round)
-    r<k>/ack/<rank>   each rank's Ack
-    r<k>/decision     the Decide (first writer wins: the proposer's, or an abort by a
-                      rank that waited too long)
-
-Sessions are numbered per job in each process, so the ranks' N-th checkpointers meet
-(every rank of a data-parallel job creates its checkpointers in the same order).
+The keys are :mod:`adaptd.client.kv`'s; the watcher thread's part of each round is
+:class:`~adaptd.client.round_watcher.RoundWatcher`.
 
 **Holding at a step.** A rank must not pass the step it acknowledged until the round
 is decided. The training thread checks one integer per step (``step >= due``); the
@@ -34,20 +27,19 @@ an undecided step, waits.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Protocol
 
 from adaptd import agreement as rules
 from adaptd import protocol as p
 from adaptd.client.coordination import CoordinationError
+from adaptd.client.kv import Keys, Store, next_session
 from adaptd.client.ledger import Applied, Ledger, Round
+from adaptd.client.round_watcher import RoundWatcher
 from adaptd.client.schedule import NEVER, SaveSchedule
-from adaptd.snapshot import Decision
+from adaptd.snapshot import Decision, same_saves
 
 log = logging.getLogger("adaptd.client")
 
@@ -55,57 +47,6 @@ log = logging.getLogger("adaptd.client")
 TIMEOUT_S = 30.0
 #: How often the watcher wakes from a wait to notice close().
 SLICE_S = 0.5
-
-_sessions: dict[str, itertools.count[int]] = {}
-_sessions_lock = threading.Lock()
-
-
-def next_session(job: str) -> int:
-    """The next session number of ``job`` in this process (0, 1, ...)."""
-    with _sessions_lock:
-        return next(_sessions.setdefault(job, itertools.count()))
-
-
-class Store(Protocol):
-    """What the agreement needs of a key-value store (see
-    :class:`~adaptd.client.coordination.Coordination`)."""
-
-    def put(self, key: str, value: str) -> bool: ...
-
-    def get(self, key: str, timeout_s: float) -> str | None: ...
-
-    def try_get(self, key: str) -> str | None: ...
-
-    def delete(self, key: str) -> None: ...
-
-
-@dataclass(frozen=True)
-class Keys:
-    """Key names of one session."""
-
-    prefix: str
-
-    @classmethod
-    def of(cls, job: str, session: int) -> Keys:
-        return cls(f"adaptd/{job}/{session}")
-
-    def round(self, k: int) -> str:
-        return f"{self.prefix}/r{k}"
-
-    def proposal(self, k: int) -> str:
-        return f"{self.prefix}/r{k}/proposal"
-
-    def ack(self, k: int, rank: int) -> str:
-        return f"{self.prefix}/r{k}/ack/{rank}"
-
-    def decision(self, k: int) -> str:
-        return f"{self.prefix}/r{k}/decision"
-
-    def offer(self, rank: int) -> str:
-        return f"{self.prefix}/restore/offer/{rank}"
-
-    def restored(self, rank: int) -> str:
-        return f"{self.prefix}/restore/done/{rank}"
 
 
 class Agreement:
@@ -184,7 +125,15 @@ class Agreement:
         self.stalls = 0
         self.stall_s = 0.0
 
-        self._stop = threading.Event()
+        self._watcher = RoundWatcher(
+            self,
+            store,
+            self.keys,
+            rank=rank,
+            world_size=world_size,
+            timeout_s=self._timeout_s,
+            slice_s=self._slice_s,
+        )
         self._thread: threading.Thread | None = None
 
     # ------------------------------------------------------------------ life cycle
@@ -193,13 +142,13 @@ class Agreement:
         """Start the watcher thread (once)."""
         if self._thread is None:
             self._thread = threading.Thread(
-                target=self._watch, name=f"adaptd-agreement-{self.rank}", daemon=True
+                target=self._watcher.run, name=f"adaptd-agreement-{self.rank}", daemon=True
             )
             self._thread.start()
 
     def close(self, timeout_s: float | None = None) -> None:
         """Stop the watcher; waits for it at most ``timeout_s`` (default: two slices)."""
-        self._stop.set()
+        self._watcher.stop()
         thread = self._thread
         if thread is not None:
             thread.join(2 * self._slice_s + 1.0 if timeout_s is None else timeout_s)
@@ -250,6 +199,11 @@ class Agreement:
         return stop
 
     @property
+    def round(self) -> int:
+        """The round the watcher is in (or waits for)."""
+        return self._round
+
+    @property
     def agreed_plan(self) -> Decision | None:
         """The job's plan after every committed plan round (applied or not yet)."""
         return self.ledger.agreed_plan
@@ -283,7 +237,7 @@ class Agreement:
             stuck = step >= self._limit() and not self.broken
             k = self._round
         if stuck:  # the watcher did not settle it: end the round ourselves
-            self._force_abort(k, f"rank {self.rank} waited {waited:.1f}s at step {step}")
+            self._watcher.force_abort(k, f"rank {self.rank} waited {waited:.1f}s at step {step}")
             with self.lock:
                 end = time.monotonic() + 2 * self._slice_s + 1.0
                 while step >= self._limit() and not self.broken and time.monotonic() < end:
@@ -303,7 +257,7 @@ class Agreement:
 
     def _propose(self, step: int, step_time_s: float | None) -> None:
         with self.lock:
-            if self._mine is not None or self.broken or self._stop.is_set():
+            if self._mine is not None or self.broken or self._watcher.stopping:
                 return
             proposal = None
             k = self._round
@@ -317,7 +271,7 @@ class Agreement:
                 # never before a committed plan still waiting for its step: plans
                 # apply in round order at one boundary, so the newer one wins
                 at = max(at, self.ledger.plan_floor())
-                if rules.same_saves_after(self.ledger.agreed_plan, decision, at - 1):
+                if same_saves(self.ledger.agreed_plan, decision, at - 1):
                     self._wish_plan = None
                 else:
                     proposal = rules.plan_proposal(
@@ -331,7 +285,7 @@ class Agreement:
         try:
             won = self.store.put(self.keys.proposal(k), p.encode_json(proposal))
         except CoordinationError as exc:
-            self._break(f"proposing failed: {exc}")
+            self.stop_with(f"proposing failed: {exc}")
             return
         if not won:
             with self.lock:  # another rank's proposal is round k: ours waits for a later one
@@ -344,18 +298,8 @@ class Agreement:
             # the watcher already cleared _mine and the hold when it recorded round k.)
             log.debug("rank %d proposed round %d: %s at step %d", self.rank, k, proposal.action, at)
 
-    def _force_abort(self, k: int, why: str) -> None:
-        try:
-            raw = self.store.try_get(self.keys.proposal(k))
-            if raw is None:
-                return
-            proposal = p.decode_rank(raw)
-            if isinstance(proposal, p.Propose):
-                self.store.put(self.keys.decision(k), p.encode_json(rules.abort(proposal, why)))
-        except (CoordinationError, p.ProtocolError) as exc:
-            self._break(f"could not abort round {k}: {exc}")
-
-    def _break(self, why: str) -> None:
+    def stop_with(self, why: str) -> None:
+        """The agreement cannot go on (the store is gone, or a bug): release every hold."""
         with self.lock:
             if not self.broken:
                 self.broken = why
@@ -366,41 +310,8 @@ class Agreement:
 
     # ------------------------------------------------------------------ internals: watcher
 
-    def _watch(self) -> None:
-        try:
-            while not self._stop.is_set():
-                k = self._round
-                raw = self.store.get(self.keys.proposal(k), self._slice_s)
-                if raw is None:
-                    continue
-                self._round_of(k, raw)
-        except CoordinationError as exc:
-            self._break(str(exc))
-        except Exception as exc:  # a bug must not leave a rank held at a gate forever
-            log.exception("adaptd agreement watcher failed")
-            self._break(f"{type(exc).__name__}: {exc}")
-
-    def _round_of(self, k: int, raw: str) -> None:
-        try:
-            proposal = p.decode_rank(raw)
-            if not isinstance(proposal, p.Propose) or proposal.round != k:
-                raise p.ProtocolError("invalid", f"round {k} holds no proposal for it")
-        except p.ProtocolError as exc:
-            # unreadable: answer no, so the proposer (if any) aborts; the round ends
-            # with whatever decision is written
-            log.warning("round %d: bad proposal (%s)", k, exc)
-            proposal = None
-        if proposal is not None:
-            ack = self._acknowledge(proposal)
-            self.store.put(self.keys.ack(k, self.rank), p.encode_json(ack))
-            if proposal.proposer == self.rank:
-                self._decide(proposal)
-            decision = self._await_decision(proposal)
-        else:
-            decision = None
-        self._record(k, proposal, decision)
-
-    def _acknowledge(self, proposal: p.Propose) -> p.Ack:
+    def acknowledge(self, proposal: p.Propose) -> p.Ack:
+        """(Watcher thread.) This rank's answer to ``proposal``; holds at its step if yes."""
         # Lower the gate and wake the training thread *before* reading its step: if
         # the step read is below at_step, the training thread's next check sees the
         # gate (see the module docstring).
@@ -412,64 +323,9 @@ class Agreement:
                 self.gate = NEVER
             return ack
 
-    def _wait_key(self, key: str, deadline: float) -> str | None:
-        """The value of ``key`` once written, waiting until ``deadline`` (monotonic) in
-        slices; None at the deadline or when closing."""
-        while not self._stop.is_set():
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return None
-            raw = self.store.get(key, min(self._slice_s, left))
-            if raw is not None:
-                return raw
-        return None
-
-    def _decide(self, proposal: p.Propose) -> None:
-        k = proposal.round
-        deadline = time.monotonic() + self._timeout_s
-        acks: dict[int, p.Ack] = {}
-        for r in range(self.world_size):
-            if time.monotonic() < deadline:
-                raw = self._wait_key(self.keys.ack(k, r), deadline)
-            else:  # past the deadline: only see who did answer, for the reason
-                raw = self.store.try_get(self.keys.ack(k, r))
-            if raw is None:
-                continue
-            try:
-                ack = p.decode_rank(raw)
-            except p.ProtocolError as exc:
-                log.warning("round %d: bad acknowledgement of rank %d (%s)", k, r, exc)
-                continue
-            if isinstance(ack, p.Ack) and ack.rank == r and ack.round == k:
-                acks[r] = ack
-        decision = rules.decide(proposal, acks, self.world_size)
-        self.store.put(self.keys.decision(k), p.encode_json(decision))
-        if decision.commit and k > 0:
-            # every rank acknowledged round k, so every rank is done with round k - 1
-            self.store.delete(self.keys.round(k - 1))
-
-    def _await_decision(self, proposal: p.Propose) -> p.Decide:
-        key = self.keys.decision(proposal.round)
-        raw = self._wait_key(key, time.monotonic() + 2 * self._timeout_s)
-        if raw is not None:
-            return self._decision_from(proposal, raw)
-        why = "closing" if self._stop.is_set() else f"no decision within {2 * self._timeout_s:g}s"
-        self.store.put(key, p.encode_json(rules.abort(proposal, f"rank {self.rank}: {why}")))
-        raw = self.store.try_get(key)
-        if raw is None:
-            return rules.abort(proposal, why)
-        return self._decision_from(proposal, raw)
-
-    def _decision_from(self, proposal: p.Propose, raw: str) -> p.Decide:
-        try:
-            d = p.decode_rank(raw)
-        except p.ProtocolError as exc:
-            return rules.abort(proposal, f"unreadable decision ({exc})")
-        if not isinstance(d, p.Decide) or d.round != proposal.round:
-            return rules.abort(proposal, "the decision key holds no decision for this round")
-        return d
-
-    def _record(self, k: int, proposal: p.Propose | None, decision: p.Decide | None) -> None:
+    def record(self, k: int, proposal: p.Propose | None, decision: p.Decide | None) -> None:
+        """(Watcher thread.) Round ``k`` ended: note it, release the gate, wake the
+        training thread."""
         with self.lock:
             commit = proposal is not None and self.ledger.record(k, proposal, decision)
             if commit:
@@ -510,7 +366,7 @@ class Agreement:
                 self._wish_save = None
         if self._wish_plan is not None and committed.action == "plan":
             decision = self._wish_plan[0]
-            if rules.same_saves_after(self.ledger.agreed_plan, decision, committed.at_step - 1):
+            if same_saves(self.ledger.agreed_plan, decision, committed.at_step - 1):
                 self._wish_plan = None
 
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -28,7 +27,8 @@ from typing import Any
 
 from adaptd import agreement as rules
 from adaptd import protocol as p
-from adaptd.client.agreement import Keys, Store
+from adaptd.checkpoint_files import CHECKPOINT_FILE
+from adaptd.client.kv import Keys, Store
 from adaptd.client.verify import complete
 
 log = logging.getLogger("adaptd.client")
@@ -38,7 +38,6 @@ log = logging.getLogger("adaptd.client")
 OFFER_TIMEOUT_S = 300.0
 #: Default bound on waiting for every rank's restore, pulls included.
 RESTORE_TIMEOUT_S = 1800.0
-_CKPT = re.compile(r"^ckpt-(\d+)\.index$")
 
 
 class RestoreAgreementError(RuntimeError):
@@ -53,8 +52,8 @@ def local_steps(directory: str | os.PathLike[str]) -> list[int]:
         return []
     steps = []
     for entry in root.iterdir():
-        m = _CKPT.match(entry.name)
-        if m and complete(root / f"ckpt-{m.group(1)}"):
+        m = CHECKPOINT_FILE.match(entry.name)
+        if m and m.group(2) == "index" and complete(root / f"ckpt-{m.group(1)}"):
             steps.append(int(m.group(1)))
     return sorted(steps, reverse=True)
 

@@ -115,23 +115,6 @@ def test_a_plan_travels_in_a_proposal_unchanged() -> None:
 
 
 @pytest.mark.parametrize(
-    ("agreed", "wanted", "step", "same"),
-    [
-        (None, None, 0, True),
-        (None, Decision(next_step=10), 0, False),
-        (Decision(next_step=10), None, 0, False),
-        (Decision(100, 100), Decision(100, 100), 0, True),
-        (Decision(100, 100), Decision(200, 100), 150, True),  # same grid from 150 on
-        (Decision(100, 100), Decision(200, 100), 50, False),  # 100 is saved only by one
-        (Decision(100, 100), Decision(100, 50), 0, False),
-        (Decision(100, None), Decision(100, None), 120, True),  # both done after 100
-    ],
-)
-def test_same_saves_after(agreed, wanted, step, same) -> None:
-    assert rules.same_saves_after(agreed, wanted, step) is same
-
-
-@pytest.mark.parametrize(
     ("action", "at", "wish", "since", "ok"),
     [
         ("save", 100, "save", 90, True),

@@ -17,8 +17,9 @@ import tensorflow as tf
 
 from adaptd import agreement as rules
 from adaptd import protocol as p
-from adaptd.client.agreement import Agreement, Keys
+from adaptd.client.agreement import Agreement
 from adaptd.client.coordination import Coordination
+from adaptd.client.kv import Keys
 from adaptd.client.schedule import SaveSchedule
 from adaptd.snapshot import Decision
 

@@ -14,9 +14,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from adaptd.client.agreement import Keys, next_session
 from adaptd.client.coordination import Coordination
 from adaptd.client.job_restore import JobRestore, RestoreAgreementError, local_steps
+from adaptd.client.kv import Keys, next_session
 
 #: scenario -> steps each rank holds (rank -> steps; ranks not named hold none)
 HOLDINGS: dict[str, dict[int, tuple[int, ...]]] = {
