@@ -5,11 +5,25 @@ by its ``kind`` field; decoding is strict (wrong types, unknown kinds, missing
 fields and oversized frames are rejected with :class:`ProtocolError`), so the
 daemon validates every message before it looks at it. Nothing is ever unpickled.
 
-Client -> daemon: :class:`Hello`, :class:`Steps`, :class:`SaveReport`, :class:`Goodbye`.
-Daemon -> client: :class:`Welcome`, :class:`Plan`, :class:`SaveNow`, :class:`Error`.
+Client -> daemon: :class:`Hello`, :class:`Steps`, :class:`SaveReport`, :class:`Goodbye`,
+and for jobs of several ranks :class:`Ack`, :class:`JobPlan`, :class:`Request`.
+Daemon -> client: :class:`Welcome`, :class:`Plan`, :class:`SaveNow`, :class:`Error`,
+and for jobs of several ranks :class:`Propose`, :class:`Decide`, :class:`Relay`.
 
 A message whose ``v`` differs from :data:`VERSION` is refused with an error reply
 naming both versions.
+
+Version 2 added the agreement of jobs with several ranks (docs/multiworker.md):
+:class:`Propose`, :class:`Ack` and :class:`Decide` are one round of it (a change takes
+effect at a step every rank acknowledged before reaching it). The daemon runs these
+rounds for ranks without a coordination runtime of their own; ranks under
+``tf.distribute`` run the same rounds, with the same records (JSON-encoded, see
+:func:`encode_json`), on TensorFlow's coordination service, and tell their daemon
+the plan agreed (:class:`JobPlan`). An operator request made on a host whose daemon
+does not decide the job's plan travels to the deciding host in-band: the daemon
+hands it to its ranks (:class:`Relay`), the job's chief hands it to its own daemon
+(:class:`Request`). A version-1 client would switch plans on arrival, which is what
+broke agreement, so it is refused rather than served.
 """
 
 from __future__ import annotations
@@ -18,18 +32,34 @@ import msgspec
 
 __all__ = [
     "MAX_MESSAGE_BYTES",
+    "MAX_OFFERED",
     "MAX_TEXT",
     "VERSION",
+    "Ack",
+    "Action",
+    "AgreementKind",
     "ClientMessage",
     "Count",
     "DaemonMessage",
+    "Decide",
     "Error",
+    "Every",
+    "Figure",
     "Goodbye",
     "Hello",
     "JobId",
+    "JobPlan",
     "Message",
+    "Operation",
     "Plan",
+    "Propose",
     "ProtocolError",
+    "RankMessage",
+    "Relay",
+    "Request",
+    "RestoreOffer",
+    "Restored",
+    "SaveCost",
     "SaveNow",
     "SaveReport",
     "Seconds",
@@ -38,11 +68,13 @@ __all__ = [
     "Welcome",
     "decode_client",
     "decode_daemon",
+    "decode_rank",
     "encode",
+    "encode_json",
 ]
 
 #: Protocol version. Bump on any incompatible change.
-VERSION = 1
+VERSION = 2
 #: Largest frame either side accepts. Real messages are a few hundred bytes.
 MAX_MESSAGE_BYTES = 64 * 1024
 #: Longest free-text field (reasons, error text, paths).
@@ -74,6 +106,13 @@ Seconds = _t.Annotated[float, msgspec.Meta(ge=0, le=MAX_SECONDS)]
 #: A figure the daemon computed for a plan, shown to the user only: >= 0, may be inf
 #: (a policy plugin's "never"), so refusing it would not drop the whole plan.
 Figure = _t.Annotated[float, msgspec.Meta(ge=0)]
+Every = _t.Annotated[int, msgspec.Meta(ge=1, le=MAX_COUNT)]
+AgreementKind = _t.Literal["none", "daemon", "coordination"]
+#: What one agreement round changes: the plan from ``at_step`` on; one save at
+#: ``at_step``; one save at ``at_step`` and then the job stops (a rank got SIGTERM).
+Action = _t.Literal["plan", "save", "stop"]
+#: Operator requests that travel to the host deciding a job's plan.
+Operation = _t.Literal["set_policy", "pause", "resume", "save_now"]
 
 
 class Message(
@@ -107,6 +146,10 @@ class Hello(Message, frozen=True, tag="hello"):
     # the newest checkpoint was damaged and the run resumed from an older one: which,
     # and why ("" = resumed from the newest, or started fresh)
     restore_fallback: Text = ""
+    # How the job's ranks agree on save steps: "none" (one rank), "daemon" (ranks
+    # without a runtime of their own: the daemon runs Propose/Ack/Decide rounds) or
+    # "coordination" (tf.distribute: the ranks agree among themselves, rank 0 leads)
+    agreement: AgreementKind = "none"
 
 
 class Steps(Message, frozen=True, tag="steps"):
@@ -143,6 +186,10 @@ class SaveReport(Message, frozen=True, tag="save_report"):
     error: Text = ""
     path: Text = ""
     reason: Text = ""  # why the save happened (the plan's reason)
+    # The job's cost of this save when the ranks' costs are known (the chief's report
+    # under coordination): the slowest rank's blocking + extra step time, and its rank.
+    job_cost_s: Seconds | None = None
+    slowest_rank: Count | None = None
 
 
 class Goodbye(Message, frozen=True, tag="goodbye"):
@@ -152,6 +199,46 @@ class Goodbye(Message, frozen=True, tag="goodbye"):
     rank: Count
     step: Count
     reason: Text = ""
+
+
+class Ack(Message, frozen=True, tag="ack"):
+    """A rank's answer to :class:`Propose` round ``round``: ``ok`` when its step was
+    still below the proposal's ``at_step``; it then holds at ``at_step`` (bounded)
+    until the round is decided. ``step`` is where it was when it answered."""
+
+    job: JobId
+    rank: Count
+    round: Count
+    step: Count
+    ok: bool
+
+
+class JobPlan(Message, frozen=True, tag="job_plan"):
+    """The plan a job's ranks agreed on, in force from ``at_step``; ``decided_by`` is
+    the host whose daemon (``source="daemon"``) or embedded policy decided it. Ranks
+    whose daemon does not decide the job send it, so every host shows the job's plan."""
+
+    job: JobId
+    rank: Count
+    at_step: Count
+    next_step: Count | None
+    every_steps: Every | None = None
+    policy: Text = ""
+    reason: Text = ""
+    decided_by: Text = ""
+    source: Text = ""
+
+
+class Request(Message, frozen=True, tag="request"):
+    """An operator request relayed in-band from host ``origin`` (see :class:`Relay`),
+    handed by the job's chief to the daemon that decides the job's plan."""
+
+    job: JobId
+    rank: Count
+    op: Operation
+    spec: Text = ""  # set_policy: the policy spec
+    reason: Text = ""
+    origin: Text = ""  # the host the operator typed it on
 
 
 # ------------------------------------------------------------------ daemon -> client
@@ -169,7 +256,7 @@ class Plan(Message, frozen=True, tag="plan"):
     job: JobId
     seq: Count  # increases with each plan the daemon sends the job
     next_step: Count | None
-    every_steps: _t.Annotated[int, msgspec.Meta(ge=1, le=MAX_COUNT)] | None = None
+    every_steps: Every | None = None
     policy: Text = ""
     reason: Text = ""
     interval_s: Figure | None = None
@@ -191,8 +278,100 @@ class Error(Message, frozen=True, tag="error"):
     message: Text
 
 
-ClientMessage = _t.Union[Hello, Steps, SaveReport, Goodbye]  # noqa: UP007
-DaemonMessage = _t.Union[Welcome, Plan, SaveNow, Error]  # noqa: UP007
+class Propose(Message, frozen=True, tag="propose"):
+    """Round ``round`` of a job's agreement: ``action`` at ``at_step`` (the plan's
+    fields for ``"plan"``). Proposed by rank ``proposer`` (or, under the daemon's
+    agreement, by the daemon: ``proposer`` is then the world size). Every rank
+    answers :class:`Ack`; the round is committed only if every rank acknowledged
+    before reaching ``at_step``, else it is aborted (:class:`Decide`)."""
+
+    job: JobId
+    round: Count
+    action: Action
+    at_step: Count
+    proposer: Count
+    reason: Text = ""
+    next_step: Count | None = None
+    every_steps: Every | None = None
+    policy: Text = ""
+    interval_s: Figure | None = None
+    waste: Figure | None = None
+    decided_by: Text = ""  # the host whose daemon or embedded policy made the plan
+    source: Text = ""  # "daemon" or "embedded"
+
+
+class Decide(Message, frozen=True, tag="decide"):
+    """How round ``round`` ended. ``retry_from``: after an abort because a rank had
+    passed ``at_step``, the newest step a rank reported; a new proposal must name a
+    later step."""
+
+    job: JobId
+    round: Count
+    commit: bool
+    reason: Text = ""
+    retry_from: Count | None = None
+
+
+class Relay(Message, frozen=True, tag="relay"):
+    """An operator request made on this host for a job whose plan another host's
+    daemon decides: the rank forwards it in-band to the job's chief."""
+
+    job: JobId
+    op: Operation
+    spec: Text = ""
+    reason: Text = ""
+    origin: Text = ""
+
+
+# ------------------------------------------------------------------ rank <-> rank
+
+#: Most checkpoint steps one rank lists in a :class:`RestoreOffer`.
+MAX_OFFERED = 256
+_Steps = _t.Annotated[list[Count], msgspec.Meta(max_length=MAX_OFFERED)]
+
+
+class RestoreOffer(Message, frozen=True, tag="restore_offer"):
+    """The checkpoints one rank could restore, newest first: ``local`` are complete in
+    its ``directory``, ``pullable`` are at its durable destination ``url``."""
+
+    job: JobId
+    rank: Count
+    local: _Steps
+    pullable: _Steps = []
+    directory: Text = ""
+    url: Text = ""
+    host: Text = ""
+
+
+class Restored(Message, frozen=True, tag="restored"):
+    """A rank's outcome of the agreed restore: ``ok`` with the step it restored, or the
+    error that stops the job."""
+
+    job: JobId
+    rank: Count
+    step: Count
+    ok: bool
+    error: Text = ""
+
+
+class SaveCost(Message, frozen=True, tag="save_cost"):
+    """What one save at ``step`` cost a rank, for the job's chief (δ of a job is its
+    slowest rank's: blocking time plus extra step time while the write ran)."""
+
+    job: JobId
+    rank: Count
+    step: Count
+    blocking_s: Seconds
+    extra_step_s: Seconds = 0.0
+    ok: bool = True
+
+
+ClientMessage = _t.Union[Hello, Steps, SaveReport, Goodbye, Ack, JobPlan, Request]  # noqa: UP007
+DaemonMessage = _t.Union[Welcome, Plan, SaveNow, Error, Propose, Decide, Relay]  # noqa: UP007
+#: The records ranks exchange among themselves (on TensorFlow's coordination service).
+RankMessage = _t.Union[  # noqa: UP007
+    Propose, Ack, Decide, Request, RestoreOffer, Restored, SaveCost
+]
 
 
 class ProtocolError(ValueError):
@@ -206,6 +385,8 @@ class ProtocolError(ValueError):
 _encoder = msgspec.msgpack.Encoder()
 _client_decoder = msgspec.msgpack.Decoder(ClientMessage)
 _daemon_decoder = msgspec.msgpack.Decoder(DaemonMessage)
+_json_encoder = msgspec.json.Encoder()
+_rank_decoder = msgspec.json.Decoder(RankMessage)
 
 
 def encode(msg: Message) -> bytes:
@@ -248,3 +429,15 @@ def decode_client(frame: bytes) -> ClientMessage:
 def decode_daemon(frame: bytes) -> DaemonMessage:
     """Decode a frame sent by the daemon; raises :class:`ProtocolError`."""
     return _decode(frame, _daemon_decoder)  # type: ignore[return-value]
+
+
+def encode_json(msg: Message) -> str:
+    """A message as JSON text, for stores that keep text (TensorFlow's coordination
+    service decodes every value as UTF-8, so msgpack bytes would not survive)."""
+    return _json_encoder.encode(msg).decode("utf-8")
+
+
+def decode_rank(text: str) -> RankMessage:
+    """Decode a record another rank stored (see :func:`encode_json`), as strictly as a
+    frame; raises :class:`ProtocolError`."""
+    return _decode(text.encode("utf-8"), _rank_decoder)  # type: ignore[return-value]

@@ -43,6 +43,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -190,4 +191,9 @@ def build_optimizers(objects: dict[str, Any]) -> None:
             and getattr(opt, "built", True) is False
             and len(models) == 1
         ):
-            opt.build(models[0].trainable_variables)
+            # An optimizer created under a tf.distribute strategy makes its slot
+            # variables only inside that strategy's scope (RuntimeError otherwise).
+            strategy = getattr(opt, "_distribution_strategy", None)
+            scope = strategy.scope() if strategy is not None else contextlib.nullcontext()
+            with scope:
+                opt.build(models[0].trainable_variables)

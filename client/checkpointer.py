@@ -374,7 +374,7 @@ class AdaptiveCheckpointer:
             if now >= deadline:
                 return
             until = deadline if self._hello_sent else min(deadline, retry_at)
-            if link.wait(until - now):
+            if link.poll(until - now):
                 now = perf_counter()
                 for msg in link.receive(now):
                     self._on_message(msg, self._n, now)

@@ -177,13 +177,17 @@ class DaemonLink:
             out.append(msg)
         return out
 
-    def wait(self, timeout_s: float) -> bool:
-        """Block up to ``timeout_s`` until a message is waiting; True when one is.
-        For start-up only (the training loop never blocks on the daemon)."""
+    def poll(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` for a message to arrive (without reading it); True
+        when one is waiting. For start-up and the rare waits of the training thread (a
+        step held for a daemon's decision), never on the per-step path."""
         sock = self._sock
         if sock is None:
             return False
-        return bool(sock.poll(max(0, int(timeout_s * 1000)), zmq.POLLIN))
+        try:
+            return bool(sock.poll(max(0, int(timeout_s * 1000)), zmq.POLLIN))
+        except zmq.ZMQError:
+            return False
 
     # ------------------------------------------------------------------ liveness
 

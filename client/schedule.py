@@ -84,6 +84,13 @@ class SaveSchedule:
         )
         return self._install(decision, step, "daemon")
 
+    def adopt(self, decision: Decision, step: int, source: str) -> bool:
+        """Install a plan the job's ranks agreed on (:mod:`adaptd.client.agreement`), in
+        force from ``step``; ``source`` says who decided it (``"daemon"`` or
+        ``"embedded"``, on the deciding rank's host). Returns True when the save steps
+        changed."""
+        return self._install(decision, step, source)
+
     def daemon_lost(self) -> None:
         """The daemon stopped answering: the embedded plan takes over on the next decision.
 

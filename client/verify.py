@@ -124,8 +124,10 @@ def _prefix_of(path: Path) -> Path:
     return path.with_name(name[: m.start()]) if m else path
 
 
-def _complete(prefix: Path) -> bool:
-    """The index exists and every data shard its file names promise exists."""
+def complete(prefix: str | os.PathLike[str]) -> bool:
+    """The index exists and every data shard its file names promise exists (a cheap
+    check of a checkpoint's files, without reading them)."""
+    prefix = Path(prefix)
     if not Path(f"{prefix}.index").is_file():
         return False
     shards = list(prefix.parent.glob(f"{_glob_escape(prefix.name)}.data-*-of-*"))
@@ -167,7 +169,7 @@ def find(path: str | os.PathLike[str]) -> tuple[Path | None, list[str]]:
     for index in p.glob("*.index"):
         prefix = index.with_suffix("")
         m = _NUMBERED.search(prefix.name)
-        if m and _complete(prefix):
+        if m and complete(prefix):
             numbered.append((int(m.group(1)), prefix))
     if not numbered:
         return None, notes

@@ -53,8 +53,8 @@ def _kinds() -> list[Kind]:
     def kinds(classes, decode, encode, refusal, version):  # type: ignore[no-untyped-def]
         return [Kind(c, decode, encode, refusal, version) for c in classes]
 
-    client = (p.Hello, p.Steps, p.SaveReport, p.Goodbye)
-    daemon = (p.Welcome, p.Plan, p.SaveNow, p.Error)
+    client = (p.Hello, p.Steps, p.SaveReport, p.Goodbye, p.Ack, p.JobPlan, p.Request)
+    daemon = (p.Welcome, p.Plan, p.SaveNow, p.Error, p.Propose, p.Decide, p.Relay)
     ops = (
         admin.StatusRequest,
         admin.SaveNowRequest,
@@ -94,9 +94,26 @@ def base_type(t: mi.Type) -> tuple[mi.Type, bool]:
 # ------------------------------------------------------------------ the contract
 
 #: Plan figures the daemon computes for display; a policy plugin may say ``inf``.
-FIGURES = {("plan", "interval_s"), ("plan", "waste")}
+FIGURES = {
+    ("plan", "interval_s"),
+    ("plan", "waste"),
+    ("propose", "interval_s"),
+    ("propose", "waste"),
+}
 #: Fields counting things that exist at least once.
-AT_LEAST_ONE = {("hello", "world_size"), ("plan", "every_steps")}
+AT_LEAST_ONE = {
+    ("hello", "world_size"),
+    ("plan", "every_steps"),
+    ("propose", "every_steps"),
+    ("job_plan", "every_steps"),
+}
+#: Fields naming one of a few words, and those words.
+CHOICES = {
+    ("hello", "agreement"): ("none", "daemon", "coordination"),
+    ("propose", "action"): ("plan", "save", "stop"),
+    ("request", "op"): ("set_policy", "pause", "resume", "save_now"),
+    ("relay", "op"): ("set_policy", "pause", "resume", "save_now"),
+}
 #: Counts with a smaller ceiling: a job's GPUs weigh in the host's failure rate.
 CEILING = {("hello", "world_size"): 2**20, ("hello", "gpus"): 1024}
 #: Step times: 0 (unmeasured) or at least a nanosecond, since intervals divide by them.
@@ -202,6 +219,13 @@ def edges(kind: Kind, name: str, t: mi.Type) -> list[Edge]:
             Edge("a string", "true", False),
             Edge("false", False, True),
         ]
+    elif isinstance(inner, mi.LiteralType) and (tag, name) in CHOICES:
+        out = [Edge(f"{word!r}", word, True) for word in CHOICES[(tag, name)]]
+        out += [
+            Edge("another word", "other", False),
+            Edge("empty", "", False),
+            Edge("an int", 1, False),
+        ]
     else:
         raise TypeError(
             f"{kind.cls.__name__}.{name} has a type the contract does not know ({t}): "
@@ -246,6 +270,8 @@ def minimal(kind: Kind) -> dict[str, object]:
             out[name] = 1.0
         elif isinstance(inner, mi.BoolType):
             out[name] = True
+        elif isinstance(inner, mi.LiteralType):
+            out[name] = inner.values[0]
         else:
             raise TypeError(f"{kind.cls.__name__}.{name}: no plain value for {t}")
     return out
@@ -261,6 +287,8 @@ def strategy(t: mi.Type):  # type: ignore[no-untyped-def]
         return st.none()
     if isinstance(t, mi.BoolType):
         return st.booleans()
+    if isinstance(t, mi.LiteralType):
+        return st.sampled_from(t.values)
     if isinstance(t, mi.IntType):
         lo = t.ge if t.ge is not None else (t.gt + 1 if t.gt is not None else -(2**63))
         hi = t.le if t.le is not None else (t.lt - 1 if t.lt is not None else 2**64 - 1)
