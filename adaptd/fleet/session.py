@@ -39,6 +39,8 @@ log = logging.getLogger("adaptd.fleet")
 _UNAUTHENTICATED = 16
 _PERMISSION_DENIED = 7
 _TRANSIENT_CODES = frozenset({4, 10, 14})  # deadline exceeded, aborted, unavailable
+#: etcd's words when it wants credentials it did not get (code 3, invalid argument).
+_AUTH_TEXT = ("authentication failed", "user name is empty", "user name not found")
 _TRANSIENT_TEXT = ("leader changed", "no leader", "request timed out", "too many requests")
 
 
@@ -125,7 +127,7 @@ class Entry:
 
 def _error_of(exc: Exception) -> tuple[int | None, str]:
     """(gRPC code, message) from an etcd3gw exception's response text."""
-    text = str(exc.args[0]) if exc.args else str(exc)
+    text = str(getattr(exc, "detail_text", None) or (exc.args[0] if exc.args else exc))
     try:
         body = json.loads(text)
     except ValueError:
@@ -294,7 +296,7 @@ class EtcdSession:
                     self._authenticate()  # the token expired (etcd's --auth-token-ttl)
                     return self._call(path, payload, reauth=False)
                 refused = code in (_UNAUTHENTICATED, _PERMISSION_DENIED)
-                if refused or "authentication failed" in message:
+                if refused or any(t in message for t in _AUTH_TEXT):
                     raise FleetAuthError(
                         f"etcd refused {path} for user {self.settings.user!r}: {message}; check "
                         "[fleet] user/password and that the user's role covers this host's keys "

@@ -67,7 +67,7 @@ def target_of_mount(mount: Mount) -> SharedTarget | None:
         name = nfs_name(mount.source, mount.super_options)
         return SharedTarget(name, "nfs") if name else None
     if mount.fstype in OTHER_NETWORK and mount.source:
-        return SharedTarget(f"{mount.fstype}://{mount.source}", "network")
+        return SharedTarget(f"{mount.fstype}://{mount.source.lstrip('/')}", "network")
     return None
 
 

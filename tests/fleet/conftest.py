@@ -3,7 +3,7 @@
 - ``etcd``: one server for the test session; each test gets its own key prefix
   (``fleet_prefix``), so tests never see each other's keys;
 - ``own_etcd``: a server of the test's own (tests that kill, stop or restart it);
-- ``auth_etcd``: a server of the test's own with authentication on: a ``root`` user,
+- ``auth_etcd``: a server of the test module's own with authentication on: a ``root`` user,
   and a user and role per host (``host-a``, ``host-b``) that may write only that
   host's keys (the roles docs/fleet.md tells operators to create).
 """
@@ -35,9 +35,9 @@ def own_etcd(tmp_path: Path) -> Iterator[Etcd]:
         yield server
 
 
-@pytest.fixture
-def auth_etcd(tmp_path: Path) -> Iterator[Etcd]:
-    with running(tmp_path) as server:
+@pytest.fixture(scope="module")
+def auth_etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Etcd]:
+    with running(tmp_path_factory.mktemp("etcd-auth")) as server:
         server.enable_auth("/adaptd/", HOSTS)
         yield server
 
