@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 
@@ -170,7 +171,7 @@ def test_a_cap_of_one_holds_across_member_processes(etcd: Etcd, fleet_prefix):
     assert len(spans) == 9
     assert most == 1
     spans.sort()
-    for (_, end, h1), (start, _, h2) in zip(spans, spans[1:], strict=False):
+    for (_, end, h1), (start, _, h2) in itertools.pairwise(spans):
         assert start >= end, f"{h1} and {h2} held the one slot at once"
 
 
