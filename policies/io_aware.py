@@ -1,5 +1,6 @@
 """``io_aware``: defer a due save while its storage target is saturated or busy with
-another job's save, by a bounded amount, so jobs sharing a target stagger."""
+another job's save, or while no fleet write slot is free on it, by a bounded amount,
+so jobs sharing a target stagger."""
 
 from __future__ import annotations
 
@@ -22,6 +23,11 @@ class IoAware:
     is pushed back, but never beyond ``max_defer`` × the inner interval past when it
     was due. Once the target clears, an overdue save happens at the next step.
     Urgent decisions pass through untouched.
+
+    On a target the fleet coordinates (``fleet_slots`` set: several hosts share it and
+    etcd answers) the fleet's slots replace the local figures: a job saves when it
+    holds a slot and is deferred otherwise, within the same bound. A due save waiting
+    for a slot is tagged ``fleet-wait``: the daemon then asks the fleet for one.
     """
 
     inner: str | Policy = "daly"
@@ -47,13 +53,25 @@ class IoAware:
             return d
         due = anchor(job) + d.every_steps
         deadline = due + round(self.max_defer * d.every_steps)
-        why = self.congestion(snapshot, job)
+        target = snapshot.storage_for(job.storage_target)
+        fleet = target is not None and target.fleet_slots is not None
+        if target is not None and target.fleet_slots is not None:
+            # a slot holder writes whatever else writes there: the fleet counts the writers
+            why = (
+                None
+                if job.job in target.fleet_holding
+                else f"waiting for one of {target.fleet_slots} fleet write slot(s) "
+                f"on {target.target}"
+            )
+        else:
+            why = self.congestion(snapshot, job)
         if why is not None and job.step < deadline:
+            tags = (*d.tags, "deferred", *(("fleet-wait",) if fleet and job.step >= due else ()))
             return dataclasses.replace(
                 d,
                 next_step=max(deadline, job.step + 1),
                 reason=f"{d.reason}; deferred: {why} (at most until step {deadline})",
-                tags=(*d.tags, "deferred"),
+                tags=tags,
             )
         if why is None and due <= job.step and d.next_step > job.step + 1:
             # a deferred save the inner policy's grid would skip: take it now
