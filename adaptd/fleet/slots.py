@@ -192,14 +192,13 @@ class SlotTable:
         self.session = session
         self.keys = session.keys
         self.host = session.settings.host
-        self._seen = 0  # newest mod_revision among the claims last read
 
     def sync(self, wants: Mapping[str, Want], wall: float) -> SlotsState:
         """One round: release claims no job wants, queue new wishes, take the slots
         this host's waiters may take. ``wall``: the wall-clock time (claims compare
         work at risk across hosts)."""
         grants = conflicts = 0
-        claims = self._read()
+        claims, seen = self.read()
         for c in [c for c in claims if c.host == self.host]:
             w = wants.get(c.job)
             if w is None or w.target != c.target:
@@ -217,42 +216,51 @@ class SlotTable:
                 me = mine or Claim(
                     self.host, w.target, job, False, w.at_risk_gpu_s, w.gpus, w.stamped, w.cap
                 )
-                ok, _why = may_take(target_view(claims, w.target, w.cap, wall), me, wall)
-                key = self.keys.claim(self.host, w.target, job)
-                if ok:
-                    held = replace(me, holding=True)
-                    if self.session.put_if_unchanged(
-                        key,
-                        held.record(),
-                        leased=True,
-                        watched=self.keys.claims,
-                        seen_revision=self._seen,
-                    ):
-                        grants += 1
-                        log.info("event=fleet_slot_granted job=%s target=%s", job, w.target)
-                        claims = self._read()
-                    else:
-                        conflicts += 1
-                        retry = True
-                        claims = self._read()
-                        break
+                taken = self.try_take(me, claims, seen, wall)
+                if taken is None:  # another daemon moved first: re-read, decide again
+                    conflicts += 1
+                    retry = True
+                elif taken:
+                    grants += 1
+                    log.info("event=fleet_slot_granted job=%s target=%s", job, w.target)
                 elif mine is None:
+                    key = self.keys.claim(self.host, w.target, job)
                     self.session.put(key, me.record(), leased=True)
-                    claims = self._read()
+                claims, seen = self.read()
+                if retry:
+                    break
             if not retry:
                 break
         return self._state(claims, wants, wall, grants, conflicts)
 
+    def try_take(self, me: Claim, claims: list[Claim], seen: int, wall: float) -> bool | None:
+        """Turn ``me`` into a holder if :func:`may_take` allows it on the ``claims`` read
+        at revision ``seen``: True (taken), False (not its turn), ``None`` (the claims
+        changed since ``seen``: another daemon moved first)."""
+        ok, _why = may_take(target_view(claims, me.target, me.cap, wall), me, wall)
+        if not ok:
+            return False
+        held = replace(me, holding=True)
+        if self.session.put_if_unchanged(
+            self.keys.claim(me.host, me.target, me.job),
+            held.record(),
+            leased=True,
+            watched=self.keys.claims,
+            seen_revision=seen,
+        ):
+            return True
+        return None
+
     def release_all(self) -> None:
         """Delete every claim of this host (a clean stop; a crash leaves it to the lease)."""
-        for c in self._read():
+        for c in self.read()[0]:
             if c.host == self.host:
                 self.session.delete(self.keys.claim(self.host, c.target, c.job))
 
-    def _read(self) -> list[Claim]:
+    def read(self) -> tuple[list[Claim], int]:
+        """Every claim in the fleet, and the revision to compare against when acting on them."""
         entries = self.session.get_prefix(self.keys.claims)
-        self._seen = newest_revision(entries)
-        return parse_claims(entries, self.keys)
+        return parse_claims(entries, self.keys), newest_revision(entries)
 
     def _state(
         self,

@@ -10,7 +10,8 @@ import pytest
 from fleet_helpers import Etcd, MemberProc, holders, settings
 
 from adaptd.fleet.agent import FleetAgent
-from adaptd.fleet.slots import Claim, may_take, queue_order, target_view
+from adaptd.fleet.session import EtcdSession
+from adaptd.fleet.slots import Claim, SlotTable, may_take, queue_order, target_view
 
 T = "nfs://10.0.4.20/export/ckpt"
 
@@ -193,3 +194,22 @@ def test_a_killed_holder_frees_its_slot_within_the_lease_ttl(etcd: Etcd, fleet_p
     finally:
         holder.close()
         waiter.stop()
+
+
+def test_two_daemons_deciding_from_the_same_state_cannot_both_take_the_last_slot(
+    etcd: Etcd, fleet_prefix
+):
+    """The race the grant transaction exists for, made deterministic: both read an
+    empty target with one slot, both may take it; the second write must lose."""
+    ta, tb = (SlotTable(EtcdSession(settings(etcd.url, h, fleet_prefix)).open()) for h in "ab")
+    me_a = Claim("a", T, "ja", cap=1)
+    me_b = Claim("b", T, "jb", cap=1)
+    claims_a, seen_a = ta.read()
+    claims_b, seen_b = tb.read()
+    assert ta.try_take(me_a, claims_a, seen_a, wall=0) is True
+    assert tb.try_take(me_b, claims_b, seen_b, wall=0) is None  # lost: re-read
+    claims_b, seen_b = tb.read()
+    assert tb.try_take(me_b, claims_b, seen_b, wall=0) is False  # its turn has not come
+    assert holders(etcd, fleet_prefix) == [("a", T, "ja")]
+    ta.session.close()
+    tb.session.close()
