@@ -165,8 +165,9 @@ class FleetAgent:
         return self
 
     def stop(self, timeout_s: float = 5.0) -> None:
-        """End the thread; delete this host's claims and revoke its lease (bounded:
-        with etcd away they expire with the lease)."""
+        """End the thread; write the failure records not yet written, delete this host's
+        claims and revoke its lease (bounded: with etcd away the claims expire with the
+        lease, and the records are written by the next daemon on the host)."""
         self._stopping.set()
         self._wake.set()
         if self._thread is not None:
@@ -174,6 +175,8 @@ class FleetAgent:
         session, self._session = self._session, None
         if session is not None:
             with contextlib.suppress(FleetError):
+                for record in self._to_publish.values():
+                    publish(session, record)
                 SlotTable(session).release_all()
             session.close()
         self._set(replace(self._view, up=False, reason="stopped", granted=frozenset()))

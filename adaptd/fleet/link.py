@@ -1,0 +1,380 @@
+"""The daemon's side of the fleet: fleet facts into snapshots, job wishes out to etcd.
+
+:class:`FleetLink` sits between the daemon (its loop, snapshots, events) and the
+:class:`~adaptd.fleet.agent.FleetAgent` (etcd I/O, its own thread). Nothing here
+blocks on etcd:
+
+- :meth:`FleetLink.decorate` turns the agent's newest view into facts on the snapshot
+  policies read: on each storage target the fleet shares, ``fleet_slots`` (the cap)
+  and ``fleet_holding`` (this host's jobs holding a slot); on the snapshot,
+  :class:`~adaptd.snapshot.FleetSample` (hosts up, the fitted Weibull shape). While
+  the view is not usable (etcd away or stale), nothing is added: policies decide
+  locally, as on a host without a fleet.
+- :meth:`FleetLink.wishes` (the daemon's tick) asks the agent for a slot for each job
+  whose latest decision waits for one (``fleet-wait``, set by ``io_aware``), and gives
+  back wishes that no longer wait and grants no save used within ``grant_timeout_s``.
+- :meth:`FleetLink.on_event` (a daemon event sink) releases a job's slot when its save
+  is reported (durable or failed) or the job is gone, and notes the failures and
+  lifetimes the fleet learns from.
+- :attr:`FleetLink.failure_rate` is the posterior the trackers use: this host's own
+  observations (persisted as before) plus the other hosts' published totals for this
+  host's GPU model, so a new job starts from what the fleet knows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from adaptd import events as ev
+from adaptd.estimators import FailureRate
+from adaptd.fleet.agent import FleetAgent, FleetView
+from adaptd.fleet.config import FleetConfig
+from adaptd.fleet.failures import FailureRecord, ShapeFit, fit_shape, pooled
+from adaptd.fleet.targets import declared_target, read_mounts, target_of_mount
+from adaptd.snapshot import FleetSample, Snapshot, StorageSample
+from adaptd.telemetry.storage import Mount
+
+log = logging.getLogger("adaptd.fleet")
+
+UNKNOWN_MODEL = "unknown"
+
+
+@dataclass
+class PooledFailureRate(FailureRate):
+    """This host's failure-rate posterior plus what the rest of the fleet published.
+
+    ``failures``/``gpu_seconds`` stay this host's own (they are what it publishes and
+    persists, :meth:`FailureRate.to_dict`); ``others_*`` are the other hosts' totals,
+    refreshed from etcd, and kept while etcd is away (knowledge does not expire).
+    """
+
+    others_failures: float = 0.0
+    others_gpu_seconds: float = 0.0
+
+    @property
+    def alpha(self) -> float:
+        return self.prior_failures + self.failures + self.others_failures
+
+    @property
+    def beta(self) -> float:
+        return (
+            self.prior_failures * self.prior_gpu_mtbf_s
+            + self.gpu_seconds
+            + (self.others_gpu_seconds)
+        )
+
+    def local(self) -> FailureRate:
+        """This host's own posterior (what it publishes)."""
+        return FailureRate(
+            prior_gpu_mtbf_s=self.prior_gpu_mtbf_s,
+            prior_failures=self.prior_failures,
+            failures=self.failures,
+            gpu_seconds=self.gpu_seconds,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class JobFacts:
+    """What the daemon knows of one job when it asks for slots (see :meth:`FleetLink.wishes`)."""
+
+    job: str
+    target: str | None  # the sampled storage target (StorageSample.target)
+    tags: tuple[str, ...]  # of the job's latest decision
+    gpus: int
+    at_risk_gpu_s: float  # GPU-seconds since its last durable save
+    age_s: float | None = None  # since its last failure or start (for survivals)
+
+
+@dataclass
+class _Wish:
+    target: str
+    since: float
+    granted_at: float | None = None
+    writing: bool = False
+
+
+class FleetLink:
+    """One per daemon with a ``[fleet]``; see the module docstring."""
+
+    def __init__(
+        self,
+        cfg: FleetConfig,
+        *,
+        failure_rate: FailureRate,
+        agent: FleetAgent | None = None,
+        mounts: Callable[[], list[Mount]] = read_mounts,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+        version: str = "",
+    ) -> None:
+        self.cfg = cfg
+        self.host = cfg.settings.host
+        self.agent = agent or FleetAgent(cfg.settings, clock=clock, wall=wall, version=version)
+        self._mounts = mounts
+        self.clock = clock
+        self.wall = wall
+        self.failure_rate = PooledFailureRate(**dataclasses.asdict(failure_rate))
+        self.gpu_model = UNKNOWN_MODEL
+        self._names: dict[str, str | None] = {}  # sampled target -> fleet-wide name
+        self._caps: dict[str, int] = {}  # fleet-wide name -> cap
+        self._wishes: dict[str, _Wish] = {}
+        self._lifetimes: list[float] = []
+        self._survivals: list[float] = []
+        self._lost_age: dict[str, float] = {}  # job -> lifetime (GPU-s) when it vanished
+        self._running: dict[str, float] = {}  # job -> current lifetime (GPU-s)
+        self._fit: tuple[int, ShapeFit | None] = (-1, None)
+        self._next_publish = 0.0
+        self._was_usable: bool | None = None
+        self.counts: Counter[str] = Counter()
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> FleetLink:
+        self.agent.start()
+        return self
+
+    def stop(self) -> None:
+        """Publish what was learned (bounded) and leave the fleet."""
+        self._publish(force=True)
+        self.agent.stop()
+
+    def usable(self, now: float | None = None) -> FleetView | None:
+        """The agent's view if it can be decided on now, else ``None`` (decide locally)."""
+        view = self.agent.view()
+        ok = view.usable(self.clock() if now is None else now, self.cfg.stale_after_s)
+        if ok != self._was_usable:
+            self._was_usable = ok
+            if not ok:
+                log.warning(
+                    "event=fleet_local host=%s reason=%r (slots and fleet knowledge "
+                    "unused until etcd answers)",
+                    self.host,
+                    view.reason or "view not refreshed",
+                )
+        return view if ok else None
+
+    # ------------------------------------------------------------------ facts in
+
+    def shared_name(self, sample: StorageSample) -> str | None:
+        """The fleet-wide name of a sampled target, or ``None`` when it is not shared."""
+        if sample.target not in self._names:
+            found = declared_target(sample.mountpoint, self.cfg.shared)
+            if found is None:
+                mount = next(
+                    (m for m in reversed(self._mounts()) if m.mountpoint == sample.mountpoint),
+                    None,
+                )
+                found = target_of_mount(mount) if mount is not None else None
+            self._names[sample.target] = found.name if found else None
+            if found is not None:
+                log.info(
+                    "event=fleet_shared_target mountpoint=%s name=%s kind=%s",
+                    sample.mountpoint,
+                    found.name,
+                    found.kind,
+                )
+        return self._names[sample.target]
+
+    def decorate(self, snapshot: Snapshot, caps: Mapping[str, int] | None = None) -> Snapshot:
+        """``snapshot`` with the fleet's facts (module docstring); ``caps``: each sampled
+        target's ``max_concurrent_saves`` (``[fleet] slots`` where it has none)."""
+        self._model_from(snapshot)
+        view = self.usable(snapshot.time if snapshot.time else None)
+        if view is None:
+            return snapshot
+        caps = caps or {}
+        storage = []
+        for st in snapshot.storage:
+            name = self.shared_name(st)
+            if name is None:
+                storage.append(st)
+                continue
+            cap = caps.get(st.target, self.cfg.slots)
+            self._caps[name] = cap
+            holding = tuple(j for j in st.jobs if j in view.granted and self._target_of(j) == name)
+            storage.append(dataclasses.replace(st, fleet_slots=cap, fleet_holding=holding))
+        fit = self.shape(view)
+        fleet = FleetSample(
+            hosts=len(view.hosts),
+            failure_shape=fit.shape if fit else None,
+            failure_shape_high=fit.high if fit else None,
+        )
+        return dataclasses.replace(snapshot, storage=tuple(storage), fleet=fleet)
+
+    def shape(self, view: FleetView | None = None) -> ShapeFit | None:
+        """The Weibull shape fitted to the fleet's lifetimes (refitted when they change)."""
+        view = view or self.agent.view()
+        records = [r for r in view.records if r.gpu_model == self.gpu_model and r.host != self.host]
+        lifetimes, survivals = pooled(records)
+        lifetimes += self._lifetimes
+        survivals += self._survivals + list(self._running.values())
+        key = hash((tuple(lifetimes), len(survivals)))
+        if self._fit[0] != key:
+            self._fit = (key, fit_shape(lifetimes, survivals))
+        return self._fit[1]
+
+    def refresh_rate(self) -> None:
+        """Take the other hosts' published totals (same GPU model) into the posterior."""
+        view = self.agent.view()
+        others = [r for r in view.records if r.host != self.host and r.gpu_model == self.gpu_model]
+        if view.last_ok is not None:  # never replaced by "nothing" while etcd was away
+            self.failure_rate.others_failures = sum(r.failures for r in others)
+            self.failure_rate.others_gpu_seconds = sum(r.gpu_seconds for r in others)
+
+    # ------------------------------------------------------------------ wishes out
+
+    def wishes(self, now: float, jobs: Iterable[JobFacts]) -> None:
+        """The daemon's tick: ask for, keep or give back each job's slot."""
+        view = self.agent.view()
+        usable = self.usable(now) is not None
+        seen = set()
+        for f in jobs:
+            seen.add(f.job)
+            if f.age_s is not None:
+                self._running[f.job] = max(f.age_s, 1e-3) * max(1, f.gpus)
+            wish = self._wishes.get(f.job)
+            name = self._name_of_target(f.target)
+            if wish is not None and wish.granted_at is None and f.job in view.granted:
+                wish.granted_at = now
+                self.counts["grants"] += 1
+            if "fleet-wait" in f.tags and usable and name is not None:
+                if wish is None or wish.target != name:
+                    self._wishes[f.job] = _Wish(name, now)
+                    self.agent.want(
+                        f.job, name, cap=self._cap_of(name), at_risk_gpu_s=f.at_risk_gpu_s,
+                        gpus=f.gpus,
+                    )  # fmt: skip
+                    self.counts["waits"] += 1
+                continue
+            if wish is None:
+                continue
+            if wish.granted_at is None:
+                self._give_back(f.job, "no longer waiting")
+            elif not wish.writing and now - wish.granted_at > self.cfg.grant_timeout_s:
+                self._give_back(f.job, f"no save started within {self.cfg.grant_timeout_s:g}s")
+        for job in [j for j in self._wishes if j not in seen]:
+            self._give_back(job, "job gone")
+        self.refresh_rate()
+        self._publish()
+
+    def _cap_of(self, name: str) -> int:
+        return self._caps.get(name, self.cfg.slots)
+
+    def _name_of_target(self, target: str | None) -> str | None:
+        return None if target is None else self._names.get(target)
+
+    def _target_of(self, job: str) -> str | None:
+        wish = self._wishes.get(job)
+        return wish.target if wish else None
+
+    def _give_back(self, job: str, why: str) -> None:
+        wish = self._wishes.pop(job, None)
+        if wish is not None:
+            self.agent.release(job)
+            log.info("event=fleet_slot_released job=%s target=%s reason=%r", job, wish.target, why)
+
+    # ------------------------------------------------------------------ events
+
+    def on_event(self, event: ev.Event) -> None:
+        """A daemon event sink (see the module docstring)."""
+        if isinstance(event, ev.SaveInFlight):
+            wish = self._wishes.get(event.job)
+            if wish is not None and wish.granted_at is not None and event.writing:
+                wish.writing = True
+        elif isinstance(event, ev.SaveReported):
+            wish = self._wishes.get(event.job)
+            if wish is not None and wish.granted_at is not None:
+                self._give_back(event.job, "save reported")
+        elif isinstance(event, ev.JobLost):
+            self._give_back(event.job, "job lost")
+            life = self._running.pop(event.job, None)
+            if life is not None:
+                self._lost_age[event.job] = life
+        elif isinstance(event, ev.JobResumed):
+            life = self._lost_age.pop(event.job, None)
+            if life is not None:  # it failed: resumed from an older step
+                self._lifetimes.append(life)
+        elif isinstance(event, ev.JobFinished | ev.JobForgotten):
+            self._give_back(event.job, "job ended")
+            life = self._running.pop(event.job, None) or self._lost_age.pop(event.job, None)
+            if life is not None:
+                self._survivals.append(life)
+
+    # ------------------------------------------------------------------ knowledge out
+
+    def _model_from(self, snapshot: Snapshot) -> None:
+        names = Counter(g.name for g in snapshot.gpus if g.name)
+        if names:
+            self.gpu_model = names.most_common(1)[0][0]
+
+    def record(self) -> FailureRecord:
+        """What this host publishes about its GPU model."""
+        local = self.failure_rate
+        return FailureRecord(
+            host=self.host,
+            gpu_model=self.gpu_model,
+            gpu_seconds=local.gpu_seconds,
+            failures=local.failures,
+            lifetimes=tuple(self._lifetimes),
+            survivals=tuple(self._survivals) + tuple(self._running.values()),
+            updated=self.wall(),
+        )
+
+    def _publish(self, *, force: bool = False) -> None:
+        now = self.clock()
+        if force or now >= self._next_publish:
+            self._next_publish = now + self.cfg.publish_every_s
+            self.agent.publish(self.record())
+
+    def load_history(self, data: Mapping[str, Any] | None) -> None:
+        """Restore the lifetimes and survivals :meth:`history` saved (daemon restart)."""
+        if not data:
+            return
+        try:
+            self._lifetimes = [float(t) for t in data.get("lifetimes", ()) if float(t) > 0]
+            self._survivals = [float(t) for t in data.get("survivals", ()) if float(t) > 0]
+        except (TypeError, ValueError) as exc:
+            log.warning("event=learned_discarded what=fleet_history error=%r", str(exc))
+
+    def history(self) -> dict[str, Any]:
+        return {"lifetimes": self._lifetimes[-500:], "survivals": self._survivals[-500:]}
+
+    # ------------------------------------------------------------------ status
+
+    def status(self, now: float | None = None) -> dict[str, Any]:
+        """The fleet section of ``adaptd status`` (JSON-able)."""
+        view = self.agent.view()
+        now = self.clock() if now is None else now
+        fit = self.shape(view)
+        return {
+            "host": self.host,
+            "up": self.usable(now) is not None,
+            "reason": view.reason,
+            "since_s": max(0.0, now - view.changed),
+            "role": view.role,
+            "hosts": list(view.hosts),
+            "endpoints": list(self.cfg.settings.endpoints),
+            "targets": {
+                t: {
+                    "cap": s.cap,
+                    "holders": [f"{c.host}/{c.job}" for c in s.holders],
+                    "waiters": [f"{c.host}/{c.job}" for c in s.waiters],
+                }
+                for t, s in view.targets.items()
+            },
+            "holding": sorted(view.granted),
+            "waiting": sorted(view.waiting),
+            "grants": view.grants,
+            "errors": view.errors,
+            "rejoins": view.rejoins,
+            "gpu_model": self.gpu_model,
+            "gpu_mtbf_s": self.failure_rate.gpu_mtbf_s,
+            "fleet_failures": self.failure_rate.failures + self.failure_rate.others_failures,
+            "weibull_shape": None if fit is None else [fit.low, fit.shape, fit.high],
+        }
