@@ -66,6 +66,8 @@ class FleetConfig:
     grant_timeout_s: float = 120.0
     #: how often this host's failure knowledge is written
     publish_every_s: float = 30.0
+    #: an upload waits at most this long for a slot, then goes ahead without one
+    upload_wait_s: float = 600.0
 
 
 def endpoints_from(env: Mapping[str, str], flags: Sequence[str] | None) -> tuple[str, ...]:

@@ -16,6 +16,9 @@ blocks on etcd:
 - :meth:`FleetLink.on_event` (a daemon event sink) releases a job's slot when its save
   is reported (durable or failed) or the job is gone, and notes the failures and
   lifetimes the fleet learns from.
+- :meth:`FleetLink.upload_slot` is the replicator's gate: an upload to a destination
+  several hosts share waits for a fleet slot (behind the jobs' own saves, which have
+  more at risk), at most ``upload_wait_s``, and gives it back when it ends.
 - :attr:`FleetLink.failure_rate` is the posterior the trackers use: this host's own
   observations (persisted as before) plus the other hosts' published totals for this
   host's GPU model, so a new job starts from what the fleet knows.
@@ -23,11 +26,12 @@ blocks on etcd:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,7 +40,13 @@ from adaptd.estimators import FailureRate
 from adaptd.fleet.agent import FleetAgent, FleetView
 from adaptd.fleet.config import FleetConfig
 from adaptd.fleet.failures import FailureRecord, ShapeFit, fit_shape, pooled
-from adaptd.fleet.targets import declared_target, read_mounts, target_of_mount
+from adaptd.fleet.targets import (
+    declared_target,
+    object_target,
+    read_mounts,
+    shared_target,
+    target_of_mount,
+)
 from adaptd.snapshot import FleetSample, Snapshot, StorageSample
 from adaptd.telemetry.storage import Mount
 
@@ -109,11 +119,15 @@ class FleetLink:
         failure_rate: FailureRate,
         agent: FleetAgent | None = None,
         mounts: Callable[[], list[Mount]] = read_mounts,
+        resolve_paths: bool = True,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
         version: str = "",
     ) -> None:
+        """``mounts`` reads the mount table; tests pass a recorded one and
+        ``resolve_paths=False`` (its paths do not exist here)."""
         self.cfg = cfg
+        self.resolve_paths = resolve_paths
         self.host = cfg.settings.host
         self.agent = agent or FleetAgent(cfg.settings, clock=clock, wall=wall, version=version)
         self._mounts = mounts
@@ -279,6 +293,56 @@ class FleetLink:
             self.agent.release(job)
             log.info("event=fleet_slot_released job=%s target=%s reason=%r", job, wish.target, why)
 
+    # ------------------------------------------------------------------ replicator
+
+    def destination_name(self, url: str, storage_options: Mapping[str, Any]) -> str | None:
+        """The fleet-wide name of a replication destination, or ``None`` (not shared)."""
+        kwargs = storage_options.get("client_kwargs")
+        endpoint = storage_options.get("endpoint_url") or (
+            kwargs.get("endpoint_url") if isinstance(kwargs, Mapping) else None
+        )
+        found = object_target(url, endpoint if isinstance(endpoint, str) else None)
+        if found is None:
+            path = url.removeprefix("file://")
+            if "://" in path:
+                return None
+            found = shared_target(path, self._mounts(), self.cfg.shared, resolve=self.resolve_paths)
+        return found.name if found else None
+
+    @contextlib.contextmanager
+    def upload_slot(self, dest: Any, job: str, stopping: Callable[[], bool]) -> Iterator[None]:
+        """Hold a fleet slot on ``dest`` (a :class:`~adaptd.config.Destination`) around one
+        upload of ``job``; a replicator worker thread waits here. Without a usable fleet,
+        or on a destination no other host shares, it does not wait."""
+        name = self.destination_name(dest.job_url(job), dest.storage_options)
+        if name is None or self.usable() is None:
+            yield
+            return
+        key = f"upload:{dest.name}:{job}"
+        self.agent.want(key, name, cap=self._cap_of(name), at_risk_gpu_s=0.0, gpus=1)
+        deadline = self.clock() + self.cfg.upload_wait_s
+        try:
+            while not stopping():
+                view = self.agent.view()
+                if key in view.granted:
+                    break
+                if self.usable() is None:
+                    log.info("event=fleet_upload_local destination=%s job=%s", dest.name, job)
+                    break
+                if self.clock() > deadline:
+                    log.warning(
+                        "event=fleet_upload_unslotted destination=%s job=%s waited_s=%g",
+                        dest.name,
+                        job,
+                        self.cfg.upload_wait_s,
+                    )
+                    break
+                with contextlib.suppress(TimeoutError):
+                    self.agent.wait_for(lambda v, seen=view: v is not seen, 1.0)
+            yield
+        finally:
+            self.agent.release(key)
+
     # ------------------------------------------------------------------ events
 
     def on_event(self, event: ev.Event) -> None:
@@ -289,7 +353,10 @@ class FleetLink:
                 wish.writing = True
         elif isinstance(event, ev.SaveReported):
             wish = self._wishes.get(event.job)
-            if wish is not None and wish.granted_at is not None:
+            # granted, whether or not a tick has noticed it yet
+            if wish is not None and (
+                wish.granted_at is not None or event.job in self.agent.view().granted
+            ):
                 self._give_back(event.job, "save reported")
         elif isinstance(event, ev.JobLost):
             self._give_back(event.job, "job lost")

@@ -17,6 +17,10 @@ staging directory to its durable destinations, in the background, staggered.
   upload whose staging directory is on the same device as a writing job's yields
   (``Replica.upload(should_yield=...)``) so the job's own save gets the disk.
 
+With a fleet (``[fleet]``, docs/fleet.md) each upload to a destination several hosts
+share first takes a fleet write slot (``slot_gate``, from
+:meth:`adaptd.fleet.link.FleetLink.upload_slot`) and gives it back when it ends.
+
 The sink does no I/O: events go to an *intake* thread (local file sizes, catch-up),
 which feeds one :class:`DestinationQueue` per destination; everything that touches
 a destination happens in that destination's workers, so a slow one holds up nobody
@@ -70,6 +74,10 @@ THROUGHPUT_WINDOW_S = 5.0
 TAKE_PIECE = 256 * 1024
 #: How long stop() waits for workers to leave an upload.
 STOP_TIMEOUT_S = 10.0
+
+#: ``slot_gate(destination, job, stopping)``: a context manager held around one upload
+#: (a fleet write slot on a shared destination; ``stopping()`` ends a wait for one).
+SlotGate = Callable[[Destination, str, Callable[[], bool]], contextlib.AbstractContextManager[Any]]
 
 _STATE_LINE = re.compile(r'^model_checkpoint_path:\s*"(?:.*/)?ckpt-(\d+)"\s*$', re.M)
 _FILE = re.compile(r"^ckpt-(\d+)\.(?:index|data-\d{5}-of-\d{5})$")
@@ -227,8 +235,10 @@ class DestinationQueue:
         on_upload: Callable[[str, str, UploadResult], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
+        slot_gate: SlotGate | None = None,
     ) -> None:
         self.dest = dest
+        self._slot_gate = slot_gate
         self.throttle = Throttle(dest.bandwidth_bytes_s)
         self._should_yield = should_yield
         self._on_upload = on_upload
@@ -355,14 +365,22 @@ class DestinationQueue:
                 "event=replicate_start destination=%s job=%s step=%d bytes=%d url=%s",
                 name, job, step, item.nbytes, st.url,
             )  # fmt: skip
-            result = replica.upload(
-                st.staging,
-                step,
-                job,
-                throttle=_Gate(self.throttle, self._stopping),  # type: ignore[arg-type]
-                should_yield=lambda: self._yield(st),
-                progress=lambda n: self._progress(st, n),
+            gate = (
+                self._slot_gate(self.dest, job, self._stopping.is_set)
+                if self._slot_gate is not None
+                else contextlib.nullcontext()
             )
+            with gate:
+                if self._stopping.is_set():
+                    raise UploadInterrupted
+                result = replica.upload(
+                    st.staging,
+                    step,
+                    job,
+                    throttle=_Gate(self.throttle, self._stopping),  # type: ignore[arg-type]
+                    should_yield=lambda: self._yield(st),
+                    progress=lambda n: self._progress(st, n),
+                )
         except UploadInterrupted:
             self._interrupted(item, st)
             return
@@ -564,13 +582,14 @@ class Replicator:
         on_upload: Callable[[str, str, UploadResult], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
+        slot_gate: SlotGate | None = None,
     ) -> None:
         self.cfg = cfg
         self.clock = clock
         self.wall = wall
         self.queues = {
             name: DestinationQueue(d, should_yield=self._busy_disk, on_upload=on_upload,
-                                   clock=clock, wall=wall)
+                                   clock=clock, wall=wall, slot_gate=slot_gate)
             for name, d in cfg.destinations.items()
         }  # fmt: skip
         self._intake: queue.Queue[Any] = queue.Queue()

@@ -37,7 +37,7 @@ def snap(jobs=("ja",), time=100.0) -> Snapshot:
 
 def link(etcd: Etcd, host: str, prefix: str, **kw) -> FleetLink:
     cfg = FleetConfig(settings=settings(etcd.url, host, prefix), **kw)
-    out = FleetLink(cfg, failure_rate=FailureRate(), mounts=mounts)
+    out = FleetLink(cfg, failure_rate=FailureRate(), mounts=mounts, resolve_paths=False)
     out.agent.poll_s = 0.2
     return out
 
@@ -215,3 +215,47 @@ def test_a_full_fleet_section(tmp_path):
 def test_a_bad_fleet_section_names_the_key(table, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(")):
         parse_fleet(table)
+
+
+def test_an_upload_to_a_shared_destination_waits_for_a_slot(etcd: Etcd, fleet_prefix):
+    """The replicator's gate: an upload to the NFS export another host's job is writing
+    to waits until that save is durable, then holds the slot until it ends."""
+    import threading
+
+    from adaptd.config import Destination
+
+    dest = Destination(name="nfs", url="/mnt/nfs/ckpt/replicas")
+    uploader = link(etcd, "host-a", fleet_prefix).start()
+    writer = link(etcd, "host-b", fleet_prefix).start()
+    try:
+        for x in (uploader, writer):
+            x.agent.wait_for(lambda v: v.up, 10)
+            x.decorate(snap(jobs=("ja", "jb")), caps={"/mnt/nfs/ckpt": 1})
+        assert uploader.destination_name(dest.job_url("ja"), {}) == NFS
+        writer.wishes(100.0, [facts("jb")])
+        writer.agent.wait_for(lambda v: "jb" in v.granted, 10)
+        entered = threading.Event()
+        done = threading.Event()
+
+        def upload() -> None:
+            with uploader.upload_slot(dest, "ja", done.is_set):
+                entered.set()
+                done.wait(10)
+
+        t = threading.Thread(target=upload)
+        t.start()
+        uploader.agent.wait_for(lambda v: "upload:nfs:ja" in v.waiting, 10)
+        assert not entered.is_set()
+        writer.on_event(report("jb", 10))  # the job's save is durable: slot back
+        assert entered.wait(10)
+        assert holders(etcd, fleet_prefix) == [("host-a", NFS, "upload:nfs:ja")]
+        done.set()
+        t.join(10)
+        uploader.agent.wait_for(lambda v: not v.granted, 10)
+        # a destination nobody shares never waits
+        local = Destination(name="local", url="/scratch/replicas")
+        with uploader.upload_slot(local, "ja", lambda: False):
+            assert "upload:local:ja" not in uploader.agent.wanted()
+    finally:
+        uploader.stop()
+        writer.stop()
