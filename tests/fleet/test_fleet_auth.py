@@ -14,6 +14,10 @@ T = "nfs://10.0.4.20/export/ckpt"
 
 
 def as_host(etcd: Etcd, host: str, password: str | None = None, **kw):
+    # etcd checks a password with bcrypt: on a loaded 2-core box that alone can pass
+    # the other tests' 0.5 s request timeout
+    kw.setdefault("call_timeout_s", 2.0)
+    kw.setdefault("call_deadline_s", 4.0)
     return settings(
         etcd.url, host, "/adaptd/", user=host, password=password or f"{host}-secret", **kw
     )
