@@ -45,6 +45,11 @@ from adaptd.fleet.slots import SlotTable, TargetSlots, Want
 
 log = logging.getLogger("adaptd.fleet")
 
+#: While a job of this host waits for a slot, the agent watches the claims (for at most
+#: this long at a time) instead of sleeping a poll interval; a local want or release
+#: interrupts the watch.
+WATCH_S = 2.0
+
 
 @dataclass(frozen=True)
 class FleetView:
@@ -119,14 +124,27 @@ class FleetAgent:
             if old is not None and old.target == target and old.cap == cap:
                 return
             self._wants[job] = Want(target, cap, max(0.0, at_risk_gpu_s), max(1, gpus), self.wall())
-        self._wake.set()
+        self._wake_up()
 
     def release(self, job: str) -> None:
         """``job`` no longer needs its slot (its save is durable, failed, or it is gone)."""
         with self._lock:
             if self._wants.pop(job, None) is None:
                 return
+        self._wake_up()
+
+    def _wake_up(self) -> None:
+        """Run a round now: end the thread's sleep or its watch."""
         self._wake.set()
+        session = self._session
+        if session is not None:
+            session.interrupt_wait()
+
+    @property
+    def watching(self) -> bool:
+        """True while the thread waits on an etcd watch (a job of this host waits)."""
+        session = self._session
+        return session is not None and session.waiting
 
     def wanted(self) -> dict[str, Want]:
         with self._lock:
@@ -183,8 +201,15 @@ class FleetAgent:
 
     def _run(self) -> None:
         while not self._stopping.is_set():
-            self.poll_once()
-            self._wake.wait(self.poll_s if self._view.up else min(1.0, self.poll_s * 2))
+            view = self.poll_once()
+            if view.up and view.waiting and self._session is not None and not self._wake.is_set():
+                # a job of this host waits for a slot: wake at the first claim change
+                # anywhere (a release), not at the next poll; a local want/release
+                # waits at most WATCH_S
+                with contextlib.suppress(FleetError):  # the next round says what is wrong
+                    self._session.wait_for_change(self.settings.keys.claims, WATCH_S)
+            else:
+                self._wake.wait(self.poll_s if view.up else min(1.0, self.poll_s * 2))
             self._wake.clear()
 
     def poll_once(self) -> FleetView:

@@ -23,8 +23,10 @@ Built on ``etcd3gw`` (etcd's v3 JSON gateway over HTTP(S); its ``/version`` prob
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import logging
+import socket
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -164,6 +166,8 @@ class EtcdSession:
         self.lease_id: int | None = None
         #: revision of the newest answer (etcd's header)
         self.revision = 0
+        self._waiting = False
+        self._watch: Any = None  # the watch response being read, for interrupt_wait
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -245,6 +249,76 @@ class EtcdSession:
             "failure": [],
         }
         return bool(self._call("kv/txn", txn).get("succeeded", False))
+
+    def wait_for_change(self, prefix: str, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` for any key under ``prefix`` to change after the newest
+        revision this session has seen (an etcd watch, long-polled): True on a change,
+        False when none came in time. Bounded like every call; raises
+        :class:`FleetUnavailable` when etcd does not answer at all."""
+        import requests
+
+        if not self._clients:
+            raise FleetUnavailable("the fleet session is closed")
+        client = self._clients[self._current]
+        body = {
+            "create_request": {
+                "key": _b64(prefix),
+                "range_end": _b64(range_end(prefix)),
+                "start_revision": self.revision + 1,
+            }
+        }
+        self._waiting = True
+        try:
+            resp = client.session.post(
+                client.get_url("watch"),
+                json=body,
+                stream=True,
+                timeout=(self.settings.call_timeout_s, timeout_s),
+            )
+        except requests.Timeout:
+            self._waiting = False
+            return False  # connected, nothing said in time (a stopped etcd, or no change)
+        except requests.RequestException as exc:
+            self._waiting = False
+            raise FleetUnavailable(f"etcd watch on {prefix}: {exc!r}"[:300]) from None
+        self._watch = resp
+        if not self._waiting:  # interrupted before the stream was there
+            resp.close()
+        try:
+            if resp.status_code != 200:
+                return False
+            deadline = self.clock() + timeout_s
+            for line in resp.iter_lines(chunk_size=None):
+                if line.strip():
+                    result = json.loads(line).get("result", {})
+                    if result.get("events"):
+                        return True
+                if self.clock() >= deadline:
+                    return False
+            return False
+        except (requests.RequestException, ValueError, AttributeError, OSError):
+            return False  # the read timed out (no change), was interrupted, or broke
+        finally:
+            self._waiting = False
+            self._watch = None
+            resp.close()
+
+    @property
+    def waiting(self) -> bool:
+        """True while :meth:`wait_for_change` reads its watch stream."""
+        return self._watch is not None
+
+    def interrupt_wait(self) -> None:
+        """End a :meth:`wait_for_change` in progress (from another thread): the only
+        method that may be called concurrently."""
+        self._waiting = False
+        resp = self._watch
+        if resp is not None:
+            with contextlib.suppress(Exception):
+                # shutdown, not close: it wakes a thread blocked reading the socket
+                fd = resp.raw._fp.fileno()
+                with socket.fromfd(fd, socket.AF_INET, socket.SOCK_STREAM) as s:
+                    s.shutdown(socket.SHUT_RDWR)
 
     def _put(self, key: str, value: bytes, leased: bool) -> dict[str, Any]:
         payload: dict[str, Any] = {"key": _b64(key), "value": _b64(value)}

@@ -213,3 +213,31 @@ def test_two_daemons_deciding_from_the_same_state_cannot_both_take_the_last_slot
     assert holders(etcd, fleet_prefix) == [("a", T, "ja")]
     ta.session.close()
     tb.session.close()
+
+
+def test_a_released_slot_reaches_a_waiter_at_once_not_at_its_next_poll(etcd: Etcd, fleet_prefix):
+    """A waiting member watches the claims: the holder's release wakes it, well before
+    its poll interval (3 s here) would; and its own want interrupts that watch."""
+    holder = agent(etcd, "h0", fleet_prefix)
+    slow = FleetAgent(settings(etcd.url, "h1", fleet_prefix, lease_ttl_s=9), poll_s=3.0).start()
+    try:
+        holder.want("j0", T, cap=1, at_risk_gpu_s=0, gpus=1)
+        holder.wait_for(lambda v: "j0" in v.granted, 10)
+        slow.wait_for(lambda v: v.up, 10)
+        slow.want("j1", T, cap=1, at_risk_gpu_s=10, gpus=1)
+        slow.wait_for(lambda v: "j1" in v.waiting, 10)
+        deadline = time.monotonic() + 10
+        while not slow.watching:  # the thread is in its watch (no event to wait on)
+            assert time.monotonic() < deadline, "the waiting member never watched"
+            time.sleep(0.01)
+        t0 = time.monotonic()
+        slow.want("j2", T, cap=1, at_risk_gpu_s=5, gpus=1)  # interrupts the watch
+        slow.wait_for(lambda v: "j2" in v.waiting, 10)
+        assert time.monotonic() - t0 < 1.0
+        t0 = time.monotonic()
+        holder.release("j0")
+        slow.wait_for(lambda v: "j1" in v.granted, 10)
+        assert time.monotonic() - t0 < 1.0
+    finally:
+        holder.stop()
+        slow.stop()
