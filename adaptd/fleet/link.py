@@ -101,6 +101,24 @@ class JobFacts:
     age_s: float | None = None  # since its last failure or start (for survivals)
 
 
+def job_facts(jobs: Iterable[Any], snapshot: Snapshot, now: float) -> list[JobFacts]:
+    """:class:`JobFacts` of the daemon's active jobs (registry ``Job`` objects: ``id``,
+    ``state``, ``latest`` decision, ``tracker``). Work at risk is the job's GPUs × the
+    compute time of the steps since its last durable save (or since it resumed)."""
+    out = []
+    for j in jobs:
+        if j.state != "active":
+            continue
+        t = j.tracker
+        base = t.last_durable_step if t.last_durable_step is not None else t.start_step
+        gpus = max(1, int(t.gpus))
+        at_risk = max(0, t.step - base) * (t.step_time_s or 0.0) * gpus
+        target = next((s.target for s in snapshot.storage if j.id in s.jobs), None)
+        tags = tuple(j.latest.tags) if j.latest is not None else ()
+        out.append(JobFacts(j.id, target, tags, gpus, at_risk, t.time_since_failure_s(now)))
+    return out
+
+
 @dataclass
 class _Wish:
     target: str

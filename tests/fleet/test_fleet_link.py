@@ -259,3 +259,29 @@ def test_an_upload_to_a_shared_destination_waits_for_a_slot(etcd: Etcd, fleet_pr
     finally:
         uploader.stop()
         writer.stop()
+
+
+def test_job_facts_come_from_the_registry_jobs():
+    """The daemon's jobs as the tick sees them: a real JobTracker fed as the registry
+    feeds it, the latest decision's tags, the sampled target holding the job."""
+    from types import SimpleNamespace
+
+    from adaptd.estimators import JobTracker
+    from adaptd.fleet.link import job_facts
+    from adaptd.snapshot import Decision
+
+    t = JobTracker("ja", gpus=8)
+    t.on_resume(0.0, 0)
+    t.on_steps(10.0, 100, 100, 0.5)
+    t.on_save_requested(10.0, 100)
+    t.on_save_report(12.0, 100, blocking_s=0.1, durable_s=2.0)
+    t.on_steps(20.0, 160, 60, 0.5)
+    wait = Decision(next_step=400, tags=("deferred", "fleet-wait"))
+    jobs = [
+        SimpleNamespace(id="ja", state="active", tracker=t, latest=wait),
+        SimpleNamespace(id="gone", state="lost", tracker=t, latest=None),
+    ]
+    (f,) = job_facts(jobs, snap(), now=20.0)
+    assert (f.job, f.target, f.tags, f.gpus) == ("ja", "/mnt/nfs/ckpt", wait.tags, 8)
+    assert f.at_risk_gpu_s == pytest.approx(60 * 0.5 * 8)  # 60 steps since the durable save
+    assert f.age_s == pytest.approx(20.0)
