@@ -122,3 +122,21 @@ def test_a_new_member_starts_from_what_the_fleet_knows(etcd: Etcd, fleet_prefix)
     assert fleet.gpu_mtbf_s < prior.gpu_mtbf_s / 2  # 4x worse than the prior, and it shows
     fit = fit_shape(*pooled(view.records))
     assert fit is not None and fit.credibly_below(1.0)
+
+
+@pytest.mark.parametrize(("shape", "bursty"), [(0.7, True), (1.0, False)])
+def test_a_drawn_fleet_history_carries_its_distribution(shape, bursty):
+    """The simulator's fleet input: the record a host would publish after watching a
+    4,096-GPU fleet for 30 days of the given distribution."""
+    from adaptd.fleet.history import FleetHistory, draw_history
+
+    h = FleetHistory(gpus=4096, days=30, job_gpus=512)
+    rec = draw_history(h, gpu_mtbf_s=GPU_MTBF_S, shape=shape, seed=3)
+    assert rec.gpu_seconds == h.exposure_gpu_s
+    expected = h.exposure_gpu_s / GPU_MTBF_S  # about 236 failures
+    assert abs(rec.failures - expected) < 0.2 * expected
+    rate = fleet_rate([rec], FailureRate())
+    assert abs(rate.gpu_mtbf_s - GPU_MTBF_S) < 0.25 * GPU_MTBF_S  # the prior is 4x off
+    fit = fit_shape(rec.lifetimes, rec.survivals)
+    assert fit is not None and fit.credibly_below(1.0) is bursty
+    assert rec == draw_history(h, gpu_mtbf_s=GPU_MTBF_S, shape=shape, seed=3)  # seeded
