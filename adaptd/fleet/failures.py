@@ -26,6 +26,7 @@ policy switches to the age-aware Weibull optimum only when the upper end of the
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Iterable, Sequence
@@ -101,36 +102,69 @@ class FailureRecord:
             raise ValueError(f"failure record of {host}/{gpu_model} unreadable: {exc}") from None
 
 
-def fleet_rate(
+@dataclass
+class PooledFailureRate(FailureRate):
+    """This host's failure-rate posterior plus what the rest of the fleet published.
+
+    ``failures``/``gpu_seconds`` stay this host's own (they are what it publishes and
+    persists, :meth:`FailureRate.to_dict`); ``others_*`` are the other hosts' totals,
+    refreshed from etcd, and kept while etcd is away (knowledge does not expire).
+    """
+
+    others_failures: float = 0.0
+    others_gpu_seconds: float = 0.0
+
+    @property
+    def alpha(self) -> float:
+        return self.prior_failures + self.failures + self.others_failures
+
+    @property
+    def beta(self) -> float:
+        return (
+            self.prior_failures * self.prior_gpu_mtbf_s
+            + self.gpu_seconds
+            + (self.others_gpu_seconds)
+        )
+
+    def local(self) -> FailureRate:
+        """This host's own posterior (what it publishes)."""
+        return FailureRate(
+            prior_gpu_mtbf_s=self.prior_gpu_mtbf_s,
+            prior_failures=self.prior_failures,
+            failures=self.failures,
+            gpu_seconds=self.gpu_seconds,
+        )
+
+
+def fleet_totals(
     records: Iterable[FailureRecord],
-    prior: FailureRate,
     *,
     gpu_model: str | None = None,
-    local: FailureRate | None = None,
-    host: str | None = None,
-) -> FailureRate:
-    """The Gamma–Poisson posterior over the whole fleet.
-
-    ``prior``'s prior and ``local`` (this host's own, fresher than what it published,
-    used in place of ``host``'s records) are added to every other host's published
-    totals; ``gpu_model`` restricts the records to one model (``None``: all).
-    """
+    exclude_host: str | None = None,
+) -> tuple[float, float]:
+    """(failures, GPU-seconds) summed over ``records`` of ``gpu_model`` (``None``: all),
+    leaving out ``exclude_host``'s (this host's own, which it knows fresher)."""
     failures = gpu_seconds = 0.0
     for r in records:
-        if (gpu_model is not None and r.gpu_model != gpu_model) or (
-            local is not None and r.host == host
-        ):
-            continue
-        failures += r.failures
-        gpu_seconds += r.gpu_seconds
-    if local is not None:
-        failures += local.failures
-        gpu_seconds += local.gpu_seconds
-    return FailureRate(
-        prior_gpu_mtbf_s=prior.prior_gpu_mtbf_s,
-        prior_failures=prior.prior_failures,
-        failures=failures,
-        gpu_seconds=gpu_seconds,
+        if (gpu_model is None or r.gpu_model == gpu_model) and r.host != exclude_host:
+            failures += r.failures
+            gpu_seconds += r.gpu_seconds
+    return failures, gpu_seconds
+
+
+def fleet_rate(
+    records: Iterable[FailureRecord],
+    local: FailureRate,
+    *,
+    gpu_model: str | None = None,
+    host: str | None = None,
+) -> PooledFailureRate:
+    """The Gamma–Poisson posterior over the whole fleet: ``local`` (a host's own
+    posterior, or a bare prior) plus every other host's published totals."""
+    failures, gpu_seconds = fleet_totals(records, gpu_model=gpu_model, exclude_host=host)
+    own = local.local() if isinstance(local, PooledFailureRate) else local
+    return PooledFailureRate(
+        **dataclasses.asdict(own), others_failures=failures, others_gpu_seconds=gpu_seconds
     )
 
 

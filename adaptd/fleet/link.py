@@ -39,7 +39,8 @@ from adaptd import events as ev
 from adaptd.estimators import FailureRate
 from adaptd.fleet.agent import FleetAgent, FleetView
 from adaptd.fleet.config import FleetConfig
-from adaptd.fleet.failures import FailureRecord, ShapeFit, fit_shape, pooled
+from adaptd.fleet.failures import ShapeFit
+from adaptd.fleet.knowledge import FleetKnowledge
 from adaptd.fleet.targets import (
     declared_target,
     object_target,
@@ -51,42 +52,6 @@ from adaptd.snapshot import FleetSample, Snapshot, StorageSample
 from adaptd.telemetry.storage import Mount
 
 log = logging.getLogger("adaptd.fleet")
-
-UNKNOWN_MODEL = "unknown"
-
-
-@dataclass
-class PooledFailureRate(FailureRate):
-    """This host's failure-rate posterior plus what the rest of the fleet published.
-
-    ``failures``/``gpu_seconds`` stay this host's own (they are what it publishes and
-    persists, :meth:`FailureRate.to_dict`); ``others_*`` are the other hosts' totals,
-    refreshed from etcd, and kept while etcd is away (knowledge does not expire).
-    """
-
-    others_failures: float = 0.0
-    others_gpu_seconds: float = 0.0
-
-    @property
-    def alpha(self) -> float:
-        return self.prior_failures + self.failures + self.others_failures
-
-    @property
-    def beta(self) -> float:
-        return (
-            self.prior_failures * self.prior_gpu_mtbf_s
-            + self.gpu_seconds
-            + (self.others_gpu_seconds)
-        )
-
-    def local(self) -> FailureRate:
-        """This host's own posterior (what it publishes)."""
-        return FailureRate(
-            prior_gpu_mtbf_s=self.prior_gpu_mtbf_s,
-            prior_failures=self.prior_failures,
-            failures=self.failures,
-            gpu_seconds=self.gpu_seconds,
-        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,16 +116,12 @@ class FleetLink:
         self._mounts = mounts
         self.clock = clock
         self.wall = wall
-        self.failure_rate = PooledFailureRate(**dataclasses.asdict(failure_rate))
-        self.gpu_model = UNKNOWN_MODEL
+        self.knowledge = FleetKnowledge(self.host, failure_rate, wall)
+        #: the trackers' shared posterior: this host's and the fleet's failures
+        self.failure_rate = self.knowledge.failure_rate
         self._names: dict[str, str | None] = {}  # sampled target -> fleet-wide name
         self._caps: dict[str, int] = {}  # fleet-wide name -> cap
         self._wishes: dict[str, _Wish] = {}
-        self._lifetimes: list[float] = []
-        self._survivals: list[float] = []
-        self._lost_age: dict[str, float] = {}  # job -> lifetime (GPU-s) when it vanished
-        self._running: dict[str, float] = {}  # job -> current lifetime (GPU-s)
-        self._fit: tuple[int, ShapeFit | None] = (-1, None)
         self._next_publish = 0.0
         self._was_usable: bool | None = None
         self.counts: Counter[str] = Counter()
@@ -216,7 +177,7 @@ class FleetLink:
     def decorate(self, snapshot: Snapshot, caps: Mapping[str, int] | None = None) -> Snapshot:
         """``snapshot`` with the fleet's facts (module docstring); ``caps``: each sampled
         target's ``max_concurrent_saves`` (``[fleet] slots`` where it has none)."""
-        self._model_from(snapshot)
+        self.knowledge.observe(snapshot)
         view = self.usable(snapshot.time if snapshot.time else None)
         if view is None:
             return snapshot
@@ -240,24 +201,8 @@ class FleetLink:
         return dataclasses.replace(snapshot, storage=tuple(storage), fleet=fleet)
 
     def shape(self, view: FleetView | None = None) -> ShapeFit | None:
-        """The Weibull shape fitted to the fleet's lifetimes (refitted when they change)."""
-        view = view or self.agent.view()
-        records = [r for r in view.records if r.gpu_model == self.gpu_model and r.host != self.host]
-        lifetimes, survivals = pooled(records)
-        lifetimes += self._lifetimes
-        survivals += self._survivals + list(self._running.values())
-        key = hash((tuple(lifetimes), len(survivals)))
-        if self._fit[0] != key:
-            self._fit = (key, fit_shape(lifetimes, survivals))
-        return self._fit[1]
-
-    def refresh_rate(self) -> None:
-        """Take the other hosts' published totals (same GPU model) into the posterior."""
-        view = self.agent.view()
-        others = [r for r in view.records if r.host != self.host and r.gpu_model == self.gpu_model]
-        if view.last_ok is not None:  # never replaced by "nothing" while etcd was away
-            self.failure_rate.others_failures = sum(r.failures for r in others)
-            self.failure_rate.others_gpu_seconds = sum(r.gpu_seconds for r in others)
+        """The Weibull shape fitted to the fleet's lifetimes (``None``: too few failures)."""
+        return self.knowledge.shape(view or self.agent.view())
 
     # ------------------------------------------------------------------ wishes out
 
@@ -268,8 +213,7 @@ class FleetLink:
         seen = set()
         for f in jobs:
             seen.add(f.job)
-            if f.age_s is not None:
-                self._running[f.job] = max(f.age_s, 1e-3) * max(1, f.gpus)
+            self.knowledge.running(f.job, f.age_s, f.gpus)
             wish = self._wishes.get(f.job)
             name = self._name_of_target(f.target)
             if wish is not None and wish.granted_at is None and f.job in view.granted:
@@ -292,7 +236,7 @@ class FleetLink:
                 self._give_back(f.job, f"no save started within {self.cfg.grant_timeout_s:g}s")
         for job in [j for j in self._wishes if j not in seen]:
             self._give_back(job, "job gone")
-        self.refresh_rate()
+        self.knowledge.refresh(view)
         self._publish()
 
     def _cap_of(self, name: str) -> int:
@@ -376,59 +320,17 @@ class FleetLink:
                 wish.granted_at is not None or event.job in self.agent.view().granted
             ):
                 self._give_back(event.job, "save reported")
-        elif isinstance(event, ev.JobLost):
-            self._give_back(event.job, "job lost")
-            life = self._running.pop(event.job, None)
-            if life is not None:
-                self._lost_age[event.job] = life
-        elif isinstance(event, ev.JobResumed):
-            life = self._lost_age.pop(event.job, None)
-            if life is not None:  # it failed: resumed from an older step
-                self._lifetimes.append(life)
-        elif isinstance(event, ev.JobFinished | ev.JobForgotten):
-            self._give_back(event.job, "job ended")
-            life = self._running.pop(event.job, None) or self._lost_age.pop(event.job, None)
-            if life is not None:
-                self._survivals.append(life)
+        elif isinstance(event, ev.JobLost | ev.JobFinished | ev.JobForgotten):
+            self._give_back(event.job, "job gone")
+        self.knowledge.on_event(event)
 
     # ------------------------------------------------------------------ knowledge out
-
-    def _model_from(self, snapshot: Snapshot) -> None:
-        names = Counter(g.name for g in snapshot.gpus if g.name)
-        if names:
-            self.gpu_model = names.most_common(1)[0][0]
-
-    def record(self) -> FailureRecord:
-        """What this host publishes about its GPU model."""
-        local = self.failure_rate
-        return FailureRecord(
-            host=self.host,
-            gpu_model=self.gpu_model,
-            gpu_seconds=local.gpu_seconds,
-            failures=local.failures,
-            lifetimes=tuple(self._lifetimes),
-            survivals=tuple(self._survivals) + tuple(self._running.values()),
-            updated=self.wall(),
-        )
 
     def _publish(self, *, force: bool = False) -> None:
         now = self.clock()
         if force or now >= self._next_publish:
             self._next_publish = now + self.cfg.publish_every_s
-            self.agent.publish(self.record())
-
-    def load_history(self, data: Mapping[str, Any] | None) -> None:
-        """Restore the lifetimes and survivals :meth:`history` saved (daemon restart)."""
-        if not data:
-            return
-        try:
-            self._lifetimes = [float(t) for t in data.get("lifetimes", ()) if float(t) > 0]
-            self._survivals = [float(t) for t in data.get("survivals", ()) if float(t) > 0]
-        except (TypeError, ValueError) as exc:
-            log.warning("event=learned_discarded what=fleet_history error=%r", str(exc))
-
-    def history(self) -> dict[str, Any]:
-        return {"lifetimes": self._lifetimes[-500:], "survivals": self._survivals[-500:]}
+            self.agent.publish(self.knowledge.record())
 
     # ------------------------------------------------------------------ status
 
@@ -458,7 +360,7 @@ class FleetLink:
             "grants": view.grants,
             "errors": view.errors,
             "rejoins": view.rejoins,
-            "gpu_model": self.gpu_model,
+            "gpu_model": self.knowledge.gpu_model,
             "gpu_mtbf_s": self.failure_rate.gpu_mtbf_s,
             "fleet_failures": self.failure_rate.failures + self.failure_rate.others_failures,
             "weibull_shape": None if fit is None else [fit.low, fit.shape, fit.high],

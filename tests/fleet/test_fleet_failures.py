@@ -73,13 +73,14 @@ def test_the_fleet_rate_adds_every_host_to_the_prior():
         FailureRecord("c", "A100", gpu_seconds=5e9, failures=1),
     ]
     h100 = fleet_rate(records, prior, gpu_model="H100")
-    assert (h100.failures, h100.gpu_seconds) == (60, 3e9)
+    assert (h100.others_failures, h100.others_gpu_seconds) == (60, 3e9)
     assert h100.gpu_mtbf_s == pytest.approx((PRIOR_GPU_MTBF_S + 3e9) / 61)
     # this host's fresh figures replace what it published
     local = FailureRate(failures=25, gpu_seconds=1.2e9)
-    mine = fleet_rate(records, prior, gpu_model="H100", local=local, host="a")
-    assert (mine.failures, mine.gpu_seconds) == (65, 3.2e9)
-    assert fleet_rate(records, prior).failures == 61
+    mine = fleet_rate(records, local, gpu_model="H100", host="a")
+    assert (mine.alpha - mine.prior_failures, mine.failures) == (65, 25)
+    assert mine.local() == local  # what it persists and publishes stays its own
+    assert fleet_rate(records, prior).others_failures == 61
 
 
 def test_records_round_trip_and_refuse_nonsense():
@@ -117,7 +118,7 @@ def test_a_new_member_starts_from_what_the_fleet_knows(etcd: Etcd, fleet_prefix)
     assert sorted(r.host for r in view.records) == ["host-a", "host-b"]
     prior = FailureRate()
     fleet = fleet_rate(view.records, prior, gpu_model="NVIDIA H100 80GB HBM3")
-    assert fleet.failures == 120
+    assert fleet.others_failures == 120
     assert fleet.gpu_mtbf_s == pytest.approx((PRIOR_GPU_MTBF_S + sum(lifetimes)) / 121)
     assert fleet.gpu_mtbf_s < prior.gpu_mtbf_s / 2  # 4x worse than the prior, and it shows
     fit = fit_shape(*pooled(view.records))

@@ -123,14 +123,14 @@ def test_the_failure_rate_pools_the_other_hosts_and_keeps_its_own(etcd: Etcd, fl
     a = link(etcd, "host-a", fleet_prefix)
     a.failure_rate.failures, a.failure_rate.gpu_seconds = 30.0, 1.5e9
     a.decorate(snap())  # learns its GPU model from the snapshot
-    a.agent.publish(a.record())
+    a.agent.publish(a.knowledge.record())
     assert a.agent.poll_once().up
     a.agent.stop()
     b = link(etcd, "host-b", fleet_prefix)
     b.decorate(snap())
     b.failure_rate.failures, b.failure_rate.gpu_seconds = 2.0, 1e8
     assert b.agent.poll_once().up
-    b.refresh_rate()
+    b.knowledge.refresh(b.agent.view())
     rate = b.failure_rate
     assert (rate.others_failures, rate.others_gpu_seconds) == (30.0, 1.5e9)
     prior = FailureRate()
@@ -152,7 +152,7 @@ def test_lifetimes_come_from_the_daemons_events():
     lk.on_event(ev.JobResumed(2.0, 0.0, "j1", 1.0, 10, 5, 1.0))  # failed: counted
     lk.wishes(3.0, [JobFacts("j2", None, (), 4, 0.0, age_s=50.0)])
     lk.on_event(ev.JobFinished(4.0, 0.0, "j2", 99, "done"))  # survived: censored
-    rec = lk.record()
+    rec = lk.knowledge.record()
     assert rec.lifetimes == (800.0,) and rec.survivals == (200.0,)
     lk.agent.stop()
 
