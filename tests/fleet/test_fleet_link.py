@@ -285,3 +285,51 @@ def test_job_facts_come_from_the_registry_jobs():
     assert (f.job, f.target, f.tags, f.gpus) == ("ja", "/mnt/nfs/ckpt", wait.tags, 8)
     assert f.at_risk_gpu_s == pytest.approx(60 * 0.5 * 8)  # 60 steps since the durable save
     assert f.age_s == pytest.approx(20.0)
+
+
+def test_the_fleet_in_metrics_and_status(etcd: Etcd, fleet_prefix):
+    """The collector's series (promtool-clean) and the status section, from a link
+    holding a slot, then with etcd's answers stale."""
+    import shutil
+    import subprocess
+
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from adaptd.fleet.metrics import FleetCollector
+    from adaptd.fleet.report import render
+
+    lk = link(etcd, "host-a", fleet_prefix).start()
+    try:
+        lk.agent.wait_for(lambda v: v.up, 10)
+        lk.decorate(snap(), caps={"/mnt/nfs/ckpt": 2})
+        lk.wishes(100.0, [facts("ja")])
+        lk.agent.wait_for(lambda v: "ja" in v.granted, 10)
+        registry = CollectorRegistry()
+        registry.register(FleetCollector(lk))
+        text = generate_latest(registry).decode()
+        for line in (
+            "adaptd_fleet_up 1.0",
+            "adaptd_fleet_hosts 1.0",
+            "adaptd_fleet_slot_holding 1.0",
+            f'adaptd_fleet_slot_cap{{target="{NFS}"}} 2.0',
+            f'adaptd_fleet_slot_holders{{target="{NFS}"}} 1.0',
+            "adaptd_fleet_slot_grants_total",
+            "adaptd_fleet_errors_total 0.0",
+        ):
+            assert line in text, line
+        promtool = shutil.which("promtool")
+        if promtool:
+            checked = subprocess.run(
+                [promtool, "check", "metrics"], input=text, capture_output=True, text=True
+            )
+            assert checked.returncode == 0, checked.stdout + checked.stderr
+        status = lk.status()
+        assert status["up"] and status["role"] == "leader" and status["holding"] == ["ja"]
+        shown = render(status)
+        assert "FLEET up" in shown and f"{NFS}: 1/2 slot(s) held by host-a/ja" in shown
+        # a view older than stale_after_s reads as etcd away: local decisions, said so
+        late = lk.clock() + lk.cfg.stale_after_s + 5
+        assert lk.usable(late) is None
+        assert "DOWN" in render(lk.status(late))
+    finally:
+        lk.stop()
