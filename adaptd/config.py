@@ -19,6 +19,10 @@ Layout (see ``systemd/adaptd.toml`` for a commented example)::
     [destinations.NAME]  url, bandwidth_mib_s, max_concurrent, keep_last,
                          keep_every_hours, storage_options   (tiered storage: where
                          the daemon replicates jobs' checkpoints, see docs/tiers.md)
+    [fleet]       etcd, prefix, host, user, password(_file), ca_file, cert_file,
+                  key_file, lease_ttl_s, call_timeout_s, slots, [fleet.shared]
+                  (daemons sharing write slots and failures through etcd, docs/fleet.md;
+                  ``ADAPTD_ETCD`` / ``serve --etcd`` give the endpoints)
 
 :func:`load` is what ``adaptd serve`` and ``adaptd serve --check-config`` call: it
 returns a frozen :class:`Config` or raises :class:`ConfigError` whose message names
@@ -42,6 +46,7 @@ from typing import Any
 
 from adaptd import paths
 from adaptd.estimators import PRIOR_GPU_MTBF_S
+from adaptd.fleet.config import FleetConfig, endpoints_from, parse_fleet
 from adaptd.policy import DEFAULT_SPEC, PolicyError, parse
 
 if sys.version_info >= (3, 11):
@@ -173,6 +178,7 @@ class Config:
     jobs: tuple[JobOverride, ...] = ()
     storage: Mapping[str, StorageTarget] = field(default_factory=lambda: MappingProxyType({}))
     destinations: Mapping[str, Destination] = field(default_factory=lambda: MappingProxyType({}))
+    fleet: FleetConfig | None = None  # [fleet]: None, no fleet (adaptd.fleet)
     source: str = ""  # the file this came from ("" for built-in defaults)
 
     @property
@@ -302,6 +308,8 @@ class Config:
         d["metrics_url"] = self.metrics_url
         for dest in d["destinations"].values():
             dest["storage_options"] = _redacted(dest["storage_options"])
+        if d["fleet"] is not None:
+            d["fleet"]["settings"]["password"] = "***" if self.fleet.settings.password else None
         return d
 
 
@@ -386,7 +394,7 @@ def from_mapping(data: Mapping[str, Any], *, source: str = "") -> Config:
 
 # --------------------------------------------------------------------------- validation
 
-_SECTIONS = ("daemon", "policy", "metrics", "retention", "jobs", "storage", "destinations")
+_SECTIONS = ("daemon", "policy", "metrics", "retention", "jobs", "storage", "destinations", "fleet")
 _DAEMON_KEYS = (
     "socket",
     "admin_socket",
@@ -586,6 +594,7 @@ class _Reader:
                                        exclusive=False),
             jobs=self.jobs(data.get("jobs", {}), destinations),
             storage=self.storage(data.get("storage", {})),
+            fleet=self.fleet(data.get("fleet")),
             destinations=destinations,
             source=self.source,
         )  # fmt: skip
@@ -785,6 +794,14 @@ class _Reader:
                     f"{v!r} needs s3fs, which is not installed; pip install 'adaptd[s3]'",
                 )
         return v
+
+    def fleet(self, data: Any) -> FleetConfig | None:
+        """``[fleet]`` (adaptd.fleet.config), with ``ADAPTD_ETCD``'s endpoints if set."""
+        try:
+            return parse_fleet(data, endpoints=endpoints_from(os.environ, None))
+        except ValueError as exc:
+            key, _, message = str(exc).partition(": ")
+            raise self.fail(key, message) from None
 
     def storage(self, data: Any) -> Mapping[str, StorageTarget]:
         if not isinstance(data, Mapping):

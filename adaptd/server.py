@@ -785,6 +785,12 @@ class Daemon:
             waste=d.waste if d.waste is not None and d.waste >= 0 else None,
         )
 
+    def decide(self, job: Job, now: float) -> bool:
+        """Run ``job``'s policy now, between its step reports (a tick hook learned
+        something that changes its facts, such as a fleet write slot granted); pushes
+        the plan if it changed."""
+        return self._decide(job, now)
+
     def _decide(self, job: Job, now: float) -> bool:
         """Run the job's policy; push a plan (or SaveNow) when it changed. Returns whether
         anything was pushed."""

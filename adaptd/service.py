@@ -13,7 +13,11 @@
    ``READY=1`` goes to systemd (:mod:`adaptd.sdnotify`);
 5. when the config replicates checkpoints (``[destinations.NAME]`` and a job's
    ``replicate_to``), the :class:`~adaptd.tiers.replicator.Replicator`: a sink of the
-   daemon's events, shown in ``adaptd status`` and the metrics, stopped first at close.
+   daemon's events, shown in ``adaptd status`` and the metrics, stopped first at close;
+6. with a ``[fleet]``, the :class:`~adaptd.fleet.link.FleetLink` (docs/fleet.md): its
+   facts go into every snapshot, its pooled failure posterior to every tracker, the
+   daemon's events to it, its slot wishes out at each tick; it has its own thread for
+   etcd, a metrics collector and a section in ``adaptd status``.
 
 Its tick hook (about once a second, in the daemon's loop) flushes the store, feeds
 metrics the newest snapshot and the store's fault counters, persists what was learned every
@@ -36,7 +40,7 @@ import signal
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from adaptd import admin
 from adaptd import events as ev
@@ -50,6 +54,8 @@ from adaptd.snapshot import Snapshot, StorageSample
 from adaptd.store import GLOBAL, Store, StoreError, job_scope
 
 if TYPE_CHECKING:
+    from adaptd.fleet.config import FleetConfig
+    from adaptd.fleet.link import FleetLink
     from adaptd.telemetry.sampler import Sampler
     from adaptd.tiers.replica import UploadResult
     from adaptd.tiers.replicator import Replicator
@@ -61,6 +67,8 @@ PERSIST_EVERY_S = 30.0
 #: Store keys of the learned parameters.
 FAILURE_RATE_KEY = "failure_rate"
 LEARNED_KEY = "learned"
+#: Store key of the fleet's lifetimes and survivals this host saw (docs/fleet.md).
+FLEET_HISTORY_KEY = "fleet_history"
 #: While draining on SIGTERM, each tick asks systemd for this much more time.
 EXTEND_BY_S = 10.0
 
@@ -126,8 +134,9 @@ class Service:
         self._closed = False
         #: jobs with a save in flight (the daemon's SaveInFlight events)
         self.writing: set[str] = set()
-        self._view: tuple[int, frozenset[str], Snapshot] | None = None
+        self._view: tuple[tuple[Any, ...], Snapshot] | None = None
         self.replicator: Replicator | None = None
+        self.fleet: FleetLink | None = None
 
     # ------------------------------------------------------------------ assembly
 
@@ -149,15 +158,22 @@ class Service:
         except StoreError as exc:
             raise ServiceError(f"daemon.db_path: {exc}") from None
         self._restore_failure_rate()
-        from adaptd.telemetry import report
         from adaptd.telemetry.sampler import Sampler
 
         self.sampler = self._sampler or Sampler.default(interval=cfg.sample_interval_s)
         sinks = [self.store.on_event, self.metrics.on_event, self.sampler.on_event, self._on_event]
+        if cfg.fleet is not None:
+            self._open_fleet(cfg.fleet)
+            assert self.fleet is not None
+            sinks.append(self.fleet.on_event)
         if any(o.replicate_to for o in cfg.jobs):
             from adaptd.tiers.replicator import Replicator
 
-            self.replicator = Replicator(cfg, on_upload=self._on_upload)
+            self.replicator = Replicator(
+                cfg,
+                on_upload=self._on_upload,
+                slot_gate=self.fleet.upload_slot if self.fleet is not None else None,
+            )
             sinks.append(self.replicator.on_event)
         try:
             self.daemon = Daemon(
@@ -169,7 +185,7 @@ class Service:
                 silence_timeout_s=cfg.liveness_timeout_s,
                 job_settings=self._initial_settings(),
                 config_settings=self._configured_settings,
-                status_extra=lambda: report.to_dict(self.snapshot()),
+                status_extra=self._status_extra,
                 curve=CurveKeys(cfg.curve_secret_key, cfg.curve_client_keys)
                 if cfg.curve_secret_key and cfg.curve_client_keys else None,
                 admin_group=cfg.admin_group,
@@ -201,6 +217,8 @@ class Service:
                 ",".join(o.pattern for o in cfg.jobs if o.replicate_to),
             )
         self._serve_metrics()
+        if self.fleet is not None:
+            self.fleet.start()
         self.sampler.tick(self.clock())  # probe telemetry once before READY
         self._last_persist = self.clock()
         jobs = self._jobs_text()
@@ -223,6 +241,35 @@ class Service:
                 "event=learned_restored what=failure_rate gpu_mtbf_s=%.6g",
                 self.failure_rate.gpu_mtbf_s,
             )
+
+    def _open_fleet(self, fleet_cfg: FleetConfig) -> None:
+        """The fleet link (docs/fleet.md); the trackers get its pooled failure posterior."""
+        assert self.store is not None
+        from adaptd import __version__
+        from adaptd.fleet.link import FleetLink
+        from adaptd.fleet.metrics import FleetCollector
+
+        self.fleet = FleetLink(
+            fleet_cfg, failure_rate=self.failure_rate, clock=self.clock, version=__version__
+        )
+        self.failure_rate = self.fleet.failure_rate
+        self.fleet.knowledge.load_history(self.store.param(GLOBAL, FLEET_HISTORY_KEY))
+        self.metrics.registry.register(FleetCollector(self.fleet))
+        log.info(
+            "event=fleet endpoints=%s host=%s prefix=%s",
+            ",".join(fleet_cfg.settings.endpoints),
+            fleet_cfg.settings.host,
+            fleet_cfg.settings.prefix,
+        )
+
+    def _status_extra(self) -> dict[str, Any]:
+        """What ``adaptd status`` shows besides the jobs: telemetry, and the fleet."""
+        from adaptd.telemetry import report
+
+        out = report.to_dict(self.snapshot())
+        if self.fleet is not None:
+            out["fleet"] = self.fleet.status()
+        return out
 
     def _initial_settings(self) -> dict[str, admin.JobSettings]:
         """Exact-id ``[jobs."ID"]`` entries of the config (merged with the globs that
@@ -377,9 +424,11 @@ class Service:
         assert self.sampler is not None
         snap = self.sampler.latest()
         writing = frozenset(self.writing)
+        fleet = self.fleet.agent.view() if self.fleet is not None else None
+        key = (id(snap), writing, id(fleet), self.fleet.usable() is not None if fleet else None)
         view = self._view
-        if view is not None and view[0] == id(snap) and view[1] == writing:
-            return view[2]
+        if view is not None and view[0] == key:
+            return view[1]
         limits = storage_limits(snap.storage, self.cfg.storage.values())
         if (writing or limits) and snap.storage:
             storage = tuple(
@@ -393,7 +442,9 @@ class Service:
             out = dataclasses.replace(snap, storage=storage)
         else:
             out = snap
-        self._view = (id(snap), writing, out)
+        if self.fleet is not None:
+            out = self.fleet.decorate(out, limits)
+        self._view = (key, out)
         return out
 
     def tick(self, now: float) -> None:
@@ -404,7 +455,10 @@ class Service:
             self._last_persist = now
         self.store.flush()
         assert self.sampler is not None
-        self.metrics.on_snapshot(self.snapshot())
+        snapshot = self.snapshot()
+        self.metrics.on_snapshot(snapshot)
+        if self.fleet is not None:
+            self._fleet_tick(snapshot, now)
         self.metrics.set_state_stats(
             write_errors=self.store.write_errors, dropped_rows=self.store.dropped
         )
@@ -417,6 +471,19 @@ class Service:
         if self.cfg.watchdog:
             self.notifier.tick(now)
 
+    def _fleet_tick(self, snapshot: Snapshot, now: float) -> None:
+        """Slot wishes out (from each job's latest decision); a job whose slot was just
+        granted is decided again at once, so its save starts at its next step."""
+        assert self.fleet is not None and self.daemon is not None
+        from adaptd.fleet.link import job_facts
+
+        before = self.fleet.granted()
+        self.fleet.wishes(now, job_facts(self.daemon.registry, snapshot, now))
+        for job_id in self.fleet.granted() - before:
+            job = self.daemon.registry.jobs.get(job_id)
+            if job is not None:
+                self.daemon.decide(job, now)
+
     def _jobs_text(self) -> str:
         assert self.daemon is not None
         active = sum(j.state == "active" for j in self.daemon.registry)
@@ -428,6 +495,8 @@ class Service:
         if self.store is None or self.daemon is None:
             return
         self.store.set_param(GLOBAL, FAILURE_RATE_KEY, self.failure_rate.to_dict())
+        if self.fleet is not None:
+            self.store.set_param(GLOBAL, FLEET_HISTORY_KEY, self.fleet.knowledge.history())
         for job in self.daemon.registry:
             self.store.set_param(job_scope(job.id), LEARNED_KEY, job.tracker.learned())
 
@@ -478,6 +547,9 @@ class Service:
         if persist:
             with contextlib.suppress(Exception):
                 self.persist_learned()
+        if self.fleet is not None:
+            with contextlib.suppress(Exception):
+                self.fleet.stop()  # bounded: publishes, releases its claims, revokes
         if self.daemon is not None:
             self.daemon.close()
         if self.metrics_server is not None:

@@ -28,7 +28,7 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -75,6 +75,16 @@ def endpoints_from(env: Mapping[str, str], flags: Sequence[str] | None) -> tuple
     if flags:
         return tuple(flags)
     return tuple(u.strip() for u in env.get(ETCD_ENV, "").split(",") if u.strip())
+
+
+def with_endpoints(fleet: FleetConfig | None, urls: Sequence[str]) -> FleetConfig:
+    """``fleet`` with its etcd endpoints replaced (``serve --etcd``); a fleet of defaults
+    when there was none. Raises :class:`ValueError` for a bad URL."""
+    if fleet is None:
+        made = parse_fleet({}, endpoints=urls)
+        assert made is not None
+        return made
+    return replace(fleet, settings=replace(fleet.settings, endpoints=tuple(urls)))
 
 
 def parse_fleet(

@@ -137,6 +137,10 @@ class FleetLink:
         self._publish(force=True)
         self.agent.stop()
 
+    def granted(self) -> frozenset[str]:
+        """This host's jobs holding a slot now (by the newest view)."""
+        return self.agent.view().granted
+
     def usable(self, now: float | None = None) -> FleetView | None:
         """The agent's view if it can be decided on now, else ``None`` (decide locally)."""
         view = self.agent.view()
