@@ -333,6 +333,7 @@ class Daemon:
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
         self._stopping = threading.Event()
+        self._tick_soon = False
         self._thread: threading.Thread | None = None
         self._started = 0.0
         self._opened = False
@@ -510,7 +511,8 @@ class Daemon:
             if self._admin in ready:
                 self._drain(self._admin, self._on_admin_frames)
             now = self.clock()
-            if now >= next_tick:
+            if now >= next_tick or self._tick_soon:
+                self._tick_soon = False
                 self.tick(now)
                 next_tick = now + self.tick_interval_s
             if self._drains:
@@ -784,6 +786,13 @@ class Daemon:
             interval_s=d.interval_s if d.interval_s is not None and d.interval_s >= 0 else None,
             waste=d.waste if d.waste is not None and d.waste >= 0 else None,
         )
+
+    def tick_soon(self) -> None:
+        """Run the tick hooks at the loop's next wake-up instead of at the next second
+        (safe from other threads: the fleet's thread calls it when a slot is granted)."""
+        self._tick_soon = True
+        with contextlib.suppress(OSError):
+            self._wake_w.send(b"\0")
 
     def decide(self, job: Job, now: float) -> bool:
         """Run ``job``'s policy now, between its step reports (a tick hook learned

@@ -204,6 +204,8 @@ class Service:
         except DaemonError as exc:
             raise ServiceError(str(exc)) from None
         self._set_permissions()
+        if self.fleet is not None:
+            self.fleet.on_grant = self.daemon.tick_soon  # a grant is acted on at once
         if self.replicator is not None:
             replicator = self.replicator
             self.daemon.replication_source = replicator.status

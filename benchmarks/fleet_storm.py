@@ -12,12 +12,14 @@ cap:
   loopback): the mount is a shared target with ``--cap`` fleet-wide write slots;
   ``io_aware`` defers a due save until its job holds a slot.
 
-Every job runs the same policy, ``io_aware:inner=fixed:steps=K,max_defer=D``: a save
-every K steps, deferred at most D intervals. The jobs start stepping at the same moment
-(the driver releases them together once every one is warm), so their first saves are
-due at the same step: a storm. Later saves follow every K steps from each job's last
-save (so in fleet mode the staggering of one storm carries into the next, as it would
-in production). The first save of each job is the warm-up and is not measured.
+Every job runs the same policy, the default stack's core with fixed figures:
+``io_aware:inner=daly:save_cost_s=0.5;mtbf_s=M,max_defer=D``, M chosen so that Daly's
+interval is ``--interval-s``; a save is due one interval after the job's previous one
+and deferred at most D intervals. The jobs start stepping at the same moment (the driver
+releases them together once every one is warm), so their first saves are due at the
+same step: a storm. Later saves follow one interval after each job's last save (so in
+fleet mode the staggering of one storm carries into the next, as it would in
+production). The first save of each job is the warm-up and is reported apart.
 
 Measured, per mode:
 
@@ -25,9 +27,9 @@ Measured, per mode:
   write in progress on the mount (a ``ckpt-N_temp`` directory exists in the job's
   folder on the backing directory); max, and mean over the samples with a writer;
 * **loop blocked per save** — the hook's ``blocking_s`` (p50, p95);
-* **time to durable** — from the moment the save was *due* (the wall time of the
-  step K after the job's previous save: a deferred save's wait counts) until the hook
-  saw the write durable (mean, p95).
+* **time to durable** — from the moment the save was *due* (the wall time of the step
+  one planned interval after the job's previous save, as ``io_aware`` counts it: a
+  deferred save's wait counts) until the hook saw the write durable (mean, p95).
 
 Targets (issue 13): writers never above the cap in fleet mode; mean time to durable
 ≤ 0.6× uncoordinated; loop blocked time no worse.
@@ -100,19 +102,28 @@ def worker(args: argparse.Namespace) -> int:
     if sys.stdin.readline().strip() != "go":
         return 2
     walls: dict[int, float] = {}
+    every: dict[int, int] = {}  # the plan's interval in steps, after each step
     start_step = hook.step_count
     while len(hook.history) < args.saves + 1:
         walls[hook.step_count + 1] = one_step()
+        plan = hook._schedule.decision  # instrumentation: the plan the hook follows
+        if plan is not None and plan.every_steps:
+            every[hook.step_count] = plan.every_steps
         if hook.step_count - start_step > args.max_steps:
             print("too many steps without the saves", file=sys.stderr)
             return 3
     for _ in range(3):
-        one_step()
+        walls[hook.step_count + 1] = one_step()
     hook.close()
     saves = []
     previous = start_step
-    for r in hook.history:
-        due = previous + args.every
+    def interval_at(step: int) -> int:
+        """The plan's interval in force at ``step`` (the newest recorded at or before it)."""
+        known = [s for s in every if s <= step] or sorted(every)[:1]
+        return every[max(known)] if known else 1
+
+    for r in hook.history[: args.saves + 1]:
+        due = min(previous + interval_at(previous + 1), r.step)
         saves.append(
             {
                 "step": r.step,
@@ -159,8 +170,15 @@ class Writers:
         self._thread.join()
 
 
+def policy_spec(args: argparse.Namespace) -> str:
+    """``io_aware`` over Daly with fixed figures: δ = 0.5 s and M such that √(2δM) is
+    ``--interval-s`` (Daly's τ is then within a few percent of it)."""
+    mtbf = args.interval_s**2 / (2 * 0.5)
+    return f"io_aware:inner=daly:save_cost_s=0.5;mtbf_s={mtbf:g},max_defer={args.max_defer}"
+
+
 def _config(root: Path, i: int, mount: Path, args: argparse.Namespace, etcd: str | None) -> Path:
-    policy = f"io_aware:inner=fixed:steps={args.every},max_defer={args.max_defer}"
+    policy = policy_spec(args)
     text = (
         f"[daemon]\nstate_dir = {json.dumps(str(root / f'state-{i}'))}\n"
         f"liveness_timeout_s = 600\n"
@@ -188,6 +206,7 @@ def run_mode(mode: str, args: argparse.Namespace, root: Path, mount: Path, backi
     logs = work / "logs"
     logs.mkdir(parents=True)
     ids = [f"{mode}-{i}" for i in range(args.hosts)]
+    steps_cap = int(args.interval_s * (args.saves + 1) * (1 + args.max_defer) * 1000 / args.step_ms)
     with ExitStack() as stack:
         sockets = []
         for i in range(args.hosts):
@@ -201,8 +220,8 @@ def run_mode(mode: str, args: argparse.Namespace, root: Path, mount: Path, backi
         cmds = [
             [sys.executable, __file__, "--worker", "--job", j, "--dir", str(mount / j),
              "--socket", f"ipc://{s}", "--state-mb", str(args.state_mb),
-             "--saves", str(args.saves), "--every", str(args.every),
-             "--step-ms", str(args.step_ms), "--max-steps", str(args.every * (args.saves + 8))]
+             "--saves", str(args.saves), "--step-ms", str(args.step_ms),
+             "--max-steps", str(steps_cap)]
             for j, s in zip(ids, sockets, strict=True)
         ]  # fmt: skip
         env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
@@ -265,7 +284,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bandwidth-mib-s", type=float, default=32.0,
                         help="the shared mount's total bandwidth (32 MiB/s)")  # fmt: skip
     parser.add_argument("--cap", type=int, default=2, help="fleet write slots on the mount (2)")
-    parser.add_argument("--every", type=int, default=100, help="steps between saves (100)")
+    parser.add_argument("--interval-s", type=float, default=30.0,
+                        help="the planned time between a job's saves (30 s)")  # fmt: skip
     parser.add_argument("--max-defer", type=float, default=3.0,
                         help="io_aware's bound, in intervals (3)")  # fmt: skip
     parser.add_argument("--saves", type=int, default=3, help="measured saves per job (+1 warm-up)")
@@ -334,7 +354,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(out, indent=1))
         return 0
     print(f"machine: {out['machine']}; {args.hosts} hosts x {args.state_mb} MiB, one mount at "
-          f"{args.bandwidth_mib_s:g} MiB/s, save every {args.every} steps of "
+          f"{args.bandwidth_mib_s:g} MiB/s, policy {policy_spec(args)}, steps of "
           f"{args.step_ms:g} ms, cap {args.cap}")  # fmt: skip
     head = ("mode", "saves", "writers max", "writers mean", "blocked p50", "blocked p95",
             "durable mean", "durable p95", "deferred")  # fmt: skip

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from adaptd.policies.interval import anchor, inner_policy
+from adaptd.policies.interval import anchor, inner_policy, steps_ceil
 from adaptd.policy import Policy, PolicyError
 from adaptd.snapshot import Decision, JobState, Snapshot
 
@@ -26,14 +26,17 @@ class IoAware:
 
     On a target the fleet coordinates (``fleet_slots`` set: several hosts share it and
     etcd answers) the fleet's slots replace the local figures: a job saves when it
-    holds a slot and is deferred otherwise, within the same bound. A due save waiting
-    for a slot is tagged ``fleet-wait``: the daemon then asks the fleet for one.
+    holds a slot and is deferred otherwise, within the same bound. A save due within
+    ``slot_lead_s`` (or overdue) whose job holds no slot is tagged ``fleet-wait``: the
+    daemon then asks the fleet for one, early enough that an uncontended grant is there
+    when the save is due.
     """
 
     inner: str | Policy = "daly"
     busy: float = 0.8
     max_writers: int = 1
     max_defer: float = 1.0
+    slot_lead_s: float = 3.0
     policy: Policy = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -44,6 +47,10 @@ class IoAware:
         if not 0 <= self.max_defer <= 10:
             raise PolicyError(
                 f"io_aware: max_defer must be in [0, 10] intervals, got {self.max_defer}"
+            )
+        if not 0 <= self.slot_lead_s <= 600:
+            raise PolicyError(
+                f"io_aware: slot_lead_s must be in [0, 600] seconds, got {self.slot_lead_s}"
             )
         object.__setattr__(self, "policy", inner_policy("io_aware", self.inner))
 
@@ -66,7 +73,9 @@ class IoAware:
         else:
             why = self.congestion(snapshot, job)
         if why is not None and job.step < deadline:
-            tags = (*d.tags, "deferred", *(("fleet-wait",) if fleet and job.step >= due else ()))
+            lead = steps_ceil(self.slot_lead_s, job.step_time_s) or 0
+            asks = fleet and job.step + lead >= due
+            tags = (*d.tags, "deferred", *(("fleet-wait",) if asks else ()))
             return dataclasses.replace(
                 d,
                 next_step=max(deadline, job.step + 1),

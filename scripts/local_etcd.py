@@ -177,6 +177,7 @@ def _b64(text: str) -> str:
 @contextlib.contextmanager
 def running(tmp: Path) -> Iterator[Etcd]:
     """A started :class:`Etcd` with its data under ``tmp``, killed at the end."""
+    tmp.mkdir(parents=True, exist_ok=True)
     server = Etcd(tmp / "data", tmp / "etcd.log")
     try:
         yield server.start()

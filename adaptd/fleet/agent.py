@@ -88,7 +88,10 @@ class FleetAgent:
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
         version: str = "",
+        on_grant: Callable[[], None] | None = None,
     ) -> None:
+        """``on_grant`` is called (from the agent's thread) when a job of this host was
+        just granted a slot: the daemon decides again at once instead of at its tick."""
         if not 0 < poll_s <= settings.lease_ttl_s / 3:
             raise ValueError(
                 f"fleet: poll_s must be > 0 and at most a third of the lease TTL "
@@ -100,6 +103,7 @@ class FleetAgent:
         self.clock = clock
         self.wall = wall
         self.version = version
+        self.on_grant = on_grant
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._wake = threading.Event()
@@ -318,5 +322,11 @@ class FleetAgent:
 
     def _set(self, view: FleetView) -> None:
         with self._changed:
+            new = view.granted - self._view.granted
             self._view = view
             self._changed.notify_all()
+        if new and self.on_grant is not None:
+            try:
+                self.on_grant()
+            except Exception:  # the daemon's callback must not end the thread
+                log.exception("event=fleet_on_grant_failed")

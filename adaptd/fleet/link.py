@@ -113,6 +113,7 @@ class FleetLink:
         self.resolve_paths = resolve_paths
         self.host = cfg.settings.host
         self.agent = agent or FleetAgent(cfg.settings, clock=clock, wall=wall, version=version)
+        self.agent.on_grant = self._granted
         self._mounts = mounts
         self.clock = clock
         self.wall = wall
@@ -136,6 +137,14 @@ class FleetLink:
         """Publish what was learned (bounded) and leave the fleet."""
         self._publish(force=True)
         self.agent.stop()
+
+    #: Called (from the agent's thread) when one of this host's jobs is granted a slot;
+    #: the service points it at the daemon's ``tick_soon``.
+    on_grant: Callable[[], None] | None = None
+
+    def _granted(self) -> None:
+        if self.on_grant is not None:
+            self.on_grant()
 
     def granted(self) -> frozenset[str]:
         """This host's jobs holding a slot now (by the newest view)."""

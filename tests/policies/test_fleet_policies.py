@@ -55,6 +55,12 @@ DUE = 900 + EVERY
         (snap(slots=2), 1000, DUE + EVERY, {"deferred"}),
         # due, no slot: deferred, and the daemon is told to ask for one
         (snap(slots=2), DUE, DUE + EVERY, {"deferred", "fleet-wait"}),
+        # due within slot_lead_s (3 s = 3 steps here): asked ahead, so a free slot is
+        # there when the save is due
+        (snap(slots=2), DUE - 3, DUE + EVERY, {"deferred", "fleet-wait"}),
+        (snap(slots=2), DUE - 4, DUE + EVERY, {"deferred"}),
+        # holding a slot before the save is due: the plan stays the inner one
+        (snap(slots=2, holding=("a",)), DUE - 2, DUE, set()),
         # due and holding a slot: save now, though the mount looks busy and others write
         (snap(slots=2, holding=("a",), busy=0.99, writing=("b", "c")), DUE + 5, DUE + 6, set()),
         # past the deferral bound: saves without a slot (never held longer for want of one)
