@@ -117,6 +117,7 @@ def worker(args: argparse.Namespace) -> int:
     hook.close()
     saves = []
     previous = start_step
+
     def interval_at(step: int) -> int:
         """The plan's interval in force at ``step`` (the newest recorded at or before it)."""
         known = [s for s in every if s <= step] or sorted(every)[:1]
