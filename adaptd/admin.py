@@ -6,8 +6,9 @@ report, only an operator may ask every job to save. Requests and replies are
 msgspec structs over msgpack, tagged by ``op``, strictly validated like the job
 protocol (:mod:`adaptd.protocol`) but versioned on their own.
 
-:func:`request` is the client side used by ``adaptd status`` (and later
-``save-now``/``drain``): one REQ socket per call, a deadline, never a hang.
+:func:`request` is the client side used by every operator command (``status``,
+``save-now``, ``drain``, ``set-policy``, ``pause``/``resume``): one REQ socket per
+call, a deadline, never a hang. The daemon's side is :mod:`adaptd.admin_handler`.
 """
 
 from __future__ import annotations
@@ -21,6 +22,40 @@ import zmq
 
 from adaptd import paths
 from adaptd.protocol import MAX_MESSAGE_BYTES, JobId, Text
+
+__all__ = [
+    "ADMIN_VERSION",
+    "MAX_REQUEST_BYTES",
+    "AdminError",
+    "AnyReply",
+    "AnyRequest",
+    "DaemonInfo",
+    "DrainJob",
+    "DrainReply",
+    "DrainRequest",
+    "ErrorReply",
+    "JobInfo",
+    "JobSettings",
+    "PauseReply",
+    "PauseRequest",
+    "PlanInfo",
+    "RankInfo",
+    "ReplicationInfo",
+    "Reply",
+    "Request",
+    "SaveInfo",
+    "SaveNowReply",
+    "SaveNowRequest",
+    "SetPolicyReply",
+    "SetPolicyRequest",
+    "StatusReply",
+    "StatusRequest",
+    "admin_path",
+    "decode_reply",
+    "decode_request",
+    "encode",
+    "request",
+]
 
 #: Admin protocol version; bump on an incompatible change.
 ADMIN_VERSION = 1
@@ -304,16 +339,9 @@ def decode_reply(frame: bytes) -> AnyReply:
 
 
 def admin_path(job_socket: str | os.PathLike[str]) -> Path:
-    """The admin socket beside a job socket: ``adaptd.sock`` -> ``adaptd.admin.sock``.
-
-    A ``tcp://`` daemon has no job socket file: its admin socket is
-    ``adaptd.admin.sock`` in the runtime directory (:func:`adaptd.paths.runtime_dir`).
-    """
-    text = os.fspath(job_socket)
-    if text.startswith("tcp:/"):  # also the "tcp:/h:p" a Path makes of "tcp://h:p"
-        return paths.runtime_dir() / f"{Path(paths.SOCKET_NAME).stem}.admin.sock"
-    p = Path(text.removeprefix("ipc://"))
-    return p.with_name(f"{p.stem}.admin{p.suffix}")
+    """The admin socket of the daemon serving ``job_socket``
+    (:func:`adaptd.paths.admin_socket_path`)."""
+    return paths.admin_socket_path(job_socket)
 
 
 def request(job_socket: str | os.PathLike[str], req: Request, timeout_s: float = 3.0) -> AnyReply:

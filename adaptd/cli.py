@@ -11,24 +11,32 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+from types import ModuleType
 
 from adaptd import __version__
 
-#: name -> (module under adaptd.commands, one-line help)
-COMMANDS: dict[str, tuple[str, str]] = {
-    "serve": ("serve", "run the daemon (one per host)"),
-    "status": ("status", "show the daemon's jobs, plans and telemetry"),
-    "save-now": ("save_now", "ask a job (or all jobs) to save at the next step"),
-    "drain": ("drain", "every job saves now; wait until all saves are durable"),
-    "set-policy": ("set_policy", "change a running job's policy (the new plan reaches it at once)"),
-    "pause": ("pause", "hold a job's (or every job's) non-urgent saves"),
-    "resume": ("resume", "let a paused job (or every paused job) save on its plan again"),
-    "simulate": ("simulate", "compare policies on failure scenarios"),
-    "report": ("report", "plot a job's save history"),
-    "verify": ("verify", "check that a TensorFlow checkpoint is complete and restorable"),
-    "restore": ("restore", "fetch and verify a checkpoint from a durable destination"),
-    "policies": ("policies", "list installed policies and where they come from"),
-    "demo": ("demo", "run a daemon and a small real TensorFlow job, with a crash and resume"),
+__all__ = [
+    "COMMANDS",
+    "UsageError",
+    "build_parser",
+    "main",
+]
+
+#: name -> module under adaptd.commands; each module's ``HELP`` is the command's one-line help
+COMMANDS: dict[str, str] = {
+    "serve": "serve",
+    "status": "status",
+    "save-now": "save_now",
+    "drain": "drain",
+    "set-policy": "set_policy",
+    "pause": "pause",
+    "resume": "resume",
+    "simulate": "simulate",
+    "report": "report",
+    "verify": "verify",
+    "restore": "restore",
+    "policies": "policies",
+    "demo": "demo",
 }
 
 
@@ -36,41 +44,46 @@ class UsageError(Exception):
     """A problem the user can fix; printed as one line, exit status 2."""
 
 
-def _available() -> dict[str, tuple[str, str]]:
-    out = {}
-    for name, (module, help_) in COMMANDS.items():
-        if importlib.util.find_spec(f"adaptd.commands.{module}") is not None:
-            out[name] = (module, help_)
-    return out
+def _available() -> dict[str, str]:
+    return {
+        name: module
+        for name, module in COMMANDS.items()
+        if importlib.util.find_spec(f"adaptd.commands.{module}") is not None
+    }
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _command(module: str) -> ModuleType:
+    return importlib.import_module(f"adaptd.commands.{module}")
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The ``adaptd`` parser. With ``command``, only that command's module is imported
+    (its ``HELP`` and arguments): a quick command stays quick. Without one, every
+    command's module is imported for the list of commands in ``adaptd --help``."""
     parser = argparse.ArgumentParser(
         prog="adaptd", description="adaptd: adaptive checkpoint scheduling for training jobs"
     )
     parser.add_argument("--version", action="version", version=f"adaptd {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    for name, (module, help_) in _available().items():
-        p = sub.add_parser(name, help=help_, description=help_)
-        p.set_defaults(_module=module)
-        # configure lazily-imported modules only for the command being parsed
-        p.set_defaults(_name=name)
+    for name, module in _available().items():
+        if command is None or name == command:
+            mod = _command(module)
+            p = sub.add_parser(name, help=mod.HELP, description=mod.HELP)
+            if name == command:
+                mod.configure(p)
+        else:
+            p = sub.add_parser(name)
+        p.set_defaults(_module=module, _name=name)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser()
-    # Parse the command name first, then let that module add its own arguments.
-    commands = _available()
+    # The command name first: only its module is imported and adds its arguments.
     name = next((a for a in argv if not a.startswith("-")), None)
-    if name in commands:
-        module = importlib.import_module(f"adaptd.commands.{commands[name][0]}")
-        sub_action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-        module.configure(sub_action.choices[name])
-    args = parser.parse_args(argv)
-    module = importlib.import_module(f"adaptd.commands.{args._module}")
+    args = build_parser(name if name in _available() else None).parse_args(argv)
+    module = _command(args._module)
     try:
         return int(module.run(args) or 0)
     except UsageError as exc:

@@ -28,6 +28,17 @@ from typing import Any
 
 from adaptd.snapshot import JobState
 
+__all__ = [
+    "LEARNED_VERSION",
+    "LEVEL_JUMP",
+    "PRIOR_GPU_MTBF_S",
+    "SAVE_WINDOW",
+    "FailureRate",
+    "JobTracker",
+    "LevelEstimate",
+    "extra_time_from_util",
+]
+
 #: Prior mean time between interruptions per GPU: Llama 3's 54-day run saw 419
 #: unexpected interruptions on 16,384 GPUs, about 50,000 GPU-hours each.
 PRIOR_GPU_MTBF_S = 16_384 * 54 * 24 * 3600 / 419

@@ -19,11 +19,33 @@ silent, and spoke again from the same processes).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from adaptd.logfmt import Throttle, logfmt
 from adaptd.protocol import SaveReport
 from adaptd.snapshot import Decision
+
+__all__ = [
+    "Event",
+    "EventBus",
+    "JobFinished",
+    "JobForgotten",
+    "JobLost",
+    "JobRegistered",
+    "JobResumed",
+    "JobRevived",
+    "JobSettingsChanged",
+    "MessageRejected",
+    "PlanChanged",
+    "SaveInFlight",
+    "SaveReported",
+    "SaveRequested",
+    "Sink",
+]
+
+log = logging.getLogger("adaptd.server")
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +62,7 @@ class JobRegistered:
     checkpoint_dir: str
     resumed_from: int
     incarnation: int
+    jobs_active: int | None = None  # active jobs in the registry after this event
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +85,7 @@ class JobLost:
     reason: str
     gpus: int
     world_size: int
+    jobs_active: int | None = None  # active jobs in the registry after this event
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +96,7 @@ class JobRevived:
     wall: float
     job: str
     lost_at: float
+    jobs_active: int | None = None  # active jobs in the registry after this event
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +133,7 @@ class JobFinished:
     job: str
     step: int
     reason: str
+    jobs_active: int | None = None  # active jobs in the registry after this event
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +143,7 @@ class JobForgotten:
 
     time: float
     job: str
+    jobs_active: int | None = None  # active jobs in the registry after this event
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,7 +160,12 @@ class SaveReported:
 
 @dataclass(frozen=True, slots=True)
 class PlanChanged:
-    """The job's plan changed and was pushed to its ranks as plan ``seq``."""
+    """The job's plan changed and was pushed to its ranks as plan ``seq``.
+
+    ``step_time_s`` is the job's mean step time when it was decided (``None``: not
+    measured yet), so a sink can turn a plan in steps into seconds without asking
+    the registry.
+    """
 
     time: float
     wall: float
@@ -142,6 +174,7 @@ class PlanChanged:
     step: int
     decision: Decision
     ranks: int
+    step_time_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,6 +187,7 @@ class SaveRequested:
     step: int
     reason: str
     ranks: int
+    step_time_s: float | None = None  # the job's mean step time then, as on PlanChanged
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,7 +216,8 @@ class MessageRejected:
 @dataclass(frozen=True, slots=True)
 class SaveInFlight:
     """A job started (``writing=True``) or finished writing a save, as its ranks' step
-    reports and save reports tell; for the telemetry's ``writing_jobs``."""
+    reports and save reports tell (or its run ended while writing: ``False``). The
+    registry emits it when the flag flips; the Replicator yields the disk to it."""
 
     time: float
     job: str
@@ -206,3 +241,61 @@ Event = (
 
 #: A subscriber: called in the daemon's loop with each event; must not block.
 Sink = Callable[[Event], None]
+
+
+class EventBus:
+    """Hands each event to every sink, in order, in the daemon's loop.
+
+    A sink that raises is counted in :attr:`errors` and logged (throttled); the
+    other sinks still get the event and nothing reaches the caller. Job lifecycle
+    events are also logged here, once, whoever emitted them (the registry or the
+    daemon's planner).
+    """
+
+    def __init__(self, sinks: Iterable[Sink] = ()) -> None:
+        self.sinks: tuple[Sink, ...] = tuple(sinks)
+        #: sinks that raised (``sink_errors`` in ``adaptd status``)
+        self.errors = 0
+        self._throttle = Throttle()
+
+    def __call__(self, event: Event) -> None:
+        self.emit(event)
+
+    def emit(self, event: Event) -> None:
+        """Hand ``event`` to every sink; a failing sink is counted and logged, never raised."""
+        _log_lifecycle(event)
+        for sink in self.sinks:
+            try:
+                sink(event)
+            except Exception:
+                self.errors += 1
+                if self._throttle(f"sink:{sink!r}"):
+                    log.exception(logfmt("sink_failed", sink=sink, event=type(event).__name__))
+
+
+def _log_lifecycle(event: Event) -> None:
+    if isinstance(event, JobLost):
+        log.warning(
+            logfmt(
+                "job_lost",
+                job=event.job,
+                step=event.step,
+                last_durable_step=event.last_durable_step,
+                reason=event.reason,
+            )
+        )
+    elif isinstance(event, JobResumed):
+        log.info(
+            logfmt(
+                "job_resumed",
+                job=event.job,
+                resumed_from=event.resumed_from,
+                last_step=event.last_step,
+                lost_steps=event.lost_steps,
+                restart_s=event.restart_s,
+            )
+        )
+    elif isinstance(event, JobRevived):
+        log.info(logfmt("job_revived", job=event.job))
+    elif isinstance(event, JobFinished):
+        log.info(logfmt("job_finished", job=event.job, step=event.step, reason=event.reason))

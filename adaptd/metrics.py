@@ -1,26 +1,28 @@
 """Prometheus metrics for the daemon, served on 127.0.0.1:9465 by default.
 
 :class:`Metrics` owns a dedicated :class:`~prometheus_client.CollectorRegistry`
-(never the process-global one, so tests and embedded uses do not collide). The
-daemon calls one method per event: :meth:`Metrics.on_save`,
-:meth:`~Metrics.on_decision`, :meth:`~Metrics.on_failure`,
-:meth:`~Metrics.on_snapshot`, :meth:`~Metrics.on_rejected`,
-:meth:`~Metrics.set_jobs`... Event figures (save times, bytes, counters) are
-instrumented as they happen; host figures (GPUs, storage) are rendered at scrape
-time from the newest snapshot, so a GPU or mount that disappears stops being
-exported instead of freezing at its last value.
+(never the process-global one, so tests and embedded uses do not collide).
+:meth:`Metrics.on_event` is a sink of the daemon's events: each becomes the record
+the store keeps (:func:`adaptd.records.record_of`) for :meth:`~Metrics.on_save`,
+:meth:`~Metrics.on_decision` and :meth:`~Metrics.on_failure`; the service feeds
+:meth:`~Metrics.on_snapshot` and :meth:`~Metrics.on_rejected`. Event figures (save
+times, bytes, counters) are instrumented as they happen; host figures (GPUs,
+storage) are rendered at scrape time from the newest snapshot, so a GPU or mount
+that disappears stops being exported instead of freezing at its last value.
 
 Names follow the Prometheus conventions: prefix ``adaptd_``, base units
 (``_seconds``, ``_bytes``, ``_ratio`` for 0..1 fractions), ``_total`` on counters.
 The per-job label is ``job_id``, not ``job``: Prometheus attaches its own ``job``
 label to every scraped series, and a clash would rename ours to ``exported_job``.
 
-Tiered storage (the daemon's Replicator, :mod:`adaptd.tiers.replicator`) adds
+Host figures and the replication series are rendered at scrape time by the
+collectors of :mod:`adaptd.metrics_scrape`. Tiered storage (the daemon's Replicator,
+:mod:`adaptd.tiers.replicator`) adds
 ``adaptd_replication_*`` series per ``destination`` and ``job_id``: pending bytes and
 uploads, seconds behind, bytes uploaded, uploads by result, the newest replicated
 step, and per destination the recent throughput and an upload-time histogram. They
-are rendered at scrape time from the Replicator's status (``replication_source``),
-so the lag keeps growing between events.
+are rendered at scrape time from the Replicator's status (``replication``, given
+when the metrics are built), so the lag keeps growing between events.
 
 A save is *bad* when it failed, blocked the loop longer than ``slow_save_s``, or
 took longer to become durable than the job's planned interval (the next save
@@ -32,31 +34,31 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import generate_latest, start_http_server
-from prometheus_client.registry import Collector
 
 from adaptd import __version__, events
+from adaptd.metrics_scrape import JOB, ReplicationCollector, ReplicationView, SnapshotCollector
+from adaptd.records import DecisionRecord, FailureRecord, SaveRecord, record_of
 from adaptd.snapshot import Snapshot
-from adaptd.store import DecisionRecord, FailureRecord, SaveRecord
 
-if TYPE_CHECKING:
-    from adaptd.admin import ReplicationInfo
+__all__ = [
+    "JOB",
+    "SAVE_BUCKETS",
+    "Metrics",
+    "MetricsError",
+    "MetricsServer",
+    "ReplicationView",
+]
 
-#: What the Replicator shows the metrics: its status rows and each destination's throughput.
-ReplicationView = tuple["list[ReplicationInfo]", Mapping[str, float]]
 
 #: Histogram buckets for save times: 1 ms to 10 min, about three per decade.
 SAVE_BUCKETS = (
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
     1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
 )  # fmt: skip
-
-JOB = "job_id"
 
 
 class MetricsError(RuntimeError):
@@ -70,13 +72,19 @@ class Metrics:
     snapshot is swapped atomically) and cheap enough for the daemon's loop.
     """
 
-    def __init__(self, *, slow_save_s: float = 1.0, version: str = __version__) -> None:
+    def __init__(
+        self,
+        *,
+        slow_save_s: float = 1.0,
+        version: str = __version__,
+        replication: Callable[[], ReplicationView] | None = None,
+    ) -> None:
+        """``replication``: where the ``adaptd_replication_*`` series come from at
+        scrape time (the Replicator's rows and throughput; ``None``: no such series).
+        Raises :class:`ValueError` for a ``slow_save_s`` that is not positive."""
         if not slow_save_s > 0:
             raise ValueError(f"slow_save_s must be > 0, got {slow_save_s}")
         self.slow_save_s = slow_save_s
-        #: A job's current step time, for the step-time gauge and an interval given
-        #: in steps (a PlanChanged event carries none); set by the daemon's service.
-        self.step_time_of: Callable[[str], float | None] | None = None
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         Info("adaptd_build", "adaptd version", registry=r).info({"version": version})
@@ -148,21 +156,20 @@ class Metrics:
             "NVIDIA XID error events seen, by GPU and XID code.",
             ["gpu", "uuid", "xid"], registry=r,
         )  # fmt: skip
-        self._host = _SnapshotCollector()
+        self._host = SnapshotCollector()
         r.register(self._host)
         self.upload_seconds = Histogram(
             "adaptd_replication_upload_seconds",
             "Time a successful upload of one checkpoint to a destination took.",
             ["destination"], buckets=SAVE_BUCKETS, registry=r,
         )  # fmt: skip
-        self._replication = _ReplicationCollector()
+        self._replication = ReplicationCollector(replication)
         r.register(self._replication)
 
         self._lock = threading.Lock()
         self._streaks: dict[str, int] = {}
         self._planned_s: dict[str, float] = {}
         self._last_saved: dict[str, float] = {}
-        self._live: set[str] = set()  # for on_event's connected-jobs count
         self._incarnations: dict[str, int] = {}
 
     # ---------------------------------------------------------------- events
@@ -252,11 +259,6 @@ class Metrics:
         """``n`` messages were refused with ``code`` (``ProtocolError.code``)."""
         self.rejected.labels(code).inc(n)
 
-    def set_replication_source(self, source: Callable[[], ReplicationView] | None) -> None:
-        """Where the ``adaptd_replication_*`` series come from at scrape time (the
-        service passes its Replicator's view; ``None``: no replication series)."""
-        self._replication.source = source
-
     def on_upload(self, destination: str, seconds: float) -> None:
         """A checkpoint finished uploading to ``destination`` in ``seconds``."""
         self.upload_seconds.labels(destination).observe(seconds)
@@ -290,37 +292,31 @@ class Metrics:
     def on_event(self, ev: events.Event) -> None:
         """An :data:`adaptd.events.Sink`: update the metrics from the daemon's event.
 
-        Also keeps ``adaptd_jobs_connected`` (jobs registered and neither finished
-        nor lost). A lost job keeps its series (it may resume, and the no-save alert
-        should fire if it does not); a finished one is removed.
+        Saves, plans and failures are observed as the records the store keeps
+        (:func:`adaptd.records.record_of`); urgent save requests are not plans.
+        ``adaptd_jobs_connected`` is the registry's count of active jobs, which its
+        lifecycle events carry. A lost job keeps its series (it may resume, and the
+        no-save alert should fire if it does not); a finished one is removed.
         """
-        if isinstance(ev, events.JobRegistered):
+        rec = record_of(ev)
+        if isinstance(rec, SaveRecord):
+            assert isinstance(ev, events.SaveReported)
+            self.on_save(rec, counted=ev.counted)
+        elif isinstance(rec, DecisionRecord) and not rec.urgent:
+            self.on_decision(rec)
+        elif isinstance(rec, FailureRecord):
+            self.on_failure(rec)
+        elif isinstance(ev, events.JobRegistered):
             if self._incarnations.get(ev.job) != ev.incarnation:
                 self._incarnations[ev.job] = ev.incarnation
                 self.on_job_started(ev.job, time=ev.wall)
-            self._live.add(ev.job)
-        elif isinstance(ev, events.SaveReported):
-            rec = SaveRecord.from_report(ev.report, received=ev.wall)
-            self.on_save(rec, counted=ev.counted)
-        elif isinstance(ev, events.PlanChanged):
-            st = self.step_time_of(ev.job) if self.step_time_of is not None else None
-            self.on_decision(
-                DecisionRecord.from_decision(
-                    ev.job, ev.decision, time=ev.wall, step=ev.step, step_time_s=st
-                )
-            )
-        elif isinstance(ev, events.JobResumed):
-            self.failures.labels(ev.job).inc()
-        elif isinstance(ev, events.JobLost):
-            self._live.discard(ev.job)
-        elif isinstance(ev, events.JobRevived):
-            self._live.add(ev.job)
         elif isinstance(ev, events.JobFinished | events.JobForgotten):
             # forgotten: a lost job the registry dropped; it will not come back as itself
-            self._live.discard(ev.job)
             self._incarnations.pop(ev.job, None)
             self.remove_job(ev.job)
-        self.jobs.set(len(self._live))
+        active = getattr(ev, "jobs_active", None)
+        if active is not None:
+            self.jobs.set(active)
 
     # ---------------------------------------------------------------- output
 
@@ -395,175 +391,3 @@ class MetricsServer:
 def _remove(metric: Gauge | Counter | Histogram, *labels: str) -> None:
     with contextlib.suppress(KeyError):  # never had these labels: nothing to forget
         metric.remove(*labels)
-
-
-class _SnapshotCollector(Collector):
-    """Renders the newest snapshot's GPU, storage and host figures at scrape time."""
-
-    def __init__(self) -> None:
-        self.snapshot: Snapshot | None = None
-        self.state: tuple[int, int] = (0, 0)
-
-    def describe(self) -> Iterable[Metric]:
-        return list(self._families(Snapshot(time=0.0)))
-
-    def collect(self) -> Iterator[Metric]:
-        yield from self._families(self.snapshot)
-
-    def _families(self, snap: Snapshot | None) -> Iterator[Metric]:
-        gl = ["gpu", "uuid"]
-        util = GaugeMetricFamily(
-            "adaptd_gpu_utilization_ratio", "GPU SM utilisation (0..1).", labels=gl
-        )
-        mem_util = GaugeMetricFamily(
-            "adaptd_gpu_memory_utilization_ratio", "GPU memory-controller utilisation.", labels=gl
-        )
-        mem_used = GaugeMetricFamily(
-            "adaptd_gpu_memory_used_bytes", "GPU memory in use.", labels=gl
-        )
-        mem_total = GaugeMetricFamily(
-            "adaptd_gpu_memory_total_bytes", "GPU memory installed.", labels=gl
-        )
-        power = GaugeMetricFamily("adaptd_gpu_power_watts", "GPU power draw.", labels=gl)
-        temp = GaugeMetricFamily(
-            "adaptd_gpu_temperature_celsius", "GPU core temperature.", labels=gl
-        )
-        ecc = CounterMetricFamily(
-            "adaptd_gpu_ecc_errors",
-            "Volatile ECC error counts from NVML (reset when the driver reloads).",
-            labels=[*gl, "type"],
-        )
-        pending = GaugeMetricFamily(
-            "adaptd_gpu_repair_pending",
-            "1 when the GPU has retired pages or remapped rows pending (needs a reset).",
-            labels=[*gl, "kind"],
-        )
-        sl = ["target", "mountpoint"]
-        busy = GaugeMetricFamily(
-            "adaptd_storage_busy_ratio", "Fraction of time the storage device was busy.", labels=sl
-        )
-        wlat = GaugeMetricFamily(
-            "adaptd_storage_write_latency_seconds", "Mean time per write operation.", labels=sl
-        )
-        wrate = GaugeMetricFamily(
-            "adaptd_storage_write_bytes_per_second",
-            "Write throughput over the last sampling interval.",
-            labels=sl,
-        )
-        writing = GaugeMetricFamily(
-            "adaptd_storage_saves_in_flight", "Jobs with a save in flight on the target.", labels=sl
-        )
-        host_mem = GaugeMetricFamily("adaptd_host_memory_available_bytes", "Host memory available.")
-        errors, dropped = self.state
-        state_err = CounterMetricFamily(
-            "adaptd_state_write_errors", "State-database flushes that failed (retried).", errors
-        )
-        state_drop = CounterMetricFamily(
-            "adaptd_state_dropped_rows",
-            "History rows dropped because writes kept failing.",
-            dropped,
-        )
-        if snap is not None:
-            for g in snap.gpus:
-                lv = [str(g.index), g.uuid]
-                _add(util, lv, g.util_sm)
-                _add(mem_util, lv, g.util_mem)
-                _add(mem_used, lv, g.mem_used_bytes)
-                _add(mem_total, lv, g.mem_total_bytes)
-                _add(power, lv, g.power_w)
-                _add(temp, lv, g.temperature_c)
-                _add(ecc, [*lv, "corrected"], g.ecc_corrected)
-                _add(ecc, [*lv, "uncorrected"], g.ecc_uncorrected)
-                _add(pending, [*lv, "retired_pages"], g.retired_pages_pending)
-                _add(pending, [*lv, "remapped_rows"], g.remapped_rows_pending)
-            for s in snap.storage:
-                lv = [s.target, s.mountpoint]
-                _add(busy, lv, s.busy_fraction)
-                _add(wlat, lv, s.write_latency_s)
-                _add(wrate, lv, s.write_bytes_per_s)
-                _add(writing, lv, len(s.writing_jobs))
-            if snap.host is not None and snap.host.mem_available_bytes is not None:
-                host_mem.add_metric([], snap.host.mem_available_bytes)
-        yield from (util, mem_util, mem_used, mem_total, power, temp, ecc, pending)
-        yield from (busy, wlat, wrate, writing, host_mem, state_err, state_drop)
-
-
-class _ReplicationCollector(Collector):
-    """Renders the Replicator's status rows at scrape time."""
-
-    def __init__(self) -> None:
-        self.source: Callable[[], ReplicationView] | None = None
-
-    def describe(self) -> Iterable[Metric]:
-        return list(self._families([], {}))
-
-    def collect(self) -> Iterator[Metric]:
-        # without replication the families are still described (HELP/TYPE, no samples),
-        # like a labelled metric that has no children yet
-        rows, throughput = self.source() if self.source is not None else ([], {})
-        yield from self._families(rows, throughput)
-
-    def _families(self, rows: list[ReplicationInfo], throughput: Mapping[str, float]):
-        ll = ["destination", JOB]
-        pending_bytes = GaugeMetricFamily(
-            "adaptd_replication_pending_bytes",
-            "Bytes still to upload: the rest of the running upload plus the queued checkpoint.",
-            labels=ll,
-        )
-        pending = GaugeMetricFamily(
-            "adaptd_replication_pending_uploads",
-            "Uploads running or queued (0-2: a newer checkpoint replaces a queued one).",
-            labels=ll,
-        )
-        behind = GaugeMetricFamily(
-            "adaptd_replication_lag_seconds",
-            "How long the destination has lacked a checkpoint that exists locally (0: current).",
-            labels=ll,
-        )
-        last = GaugeMetricFamily(
-            "adaptd_replication_last_step",
-            "Newest step replicated to the destination (its LATEST).",
-            labels=ll,
-        )
-        sent = CounterMetricFamily(
-            "adaptd_replication_uploaded_bytes",
-            "Bytes sent to the destination (resumed uploads send only what was missing).",
-            labels=ll,
-        )
-        uploads = CounterMetricFamily(
-            "adaptd_replication_uploads",
-            "Checkpoint uploads by result: ok, failed (retried with backoff), skipped "
-            "(deleted locally first, or already there).",
-            labels=[*ll, "result"],
-        )
-        yields = CounterMetricFamily(
-            "adaptd_replication_yields",
-            "Times an upload paused because a job was saving on the same disk.",
-            labels=ll,
-        )
-        rate = GaugeMetricFamily(
-            "adaptd_replication_throughput_bytes_per_second",
-            "Bytes per second sent to the destination over the last few seconds.",
-            labels=["destination"],
-        )
-        for r in rows:
-            lv = [r.destination, r.job]
-            pending_bytes.add_metric(lv, r.pending_bytes)
-            pending.add_metric(lv, r.pending_uploads)
-            behind.add_metric(lv, r.seconds_behind)
-            _add(last, lv, r.last_step)
-            sent.add_metric(lv, r.uploaded_bytes)
-            uploads.add_metric([*lv, "ok"], r.uploads)
-            uploads.add_metric([*lv, "failed"], r.failures)
-            uploads.add_metric([*lv, "skipped"], r.skipped)
-            yields.add_metric(lv, r.yields)
-        for name, bps in sorted(throughput.items()):
-            rate.add_metric([name], bps)
-        yield from (pending_bytes, pending, behind, last, sent, uploads, yields, rate)
-
-
-def _add(family: GaugeMetricFamily | CounterMetricFamily, labels: list[str], value: object) -> None:
-    """Add a sample unless the figure is unknown (``None``): unknown is absent, not 0."""
-    if value is None:
-        return
-    family.add_metric(labels, float(value))  # type: ignore[arg-type]

@@ -19,6 +19,20 @@ from __future__ import annotations
 import math
 from functools import lru_cache
 
+__all__ = [
+    "HOUR",
+    "async_floor",
+    "daly_interval",
+    "job_mtbf",
+    "optimal_interval",
+    "waste_approx",
+    "waste_fraction",
+    "weibull_cost_ratio",
+    "weibull_interval",
+    "weibull_scale",
+    "young_interval",
+]
+
 #: Seconds in an hour, for the GPU-hour figures users quote.
 HOUR = 3600.0
 

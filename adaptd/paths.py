@@ -13,7 +13,20 @@ import os
 import tempfile
 from pathlib import Path
 
+__all__ = [
+    "ADMIN_SOCKET_NAME",
+    "SOCKET_NAME",
+    "SYSTEM_RUNTIME_DIR",
+    "admin_socket_path",
+    "endpoint",
+    "runtime_dir",
+    "socket_path",
+    "state_dir",
+]
+
 SOCKET_NAME = "adaptd.sock"
+#: The admin socket of a daemon whose job socket has no file (``tcp://``).
+ADMIN_SOCKET_NAME = "adaptd.admin.sock"
 SYSTEM_RUNTIME_DIR = Path("/run/adaptd")
 
 
@@ -50,6 +63,21 @@ def endpoint(explicit: str | os.PathLike[str] | None = None) -> str:
     if text.startswith(("ipc://", "tcp://")):
         return text
     return f"ipc://{socket_path(explicit)}"
+
+
+def admin_socket_path(job_socket: str | os.PathLike[str], run_dir: Path | None = None) -> Path:
+    """The admin socket beside a job socket: ``adaptd.sock`` -> ``adaptd.admin.sock``.
+
+    The daemon binds it there and every operator command looks for it there, so this
+    is the one place that says where it is. A ``tcp://`` daemon has no job socket
+    file: its admin socket is :data:`ADMIN_SOCKET_NAME` in ``run_dir`` (default
+    :func:`runtime_dir`).
+    """
+    text = os.fspath(job_socket)
+    if text.startswith("tcp:/"):  # also the "tcp:/h:p" a Path makes of "tcp://h:p"
+        return (run_dir or runtime_dir()) / ADMIN_SOCKET_NAME
+    p = Path(text.removeprefix("ipc://"))
+    return p.with_name(f"{p.stem}.admin{p.suffix}")
 
 
 def state_dir() -> Path:

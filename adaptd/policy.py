@@ -6,7 +6,9 @@ and a :class:`~adaptd.snapshot.JobState` (no clock, no I/O). Composition
 (:class:`AnyPolicy`) is itself a policy.
 
 Policies are found by name through the ``adaptd.policies`` entry-point group, so
-a third-party package can add one. A *spec* names a policy and its settings:
+a third-party package can add one; a plugin imports what it needs from
+:mod:`adaptd.policies`, which re-exports this module's interface and the facts of
+:mod:`adaptd.snapshot` beside the built-in policies. A *spec* names a policy and its settings:
 ``"fixed:steps=100"``, ``"phased:warmup_steps=500,early_every=20"``; several
 specs joined by ``+`` compose with :class:`AnyPolicy`.
 """
@@ -22,6 +24,21 @@ from importlib import metadata
 from typing import Any, Protocol, runtime_checkable
 
 from adaptd.snapshot import Decision, JobState, Snapshot
+
+__all__ = [
+    "DEFAULT_SPEC",
+    "ENTRY_POINT_GROUP",
+    "AnyPolicy",
+    "Policy",
+    "PolicyCache",
+    "PolicyError",
+    "available",
+    "build",
+    "earliest",
+    "next_multiple",
+    "parse",
+    "steps_for_seconds",
+]
 
 ENTRY_POINT_GROUP = "adaptd.policies"
 
@@ -197,3 +214,27 @@ def parse(spec: str | Policy) -> Policy:
 
 #: The policy a job gets when neither it nor the daemon's config names one.
 DEFAULT_SPEC = "default"
+
+
+class PolicyCache:
+    """Policies parsed from their specs, the ``size`` most recently added kept.
+
+    :func:`parse` reads the installed entry points' metadata, so a daemon that meets
+    the same spec in every hello parses it once. Raises what :func:`parse` raises.
+    """
+
+    def __init__(self, size: int = 256) -> None:
+        if size < 1:
+            raise ValueError(f"PolicyCache size must be >= 1, got {size}")
+        self.size = size
+        self._policies: dict[str, Policy] = {}
+
+    def get(self, spec: str) -> Policy:
+        """The policy for ``spec``; raises :class:`PolicyError`."""
+        cached = self._policies.get(spec)
+        if cached is None:
+            cached = parse(spec)
+            if len(self._policies) >= self.size:
+                self._policies.pop(next(iter(self._policies)))
+            self._policies[spec] = cached
+        return cached

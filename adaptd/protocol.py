@@ -16,6 +16,31 @@ from __future__ import annotations
 
 import msgspec
 
+__all__ = [
+    "MAX_MESSAGE_BYTES",
+    "MAX_TEXT",
+    "VERSION",
+    "ClientMessage",
+    "Count",
+    "DaemonMessage",
+    "Error",
+    "Goodbye",
+    "Hello",
+    "JobId",
+    "Message",
+    "Plan",
+    "ProtocolError",
+    "SaveNow",
+    "SaveReport",
+    "Seconds",
+    "Steps",
+    "Text",
+    "Welcome",
+    "decode_client",
+    "decode_daemon",
+    "encode",
+]
+
 #: Protocol version. Bump on any incompatible change.
 VERSION = 1
 #: Largest frame either side accepts. Real messages are a few hundred bytes.

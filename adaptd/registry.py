@@ -24,19 +24,32 @@ from __future__ import annotations
 
 import os
 import time as _time
+from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Protocol
 
 from adaptd import events as ev
 from adaptd.estimators import JobTracker
-from adaptd.policy import Policy
+from adaptd.jobs import HelloKind, Job, JobStateName, PeerCred, PendingResume, Rank
 from adaptd.protocol import Goodbye, Hello, SaveReport, Steps
-from adaptd.snapshot import Decision
 
-JobStateName = Literal["active", "lost", "finished"]
-#: How a hello was understood.
-HelloKind = Literal["new", "join", "reconnect", "resume", "restart"]
+__all__ = [
+    "MAX_INACTIVE_JOBS",
+    "MAX_RANKS",
+    "HelloKind",
+    "HelloRefused",
+    "Job",
+    "JobStateName",
+    "PeerCred",
+    "PendingResume",
+    "ProcProbe",
+    "ProcessProbe",
+    "Rank",
+    "Registry",
+    "RegistryFull",
+    "check_claim",
+    "default_tracker",
+]
 
 #: Inactive (lost or finished) jobs kept for resume detection and status.
 MAX_INACTIVE_JOBS = 1024
@@ -57,32 +70,6 @@ class HelloRefused(Exception):
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)
         self.code = code
-
-
-@dataclass(frozen=True)
-class PeerCred:
-    """Who is really at the other end of a connection, as the kernel or CURVE says.
-
-    For ``ipc://`` ZeroMQ reads ``SO_PEERCRED`` (uid, gid and pid of the process that
-    connected); for CURVE over TCP the authenticator's user id is the client's public
-    key. A hello's own ``pid`` field is only what the sender claims; these are not.
-    """
-
-    uid: int | None = None
-    gid: int | None = None
-    pid: int | None = None
-    key: str | None = None  # a CURVE client's public key (z85)
-
-    @property
-    def owner(self) -> str | None:
-        """The principal that owns what this peer starts: ``uid:N`` or ``key:Z85``."""
-        if self.key:
-            return f"key:{self.key}"
-        return None if self.uid is None else f"uid:{self.uid}"
-
-    @property
-    def root(self) -> bool:
-        return self.uid == 0 and not self.key
 
 
 class ProcessProbe(Protocol):
@@ -140,82 +127,6 @@ class ProcProbe:
         return True
 
 
-@dataclass
-class Rank:
-    """One process of a job, as its hello described it."""
-
-    rank: int
-    identity: bytes
-    pid: int
-    hostname: str
-    registered: float
-    last_seen: float
-    start_time: float | None = None  # from the probe; None: pid not checkable
-    step: int = 0
-    alive: bool = True
-    lost_reason: str = ""
-    last_sent: float = float("-inf")  # when the daemon last sent this rank anything
-    peer: PeerCred | None = None  # the connection's real credentials, where known
-    peer_start: float | None = None  # start time of ``peer.pid`` (tells a reused pid)
-
-    @property
-    def checkable(self) -> bool:
-        return self.pid > 0 and self.start_time is not None
-
-
-@dataclass
-class PendingResume:
-    """A lost job's new run, until its first step report ends the restart."""
-
-    lost_at: float  # when the loss was detected
-    last_seen: float  # the old run's last message: the best bound on when it died
-    last_step: int
-    resumed_from: int
-
-
-@dataclass
-class Job:
-    """One training job: its ranks, tracker, policy and current plan."""
-
-    id: str
-    tracker: JobTracker
-    world_size: int
-    created: float
-    checkpoint_dir: str = ""
-    state: JobStateName = "active"
-    ranks: dict[int, Rank] = field(default_factory=dict)
-    incarnation: int = 1
-    policy_spec: str = ""
-    policy: Policy | None = None
-    plan: Decision | None = None  # the plan the ranks were last sent
-    plan_seq: int = 0
-    latest: Decision | None = None  # the newest decision (may equal the plan's grid)
-    urgent: str | None = None  # an operator's save request not yet answered by a save
-    urgent_sent: bool = False  # a policy's urgent decision was already sent
-    last_seen: float = 0.0
-    lost_at: float | None = None
-    lost_last_seen: float | None = None  # the lost run's last message
-    lost_reason: str = ""
-    failures: int = 0
-    pending_resume: PendingResume | None = None
-    last_save: SaveReport | None = None
-    last_save_time: float | None = None
-    counted_save_steps: set[int] = field(default_factory=set)
-    finished_reason: str = ""
-    owner: str | None = None  # the principal (PeerCred.owner) that started this run
-
-    def live_ranks(self) -> list[Rank]:
-        return [r for r in self.ranks.values() if r.alive]
-
-    def lead_rank(self) -> int | None:
-        live = [r.rank for r in self.ranks.values() if r.alive]
-        return min(live) if live else None
-
-    @property
-    def step(self) -> int:
-        return self.tracker.step
-
-
 def default_tracker(msg: Hello) -> JobTracker:
     """A job's tracker from its first hello: GPUs of all ranks, its resume step."""
     return JobTracker(
@@ -255,6 +166,10 @@ class Registry:
         #: rate across the host's jobs, or to load what the store learned).
         self.tracker_factory = tracker_factory or default_tracker
         self.jobs: dict[str, Job] = {}
+        #: jobs per state, kept as states change (status lines and metrics read it)
+        self.by_state: Counter[JobStateName] = Counter()
+        #: active jobs with a save in flight (each flip is a SaveInFlight event)
+        self.writing: set[str] = set()
         self._peers: dict[bytes, tuple[str, int]] = {}
 
     # ------------------------------------------------------------------ lookup
@@ -287,7 +202,7 @@ class Registry:
         self, identity: bytes, msg: Hello, now: float, peer: PeerCred | None = None
     ) -> tuple[Job, Rank, HelloKind]:
         """Register a rank. Raises :class:`RegistryFull` when no rank may be added, and
-        :class:`HelloRefused` when ``peer`` may not take it (see :meth:`_check_claim`).
+        :class:`HelloRefused` when ``peer`` may not take it (see :func:`check_claim`).
 
         The kind says what the hello meant: ``new`` job, a new rank ``join``-ing an
         active job, a ``reconnect`` of a known process, a ``resume`` of a lost job,
@@ -295,7 +210,7 @@ class Registry:
         """
         job = self.jobs.get(msg.job)
         if job is not None and job.state == "active":
-            self._check_claim(job, identity, msg, peer)
+            check_claim(job, identity, msg, peer, self.probe)
         kind: HelloKind
         if job is None:
             if self.peers >= self.max_ranks:
@@ -334,25 +249,10 @@ class Registry:
         if old is not None:
             self._peers.pop(old.identity, None)
         hostname = msg.hostname or self.hostname
-        start_time = None
-        if msg.pid > 0 and hostname == self.hostname:
-            start_time = self.probe.start_time(msg.pid)
-        rank = Rank(
-            rank=msg.rank,
-            identity=identity,
-            pid=msg.pid,
-            hostname=hostname,
-            registered=now,
-            last_seen=now,
-            start_time=start_time,
-            step=msg.resumed_from,
-        )
+        local = hostname == self.hostname
+        rank = _new_rank(identity, msg, hostname, now, peer, self.probe, local)
         if old is not None and kind == "reconnect":
             rank.step = max(old.step, msg.resumed_from)
-        if peer is not None:
-            rank.peer = peer
-            if peer.pid:
-                rank.peer_start = self.probe.start_time(peer.pid)
         if kind in ("new", "resume", "restart"):
             job.owner = peer.owner if peer is not None else None
         elif job.owner is None and peer is not None:
@@ -374,41 +274,10 @@ class Registry:
                 checkpoint_dir=msg.checkpoint_dir,
                 resumed_from=msg.resumed_from,
                 incarnation=job.incarnation,
+                jobs_active=self.by_state["active"],
             )
         )
         return job, rank, kind
-
-    def _check_claim(self, job: Job, identity: bytes, msg: Hello, peer: PeerCred | None) -> None:
-        """Refuse a hello that would take an active job from its owner, or a rank from
-        the live process holding it.
-
-        A job belongs to the principal (uid, or CURVE key) whose hello started its run;
-        another (non-root) principal may not join it. A rank held by a live process
-        that connected from a different pid may not be taken: a restarted rank's old
-        process is gone (then the hello is a resume, as before), and a reconnect comes
-        from the same process. The hello's own ``pid`` is not trusted for this: only
-        the connection's credentials are.
-        """
-        if peer is None:
-            return
-        if job.owner is not None and peer.owner != job.owner and not peer.root:
-            raise HelloRefused(
-                "wrong_job",
-                f"job {job.id!r} is run by another user ({job.owner}); choose a job id of your own",
-            )
-        old = job.ranks.get(msg.rank)
-        if old is None or not old.alive or old.identity == identity:
-            return
-        held = old.peer
-        if held is None or held.pid is None or peer.pid is None or held.pid == peer.pid:
-            return
-        if self.probe.alive(held.pid, old.peer_start):
-            raise HelloRefused(
-                "rank_taken",
-                f"job {job.id!r} rank {msg.rank} is held by live process {held.pid}; "
-                "a second process may not report for it (a restarted rank is accepted "
-                "once its old process has exited)",
-            )
 
     def steps(self, job: Job, rank: Rank, msg: Steps, now: float) -> None:
         """A batch of step timings from ``rank``."""
@@ -438,32 +307,16 @@ class Registry:
                     last_seen=pending.last_seen,
                 )
             )
+        self._note_writing(job, now)
 
     def _save_started(self, job: Job, step: int, now: float) -> None:
-        """A rank reports a save in flight that the tracker does not know of yet.
-
-        Ranks save where the plan says, so the save is at the newest step of the plan's
-        grid after the last known save, at or before ``step``; with no such grid step it
-        is an urgent save (placed at ``step``) when one was asked for, else the known
-        save still being written by a slower rank. Telling the tracker now, not when the
-        save report arrives (after the write is durable), moves the policy's anchor to
-        this save: otherwise an interval that drifts by a step would plan a second save
-        right behind the one in flight, which the hook would have to wait for.
-        """
-        t = job.tracker
-        floor = t.last_save_step if t.last_save_step is not None else t.start_step
-        saved: int | None = None
-        plan = job.plan
-        if plan is not None:
-            due = plan.due_after(floor)
-            if due is not None and due <= step:
-                if plan.every_steps:
-                    due += (step - due) // plan.every_steps * plan.every_steps
-                saved = due
-        if saved is None and (plan is None or job.urgent is not None or job.urgent_sent):
-            saved = step
-        if saved is None or saved <= floor:
+        """A rank reports a save in flight that the tracker does not know of yet: tell the
+        tracker now (:meth:`Job.in_flight_step` says at which step), not when the save
+        report arrives after the write is durable."""
+        saved = job.in_flight_step(step)
+        if saved is None:
             return
+        t = job.tracker
         # when the save began: that many steps before this report (never before the last)
         when = now - (step - saved) * (t.step_time_s or 0.0)
         t.on_save_requested(max(when, min(t.time, now)), saved)
@@ -491,6 +344,7 @@ class Registry:
         job.last_save = msg
         job.last_save_time = now
         self.emit(ev.SaveReported(now, self.wall(), job.id, msg, counted))
+        self._note_writing(job, now)
         return counted
 
     def goodbye(self, job: Job, rank: Rank, msg: Goodbye, now: float) -> bool:
@@ -503,10 +357,21 @@ class Registry:
         if job.ranks:
             if not job.live_ranks():  # the others were lost before this goodbye
                 self._lose(job, now, "ranks lost before the last goodbye", job.last_seen)
+            self._note_writing(job, now)
             return False
-        job.state = "finished"
+        self._set_state(job, "finished")
         job.finished_reason = msg.reason
-        self.emit(ev.JobFinished(now, self.wall(), job.id, job.tracker.step, msg.reason))
+        self.emit(
+            ev.JobFinished(
+                now,
+                self.wall(),
+                job.id,
+                job.tracker.step,
+                msg.reason,
+                jobs_active=self.by_state["active"],
+            )
+        )
+        self._note_writing(job, now)
         self._evict()
         return True
 
@@ -540,6 +405,7 @@ class Registry:
         job.failures = tracker.failures  # what a restarted daemon restored (else 0)
         job.last_seen = now
         self.jobs[msg.job] = job
+        self.by_state[job.state] += 1
         self._evict()
         return job
 
@@ -555,7 +421,7 @@ class Registry:
             self._peers.pop(r.identity, None)
         job.ranks.clear()
         job.incarnation += 1
-        job.state = "active"
+        self._set_state(job, "active")
         job.world_size = msg.world_size
         job.urgent = None
         job.urgent_sent = False
@@ -580,17 +446,34 @@ class Registry:
         if job.state == "lost":
             # the same processes spoke again: the loss was a false alarm
             lost_at = job.lost_at if job.lost_at is not None else now
-            job.state = "active"
+            self._set_state(job, "active")
             job.failures = max(0, job.failures - 1)
             job.lost_at = None
-            self.emit(ev.JobRevived(now, self.wall(), job.id, lost_at))
+            self.emit(
+                ev.JobRevived(
+                    now, self.wall(), job.id, lost_at, jobs_active=self.by_state["active"]
+                )
+            )
 
     def _rank_lost(self, rank: Rank, reason: str) -> None:
         rank.alive = False
         rank.lost_reason = reason
 
+    def _set_state(self, job: Job, state: JobStateName) -> None:
+        self.by_state[job.state] -= 1
+        self.by_state[state] += 1
+        job.state = state
+
+    def _note_writing(self, job: Job, now: float) -> None:
+        """Emit :class:`~adaptd.events.SaveInFlight` when the job's save-in-flight flag
+        (an active job whose tracker has a save in flight) flips."""
+        writing = job.state == "active" and job.tracker.save_in_flight
+        if writing != (job.id in self.writing):
+            (self.writing.add if writing else self.writing.discard)(job.id)
+            self.emit(ev.SaveInFlight(now, job.id, writing))
+
     def _lose(self, job: Job, now: float, reason: str, last_seen: float) -> None:
-        job.state = "lost"
+        self._set_state(job, "lost")
         job.lost_at = now
         job.lost_last_seen = last_seen
         job.lost_reason = reason
@@ -606,8 +489,10 @@ class Registry:
                 reason=reason,
                 gpus=job.tracker.gpus,
                 world_size=job.world_size,
+                jobs_active=self.by_state["active"],
             )
         )
+        self._note_writing(job, now)
 
     def _evict(self) -> None:
         """Forget the oldest inactive jobs beyond the cap (dict order = activity order)."""
@@ -616,5 +501,69 @@ class Registry:
             for r in job.ranks.values():
                 self._peers.pop(r.identity, None)
             del self.jobs[job.id]
+            self.by_state[job.state] -= 1
             # sinks keep per-job state (metric series, telemetry) that must go too
-            self.emit(ev.JobForgotten(job.last_seen, job.id))
+            self.emit(ev.JobForgotten(job.last_seen, job.id, jobs_active=self.by_state["active"]))
+
+
+def check_claim(
+    job: Job, identity: bytes, msg: Hello, peer: PeerCred | None, probe: ProcessProbe
+) -> None:
+    """Refuse a hello that would take an active job from its owner, or a rank from
+    the live process holding it.
+
+    A job belongs to the principal (uid, or CURVE key) whose hello started its run;
+    another (non-root) principal may not join it. A rank held by a live process
+    that connected from a different pid may not be taken: a restarted rank's old
+    process is gone (then the hello is a resume, as before), and a reconnect comes
+    from the same process. The hello's own ``pid`` is not trusted for this: only
+    the connection's credentials are.
+    """
+    if peer is None:
+        return
+    if job.owner is not None and peer.owner != job.owner and not peer.root:
+        raise HelloRefused(
+            "wrong_job",
+            f"job {job.id!r} is run by another user ({job.owner}); choose a job id of your own",
+        )
+    old = job.ranks.get(msg.rank)
+    if old is None or not old.alive or old.identity == identity:
+        return
+    held = old.peer
+    if held is None or held.pid is None or peer.pid is None or held.pid == peer.pid:
+        return
+    if probe.alive(held.pid, old.peer_start):
+        raise HelloRefused(
+            "rank_taken",
+            f"job {job.id!r} rank {msg.rank} is held by live process {held.pid}; "
+            "a second process may not report for it (a restarted rank is accepted "
+            "once its old process has exited)",
+        )
+
+
+def _new_rank(
+    identity: bytes,
+    msg: Hello,
+    hostname: str,
+    now: float,
+    peer: PeerCred | None,
+    probe: ProcessProbe,
+    local: bool,
+) -> Rank:
+    """A rank from its hello; the probe records its process's start time (on this host)
+    and that of the process the connection really comes from, to tell a reused pid."""
+    rank = Rank(
+        rank=msg.rank,
+        identity=identity,
+        pid=msg.pid,
+        hostname=hostname,
+        registered=now,
+        last_seen=now,
+        start_time=probe.start_time(msg.pid) if msg.pid > 0 and local else None,
+        step=msg.resumed_from,
+    )
+    if peer is not None:
+        rank.peer = peer
+        if peer.pid:
+            rank.peer_start = probe.start_time(peer.pid)
+    return rank

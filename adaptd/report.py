@@ -36,6 +36,21 @@ from typing import Any
 
 from adaptd.store import DecisionRecord, FailureRecord, SaveRecord, Store
 
+__all__ = [
+    "ALERT_BLOCKING_S",
+    "FORMATS",
+    "TABLE_ROWS",
+    "History",
+    "ReportError",
+    "SavePoint",
+    "Summary",
+    "group",
+    "html_page",
+    "load",
+    "png_bytes",
+    "write",
+]
+
 #: A save that blocked the loop longer than this fires ``AdaptdSaveBlockedLoop``
 #: (deploy/prometheus/adaptd-rules.yml counts saves above the le="5.0" bucket).
 ALERT_BLOCKING_S = 5.0

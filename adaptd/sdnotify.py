@@ -20,6 +20,10 @@ import os
 import socket
 from collections.abc import Mapping
 
+__all__ = [
+    "Notifier",
+]
+
 log = logging.getLogger(__name__)
 
 

@@ -5,22 +5,31 @@
 1. the state database (:class:`adaptd.store.Store`), from which it restores the
    operator's per-job settings, the host's failure-rate posterior and each job's
    learned save/restore costs;
-2. the :class:`adaptd.server.Daemon`, bound under a private umask and then given
-   the configured socket modes and group (so the socket is never world-reachable,
-   not even between bind and chmod);
-3. the Prometheus endpoint (:class:`adaptd.metrics.Metrics`);
-4. the telemetry :class:`~adaptd.telemetry.sampler.Sampler`, probed once before
-   ``READY=1`` goes to systemd (:mod:`adaptd.sdnotify`);
-5. when the config replicates checkpoints (``[destinations.NAME]`` and a job's
+2. when the config replicates checkpoints (``[destinations.NAME]`` and a job's
    ``replicate_to``), the :class:`~adaptd.tiers.replicator.Replicator`: a sink of the
    daemon's events, shown in ``adaptd status`` and the metrics, stopped first at close;
-6. with a ``[fleet]``, the :class:`~adaptd.fleet.link.FleetLink` (docs/fleet.md): its
-   facts go into every snapshot, its pooled failure posterior to every tracker, the
-   daemon's events to it, its slot wishes out at each tick; it has its own thread for
-   etcd, a metrics collector and a section in ``adaptd status``.
+3. the metrics (:class:`adaptd.metrics.Metrics`), the event bus with its sinks (store,
+   metrics, replicator, this service), and the :class:`~adaptd.registry.Registry`
+   emitting into it, with a read-only :class:`~adaptd.registry_view.RegistryView` for
+   the parts that only look (the sampler, the snapshot, the status line);
+4. the :class:`adaptd.server.Daemon` over its parts (:func:`adaptd.assembly.parts`,
+   given the config's values as they are: the config validated them), bound under a
+   private umask and then given the configured socket modes and group (so the socket
+   is never world-reachable, not even between bind and chmod);
+5. the Prometheus endpoint;
+6. the telemetry :class:`~adaptd.telemetry.sampler.Sampler`, probed once before
+   ``READY=1`` goes to systemd (:mod:`adaptd.sdnotify`);
+7. with a ``[fleet]``, the :class:`~adaptd.fleet.link.FleetLink` (docs/fleet.md), built
+   before the registry: its facts go into every snapshot, its pooled failure posterior
+   to every tracker, the daemon's events to it, its slot wishes out at each tick (and
+   at once when a slot is granted); it has its own thread for etcd, a metrics
+   collector and a section in ``adaptd status``.
 
-Its tick hook (about once a second, in the daemon's loop) flushes the store, feeds
-metrics the newest snapshot and the store's fault counters, persists what was learned every
+Everything a part needs is passed to it when it is built; nothing is set afterwards.
+
+Its tick hooks (about once a second, in the daemon's loop) sample the telemetry for the
+registry's jobs, flush the store, feed
+metrics the newest snapshot and the store's fault counters, persist what was learned every
 :data:`PERSIST_EVERY_S`, updates ``STATUS=`` and pings the watchdog. A job's learned
 costs are also queued at each of its save reports, and the failure rate at each
 failure, so a SIGKILLed daemon loses at most the last tick of them.
@@ -42,16 +51,21 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from adaptd import admin
+from adaptd import admin, assembly
 from adaptd import events as ev
+from adaptd.admin_handler import admin_gid
 from adaptd.config import Config, StorageTarget
-from adaptd.estimators import FailureRate, JobTracker
+from adaptd.estimators import FailureRate
+from adaptd.learned import FAILURE_RATE_KEY, LEARNED_KEY, Learned
+from adaptd.logfmt import logfmt
 from adaptd.metrics import Metrics, MetricsError, MetricsServer
-from adaptd.protocol import Hello
+from adaptd.registry import Registry
+from adaptd.registry_view import RegistryView
 from adaptd.sdnotify import Notifier
-from adaptd.server import CurveKeys, Daemon, DaemonError
+from adaptd.server import Daemon
 from adaptd.snapshot import Snapshot, StorageSample
-from adaptd.store import GLOBAL, Store, StoreError, job_scope
+from adaptd.store import GLOBAL, Store, StoreError
+from adaptd.transport import CurveKeys, DaemonError, Transport
 
 if TYPE_CHECKING:
     from adaptd.fleet.config import FleetConfig
@@ -60,15 +74,23 @@ if TYPE_CHECKING:
     from adaptd.tiers.replica import UploadResult
     from adaptd.tiers.replicator import Replicator
 
+__all__ = [
+    "EXTEND_BY_S",
+    "FAILURE_RATE_KEY",
+    "LEARNED_KEY",
+    "PERSIST_EVERY_S",
+    "Service",
+    "ServiceError",
+    "storage_limits",
+]
+
+#: Store key of the lifetimes and survivals this host saw in the fleet (docs/fleet.md).
+FLEET_HISTORY_KEY = "fleet_history"
+
 log = logging.getLogger("adaptd.service")
 
 #: Learned parameters (failure rate, each job's costs) are written this often, and at exit.
 PERSIST_EVERY_S = 30.0
-#: Store keys of the learned parameters.
-FAILURE_RATE_KEY = "failure_rate"
-LEARNED_KEY = "learned"
-#: Store key of the fleet's lifetimes and survivals this host saw (docs/fleet.md).
-FLEET_HISTORY_KEY = "fleet_history"
 #: While draining on SIGTERM, each tick asks systemd for this much more time.
 EXTEND_BY_S = 10.0
 
@@ -123,20 +145,27 @@ class Service:
         self.metrics_strict = metrics_strict
         self.clock = clock
         self.store: Store | None = None
-        self.metrics = Metrics(slow_save_s=cfg.slow_save_s)
+        self.metrics: Metrics | None = None
         self.metrics_server: MetricsServer | None = None
         self.sampler: Sampler | None = None
         self.daemon: Daemon | None = None
-        self.failure_rate = FailureRate(prior_gpu_mtbf_s=cfg.gpu_mtbf_s)
+        #: the registry's jobs, read-only (set when :meth:`open` builds the registry)
+        self.jobs: RegistryView | None = None
+        #: the failure rate and job costs, restored from the store (set by :meth:`open`)
+        self.learned: Learned | None = None
         self.stopping = False
         self._last_persist: float | None = None
         self._status_text = ""
         self._closed = False
-        #: jobs with a save in flight (the daemon's SaveInFlight events)
-        self.writing: set[str] = set()
         self._view: tuple[tuple[Any, ...], Snapshot] | None = None
         self.replicator: Replicator | None = None
         self.fleet: FleetLink | None = None
+        self._registry: Registry | None = None
+
+    @property
+    def failure_rate(self) -> FailureRate | None:
+        """The host's failure-rate posterior (``None`` until :meth:`open`)."""
+        return self.learned.failure_rate if self.learned is not None else None
 
     # ------------------------------------------------------------------ assembly
 
@@ -157,43 +186,61 @@ class Service:
             )
         except StoreError as exc:
             raise ServiceError(f"daemon.db_path: {exc}") from None
-        self._restore_failure_rate()
+        self.learned = Learned(self.store, gpu_mtbf_s=cfg.gpu_mtbf_s)
         from adaptd.telemetry.sampler import Sampler
 
         self.sampler = self._sampler or Sampler.default(interval=cfg.sample_interval_s)
-        sinks = [self.store.on_event, self.metrics.on_event, self.sampler.on_event, self._on_event]
         if cfg.fleet is not None:
             self._open_fleet(cfg.fleet)
-            assert self.fleet is not None
-            sinks.append(self.fleet.on_event)
+        replicator = None
         if any(o.replicate_to for o in cfg.jobs):
             from adaptd.tiers.replicator import Replicator
 
-            self.replicator = Replicator(
+            replicator = self.replicator = Replicator(
                 cfg,
                 on_upload=self._on_upload,
                 slot_gate=self.fleet.upload_slot if self.fleet is not None else None,
             )
-            sinks.append(self.replicator.on_event)
+        self.metrics = Metrics(
+            slow_save_s=cfg.slow_save_s,
+            replication=None
+            if replicator is None
+            else lambda: (replicator.status(), replicator.throughput()),
+        )
+        sinks = [self.store.on_event, self.metrics.on_event, self._on_event]
+        if replicator is not None:
+            sinks.append(replicator.on_event)
+        if self.fleet is not None:
+            sinks.append(self.fleet.on_event)
+            from adaptd.fleet.metrics import FleetCollector
+
+            self.metrics.registry.register(FleetCollector(self.fleet))
+        events = ev.EventBus(sinks)
+        registry = Registry(
+            emit=events,
+            silence_timeout_s=cfg.liveness_timeout_s,
+            tracker_factory=self.learned.tracker_for,
+        )
+        self.jobs = RegistryView(registry)
+        self._registry = registry
+        curve = None
+        if cfg.curve_secret_key and cfg.curve_client_keys:
+            curve = CurveKeys(cfg.curve_secret_key, cfg.curve_client_keys)
         try:
-            self.daemon = Daemon(
-                cfg.socket,
-                policy=cfg.default_policy,
+            parts = assembly.parts(
+                Transport(cfg.socket, curve=curve),
+                events=events,
+                registry=registry,
+                default_spec=cfg.default_policy,
                 snapshot_source=self.snapshot,
-                sinks=sinks,
-                tick_hooks=[self.sampler.tick, self.tick],
-                silence_timeout_s=cfg.liveness_timeout_s,
+                tick_hooks=[self.sample, self.tick],
                 job_settings=self._initial_settings(),
                 config_settings=self._configured_settings,
                 status_extra=self._status_extra,
-                curve=CurveKeys(cfg.curve_secret_key, cfg.curve_client_keys)
-                if cfg.curve_secret_key and cfg.curve_client_keys else None,
-                admin_group=cfg.admin_group,
-            )  # fmt: skip
-            # Set on the daemon's own registry (a Registry passed in while empty is
-            # falsy, and `registry or Registry(...)` in the daemon would drop it).
-            self.daemon.registry.tracker_factory = self.tracker_for
-            self.store.step_time_of = self.metrics.step_time_of = self._step_time
+                replication_source=replicator.status if replicator is not None else None,
+                admin_group_id=admin_gid(cfg.admin_group),
+            )
+            self.daemon = Daemon(parts=parts)
             # Bind under a private umask: the socket files exist with no group/other
             # access until _set_permissions below gives them the configured modes.
             old = os.umask(0o077)
@@ -203,65 +250,45 @@ class Service:
                 os.umask(old)
         except DaemonError as exc:
             raise ServiceError(str(exc)) from None
-        self._set_permissions()
+        self._set_permissions(parts.admin.admin_gid)
         if self.fleet is not None:
             self.fleet.on_grant = self.daemon.tick_soon  # a grant is acted on at once
-        if self.replicator is not None:
-            replicator = self.replicator
-            self.daemon.replication_source = replicator.status
-            self.metrics.set_replication_source(
-                lambda: (replicator.status(), replicator.throughput())
-            )
+            self.fleet.start()
+        if replicator is not None:
             replicator.start()
             log.info(
-                "event=replication destinations=%s jobs=%s",
-                ",".join(cfg.destinations),
-                ",".join(o.pattern for o in cfg.jobs if o.replicate_to),
+                logfmt(
+                    "replication",
+                    destinations=",".join(cfg.destinations),
+                    jobs=",".join(o.pattern for o in cfg.jobs if o.replicate_to),
+                )
             )
         self._serve_metrics()
-        if self.fleet is not None:
-            self.fleet.start()
         self.sampler.tick(self.clock())  # probe telemetry once before READY
         self._last_persist = self.clock()
         jobs = self._jobs_text()
         self.notifier.ready(f"serving {self.daemon.socket_path}; {jobs}")
         self._status_text = jobs
 
-    def _restore_failure_rate(self) -> None:
-        assert self.store is not None
-        data = self.store.param(GLOBAL, FAILURE_RATE_KEY)
-        if data is None:
-            return
-        try:
-            restored = FailureRate.from_dict(data)
-            # what was observed carries over; the prior is the config's (it may have changed)
-            self.failure_rate = dataclasses.replace(restored, prior_gpu_mtbf_s=self.cfg.gpu_mtbf_s)
-        except (ValueError, KeyError, TypeError) as exc:
-            log.warning("event=learned_discarded what=failure_rate error=%r", str(exc))
-        else:
-            log.info(
-                "event=learned_restored what=failure_rate gpu_mtbf_s=%.6g",
-                self.failure_rate.gpu_mtbf_s,
-            )
-
     def _open_fleet(self, fleet_cfg: FleetConfig) -> None:
         """The fleet link (docs/fleet.md); the trackers get its pooled failure posterior."""
-        assert self.store is not None
+        assert self.learned is not None and self.store is not None
         from adaptd import __version__
         from adaptd.fleet.link import FleetLink
-        from adaptd.fleet.metrics import FleetCollector
 
         self.fleet = FleetLink(
-            fleet_cfg, failure_rate=self.failure_rate, clock=self.clock, version=__version__
-        )
-        self.failure_rate = self.fleet.failure_rate
+            fleet_cfg, failure_rate=self.learned.failure_rate, clock=self.clock,
+            version=__version__,
+        )  # fmt: skip
+        self.learned.failure_rate = self.fleet.failure_rate
         self.fleet.knowledge.load_history(self.store.param(GLOBAL, FLEET_HISTORY_KEY))
-        self.metrics.registry.register(FleetCollector(self.fleet))
         log.info(
-            "event=fleet endpoints=%s host=%s prefix=%s",
-            ",".join(fleet_cfg.settings.endpoints),
-            fleet_cfg.settings.host,
-            fleet_cfg.settings.prefix,
+            logfmt(
+                "fleet",
+                endpoints=",".join(fleet_cfg.settings.endpoints),
+                host=fleet_cfg.settings.host,
+                prefix=fleet_cfg.settings.prefix,
+            )
         )
 
     def _status_extra(self) -> dict[str, Any]:
@@ -297,45 +324,14 @@ class Service:
             return None
         return admin.JobSettings(policy=o.policy, paused=bool(o.paused))
 
-    def tracker_for(self, msg: Hello) -> JobTracker:
-        """A new job's tracker: the host's shared failure rate, the configured GPU
-        MTBF prior, and what the store learned about this job before a restart."""
-        tracker = JobTracker(
-            msg.job,
-            world_size=msg.world_size,
-            gpus=max(1, msg.gpus * msg.world_size),
-            start_step=msg.resumed_from,
-            state_bytes=msg.state_bytes or None,
-            gpu_mtbf_s=self.cfg.gpu_mtbf_s,
-            failure_rate=self.failure_rate,
-        )
-        if self.store is not None:
-            data = self.store.param(job_scope(msg.job), LEARNED_KEY)
-            if data is not None:
-                try:
-                    tracker.load_learned(data)
-                except (ValueError, TypeError) as exc:
-                    log.warning("event=learned_discarded job=%s error=%r", msg.job, str(exc))
-                else:
-                    log.info(
-                        "event=learned_restored job=%s saves=%d save_cost_s=%s",
-                        msg.job,
-                        tracker.saves,
-                        tracker.save_cost_s,
-                    )
-        return tracker
-
     def _on_upload(self, destination: str, job: str, result: UploadResult) -> None:
         """A checkpoint reached a destination (a Replicator worker thread): metrics."""
-        self.metrics.on_upload(destination, result.seconds)
+        if self.metrics is not None:
+            self.metrics.on_upload(destination, result.seconds)
 
-    def _step_time(self, job: str) -> float | None:
-        """The job's current mean step time (decision rows and the step-time gauge)."""
-        assert self.daemon is not None
-        j = self.daemon.registry.jobs.get(job)
-        return j.tracker.step_time_s if j is not None else None
-
-    def _set_permissions(self) -> None:
+    def _set_permissions(self, admin_gid: int | None) -> None:
+        """Give the sockets the configured modes and groups (``admin_gid``: the admin
+        group the daemon looked up when it started)."""
         assert self.daemon is not None
         cfg = self.cfg
         gid = -1
@@ -352,8 +348,8 @@ class Service:
                 if gid != -1:
                     os.chown(self.daemon.socket_path, -1, gid)
                 os.chmod(self.daemon.socket_path, cfg.socket_mode)
-            if cfg.admin_group:  # the daemon checked that the group exists
-                os.chown(self.daemon.admin_path, -1, grp.getgrnam(cfg.admin_group).gr_gid)
+            if admin_gid is not None:
+                os.chown(self.daemon.admin_path, -1, admin_gid)
             os.chmod(self.daemon.admin_path, cfg.admin_socket_mode)
         except OSError as exc:
             raise ServiceError(
@@ -361,7 +357,7 @@ class Service:
             ) from None
 
     def _serve_metrics(self) -> None:
-        if self.cfg.metrics_listen is None:
+        if self.cfg.metrics_listen is None or self.metrics is None:
             return
         host, port = self.cfg.metrics_listen
         try:
@@ -370,24 +366,23 @@ class Service:
             if self.metrics_strict:
                 raise ServiceError(f"metrics.listen: {exc}") from None
             log.warning(
-                "event=metrics_off listen=%s:%d error=%r (set metrics.listen to serve them)",
-                host,
-                port,
-                str(exc),
+                logfmt(
+                    "metrics_off",
+                    listen=f"{host}:{port}",
+                    error=str(exc),
+                    hint="set metrics.listen to serve them",
+                )
             )
         else:
-            log.info("event=metrics url=%s", self.metrics_server.url)
+            log.info(logfmt("metrics", url=self.metrics_server.url))
 
     # ------------------------------------------------------------------ loop
 
     def _on_event(self, event: ev.Event) -> None:
         """Operator settings changes (durable in the store, visible in metrics) and
         refused messages (counted in metrics by code)."""
-        if isinstance(event, ev.SaveInFlight):
-            (self.writing.add if event.writing else self.writing.discard)(event.job)
-        elif isinstance(event, ev.JobLost | ev.JobFinished):
-            self.writing.discard(event.job)
-        elif isinstance(event, ev.MessageRejected):
+        assert self.metrics is not None
+        if isinstance(event, ev.MessageRejected):
             self.metrics.on_rejected(event.code)
         elif isinstance(event, ev.JobSettingsChanged):
             assert self.store is not None
@@ -410,24 +405,26 @@ class Service:
     def _persist_job(self, job_id: str, *, failure: bool) -> None:
         """Queue one job's learned costs (and, after a failure, the host's failure
         rate) for the store's next flush (within a tick)."""
-        if self.store is None or self.daemon is None:
-            return
-        job = self.daemon.registry.jobs.get(job_id)
-        if job is not None:
-            self.store.set_param(job_scope(job_id), LEARNED_KEY, job.tracker.learned())
-        if failure:
-            self.store.set_param(GLOBAL, FAILURE_RATE_KEY, self.failure_rate.to_dict())
+        if self.learned is not None and self.jobs is not None:
+            self.learned.keep_job(job_id, self.jobs.learned_of(job_id), failure=failure)
+
+    def sample(self, now: float) -> None:
+        """The daemon's first tick hook: sample the telemetry (when due) for the jobs the
+        registry knows, their checkpoint directories and processes."""
+        assert self.sampler is not None and self.jobs is not None
+        self.sampler.tick(now, jobs=self.jobs.processes)
 
     def snapshot(self) -> Snapshot:
         """The sampler's newest snapshot with each storage target's ``writing_jobs``
-        filled in from the daemon's save-in-flight events (only the daemon knows
+        filled in from the registry's jobs with a save in flight (only the daemon knows
         those) and its ``max_writers`` from ``[storage."NAME"] max_concurrent_saves``.
         The daemon's ``snapshot_source``; rebuilt only when either changed."""
-        assert self.sampler is not None
+        assert self.sampler is not None and self.jobs is not None
         snap = self.sampler.latest()
-        writing = frozenset(self.writing)
+        writing = self.jobs.writing()
         fleet = self.fleet.agent.view() if self.fleet is not None else None
-        key = (id(snap), writing, id(fleet), self.fleet.usable() is not None if fleet else None)
+        usable = self.fleet.usable() is not None if self.fleet is not None else None
+        key = (id(snap), writing, id(fleet), usable)
         view = self._view
         if view is not None and view[0] == key:
             return view[1]
@@ -451,12 +448,11 @@ class Service:
 
     def tick(self, now: float) -> None:
         """The daemon's tick hook (see the module docstring)."""
-        assert self.store is not None and self.daemon is not None
+        assert self.store is not None and self.metrics is not None
         if self._last_persist is None or now - self._last_persist >= PERSIST_EVERY_S:
             self.persist_learned()
             self._last_persist = now
         self.store.flush()
-        assert self.sampler is not None
         snapshot = self.snapshot()
         self.metrics.on_snapshot(snapshot)
         if self.fleet is not None:
@@ -476,31 +472,27 @@ class Service:
     def _fleet_tick(self, snapshot: Snapshot, now: float) -> None:
         """Slot wishes out (from each job's latest decision); a job whose slot was just
         granted is decided again at once, so its save starts at its next step."""
-        assert self.fleet is not None and self.daemon is not None
+        assert self.fleet is not None and self._registry is not None
+        assert self.daemon is not None
         from adaptd.fleet.link import job_facts
 
         before = self.fleet.granted()
-        self.fleet.wishes(now, job_facts(self.daemon.registry, snapshot, now))
+        self.fleet.wishes(now, job_facts(self._registry, snapshot, now))
         for job_id in self.fleet.granted() - before:
-            job = self.daemon.registry.jobs.get(job_id)
+            job = self._registry.jobs.get(job_id)
             if job is not None:
-                self.daemon.decide(job, now)
+                self.daemon.parts.planner.decide(job, now)
 
     def _jobs_text(self) -> str:
-        assert self.daemon is not None
-        active = sum(j.state == "active" for j in self.daemon.registry)
-        lost = sum(j.state == "lost" for j in self.daemon.registry)
-        return f"{active} jobs connected, {lost} lost"
+        assert self.jobs is not None
+        return f"{self.jobs.active} jobs connected, {self.jobs.lost} lost"
 
     def persist_learned(self) -> None:
         """Queue the failure-rate posterior and every known job's learned costs."""
-        if self.store is None or self.daemon is None:
-            return
-        self.store.set_param(GLOBAL, FAILURE_RATE_KEY, self.failure_rate.to_dict())
-        if self.fleet is not None:
+        if self.learned is not None and self.jobs is not None:
+            self.learned.keep_all(self.jobs.learned())
+        if self.fleet is not None and self.store is not None:
             self.store.set_param(GLOBAL, FLEET_HISTORY_KEY, self.fleet.knowledge.history())
-        for job in self.daemon.registry:
-            self.store.set_param(job_scope(job.id), LEARNED_KEY, job.tracker.learned())
 
     # ------------------------------------------------------------------ run
 
@@ -510,7 +502,7 @@ class Service:
         if self.daemon is None:
             return
         name = signal.Signals(signum).name if signum is not None else "request"
-        log.info("event=stopping signal=%s drain_grace_s=%g", name, self.cfg.drain_grace_s)
+        log.info(logfmt("stopping", signal=name, drain_grace_s=self.cfg.drain_grace_s))
         again = self.stopping
         self.stopping = True
         if self.sampler is not None:
@@ -545,7 +537,7 @@ class Service:
             return
         self._closed = True
         if self.replicator is not None and not self.replicator.stop():
-            log.warning("event=replication_stop_slow (an upload did not end in time)")
+            log.warning(logfmt("replication_stop_slow", why="an upload did not end in time"))
         if persist:
             with contextlib.suppress(Exception):
                 self.persist_learned()

@@ -18,6 +18,15 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import IO
 
+__all__ = [
+    "DaemonStartError",
+    "LogWatch",
+    "running_daemon",
+    "start_daemon",
+    "stop_daemon",
+    "wait_for_path",
+]
+
 
 class LogWatch:
     """Collects a child process's output lines on a thread; waits for a line with a deadline.

@@ -20,10 +20,10 @@ so they see everything recorded so far. Another process may open the same file
 read-only (``readonly=True``) while the daemon runs; WAL lets it read without
 blocking the daemon.
 
-The schema is versioned with ``PRAGMA user_version`` and upgraded by the ordered
-:data:`MIGRATIONS` when the database is opened: version 1 was the first layout;
-version 2 added the save's extra step time and reason, the step time at each
-decision, the operator's job settings and the indexes the report queries use.
+The records it keeps are those of :mod:`adaptd.records` (made from the daemon's
+events by :func:`adaptd.records.record_of`); the tables, their versioned migrations
+and the SQL of retention are in :mod:`adaptd.schema`.
+
 Retention is bounded by age and by row count per history table, and by the number
 of jobs whose learned parameters are kept (:meth:`Store.prune`, run from
 :meth:`Store.flush` every ``prune_every_s`` and whenever a tenth of
@@ -39,14 +39,46 @@ import logging
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, fields
+from collections.abc import Callable, Sequence
+from dataclasses import fields
 from pathlib import Path
 from typing import Any, TypeVar
 
-from adaptd import events, paths
-from adaptd.protocol import SaveReport
-from adaptd.snapshot import Decision
+from adaptd import events, paths, schema
+from adaptd.records import (
+    DecisionRecord,
+    FailureRecord,
+    JobSettings,
+    JobSummary,
+    SaveRecord,
+    record_of,
+)
+from adaptd.schema import (
+    DECISION_COLS,
+    FAILURE_COLS,
+    HISTORY,
+    MIGRATIONS,
+    SAVE_COLS,
+    SCHEMA_VERSION,
+    StoreError,
+)
+
+__all__ = [
+    "GLOBAL",
+    "KEEP",
+    "MIGRATIONS",
+    "SCHEMA_VERSION",
+    "DecisionRecord",
+    "FailureRecord",
+    "JobSettings",
+    "JobSummary",
+    "SaveRecord",
+    "Store",
+    "StoreError",
+    "default_path",
+    "job_scope",
+    "storage_scope",
+]
 
 log = logging.getLogger(__name__)
 
@@ -72,209 +104,6 @@ class _Keep(enum.Enum):
 
 KEEP = _Keep.KEEP
 
-
-class StoreError(RuntimeError):
-    """The database cannot be opened or upgraded; the message names the file and what to do."""
-
-
-# --------------------------------------------------------------------------- records
-
-
-@dataclass(frozen=True, slots=True)
-class SaveRecord:
-    """One save by one rank. Times are wall-clock seconds since the epoch."""
-
-    job: str
-    rank: int
-    step: int
-    started: float
-    ended: float
-    blocking_s: float
-    durable_s: float
-    bytes: int
-    ok: bool = True
-    error: str = ""
-    path: str = ""
-    extra_step_s: float = 0.0
-    reason: str = ""
-
-    @classmethod
-    def from_report(cls, msg: SaveReport, *, received: float) -> SaveRecord:
-        """The record for a :class:`~adaptd.protocol.SaveReport` received at wall time
-        ``received``: the save started ``durable_s`` before it became durable."""
-        return cls(
-            job=msg.job,
-            rank=msg.rank,
-            step=msg.step,
-            started=received - msg.durable_s,
-            ended=received,
-            blocking_s=msg.blocking_s,
-            durable_s=msg.durable_s,
-            bytes=msg.bytes,
-            ok=msg.ok,
-            error=msg.error,
-            path=msg.path,
-            extra_step_s=msg.extra_step_s,
-            reason=msg.reason,
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class DecisionRecord:
-    """A plan sent to a job, and why. ``step`` is the job's step when it was decided."""
-
-    job: str
-    time: float
-    step: int
-    next_step: int | None
-    every_steps: int | None = None
-    urgent: bool = False
-    policy: str = ""
-    reason: str = ""
-    interval_s: float | None = None
-    waste: float | None = None
-    step_time_s: float | None = None
-
-    @classmethod
-    def from_decision(
-        cls,
-        job: str,
-        decision: Decision,
-        *,
-        time: float,
-        step: int,
-        step_time_s: float | None = None,
-    ) -> DecisionRecord:
-        """The record for ``decision`` taken for ``job`` at wall time ``time``."""
-        return cls(
-            job=job,
-            time=time,
-            step=step,
-            next_step=decision.next_step,
-            every_steps=decision.every_steps,
-            urgent=decision.urgent,
-            policy=decision.policy,
-            reason=decision.reason,
-            interval_s=decision.interval_s,
-            waste=decision.waste,
-            step_time_s=step_time_s,
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class FailureRecord:
-    """A job vanished without a goodbye and came back resuming from an older step."""
-
-    job: str
-    time: float  # wall time the failure was recognised
-    lost_at_step: int  # the newest step reported before it vanished
-    resumed_step: int | None = None  # the step the new incarnation resumed from
-    restart_s: float | None = None  # from vanishing to the first step of the new run
-
-
-@dataclass(frozen=True, slots=True)
-class JobSettings:
-    """What an operator set for a job at run time; survives daemon restarts."""
-
-    job: str
-    policy: str | None = None  # a policy spec overriding the config's choice
-    paused: bool = False
-    updated: float = 0.0
-
-
-@dataclass(frozen=True, slots=True)
-class JobSummary:
-    """One job's footprint in the history, for ``status`` and ``report``."""
-
-    job: str
-    saves: int
-    failed_saves: int
-    last_save: float | None
-    decisions: int
-    failures: int
-
-
-# --------------------------------------------------------------------------- schema
-
-#: Ordered migrations: ``(version, statements)``. Each runs in its own transaction
-#: together with the ``user_version`` bump, so a crash leaves a consistent version.
-MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
-    (
-        1,
-        (
-            """CREATE TABLE saves (
-                id INTEGER PRIMARY KEY,
-                job TEXT NOT NULL,
-                rank INTEGER NOT NULL,
-                step INTEGER NOT NULL,
-                started REAL NOT NULL,
-                ended REAL NOT NULL,
-                blocking_s REAL NOT NULL,
-                durable_s REAL NOT NULL,
-                bytes INTEGER NOT NULL,
-                path TEXT NOT NULL DEFAULT '',
-                ok INTEGER NOT NULL,
-                error TEXT NOT NULL DEFAULT ''
-            )""",
-            """CREATE TABLE decisions (
-                id INTEGER PRIMARY KEY,
-                job TEXT NOT NULL,
-                time REAL NOT NULL,
-                step INTEGER NOT NULL,
-                next_step INTEGER,
-                every_steps INTEGER,
-                urgent INTEGER NOT NULL DEFAULT 0,
-                policy TEXT NOT NULL DEFAULT '',
-                reason TEXT NOT NULL DEFAULT '',
-                interval_s REAL,
-                waste REAL
-            )""",
-            """CREATE TABLE params (
-                scope TEXT NOT NULL,
-                key TEXT NOT NULL,
-                value TEXT NOT NULL,
-                updated REAL NOT NULL,
-                PRIMARY KEY (scope, key)
-            )""",
-            """CREATE TABLE failures (
-                id INTEGER PRIMARY KEY,
-                job TEXT NOT NULL,
-                time REAL NOT NULL,
-                lost_at_step INTEGER NOT NULL,
-                resumed_step INTEGER,
-                restart_s REAL
-            )""",
-        ),
-    ),
-    (
-        2,
-        (
-            "ALTER TABLE saves ADD COLUMN extra_step_s REAL NOT NULL DEFAULT 0",
-            "ALTER TABLE saves ADD COLUMN reason TEXT NOT NULL DEFAULT ''",
-            "ALTER TABLE decisions ADD COLUMN step_time_s REAL",
-            """CREATE TABLE job_settings (
-                job TEXT PRIMARY KEY,
-                policy TEXT,
-                paused INTEGER NOT NULL DEFAULT 0,
-                updated REAL NOT NULL
-            )""",
-            "CREATE INDEX saves_job_ended ON saves (job, ended)",
-            "CREATE INDEX saves_ended ON saves (ended)",
-            "CREATE INDEX decisions_job_time ON decisions (job, time)",
-            "CREATE INDEX decisions_time ON decisions (time)",
-            "CREATE INDEX failures_job_time ON failures (job, time)",
-        ),
-    ),
-)
-SCHEMA_VERSION = MIGRATIONS[-1][0]
-
-_OURS = {"saves", "decisions", "params", "failures", "job_settings"}
-#: History tables: (table, wall-time column) pruned by age and row count.
-_HISTORY = (("saves", "ended"), ("decisions", "time"), ("failures", "time"))
-
-_SAVE_COLS = tuple(f.name for f in fields(SaveRecord))
-_DECISION_COLS = tuple(f.name for f in fields(DecisionRecord))
-_FAILURE_COLS = tuple(f.name for f in fields(FailureRecord))
 
 _R = TypeVar("_R")
 
@@ -327,9 +156,6 @@ class Store:
         self.last_error: str | None = None
         #: Seconds the last successful flush took (for the daemon's metrics).
         self.last_flush_s = 0.0
-        #: A job's current step time, for decision rows (a PlanChanged event carries
-        #: none); the daemon's service sets it to read the job's tracker.
-        self.step_time_of: Callable[[str], float | None] | None = None
 
     @classmethod
     def open(
@@ -356,31 +182,8 @@ class Store:
                 f"retention must be positive: days={retention_days}, rows={retention_rows}"
             )
         path = Path(path) if path is not None else default_path()
-        try:
-            if readonly:
-                if not path.is_file():
-                    raise StoreError(
-                        f"{path}: no adaptd state database here; "
-                        "is the daemon's daemon.state_dir elsewhere?"
-                    )
-                conn = sqlite3.connect(
-                    f"{path.resolve().as_uri()}?mode=ro",
-                    uri=True,
-                    timeout=busy_timeout_s,
-                    isolation_level=None,
-                    check_same_thread=False,
-                )
-            else:
-                path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-                conn = sqlite3.connect(
-                    path, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False
-                )
-        except (OSError, sqlite3.Error) as exc:
-            raise StoreError(
-                f"{path}: cannot open the state database ({exc}); check daemon.state_dir "
-                "and that the directory is writable by the daemon's user"
-            ) from None
-        store = cls(
+        conn = schema.connect(path, readonly=readonly, busy_timeout_s=busy_timeout_s)
+        return cls(
             conn,
             path,
             readonly=readonly,
@@ -390,70 +193,11 @@ class Store:
             max_pending=max_pending,
             clock=clock,
         )
-        try:
-            store._prepare()
-        except sqlite3.DatabaseError as exc:
-            conn.close()
-            raise StoreError(
-                f"{path}: not a usable SQLite database ({exc}); move it aside and restart "
-                "(adaptd then starts with empty state)"
-            ) from None
-        except StoreError:
-            conn.close()
-            raise
-        return store
-
-    def _prepare(self) -> None:
-        conn = self._conn
-        if not self.readonly:
-            mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
-            if mode.lower() != "wal":  # e.g. on a filesystem without shared memory
-                log.warning(
-                    "%s: WAL unavailable (journal_mode=%s); writes may block", self.path, mode
-                )
-            conn.execute("PRAGMA synchronous=NORMAL")
-        version = self.schema_version()
-        if version > SCHEMA_VERSION:
-            raise StoreError(
-                f"{self.path}: schema version {version} is newer than this adaptd supports "
-                f"({SCHEMA_VERSION}); upgrade adaptd, or set daemon.state_dir to a fresh directory"
-            )
-        if version == 0:
-            tables = {
-                r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")
-            }
-            if tables - _OURS:
-                raise StoreError(
-                    f"{self.path}: holds tables adaptd did not create "
-                    f"({', '.join(sorted(tables))}); point daemon.db_path at a file of its own"
-                )
-        if version < SCHEMA_VERSION:
-            if self.readonly:
-                raise StoreError(
-                    f"{self.path}: schema version {version} is older than {SCHEMA_VERSION}; "
-                    "start the daemon once to upgrade it, then read it"
-                )
-            self._migrate(version)
 
     def schema_version(self) -> int:
         """The database's ``PRAGMA user_version``."""
         with self._lock:
-            return int(self._conn.execute("PRAGMA user_version").fetchone()[0])
-
-    def _migrate(self, current: int) -> None:
-        for version, statements in MIGRATIONS:
-            if version <= current:
-                continue
-            self._conn.execute("BEGIN IMMEDIATE")
-            try:
-                for sql in statements:
-                    self._conn.execute(sql)
-                self._conn.execute(f"PRAGMA user_version={version:d}")
-                self._conn.execute("COMMIT")
-            except BaseException:
-                self._conn.execute("ROLLBACK")
-                raise
-            log.info("%s: state schema upgraded to version %d", self.path, version)
+            return schema.version(self._conn)
 
     def close(self) -> None:
         """Flush what is queued and close. Safe to call twice."""
@@ -567,11 +311,11 @@ class Store:
     def _write_batch(self) -> None:
         c = self._conn
         if self._saves:
-            c.executemany(_insert("saves", _SAVE_COLS), [_row(r) for r in self._saves])
+            c.executemany(_insert("saves", SAVE_COLS), [_row(r) for r in self._saves])
         if self._decisions:
-            c.executemany(_insert("decisions", _DECISION_COLS), [_row(r) for r in self._decisions])
+            c.executemany(_insert("decisions", DECISION_COLS), [_row(r) for r in self._decisions])
         if self._failures:
-            c.executemany(_insert("failures", _FAILURE_COLS), [_row(r) for r in self._failures])
+            c.executemany(_insert("failures", FAILURE_COLS), [_row(r) for r in self._failures])
         if self._params:
             c.executemany(
                 "INSERT INTO params (scope, key, value, updated) VALUES (?, ?, ?, ?) "
@@ -581,38 +325,15 @@ class Store:
             )
 
     def on_event(self, ev: events.Event) -> None:
-        """An :data:`adaptd.events.Sink`: queue what the daemon's event says.
-
-        Every rank's save report is a row; a plan change and an urgent save request
-        are decisions; a confirmed failure (:class:`~adaptd.events.JobResumed`) is a
-        failure row dated when the job was lost. Only queues: cheap in the loop.
-        """
-        if isinstance(ev, events.SaveReported):
-            self.record_save(SaveRecord.from_report(ev.report, received=ev.wall))
-        elif isinstance(ev, events.PlanChanged):
-            st = self.step_time_of(ev.job) if self.step_time_of is not None else None
-            self.record_decision(
-                DecisionRecord.from_decision(
-                    ev.job, ev.decision, time=ev.wall, step=ev.step, step_time_s=st
-                )
-            )
-        elif isinstance(ev, events.SaveRequested):
-            st = self.step_time_of(ev.job) if self.step_time_of is not None else None
-            self.record_decision(
-                DecisionRecord(
-                    ev.job, ev.wall, ev.step, None, urgent=True, reason=ev.reason, step_time_s=st
-                )
-            )
-        elif isinstance(ev, events.JobResumed):
-            self.record_failure(
-                FailureRecord(
-                    job=ev.job,
-                    time=ev.wall - ev.restart_s,
-                    lost_at_step=ev.last_step,
-                    resumed_step=ev.resumed_from,
-                    restart_s=ev.restart_s,
-                )
-            )
+        """An :data:`adaptd.events.Sink`: queue the record the daemon's event makes
+        (:func:`adaptd.records.record_of`). Only queues: cheap in the loop."""
+        rec = record_of(ev)
+        if isinstance(rec, SaveRecord):
+            self.record_save(rec)
+        elif isinstance(rec, DecisionRecord):
+            self.record_decision(rec)
+        elif isinstance(rec, FailureRecord):
+            self.record_failure(rec)
 
     # ---------------------------------------------------------------- retention
 
@@ -636,26 +357,7 @@ class Store:
 
     def _prune(self, now: float) -> dict[str, int]:
         cutoff = now - self.retention_days * 86400.0
-        out: dict[str, int] = {}
-        c = self._conn
-        for table, column in _HISTORY:
-            n = c.execute(f"DELETE FROM {table} WHERE {column} < ?", (cutoff,)).rowcount
-            n += c.execute(
-                f"DELETE FROM {table} WHERE id < "
-                f"(SELECT id FROM {table} ORDER BY id DESC LIMIT 1 OFFSET ?)",
-                (self.retention_rows - 1,),
-            ).rowcount
-            out[table] = n
-        out["params"] = c.execute(
-            "DELETE FROM params WHERE scope LIKE 'job:%' AND updated < ?", (cutoff,)
-        ).rowcount
-        # and at most retention_rows jobs' parameters: the most recently updated
-        out["params"] += c.execute(
-            "DELETE FROM params WHERE scope LIKE 'job:%' AND rowid NOT IN (SELECT rowid "
-            "FROM params WHERE scope LIKE 'job:%' ORDER BY updated DESC LIMIT ?)",
-            (self.retention_rows,),
-        ).rowcount
-        return out
+        return schema.delete_old(self._conn, cutoff=cutoff, rows=self.retention_rows)
 
     # ---------------------------------------------------------------- write-through settings
 
@@ -715,7 +417,7 @@ class Store:
         limit: int | None = None,
     ) -> list[SaveRecord]:
         """A job's saves in time order (all ranks); ``limit`` keeps the newest."""
-        rows = self._history("saves", "ended", _SAVE_COLS, job, since, until, limit)
+        rows = self._history("saves", job, since, until, limit)
         return [_build(SaveRecord, r, bools=("ok",)) for r in rows]
 
     def decisions(
@@ -727,14 +429,14 @@ class Store:
         limit: int | None = None,
     ) -> list[DecisionRecord]:
         """A job's decisions in time order; ``limit`` keeps the newest."""
-        rows = self._history("decisions", "time", _DECISION_COLS, job, since, until, limit)
+        rows = self._history("decisions", job, since, until, limit)
         return [_build(DecisionRecord, r, bools=("urgent",)) for r in rows]
 
     def failures(self, job: str | None = None) -> list[FailureRecord]:
         """Failures seen, oldest first (of one job, or all)."""
         where, args = ("WHERE job=?", (job,)) if job is not None else ("", ())
         rows = self._read(
-            f"SELECT {', '.join(_FAILURE_COLS)} FROM failures {where} ORDER BY time, id", args
+            f"SELECT {', '.join(FAILURE_COLS)} FROM failures {where} ORDER BY time, id", args
         )
         return [_build(FailureRecord, r) for r in rows]
 
@@ -742,35 +444,16 @@ class Store:
         """The newest save of ``job`` (successful only, by default)."""
         cond = " AND ok=1" if ok_only else ""
         rows = self._read(
-            f"SELECT {', '.join(_SAVE_COLS)} FROM saves WHERE job=?{cond} "
+            f"SELECT {', '.join(SAVE_COLS)} FROM saves WHERE job=?{cond} "
             "ORDER BY ended DESC, id DESC LIMIT 1",
             (job,),
         )
         return _build(SaveRecord, rows[0], bools=("ok",)) if rows else None
 
-    def _history(
-        self,
-        table: str,
-        column: str,
-        cols: Iterable[str],
-        job: str,
-        since: float | None,
-        until: float | None,
-        limit: int | None,
-    ) -> list[tuple[Any, ...]]:
-        sql = f"SELECT {', '.join(cols)} FROM {table} WHERE job=?"
-        args: list[Any] = [job]
-        if since is not None:
-            sql += f" AND {column} >= ?"
-            args.append(since)
-        if until is not None:
-            sql += f" AND {column} <= ?"
-            args.append(until)
-        sql += f" ORDER BY {column} DESC, id DESC"
-        if limit is not None:
-            sql += " LIMIT ?"
-            args.append(int(limit))
-        return list(reversed(self._read(sql, args)))
+    def _history(self, table: str, job: str, *window: float | None) -> list[tuple[Any, ...]]:
+        """A job's rows of a history table in time order, within ``(since, until,
+        limit)`` (:func:`adaptd.schema.history_query`)."""
+        return list(reversed(self._read(*schema.history_query(table, job, *window))))
 
     def jobs(self) -> list[JobSummary]:
         """Every job in the history, with counts, most recently saved first."""
@@ -820,7 +503,7 @@ class Store:
 
     def counts(self) -> dict[str, int]:
         """Rows per table (for ``status`` and tests)."""
-        names = [t for t, _ in _HISTORY] + ["params", "job_settings"]
+        names = [t for t, _ in HISTORY] + ["params", "job_settings"]
         return {t: self._read(f"SELECT count(*) FROM {t}")[0][0] for t in names}
 
 

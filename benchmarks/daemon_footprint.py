@@ -37,6 +37,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))  # the fake NVML (tests/nvml_fixture.py)
 
 CPU_TARGET = 0.01  # of one core
 RSS_TARGET = 100 * 1024 * 1024
@@ -50,11 +51,12 @@ def daemon_main(args: argparse.Namespace) -> int:
     import logging
     import socket as so
 
+    from nvml_fixture import CALLS_KEPT, FixtureNvml
+
     from adaptd import config
     from adaptd.service import Service
     from adaptd.telemetry import nvml
     from adaptd.telemetry.host import Host
-    from adaptd.telemetry.nvml_fixture import CALLS_KEPT, FixtureNvml
     from adaptd.telemetry.report import to_dict
     from adaptd.telemetry.sampler import Sampler
     from adaptd.telemetry.storage import Storage

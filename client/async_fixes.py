@@ -47,6 +47,13 @@ import sys
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+__all__ = [
+    "GLOBAL_SEED",
+    "build_optimizers",
+    "fix_async_copies",
+    "seed_states",
+]
+
 #: Key of Keras' global seed generator among :func:`seed_states`.
 GLOBAL_SEED = "global"
 

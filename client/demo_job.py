@@ -19,6 +19,11 @@ import os
 import sys
 import time
 
+__all__ = [
+    "build",
+    "main",
+]
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 

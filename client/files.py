@@ -1,4 +1,7 @@
-"""Checkpoint files on disk: leftovers of killed writes, and the size of one checkpoint.
+"""Checkpoint files on disk: leftovers of killed writes, and removing a failed checkpoint.
+
+The size of one checkpoint (:func:`checkpoint_bytes`) is
+:func:`adaptd.checkpoint_files.checkpoint_bytes`, shared with the daemon's replicator.
 
 TensorFlow writes a checkpoint ``ckpt-N`` into ``ckpt-N_temp/`` and then merges it
 into ``ckpt-N.index`` + ``ckpt-N.data-*``; the ``checkpoint`` state file is replaced
@@ -14,6 +17,10 @@ import logging
 import os
 import shutil
 from pathlib import Path
+
+from adaptd.checkpoint_files import checkpoint_bytes
+
+__all__ = ["checkpoint_bytes", "orphans", "remove_checkpoint", "remove_orphans"]
 
 log = logging.getLogger("adaptd.client")
 
@@ -53,17 +60,6 @@ def remove_orphans(directory: str | os.PathLike[str]) -> list[Path]:
             ", ".join(p.name for p in removed),
         )
     return removed
-
-
-def checkpoint_bytes(prefix: str) -> int:
-    """Total size of the files of the checkpoint ``prefix`` (``.index`` + ``.data-*``)."""
-    total = 0
-    for name in [f"{prefix}.index", *glob.glob(glob.escape(prefix) + ".data-*")]:
-        try:
-            total += os.stat(name).st_size
-        except OSError:
-            continue
-    return total
 
 
 def remove_checkpoint(prefix: str) -> None:

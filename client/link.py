@@ -27,6 +27,13 @@ import zmq
 
 from adaptd import protocol
 
+__all__ = [
+    "CLIENT_KEY_ENV",
+    "SERVER_KEY_ENV",
+    "DaemonLink",
+    "curve_keys",
+]
+
 log = logging.getLogger("adaptd.client")
 
 #: Environment variables naming the CURVE keys for a ``tcp://`` daemon.

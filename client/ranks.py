@@ -11,6 +11,10 @@ import json
 import os
 from collections.abc import Mapping
 
+__all__ = [
+    "resolve",
+]
+
 
 def _int(name: str, raw: str) -> int:
     try:

@@ -37,6 +37,15 @@ from pathlib import Path
 from time import perf_counter
 from typing import Any
 
+__all__ = [
+    "ENV",
+    "LOCK_NAME",
+    "Pull",
+    "has_checkpoint",
+    "pull_if_empty",
+    "source",
+]
+
 log = logging.getLogger("adaptd.client")
 
 #: Environment variable naming the destination when ``restore_from`` is not given.

@@ -14,7 +14,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from adaptd.protocol import Plan, SaveNow
-from adaptd.snapshot import Decision
+from adaptd.snapshot import Decision, same_saves
+
+__all__ = [
+    "NEVER",
+    "Due",
+    "SaveSchedule",
+]
 
 #: "No save planned": larger than any step count, so ``step >= NEVER`` is never true.
 NEVER = 1 << 62
@@ -114,18 +120,19 @@ class SaveSchedule:
     # ------------------------------------------------------------------ internals
 
     def _install(self, decision: Decision, step: int, source: str) -> bool:
-        # "Changed" means the job would save at other steps: a policy that restates
-        # the same grid after each save (next_step moves on) is no change.
-        before = (self.due, self._every(), self.source)
+        # "Changed" means the job would save at other steps (the daemon's test,
+        # adaptd.snapshot.same_saves): a policy that restates the same grid after each
+        # save (next_step moves on) is no change; another source or due step is.
+        before, old_source, old_due = self.decision, self.source, self.due
         self.decision = decision
         self.source = source
         if decision.urgent:
             self.request(step, decision.reason or "urgent", step)
         self._recompute(step)
-        return (self.due, self._every(), self.source) != before
-
-    def _every(self) -> int | None:
-        return self.decision.every_steps if self.decision is not None else None
+        floor = step - 1 if self.last_saved_step is None else max(step - 1, self.last_saved_step)
+        return (
+            source != old_source or self.due != old_due or not same_saves(before, decision, floor)
+        )
 
     def _recompute(self, step: int) -> None:
         # A plan that names the current step saves at this boundary, unless that

@@ -40,6 +40,25 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from adaptd.checkpoint_files import DATA_SHARD, STATE_FILE, state_file_path
+
+__all__ = [
+    "CORRUPTED",
+    "MISSING_SHARD",
+    "MISSING_TENSOR",
+    "NO_CHECKPOINT",
+    "OVERSIZED",
+    "TRUNCATED",
+    "UNREADABLE_INDEX",
+    "UNREADABLE_TENSOR",
+    "Problem",
+    "Report",
+    "crc32c",
+    "find",
+    "read_index",
+    "verify",
+]
+
 #: Kinds of :class:`Problem`, for scripts that branch on them.
 NO_CHECKPOINT = "no_checkpoint"
 UNREADABLE_INDEX = "unreadable_index"
@@ -55,7 +74,6 @@ _FOOTER_LEN = 48  # two block handles padded to 40 bytes, then the 8-byte magic
 _BLOCK_TRAILER = 5  # compression type byte + masked CRC32C
 _OBJECT_GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
 _NUMBERED = re.compile(r"-(\d+)$")
-_DATA_SUFFIX = re.compile(r"\.data-(\d{5})-of-(\d{5})$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,7 +232,7 @@ def _prefix_of(path: Path) -> Path:
     name = path.name
     if name.endswith(".index"):
         return path.with_name(name[: -len(".index")])
-    m = _DATA_SUFFIX.search(name)
+    m = DATA_SHARD.search(name)
     return path.with_name(name[: m.start()]) if m else path
 
 
@@ -225,7 +243,7 @@ def _complete(prefix: Path) -> bool:
     shards = list(prefix.parent.glob(f"{_glob_escape(prefix.name)}.data-*-of-*"))
     if not shards:
         return False
-    m = _DATA_SUFFIX.search(shards[0].name)
+    m = DATA_SHARD.search(shards[0].name)
     n = int(m.group(2)) if m else 0
     return all(Path(f"{prefix}.data-{i:05d}-of-{n:05d}").is_file() for i in range(n))
 
@@ -272,20 +290,19 @@ def find(path: str | os.PathLike[str]) -> tuple[Path | None, list[str]]:
 
 
 def _state_file_names(directory: Path, notes: list[str]) -> Path | None:
-    state = directory / "checkpoint"
+    state = directory / STATE_FILE
     if not state.is_file():
         return None
-    # text-format CheckpointState: model_checkpoint_path: "ckpt-120"
     try:
         text = state.read_text(encoding="utf-8", errors="replace")
     except OSError as exc:
         notes.append(f"cannot read the checkpoint state file: {exc.strerror}")
         return None
-    m = re.search(r'^model_checkpoint_path:\s*"((?:[^"\\]|\\.)*)"', text, re.M)
-    if not m:
+    named_path = state_file_path(text)
+    if named_path is None:
         notes.append("the checkpoint state file names no model_checkpoint_path")
         return None
-    named = Path(m.group(1).encode().decode("unicode_escape"))
+    named = Path(named_path)
     return named if named.is_absolute() else directory / named
 
 

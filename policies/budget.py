@@ -14,6 +14,10 @@ from adaptd.policies.interval import plan
 from adaptd.policy import PolicyError
 from adaptd.snapshot import Decision, JobState, Snapshot
 
+__all__ = [
+    "Budget",
+]
+
 
 @dataclass(frozen=True)
 class Budget:

@@ -9,6 +9,14 @@ from adaptd.policies.interval import plan
 from adaptd.policy import PolicyError
 from adaptd.snapshot import Decision, JobState, Snapshot
 
+__all__ = [
+    "PROBE_MTBF_FRACTION",
+    "Daly",
+    "check_settings",
+    "cost_figures",
+    "probe",
+]
+
 
 def cost_figures(
     job: JobState, save_cost_s: float | None, mtbf_s: float | None

@@ -23,6 +23,10 @@ from adaptd.policies.weibull import Weibull
 from adaptd.policy import AnyPolicy, Policy
 from adaptd.snapshot import Decision, JobState, Snapshot
 
+__all__ = [
+    "Default",
+]
+
 
 @dataclass(frozen=True)
 class Default:

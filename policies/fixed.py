@@ -7,6 +7,10 @@ from dataclasses import dataclass
 from adaptd.policy import PolicyError, next_multiple, steps_for_seconds
 from adaptd.snapshot import Decision, JobState, Snapshot
 
+__all__ = [
+    "Fixed",
+]
+
 
 @dataclass(frozen=True)
 class Fixed:

@@ -10,6 +10,10 @@ from __future__ import annotations
 
 from adaptd.snapshot import GpuSample, JobState, Snapshot
 
+__all__ = [
+    "job_gpus",
+]
+
 
 def job_gpus(snapshot: Snapshot, job: JobState) -> tuple[GpuSample, ...]:
     """The GPUs ``job`` runs on: named for it by telemetry, or running one of its pids."""

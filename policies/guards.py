@@ -15,6 +15,10 @@ from adaptd.policies.interval import anchor, inner_policy, steps_ceil
 from adaptd.policy import Policy, PolicyError
 from adaptd.snapshot import Decision, JobState, Snapshot
 
+__all__ = [
+    "Guards",
+]
+
 
 @dataclass(frozen=True)
 class Guards:

@@ -13,6 +13,14 @@ import math
 from adaptd.policy import Policy, PolicyError, parse, steps_for_seconds
 from adaptd.snapshot import Decision, JobState
 
+__all__ = [
+    "anchor",
+    "due_step",
+    "inner_policy",
+    "plan",
+    "steps_ceil",
+]
+
 
 def anchor(job: JobState) -> int:
     """The step the current interval counts from."""

@@ -15,6 +15,11 @@ from adaptd.policies.interval import anchor, inner_policy
 from adaptd.policy import Policy, PolicyError
 from adaptd.snapshot import Decision, JobState, Snapshot
 
+__all__ = [
+    "Opportunistic",
+    "idle_util",
+]
+
 
 @dataclass(frozen=True)
 class Opportunistic:

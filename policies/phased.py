@@ -12,6 +12,10 @@ from dataclasses import dataclass
 from adaptd.policy import PolicyError, next_multiple
 from adaptd.snapshot import Decision, JobState, Snapshot
 
+__all__ = [
+    "Phased",
+]
+
 
 @dataclass(frozen=True)
 class Phased:

@@ -17,6 +17,11 @@ from adaptd.policies.interval import anchor, steps_ceil
 from adaptd.policy import PolicyError
 from adaptd.snapshot import Decision, GpuSample, JobState, Snapshot
 
+__all__ = [
+    "Risk",
+    "degraded_reason",
+]
+
 
 @dataclass(frozen=True)
 class Risk:

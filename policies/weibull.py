@@ -17,6 +17,11 @@ from adaptd.policies.interval import plan
 from adaptd.policy import PolicyError
 from adaptd.snapshot import Decision, JobState, Snapshot
 
+__all__ = [
+    "Weibull",
+    "interval_start_age",
+]
+
 
 @dataclass(frozen=True)
 class Weibull:

@@ -9,6 +9,10 @@ from adaptd.policies.daly import check_settings, cost_figures, probe
 from adaptd.policies.interval import plan
 from adaptd.snapshot import Decision, JobState, Snapshot
 
+__all__ = [
+    "Young",
+]
+
 
 @dataclass(frozen=True)
 class Young:

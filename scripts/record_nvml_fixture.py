@@ -4,7 +4,7 @@
 Asks every NVML call adaptd's sampler makes (errors included, as NVML error
 codes), then ``--frames`` more times ``--interval`` seconds apart, keeping the
 answers that changed and the XID events that arrived. The output is the format
-:class:`adaptd.telemetry.nvml_fixture.FixtureNvml` replays::
+the tests' fake NVML (``tests/nvml_fixture.py``, :class:`FixtureNvml`) replays::
 
     python scripts/record_nvml_fixture.py --frames 5 -o tests/fixtures/nvml/myhost.json
 
@@ -20,7 +20,9 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))  # the fixture format lives with the fake NVML
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -39,8 +41,9 @@ def main(argv: list[str] | None = None) -> int:
             f"--frames must be >= 0 and --interval > 0 (got {args.frames}, {args.interval})"
         )
 
+    from nvml_fixture import record
+
     from adaptd.telemetry import nvml
-    from adaptd.telemetry.nvml_fixture import record
 
     try:
         lib = nvml.load_library()

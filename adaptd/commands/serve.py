@@ -2,8 +2,9 @@
 
 Settings come from the config file (``--config``, else ``$ADAPTD_CONFIG``, else
 ``/etc/adaptd/adaptd.toml`` if present, else built-in defaults); the flags below
-override it. ``--check-config`` prints the effective settings as JSON and exits 0,
-or prints what is wrong on one line and exits 1, without starting anything.
+override it. ``--check-config`` prints the effective settings as a config file (with
+``--json``: as JSON), named and written as the file names and writes them, and exits
+0, or prints what is wrong on one line and exits 1, without starting anything.
 
 Logs go to stderr, one structured ``key=value`` line per event that matters
 (plan changes, saves, jobs lost). SIGTERM and SIGINT drain (every job is asked to
@@ -38,7 +39,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--check-config",
         action="store_true",
-        help="validate the config, print the effective settings as JSON and exit",
+        help="validate the config, print the effective settings (as a config file) and exit",
+    )
+    parser.add_argument(
+        "--json", action="store_true", help="with --check-config: print the settings as JSON"
     )
     parser.add_argument(
         "--socket",
@@ -112,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"adaptd serve: {str(exc).splitlines()[0]}", file=sys.stderr)
         return 1
     if args.check_config:
-        print(json.dumps(cfg.as_dict(), indent=2, sort_keys=True))
+        print(json.dumps(cfg.as_dict(), indent=2) if args.json else cfg.to_toml(), end="\n")
         return 0
     logging.basicConfig(
         stream=sys.stderr,

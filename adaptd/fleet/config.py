@@ -69,6 +69,25 @@ class FleetConfig:
     #: an upload waits at most this long for a slot, then goes ahead without one
     upload_wait_s: float = 600.0
 
+    def as_table(self) -> dict[str, Any]:
+        """The section as the file writes it (``serve --check-config``); the password
+        is ``"***"``."""
+        s = self.settings
+        return {
+            "etcd": list(s.endpoints),
+            "prefix": s.prefix,
+            "host": s.host,
+            "user": s.user,
+            "password": None if s.password is None else "***",
+            "ca_file": s.ca_file,
+            "cert_file": s.cert_file,
+            "key_file": s.key_file,
+            "lease_ttl_s": s.lease_ttl_s,
+            "call_timeout_s": s.call_timeout_s,
+            "slots": self.slots,
+            "shared": dict(self.shared),
+        }
+
 
 def endpoints_from(env: Mapping[str, str], flags: Sequence[str] | None) -> tuple[str, ...]:
     """``--etcd`` flags, else ``ADAPTD_ETCD`` (comma-separated), else nothing."""

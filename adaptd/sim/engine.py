@@ -31,6 +31,15 @@ from adaptd.policy import Policy
 from adaptd.sim.scenario import Scenario
 from adaptd.snapshot import GpuSample, Snapshot, StorageSample
 
+__all__ = [
+    "JOB",
+    "PID",
+    "TARGET",
+    "FailureClock",
+    "RunResult",
+    "run",
+]
+
 JOB = "sim"
 TARGET = "sim-storage"
 PID = 1

@@ -17,6 +17,15 @@ from adaptd.policy import Policy, parse
 from adaptd.sim.engine import RunResult, run
 from adaptd.sim.scenario import Scenario
 
+__all__ = [
+    "FIELDS",
+    "ORACLE",
+    "ProgressBar",
+    "Summary",
+    "compare",
+    "resolve",
+]
+
 #: Spec of the policy that knows the scenario's true δ and M in advance.
 ORACLE = "oracle"
 

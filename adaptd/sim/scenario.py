@@ -46,6 +46,15 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 
+__all__ = [
+    "Phase",
+    "Scenario",
+    "ScenarioError",
+    "builtin_names",
+    "from_dict",
+    "load",
+]
+
 
 class ScenarioError(ValueError):
     """A scenario file or name is invalid; the message says which field and why."""

@@ -20,6 +20,11 @@ from pathlib import Path
 from adaptd.snapshot import HostSample
 from adaptd.telemetry.once import OnceLog
 
+__all__ = [
+    "Host",
+    "parse_meminfo",
+]
+
 log = logging.getLogger(__name__)
 
 

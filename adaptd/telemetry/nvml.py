@@ -1,8 +1,8 @@
 """GPU utilisation and health from NVML: the only module that imports ``pynvml``.
 
 The NVML library object is injected: by default the real ``pynvml`` module (from
-nvidia-ml-py); tests, benchmarks and demos pass
-:class:`adaptd.telemetry.nvml_fixture.FixtureNvml`, which replays recorded answers.
+nvidia-ml-py); the tests and benchmarks pass ``FixtureNvml`` (``tests/nvml_fixture.py``,
+kept out of the runtime package), which replays recorded answers.
 Anything with the same function names, an ``NVMLError`` class carrying the error
 code in ``.value`` and NVML's integer codes will do.
 
@@ -31,6 +31,38 @@ from typing import Any, Protocol
 
 from adaptd.snapshot import GpuSample
 from adaptd.telemetry.once import OnceLog
+
+__all__ = [
+    "ERROR_NAMES",
+    "EVENT_TYPE_XID_CRITICAL_ERROR",
+    "MAX_EVENTS_PER_SAMPLE",
+    "NVML_CLOCK_SM",
+    "NVML_ERROR_DRIVER_NOT_LOADED",
+    "NVML_ERROR_FUNCTION_NOT_FOUND",
+    "NVML_ERROR_GPU_IS_LOST",
+    "NVML_ERROR_LIBRARY_NOT_FOUND",
+    "NVML_ERROR_LIB_RM_VERSION_MISMATCH",
+    "NVML_ERROR_NOT_SUPPORTED",
+    "NVML_ERROR_NO_PERMISSION",
+    "NVML_ERROR_TIMEOUT",
+    "NVML_ERROR_UNKNOWN",
+    "NVML_MEMORY_ERROR_TYPE_CORRECTED",
+    "NVML_MEMORY_ERROR_TYPE_UNCORRECTED",
+    "NVML_TEMPERATURE_GPU",
+    "NVML_VOLATILE_ECC",
+    "PERMANENT_ERRORS",
+    "QUERIES",
+    "STATIC_FIELDS",
+    "SYSTEM_CALLS",
+    "NoGpus",
+    "Nvml",
+    "NvmlLibrary",
+    "NvmlUnavailable",
+    "Query",
+    "error_name",
+    "load_library",
+    "open",
+]
 
 log = logging.getLogger(__name__)
 

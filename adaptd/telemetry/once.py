@@ -12,6 +12,10 @@ import logging
 from collections import Counter
 from collections.abc import Hashable
 
+__all__ = [
+    "OnceLog",
+]
+
 
 class OnceLog:
     """Per-key "log the first time, count every time"."""

@@ -14,6 +14,17 @@ from typing import Any
 
 from adaptd.snapshot import Snapshot
 
+__all__ = [
+    "THROTTLE_BITS",
+    "format_gpus",
+    "format_host",
+    "format_storage",
+    "health",
+    "render",
+    "throttle_names",
+    "to_dict",
+]
+
 #: NVML clocksEventReasons bits worth naming (nvml.h).
 THROTTLE_BITS = {
     0x1: "idle",

@@ -6,17 +6,20 @@ logged once per exception type, and leaves its part of the snapshot empty; the
 others go on), maps GPU processes to jobs, and keeps a bounded ring buffer of
 past snapshots for trends.
 
-It fits the daemon's seams without a thread of its own::
+It fits the daemon's seams without a thread of its own (``adaptd serve`` wires it
+this way in :mod:`adaptd.service`)::
 
     sampler = Sampler.default()                 # real NVML (or degraded), /proc, /sys
-    Daemon(sock,
+    jobs = RegistryView(registry)               # the registry's jobs, read-only
+    Daemon(...,
            snapshot_source=sampler.latest,      # newest snapshot, no I/O
-           sinks=[sampler.on_event],            # learns jobs' dirs and pids from hellos
-           tick_hooks=[sampler.tick])           # samples when the deadline is due
+           tick_hooks=[lambda now: sampler.tick(now, jobs=jobs.processes)])
 
-``tick(now)`` samples at most once per ``interval`` against a monotonic
-deadline (a late tick does not make the next one early); :meth:`run` is the same
-loop for a thread of its own.
+``tick(now, jobs=...)`` samples at most once per ``interval`` against a monotonic
+deadline (a late tick does not make the next one early), asking ``jobs`` for each
+job's checkpoint directory and pids only when it samples; :meth:`run` is the same
+loop for a thread of its own, and :meth:`set_jobs` gives a sampler without a
+daemon a fixed set of jobs.
 """
 
 from __future__ import annotations
@@ -32,11 +35,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from adaptd import events as ev
 from adaptd.snapshot import GpuSample, HostSample, Snapshot, StorageSample
 from adaptd.telemetry.host import Host
 from adaptd.telemetry.once import OnceLog
 from adaptd.telemetry.storage import Storage
+
+__all__ = [
+    "HISTORY",
+    "MAX_PARENT_DEPTH",
+    "GpuSource",
+    "JobInfo",
+    "JobSource",
+    "Sampler",
+    "parent_pid",
+]
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +69,11 @@ class JobInfo:
 
     checkpoint_dir: str = ""
     pids: tuple[int, ...] = ()
+
+
+#: Where a job's :class:`JobInfo` (or its ``(checkpoint_dir, pids)``) comes from:
+#: :meth:`adaptd.registry_view.RegistryView.processes` in the daemon.
+JobSource = Callable[[], Mapping[str, "JobInfo | tuple[str, tuple[int, ...]]"]]
 
 
 def parent_pid(pid: int, proc: Path) -> int | None:
@@ -107,7 +124,6 @@ class Sampler:
         self.samples = 0
         self.draining = False
         self._jobs: dict[str, JobInfo] = {}
-        self._parked: dict[str, JobInfo] = {}  # lost jobs, until they resume or revive
         self._latest = Snapshot(time=clock())
         self._next: float | None = None
 
@@ -126,31 +142,11 @@ class Sampler:
             job: info if isinstance(info, JobInfo) else JobInfo(info[0], tuple(info[1]))
             for job, info in jobs.items()
         }
-        self._parked.clear()
 
     @property
     def jobs(self) -> Mapping[str, JobInfo]:
+        """The jobs of the newest sample (or of :meth:`set_jobs`)."""
         return dict(self._jobs)
-
-    def on_event(self, event: ev.Event) -> None:
-        """A daemon sink: hellos add a job's directory and pid; ends remove the job."""
-        if isinstance(event, ev.JobRegistered):
-            old = self._jobs.get(event.job) or self._parked.pop(event.job, None) or JobInfo()
-            if event.incarnation > 1 and old.pids and event.job not in self._jobs:
-                old = dataclasses.replace(old, pids=())  # a new run: the old pids are gone
-            pids = old.pids
-            if event.pid > 0 and event.pid not in pids:
-                pids = (*pids, event.pid)
-            self._jobs[event.job] = JobInfo(event.checkpoint_dir or old.checkpoint_dir, pids)
-        elif isinstance(event, ev.JobLost):
-            if (info := self._jobs.pop(event.job, None)) is not None:
-                self._parked[event.job] = info
-        elif isinstance(event, ev.JobRevived):
-            if (info := self._parked.pop(event.job, None)) is not None:
-                self._jobs[event.job] = info
-        elif isinstance(event, ev.JobFinished | ev.JobForgotten):
-            self._jobs.pop(event.job, None)
-            self._parked.pop(event.job, None)
 
     # ---------------------------------------------------------------- sampling
 
@@ -158,14 +154,18 @@ class Sampler:
         """The newest snapshot (no I/O): the daemon's ``snapshot_source``."""
         return self._latest
 
-    def tick(self, now: float) -> Snapshot | None:
+    def tick(self, now: float, jobs: JobSource | None = None) -> Snapshot | None:
         """Sample if the deadline has come (a daemon tick hook); the new snapshot or None.
 
-        Deadlines advance by whole intervals, so a tick a little late does not
-        shift the grid, and a long stall skips missed samples instead of bursting.
+        ``jobs``: the jobs to map GPUs and disks to, asked only when a sample is due
+        (``None``: the jobs known already). Deadlines advance by whole intervals, so
+        a tick a little late does not shift the grid, and a long stall skips missed
+        samples instead of bursting.
         """
         if self._next is not None and now < self._next - 0.05 * self.interval:
             return None
+        if jobs is not None:
+            self.set_jobs(jobs())
         snap = self.sample(now)
         if self._next is None:
             self._next = now + self.interval

@@ -32,6 +32,21 @@ from typing import TypeVar
 from adaptd.snapshot import StorageSample
 from adaptd.telemetry.once import OnceLog
 
+__all__ = [
+    "MEMORY_FS",
+    "MOUNTS_TTL_S",
+    "NETWORK_FS",
+    "SECTOR",
+    "Mount",
+    "Storage",
+    "Target",
+    "existing_ancestor",
+    "mount_of",
+    "parse_diskstats",
+    "parse_mountinfo",
+    "parse_mountstats",
+]
+
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 

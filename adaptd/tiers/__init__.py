@@ -5,6 +5,11 @@
 imported on first use, so importing this package costs nothing;
 ``adaptd.tiers.restore.restore`` fetches the newest verified checkpoint into a
 directory. See docs/tiers.md.
+
+Modules: ``layout`` (the folder's files and the manifest), ``replica`` (one folder:
+read, verify, prune), ``upload`` (the resumable write path), ``throttle`` (bandwidth
+cap and yielding), ``destination`` (one destination's queue and workers),
+``replicator`` (the daemon's sink that feeds them), ``restore``.
 """
 
 from __future__ import annotations
@@ -13,12 +18,12 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "FileEntry": "replica",
-    "Manifest": "replica",
+    "FileEntry": "layout",
+    "Manifest": "layout",
     "Replica": "replica",
-    "Throttle": "replica",
-    "TierError": "replica",
-    "UploadResult": "replica",
+    "Throttle": "throttle",
+    "TierError": "layout",
+    "UploadResult": "upload",
     "RestoreResult": "restore",
 }
 

@@ -39,233 +39,52 @@ import json
 import logging
 import math
 import os
-import re
-import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from adaptd.tiers.layout import (
+    ABANDONED_AFTER_S,
+    LATEST,
+    MANIFEST_FILE,
+    FileEntry,
+    Manifest,
+    TierError,
+    fsync_dir,
+    local_files,
+    manifest_name,
+    part_name,
+    step_of,
+)
+from adaptd.tiers.throttle import CHUNK, Throttle
+from adaptd.tiers.upload import OBJECT_BLOCK, Upload, UploadResult
+
+__all__ = [
+    "ABANDONED_AFTER_S",
+    "CHUNK",
+    "LATEST",
+    "OBJECT_BLOCK",
+    "OBJECT_STORES",
+    "STORAGE_PACKAGES",
+    "FileEntry",
+    "Manifest",
+    "Replica",
+    "Throttle",
+    "TierError",
+    "UploadResult",
+    "fsync_dir",
+    "is_storage_error",
+    "local_files",
+    "manifest_name",
+    "part_name",
+]
+
 log = logging.getLogger("adaptd.tiers")
 
-#: Bytes read, hashed and written at a time: the unit of throttling, yielding and progress.
-CHUNK = 1 << 20
-#: Part size for object-store writes (s3fs starts a multipart upload beyond it; >= 5 MiB).
-OBJECT_BLOCK = 8 << 20
-MANIFEST_VERSION = 1
-LATEST = "LATEST"
 #: Object stores: no rename, but a whole-object PUT (or a completed multipart upload) is
 #: atomic, so files are written under their final key.
 OBJECT_STORES = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "oss"})
-
-_FILE = re.compile(r"^ckpt-(\d+)\.(index|data-(\d{5})-of-(\d{5}))$")
-_MANIFEST = re.compile(r"^ckpt-(\d+)\.manifest\.json$")
-_JOURNAL = re.compile(r"^\.ckpt-(\d+)\.upload\.json$")
-_PART = re.compile(r"^\.(ckpt-(\d+)\..+)\.part$")
-_SHA = re.compile(r"^[0-9a-f]{64}$")
-
-
-class TierError(Exception):
-    """A destination cannot be used: bad URL, unreachable, nothing (or not this) verifies.
-
-    The message names the URL and the file or step at fault, and what to do.
-    """
-
-
-@dataclass(frozen=True)
-class FileEntry:
-    """One file of a checkpoint as the manifest records it."""
-
-    name: str
-    size: int
-    sha256: str
-
-
-@dataclass(frozen=True)
-class Manifest:
-    """What a step's ``ckpt-<step>.manifest.json`` says: the files a reader may trust."""
-
-    version: int
-    job: str
-    step: int
-    created: float
-    bytes: int
-    files: tuple[FileEntry, ...]
-
-    def to_json(self) -> bytes:
-        doc = {
-            "version": self.version,
-            "job": self.job,
-            "step": self.step,
-            "created": self.created,
-            "bytes": self.bytes,
-            "files": [{"name": f.name, "size": f.size, "sha256": f.sha256} for f in self.files],
-        }
-        return (json.dumps(doc, indent=1) + "\n").encode()
-
-    @classmethod
-    def from_json(cls, raw: bytes, *, step: int, where: str) -> Manifest:
-        """Parse and check a manifest; TierError (naming ``where``) when it is not one.
-
-        File names must be this step's checkpoint files (no paths), so a damaged or
-        hostile manifest cannot make a restore write outside its directory.
-        """
-        try:
-            doc = json.loads(raw)
-            files = tuple(
-                FileEntry(str(f["name"]), int(f["size"]), str(f["sha256"])) for f in doc["files"]
-            )
-            m = cls(
-                int(doc["version"]),
-                str(doc["job"]),
-                int(doc["step"]),
-                float(doc["created"]),
-                int(doc["bytes"]),
-                files,
-            )
-        except (ValueError, KeyError, TypeError) as exc:
-            raise TierError(
-                f"{where}: not a valid manifest ({exc}); step {step} is not usable"
-            ) from None
-        if m.version != MANIFEST_VERSION:
-            raise TierError(
-                f"{where}: manifest version {m.version}, this adaptd reads {MANIFEST_VERSION}"
-            )
-        problems = []
-        if m.step != step:
-            problems.append(f"it is for step {m.step}")
-        if not files or not any(f.name.endswith(".index") for f in files):
-            problems.append("it lists no .index file")
-        for f in files:
-            match = _FILE.match(f.name)
-            if not match or int(match.group(1)) != step:
-                problems.append(f"{f.name!r} is not a file of ckpt-{step}")
-            if f.size < 0 or not _SHA.match(f.sha256):
-                problems.append(f"{f.name!r} has a bad size or sha256")
-        if m.bytes != sum(f.size for f in files):
-            problems.append("its bytes do not add up")
-        if problems:
-            raise TierError(f"{where}: bad manifest: {'; '.join(problems)}")
-        return m
-
-
-@dataclass(frozen=True)
-class UploadResult:
-    """What one :meth:`Replica.upload` did.
-
-    ``bytes_sent`` counts only what was written this time: files skipped on resume
-    (``resumed_files``) and the kept prefix of a resumed partial file are not in it.
-    ``yielded_s`` is the time spent paused for ``should_yield``.
-    """
-
-    step: int
-    bytes_sent: int
-    bytes_total: int
-    files: int
-    seconds: float
-    resumed_files: int
-    yielded_s: float = 0.0
-
-
-class Throttle:
-    """A token bucket capping the bytes per second of every upload that shares it.
-
-    One per destination: concurrent uploads to it together stay under the cap.
-    ``take(n)`` accounts ``n`` bytes and sleeps as long as the cap requires (outside
-    the lock, so concurrent takers queue fairly). The bucket starts empty and holds
-    at most ``burst_s`` seconds' worth of bytes, so over any window of ``t`` seconds
-    at most ``rate * (t + burst_s)`` bytes pass. ``rate_bytes_s=None`` is unlimited.
-
-    Raises:
-        ValueError: the rate is not a positive finite number, or the burst is negative.
-    """
-
-    def __init__(
-        self,
-        rate_bytes_s: float | None,
-        *,
-        burst_s: float = 0.25,
-        clock: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], None] = time.sleep,
-    ) -> None:
-        if rate_bytes_s is not None and (
-            isinstance(rate_bytes_s, bool)
-            or not isinstance(rate_bytes_s, int | float)
-            or not math.isfinite(rate_bytes_s)
-            or rate_bytes_s <= 0
-        ):
-            raise ValueError(
-                f"Throttle rate must be a positive number of bytes/s or None (unlimited), "
-                f"got {rate_bytes_s!r}"
-            )
-        if not burst_s >= 0:
-            raise ValueError(f"Throttle burst_s must be >= 0 seconds, got {burst_s!r}")
-        self.rate = None if rate_bytes_s is None else float(rate_bytes_s)
-        self.burst_s = float(burst_s)
-        self._clock = clock
-        self._sleep = sleep
-        self._lock = threading.Lock()
-        self._tokens = 0.0
-        self._last = clock()
-
-    def take(self, n: int) -> None:
-        """Account ``n`` bytes; block until the cap allows them."""
-        if self.rate is None or n <= 0:
-            return
-        with self._lock:
-            now = self._clock()
-            refill = (now - self._last) * self.rate
-            self._tokens = min(self.rate * self.burst_s, self._tokens + refill)
-            self._last = now
-            self._tokens -= n
-            wait = -self._tokens / self.rate if self._tokens < 0 else 0.0
-        if wait > 0:
-            self._sleep(wait)
-
-
-def manifest_name(step: int) -> str:
-    return f"ckpt-{step}.manifest.json"
-
-
-def journal_name(step: int) -> str:
-    return f".ckpt-{step}.upload.json"
-
-
-def part_name(name: str) -> str:
-    return f".{name}.part"
-
-
-def local_files(local_dir: str | os.PathLike[str], step: int) -> list[Path]:
-    """The files of checkpoint ``ckpt-<step>`` in ``local_dir``: data shards, then the index.
-
-    TensorFlow writes the index only once the data shards are merged into place, so an
-    existing index means the checkpoint is final.
-
-    Raises:
-        FileNotFoundError: the index or one of the shards it needs is not there (not
-            written yet, or deleted by the CheckpointManager's ``max_to_keep``).
-    """
-    root = Path(local_dir)
-    index = root / f"ckpt-{step}.index"
-    if not index.is_file():
-        raise FileNotFoundError(
-            f"{index}: no such checkpoint index (not finalised by TensorFlow yet, or deleted)"
-        )
-    data: list[Path] = []
-    shards: set[int] = set()
-    prefix = f"ckpt-{step}.data-"
-    for entry in root.iterdir():
-        match = _FILE.match(entry.name)
-        if entry.name.startswith(prefix) and match:
-            data.append(entry)
-            shards.add(int(match.group(4)))
-    if not data or len(shards) != 1 or len(data) != shards.pop():
-        raise FileNotFoundError(
-            f"{root}: ckpt-{step} has an index but an incomplete set of data shards "
-            f"({sorted(p.name for p in data)}); it is being deleted or was damaged"
-        )
-    return [*sorted(data), index]
 
 
 #: Packages whose exceptions mean the destination (or its storage_options) is at fault.
@@ -339,14 +158,16 @@ class Replica:
 
     # ------------------------------------------------------------------ paths, errors
 
-    def _path(self, name: str) -> str:
+    def path_of(self, name: str) -> str:
+        """The fsspec path of the folder's file ``name``."""
         return f"{self.root}/{name}" if self.root != "/" else f"/{name}"
 
-    def _where(self, name: str | None = None) -> str:
+    def where(self, name: str | None = None) -> str:
+        """The URL of the folder, or of its file ``name``, for messages."""
         return self.url if name is None else f"{self.url}/{name}"
 
     @contextlib.contextmanager
-    def _errors(self, doing: str) -> Iterator[None]:
+    def errors(self, doing: str) -> Iterator[None]:
         """Turn the filesystem's own exceptions into a TierError that names the URL."""
         try:
             yield
@@ -357,9 +178,9 @@ class Replica:
                 raise
             raise TierError(f"{self.url}: {doing} failed ({type(exc).__name__}: {exc})") from exc
 
-    def _listing(self) -> dict[str, int]:
+    def listing(self) -> dict[str, int]:
         """name -> size of every file in the folder (empty when the folder is absent)."""
-        with self._errors("listing the folder"):
+        with self.errors("listing the folder"):
             self.fs.invalidate_cache(self.root)
             try:
                 entries = self.fs.ls(self.root, detail=True)
@@ -371,20 +192,20 @@ class Replica:
                 out[e["name"].rstrip("/").rsplit("/", 1)[-1]] = int(e.get("size") or 0)
         return out
 
-    def _read_small(self, name: str) -> bytes | None:
+    def read_small(self, name: str) -> bytes | None:
         """A small file's content, or None when it does not exist."""
-        with self._errors(f"reading {name}"):
+        with self.errors(f"reading {name}"):
             try:
-                return self.fs.cat_file(self._path(name))
+                return self.fs.cat_file(self.path_of(name))
             except FileNotFoundError:
                 return None
 
-    def _write_small(self, name: str, data: bytes) -> None:
+    def write_small(self, name: str, data: bytes) -> None:
         """Replace a small file in one piece (manifest, LATEST, journal)."""
-        path = self._path(name)
-        with self._errors(f"writing {name}"):
+        path = self.path_of(name)
+        with self.errors(f"writing {name}"):
             if self.local:
-                tmp = Path(self._path(part_name(name)))
+                tmp = Path(self.path_of(part_name(name)))
                 with open(tmp, "wb") as f:
                     f.write(data)
                     f.flush()
@@ -394,21 +215,22 @@ class Replica:
             elif self.object_store:
                 self.fs.pipe_file(path, data)
             else:
-                tmp = self._path(part_name(name))
+                tmp = self.path_of(part_name(name))
                 self.fs.pipe_file(tmp, data)
                 self.fs.mv(tmp, path)
 
-    def _remove(self, names: Sequence[str]) -> None:
-        with self._errors(f"deleting {', '.join(names)}"):
+    def remove(self, names: Sequence[str]) -> None:
+        """Delete the folder's files ``names`` (those already gone are no error)."""
+        with self.errors(f"deleting {', '.join(names)}"):
             for name in names:
                 with contextlib.suppress(FileNotFoundError):
-                    self.fs.rm_file(self._path(name))
+                    self.fs.rm_file(self.path_of(name))
 
     # ------------------------------------------------------------------ reading
 
     def steps(self) -> list[int]:
         """Steps that have a manifest, ascending (whether their files verify or not)."""
-        found = (_MANIFEST.match(name) for name in self._listing())
+        found = (MANIFEST_FILE.match(name) for name in self.listing())
         return sorted(int(m.group(1)) for m in found if m)
 
     def latest(self) -> int | None:
@@ -417,7 +239,7 @@ class Replica:
         Raises:
             TierError: LATEST exists but is not ``{"step": N, ...}``.
         """
-        raw = self._read_small(LATEST)
+        raw = self.read_small(LATEST)
         if raw is None:
             return None
         try:
@@ -425,7 +247,7 @@ class Replica:
             if not isinstance(step, int) or isinstance(step, bool) or step < 0:
                 raise TypeError(f"step {step!r}")
         except (ValueError, KeyError, TypeError) as exc:
-            raise TierError(f"{self._where(LATEST)}: not a LATEST marker ({exc})") from None
+            raise TierError(f"{self.where(LATEST)}: not a LATEST marker ({exc})") from None
         return step
 
     def manifest(self, step: int) -> Manifest:
@@ -435,10 +257,10 @@ class Replica:
             TierError: it does not exist or does not parse.
         """
         name = manifest_name(step)
-        raw = self._read_small(name)
+        raw = self.read_small(name)
         if raw is None:
-            raise TierError(f"{self._where(name)}: no manifest, so step {step} is not there")
-        return Manifest.from_json(raw, step=step, where=self._where(name))
+            raise TierError(f"{self.where(name)}: no manifest, so step {step} is not there")
+        return Manifest.from_json(raw, step=step, where=self.where(name))
 
     def check_sizes(self, manifest: Manifest) -> None:
         """Every file of the manifest exists with its size: the cheap check, no reads.
@@ -446,13 +268,13 @@ class Replica:
         Raises:
             TierError: naming the first missing or wrongly sized file.
         """
-        sizes = self._listing()
+        sizes = self.listing()
         for f in manifest.files:
             if f.name not in sizes:
-                raise TierError(f"{self._where(f.name)}: missing (step {manifest.step})")
+                raise TierError(f"{self.where(f.name)}: missing (step {manifest.step})")
             if sizes[f.name] != f.size:
                 raise TierError(
-                    f"{self._where(f.name)}: {sizes[f.name]} bytes, the manifest says {f.size} "
+                    f"{self.where(f.name)}: {sizes[f.name]} bytes, the manifest says {f.size} "
                     f"(truncated or replaced); step {manifest.step} is not usable"
                 )
 
@@ -476,11 +298,11 @@ class Replica:
         what = f"step {step}" if step is not None else "this checkpoint"
         h = hashlib.sha256()
         n = 0
-        with self._errors(f"reading {name}"):
+        with self.errors(f"reading {name}"):
             try:
-                src = self.fs.open(self._path(name), "rb", block_size=OBJECT_BLOCK)
+                src = self.fs.open(self.path_of(name), "rb", block_size=OBJECT_BLOCK)
             except FileNotFoundError:
-                raise TierError(f"{self._where(name)}: missing ({what})") from None
+                raise TierError(f"{self.where(name)}: missing ({what})") from None
             with src:
                 while chunk := src.read(CHUNK):
                     h.update(chunk)
@@ -491,12 +313,12 @@ class Replica:
                         progress(len(chunk))
         if n != entry.size:
             raise TierError(
-                f"{self._where(name)}: {n} bytes, the manifest says {entry.size} "
+                f"{self.where(name)}: {n} bytes, the manifest says {entry.size} "
                 f"(truncated or replaced); {what} is not usable"
             )
         if h.hexdigest() != entry.sha256:
             raise TierError(
-                f"{self._where(name)}: sha256 {h.hexdigest()[:12]}..., the manifest says "
+                f"{self.where(name)}: sha256 {h.hexdigest()[:12]}..., the manifest says "
                 f"{entry.sha256[:12]}... (corrupted); {what} is not usable"
             )
 
@@ -544,143 +366,11 @@ class Replica:
             FileNotFoundError: the local checkpoint is not (or no longer) there.
             TierError: the destination could not be written (named, with the cause).
         """
-        if not isinstance(step, int) or isinstance(step, bool) or step < 0:
-            raise ValueError(f"step must be a non-negative int, got {step!r}")
-        t0 = time.perf_counter()
-        files = local_files(local_dir, step)
-        stats = [(p, p.stat()) for p in files]
-        total = sum(st.st_size for _, st in stats)
-        if not self.object_store:
-            with self._errors("creating the folder"):
-                self.fs.makedirs(self.root, exist_ok=True)
+        return Upload(self, throttle=throttle, should_yield=should_yield, progress=progress).run(
+            local_dir, step, job
+        )
 
-        published = self._published(step, stats)
-        if published is True:
-            self._advance_latest(step)
-            return UploadResult(step, 0, total, len(files), time.perf_counter() - t0, len(files))
-        if published is False:  # a manifest of other content: readers stop trusting it now
-            self._remove([manifest_name(step)])
-
-        journal = self._read_journal(step)
-        remote_sizes = self._listing()
-        entries: list[FileEntry] = []
-        sent = resumed = 0
-        pacer = _Pacer(self, throttle, should_yield, progress)
-        for path, st in stats:
-            rec = journal.get(path.name)
-            if (
-                rec is not None
-                and rec.get("size") == st.st_size
-                and rec.get("mtime_ns") == st.st_mtime_ns
-                and remote_sizes.get(path.name) == st.st_size
-                and _SHA.match(str(rec.get("sha256")))
-            ):
-                entries.append(FileEntry(path.name, st.st_size, rec["sha256"]))
-                resumed += 1
-                continue
-            sha, n = self._send(path, pacer)
-            sent += n
-            entries.append(FileEntry(path.name, st.st_size, sha))
-            journal[path.name] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": sha}
-            self._write_small(journal_name(step), json.dumps(journal).encode())
-
-        manifest = Manifest(MANIFEST_VERSION, str(job), step, time.time(), total, tuple(entries))
-        self._write_small(manifest_name(step), manifest.to_json())
-        self._advance_latest(step)
-        self._remove([journal_name(step)])
-        seconds = time.perf_counter() - t0
-        log.debug(
-            "%s: step %d uploaded, %d of %d bytes sent (%d files resumed) in %.2fs",
-            self.url, step, sent, total, resumed, seconds,
-        )  # fmt: skip
-        return UploadResult(step, sent, total, len(files), seconds, resumed, pacer.yielded_s)
-
-    def _published(self, step: int, stats: list[tuple[Path, os.stat_result]]) -> bool | None:
-        """Whether this very checkpoint is already published: None when the step has no
-        manifest; True when its manifest lists exactly these local files, sizes and
-        sha256 (the local files are read, not the remote ones) and the destination
-        has them at those sizes; False otherwise (a damaged manifest, or another save
-        of the same step, e.g. by a job that was rolled back and saved it again)."""
-        if manifest_name(step) not in self._listing():
-            return None
-        try:
-            manifest = self.manifest(step)
-            self.check_sizes(manifest)
-        except TierError:
-            return False
-        listed = {f.name: f for f in manifest.files}
-        if set(listed) != {p.name for p, _ in stats}:
-            return False
-        for path, st in stats:
-            if listed[path.name].size != st.st_size or listed[path.name].sha256 != _sha256(path):
-                return False
-        return True
-
-    def _read_journal(self, step: int) -> dict[str, dict[str, Any]]:
-        raw = self._read_small(journal_name(step))
-        if raw is None:
-            return {}
-        try:
-            doc = json.loads(raw)
-            return {str(k): dict(v) for k, v in doc.items()}
-        except (ValueError, TypeError, AttributeError):
-            log.warning("%s: unreadable upload journal, sending every file", self.url)
-            return {}
-
-    def _send(self, path: Path, pacer: _Pacer) -> tuple[str, int]:
-        """Copy one file; returns (sha256 of its content, bytes sent this time)."""
-        # FileNotFoundError passes through: the checkpoint vanished
-        with open(path, "rb") as src:
-            if self.local:
-                return self._send_local(path.name, src, pacer)
-            h = hashlib.sha256()
-            sent = 0
-            final = self._path(path.name)
-            target = final if self.object_store else self._path(part_name(path.name))
-            with self._errors(f"writing {path.name}"):
-                dst = self.fs.open(target, "wb", block_size=OBJECT_BLOCK)
-                try:
-                    while chunk := pacer.read(src):
-                        h.update(chunk)
-                        dst.write(chunk)
-                        sent += len(chunk)
-                        pacer.sent(len(chunk))
-                except BaseException:
-                    # never complete a partial object under its final key
-                    with contextlib.suppress(Exception):
-                        dst.discard()
-                    dst.closed = True
-                    raise
-                dst.close()
-                if not self.object_store:
-                    self.fs.mv(target, final)
-            return h.hexdigest(), sent
-
-    def _send_local(self, name: str, src: IO[bytes], pacer: _Pacer) -> tuple[str, int]:
-        """Mounted path: write a hidden partial file, keep its valid prefix on resume."""
-        tmp = Path(self._path(part_name(name)))
-        h = hashlib.sha256()
-        with self._errors(f"writing {name}"):
-            kept = _matching_prefix(tmp, src, h) if tmp.exists() else 0
-            if kept:
-                log.info("%s: resuming %s after %d bytes already there", self.url, name, kept)
-            src.seek(kept)
-            sent = 0
-            with open(tmp, "r+b" if kept else "wb") as dst:
-                dst.seek(kept)
-                dst.truncate()
-                while chunk := pacer.read(src):
-                    h.update(chunk)
-                    dst.write(chunk)
-                    sent += len(chunk)
-                    pacer.sent(len(chunk))
-                dst.flush()
-                os.fsync(dst.fileno())
-            os.replace(tmp, self._path(name))
-            fsync_dir(self.root)
-        return h.hexdigest(), sent
-
-    def _advance_latest(self, step: int) -> None:
+    def advance_latest(self, step: int) -> None:
         """Point LATEST at ``step`` unless it already names that step or a newer one."""
         try:
             current = self.latest()
@@ -692,7 +382,7 @@ class Replica:
                 log.info("%s: LATEST stays at step %d (uploaded %d)", self.url, current, step)
             return
         doc = {"step": step, "manifest": manifest_name(step), "updated": time.time()}
-        self._write_small(LATEST, (json.dumps(doc) + "\n").encode())
+        self.write_small(LATEST, (json.dumps(doc) + "\n").encode())
 
     # ------------------------------------------------------------------ retention
 
@@ -719,8 +409,8 @@ class Replica:
         latest = self.latest()
         if latest is None:
             return []
-        names = self._listing()
-        steps = sorted({int(m.group(1)) for n in names if (m := _MANIFEST.match(n))})
+        names = self.listing()
+        steps = sorted({int(m.group(1)) for n in names if (m := MANIFEST_FILE.match(n))})
         keep = {s for s in steps if s >= latest} | set(steps[-keep_last:])
         if keep_every_s is not None:
             first_in_window: dict[int, tuple[float, int]] = {}
@@ -737,8 +427,8 @@ class Replica:
         for s in steps:
             if s in keep:
                 continue
-            self._remove([manifest_name(s)])
-            self._remove(sorted(n for n in names if _step_of(n) == s and not _MANIFEST.match(n)))
+            self.remove([manifest_name(s)])
+            self.remove(sorted(n for n in names if step_of(n) == s and not MANIFEST_FILE.match(n)))
             deleted.append(s)
         self._prune_abandoned(names, set(steps), latest, now)
         if deleted:
@@ -748,97 +438,12 @@ class Replica:
     def _prune_abandoned(self, names: dict[str, int], steps: set[int], latest: int, now: float):
         abandoned: dict[int, list[str]] = {}
         for name in names:
-            s = _step_of(name)
+            s = step_of(name)
             if s is not None and s < latest and s not in steps:
                 abandoned.setdefault(s, []).append(name)
         for s, files in sorted(abandoned.items()):
-            with self._errors(f"looking at step {s}'s leftovers"):
-                newest = max(self.fs.modified(self._path(n)).timestamp() for n in files)
+            with self.errors(f"looking at step {s}'s leftovers"):
+                newest = max(self.fs.modified(self.path_of(n)).timestamp() for n in files)
             if now - newest >= ABANDONED_AFTER_S:
                 log.info("%s: deleting leftovers of an abandoned upload: %s", self.url, files)
-                self._remove(sorted(files))
-
-
-#: A step older than LATEST whose files have no manifest and were not written for this
-#: long is an upload that will never finish (its local checkpoint is gone).
-ABANDONED_AFTER_S = 3600.0
-
-
-def _step_of(name: str) -> int | None:
-    for pattern in (_FILE, _MANIFEST, _JOURNAL):
-        if m := pattern.match(name):
-            return int(m.group(1))
-    if m := _PART.match(name):
-        return int(m.group(2))
-    return None
-
-
-class _Pacer:
-    """Throttle, yield and progress around each chunk of one upload."""
-
-    def __init__(
-        self,
-        replica: Replica,
-        throttle: Throttle | None,
-        should_yield: Callable[[], bool] | None,
-        progress: Callable[[int], None] | None,
-    ) -> None:
-        self.replica = replica
-        self.throttle = throttle
-        self.should_yield = should_yield
-        self.progress = progress
-        self.yielded_s = 0.0
-
-    def read(self, src: IO[bytes]) -> bytes:
-        """The next chunk of ``src``, once ``should_yield`` and the throttle allow it.
-
-        A pause holds at most this one chunk in memory; the local disk is not read
-        again until it ends.
-        """
-        chunk = src.read(CHUNK)
-        if not chunk:
-            return chunk
-        if self.should_yield is not None and self.should_yield():
-            t0 = time.monotonic()
-            deadline = t0 + self.replica.max_yield_s
-            while self.should_yield() and time.monotonic() < deadline:
-                time.sleep(self.replica.yield_poll_s)
-            self.yielded_s += time.monotonic() - t0
-        if self.throttle is not None:
-            self.throttle.take(len(chunk))
-        return chunk
-
-    def sent(self, n: int) -> None:
-        if self.progress is not None:
-            self.progress(n)
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def _matching_prefix(tmp: Path, src: IO[bytes], h: Any) -> int:
-    """Length of the prefix of ``tmp`` that equals ``src`` (whole chunks), hashing it."""
-    kept = 0
-    with open(tmp, "rb") as part:
-        while True:
-            theirs = part.read(CHUNK)
-            ours = src.read(CHUNK)
-            if not theirs or len(theirs) != len(ours) or theirs != ours:
-                break
-            h.update(ours)
-            kept += len(ours)
-    return kept
-
-
-def fsync_dir(path: str) -> None:
-    """Make a rename in ``path`` durable (POSIX: fsync the directory)."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+                self.remove(sorted(files))

@@ -28,12 +28,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from adaptd.checkpoint_files import STATE_FILE, state_file_text
 from adaptd.tiers.replica import Manifest, Replica, TierError, fsync_dir
 
-log = logging.getLogger("adaptd.tiers")
+__all__ = [
+    "RestoreResult",
+    "restore",
+]
 
-#: TensorFlow's checkpoint state file (a text-format ``CheckpointState`` proto).
-STATE_FILE = "checkpoint"
+log = logging.getLogger("adaptd.tiers")
 
 
 @dataclass(frozen=True)
@@ -138,7 +141,7 @@ def _fetch(
 
 def _write_state(root: Path, step: int) -> None:
     """TensorFlow's ``checkpoint`` state file naming ``ckpt-<step>``, replaced atomically."""
-    text = f'model_checkpoint_path: "ckpt-{step}"\nall_model_checkpoint_paths: "ckpt-{step}"\n'
+    text = state_file_text(step)
     tmp = root / f".{STATE_FILE}.restore"
     with open(tmp, "w") as f:
         f.write(text)

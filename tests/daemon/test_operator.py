@@ -336,16 +336,18 @@ def test_rejected_messages_and_saves_in_flight_are_events(sock_dir, zctx) -> Non
 
 
 def test_status_shows_telemetry_and_survives_a_failing_source(sock_dir, zctx, capsys) -> None:
+    from nvml_fixture import FixtureNvml
+
     from adaptd.telemetry import report
-    from adaptd.telemetry.nvml_fixture import FixtureNvml
     from adaptd.telemetry.sampler import Sampler
 
     sampler = Sampler.default(interval=1.0, nvml_library=FixtureNvml("h100_8gpu"))
+    source = {"telemetry": lambda: report.to_dict(sampler.latest())}  # swapped below
     try:
         sampler.tick(time.monotonic())
         with thread_daemon(
             sock_dir / "adaptd.sock",
-            status_extra=lambda: report.to_dict(sampler.latest()),
+            status_extra=lambda: source["telemetry"](),
             snapshot_source=sampler.latest,
         ) as (d, _):
             Peer(zctx, d.endpoint).hello("tele")
@@ -360,7 +362,7 @@ def test_status_shows_telemetry_and_survives_a_failing_source(sock_dir, zctx, ca
             def broken() -> dict:
                 raise RuntimeError("sampler gone")
 
-            d.status_extra = broken
+            source["telemetry"] = broken
             rc, out, _ = run_cli(capsys, "status", "--json", "--socket", sock)
             assert rc == 0 and json.loads(out)["telemetry"] is None
             assert d.counters["status_extra_errors"] == 1

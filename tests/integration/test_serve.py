@@ -22,7 +22,7 @@ import pytest
 import zmq
 from prometheus_client.parser import text_string_to_metric_families
 
-from adaptd import admin
+from adaptd import admin, config
 from adaptd import protocol as p
 from adaptd.estimators import JobTracker
 from adaptd.store import GLOBAL, Store, job_scope
@@ -84,13 +84,22 @@ def test_unit_exec_start_parses_and_check_config_prints_effective_settings() -> 
     argv = line.removeprefix("ExecStart=").split()
     assert argv[:2] == ["/usr/bin/adaptd", "serve"]
     args = [str(EXAMPLE) if a == "/etc/adaptd/adaptd.toml" else a for a in argv[2:]]
-    r = cli("serve", *args, "--check-config", "--socket", "/run/adaptd/adaptd.sock")
+    r = cli("serve", *args, "--check-config", "--json", "--socket", "/run/adaptd/adaptd.sock")
     assert r.returncode == 0, r.stderr
     cfg = json.loads(r.stdout)
     assert cfg["source"] == str(EXAMPLE)
-    assert cfg["socket"] == "/run/adaptd/adaptd.sock"
-    assert cfg["admin_socket"] == "/run/adaptd/adaptd.admin.sock"  # where the daemon binds it
-    assert cfg["drain_grace_s"] == 90.0 and cfg["metrics_url"] == "http://127.0.0.1:9465/metrics"
+    d = cfg["daemon"]
+    assert d["socket"] == "/run/adaptd/adaptd.sock"
+    assert d["admin_socket"] == "/run/adaptd/adaptd.admin.sock"  # where the daemon binds it
+    assert d["drain_grace_s"] == 90.0 and cfg["metrics"]["listen"] == "127.0.0.1:9465"
+
+
+def test_check_config_prints_the_settings_as_a_config_file() -> None:
+    r = cli("serve", "--config", str(EXAMPLE), "--check-config", "--socket", "/run/adaptd/x.sock")
+    assert r.returncode == 0, r.stderr
+    printed = config.loads(r.stdout)  # a config file adaptd itself accepts
+    assert printed.socket == "/run/adaptd/x.sock" and printed.socket_mode == 0o660
+    assert 'socket_mode = "0660"' in r.stdout and "gpu_mtbf_hours = " in r.stdout
 
 
 def test_check_config_reports_a_bad_setting_on_one_line(short_dir: Path) -> None:

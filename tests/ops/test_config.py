@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
 import pytest
 
-from adaptd import config, paths
+from adaptd import config, config_schema, paths
 from adaptd.config import ConfigError
 from adaptd.estimators import PRIOR_GPU_MTBF_S
 from adaptd.policy import DEFAULT_SPEC
@@ -62,10 +63,12 @@ def test_shipped_example_is_valid_as_is_and_fully_uncommented(tmp_path: Path) ->
     # the defaults the example documents are the defaults
     defaults = config.from_mapping({}).as_dict()
     documented = full.as_dict()
-    for key in ("log_level", "sample_interval_s", "liveness_timeout_s", "drain_grace_s",
-                "watchdog", "default_policy", "slow_save_s", "metrics_listen", "retention_days",
-                "retention_rows", "socket_mode", "admin_socket_mode"):  # fmt: skip
-        assert documented[key] == defaults[key], key
+    for key in ("daemon.log_level", "daemon.sample_interval_s", "daemon.liveness_timeout_s",
+                "daemon.drain_grace_s", "daemon.watchdog", "policy.default", "metrics.slow_save_s",
+                "metrics.listen", "retention.days", "retention.rows", "daemon.socket_mode",
+                "daemon.admin_socket_mode"):  # fmt: skip
+        section, name = key.split(".")
+        assert documented[section][name] == defaults[section][name], key
 
 
 def test_full_file_round_trip(tmp_path: Path) -> None:
@@ -128,7 +131,7 @@ path = "/mnt/nfs"
     assert c.storage["nfs"].path == Path("/mnt/nfs")
     assert c.storage["nfs"].max_concurrent_saves is None
     d = c.as_dict()
-    assert d["admin_socket_mode"] == "0o600" and d["storage"]["nfs"]["path"] == "/mnt/nfs"
+    assert d["daemon"]["admin_socket_mode"] == "0600" and d["storage"]["nfs"]["path"] == "/mnt/nfs"
 
 
 @pytest.mark.parametrize("off", ['"off"', '""', "false", '"disabled"'])
@@ -266,3 +269,35 @@ def test_admin_socket_elsewhere_than_beside_the_job_socket_is_refused(tmp_path: 
     with pytest.raises(config.ConfigError, match=re.escape(f"{tmp_path}/j.admin.sock")) as e:
         config.loads(text)
     assert e.value.key == "daemon.admin_socket"
+
+
+def _uncommented_example() -> config.Config:
+    return config.loads(re.sub(r"^#(?=[\w\[])", "", EXAMPLE.read_text(), flags=re.M))
+
+
+def test_check_config_names_and_writes_each_setting_as_the_file_does() -> None:
+    """``serve --check-config`` (text, and ``--json``) uses the file's names: every key of
+    the schema under its section, no internal names (``gpu_mtbf_s``), modes as the file
+    writes them; and the printed text is a config that reads back to the same settings."""
+    cfg = _uncommented_example()
+    shown = cfg.as_dict()
+    for section, settings in config_schema.SETTINGS.items():
+        assert set(shown[section]) == {s.key for s in settings}, section
+    for section, (_, settings) in config_schema.TABLES.items():
+        assert shown[section], section  # the example sets one of each
+        for entry in shown[section].values():
+            assert set(entry) == {s.key for s in settings}, section
+    assert set(shown) == {"source", *config_schema.SECTIONS}
+    assert (
+        shown["daemon"]["socket_mode"] == "0660" and shown["daemon"]["admin_socket_mode"] == "0600"
+    )
+    assert shown["policy"]["gpu_mtbf_hours"] == pytest.approx(PRIOR_GPU_MTBF_S / 3600, rel=1e-4)
+    assert "gpu_mtbf_s" not in json.dumps(shown) and "0o6" not in json.dumps(shown)
+    again = config.loads(cfg.to_toml(), source=cfg.source)
+    assert again.as_dict() == shown
+    assert again.gpu_mtbf_s == pytest.approx(cfg.gpu_mtbf_s)
+
+
+def test_the_settings_table_in_the_docs_is_the_schemas() -> None:
+    """docs/operations.md's table is generated from the schema (python -m adaptd.config_schema)."""
+    assert config_schema.docs_table() in (ROOT / "docs" / "operations.md").read_text()

@@ -25,8 +25,10 @@ def story() -> list[ev.Event]:
     plan = Decision(next_step=100, every_steps=100, policy="fixed", reason="every 100 steps",
                     interval_s=50.0, waste=0.02)  # fmt: skip
     out: list[ev.Event] = []
-    for rank in (0, 1):
-        out.append(ev.JobRegistered(W + m, W, "llm", rank, 2, 100 + rank, "h1", "/ck", 0, 1))
+    for rank in (0, 1):  # jobs_active: the registry's count of active jobs after the event
+        out.append(
+            ev.JobRegistered(W + m, W, "llm", rank, 2, 100 + rank, "h1", "/ck", 0, 1, jobs_active=1)
+        )
     out.append(ev.PlanChanged(W + 1 + m, W + 1, "llm", 1, 0, plan, 2))
     for rank in (0, 1):  # both ranks fail to save step 100: one failed save, not two
         out.append(
@@ -36,11 +38,15 @@ def story() -> list[ev.Event]:
         out.append(ev.SaveReported(W + 110 + m, W + 110, "llm", report(rank, 200), rank == 0))
     out.append(ev.SaveRequested(W + 120 + m, W + 120, "llm", 230, "operator: save-now", 2))
     out.append(
-        ev.JobLost(W + 200 + m, W + 200, "llm", 290, 200, W + 150 + m, "pid 100 gone", 16, 2)
+        ev.JobLost(
+            W + 200 + m, W + 200, "llm", 290, 200, W + 150 + m, "pid 100 gone", 16, 2, jobs_active=0
+        )
     )
-    out.append(ev.JobRegistered(W + 230 + m, W + 230, "llm", 0, 2, 300, "h1", "/ck", 200, 2))
+    out.append(
+        ev.JobRegistered(W + 230 + m, W + 230, "llm", 0, 2, 300, "h1", "/ck", 200, 2, jobs_active=1)
+    )
     out.append(ev.JobResumed(W + 240 + m, W + 240, "llm", W + 200 + m, 290, 200, 40.0))
-    out.append(ev.JobFinished(W + 900 + m, W + 900, "llm", 1500, "done"))
+    out.append(ev.JobFinished(W + 900 + m, W + 900, "llm", 1500, "done", jobs_active=0))
     return out
 
 

@@ -13,14 +13,14 @@ import pytest
 PLUGIN = """
 from dataclasses import dataclass
 
-from adaptd.snapshot import Decision
+from adaptd.policies import Decision, JobState, Snapshot
 
 
 @dataclass(frozen=True)
 class EveryN:
     n: int = 7
 
-    def decide(self, snapshot, job):
+    def decide(self, snapshot: Snapshot, job: JobState) -> Decision:
         return Decision(next_step=(job.step // self.n + 1) * self.n, every_steps=self.n,
                         reason=f"every {self.n}", policy="every_n")
 """

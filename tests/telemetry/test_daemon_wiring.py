@@ -9,12 +9,13 @@ import threading
 from pathlib import Path
 
 import zmq
+from nvml_fixture import FixtureNvml
 
 from adaptd import protocol as p
+from adaptd.registry_view import RegistryView
 from adaptd.server import Daemon
 from adaptd.telemetry import nvml
 from adaptd.telemetry.host import Host
-from adaptd.telemetry.nvml_fixture import FixtureNvml
 from adaptd.telemetry.report import render, to_dict
 from adaptd.telemetry.sampler import Sampler
 from adaptd.telemetry.storage import Storage
@@ -36,10 +37,11 @@ def test_hello_reaches_the_sampler_and_its_snapshots_feed_the_daemon(tmp_path: P
     daemon = Daemon(
         tmp_path / "a.sock",
         snapshot_source=sampler.latest,
-        sinks=[sampler.on_event],
-        tick_hooks=[sampler.tick, until_mapped],
+        # the sampler learns the jobs' directories and pids from the registry (read-only)
+        tick_hooks=[lambda now: sampler.tick(now, jobs=jobs.processes), until_mapped],
         tick_interval_s=0.05,
     )
+    jobs = RegistryView(daemon.registry)
     daemon.start()
     ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
@@ -76,7 +78,7 @@ def test_the_daemon_with_telemetry_imports_no_heavy_modules() -> None:
         "import sys\n"
         "from adaptd.server import Daemon\n"
         "from adaptd.telemetry import nvml, report\n"
-        "from adaptd.telemetry.nvml_fixture import FixtureNvml\n"
+        "from nvml_fixture import FixtureNvml\n"
         "from adaptd.telemetry.sampler import Sampler\n"
         "from adaptd.telemetry.storage import Storage\n"
         "from adaptd.telemetry.host import Host\n"
@@ -86,6 +88,13 @@ def test_the_daemon_with_telemetry_imports_no_heavy_modules() -> None:
         "print(sorted(m for m in ('tensorflow', 'numpy', 'scipy', 'psutil', 'pynvml')"
         " if m in sys.modules))\n"
     )
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    tests = str(Path(__file__).resolve().parents[1])  # where nvml_fixture lives
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [tests, os.environ.get("PYTHONPATH")])),
+    }
+    r = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env
+    )
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "[]"

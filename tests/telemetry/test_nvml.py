@@ -6,10 +6,10 @@ import json
 import logging
 
 import pytest
+from nvml_fixture import FIXTURE_DIR, FixtureError, FixtureNvml, call_key
 
 from adaptd.snapshot import GpuSample
 from adaptd.telemetry import nvml
-from adaptd.telemetry.nvml_fixture import FIXTURE_DIR, FixtureError, FixtureNvml, call_key
 
 
 def fixture(name: str) -> FixtureNvml:

@@ -8,9 +8,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from nvml_fixture import FixtureNvml, load, record
 
 from adaptd.telemetry import nvml
-from adaptd.telemetry.nvml_fixture import FixtureNvml, load, record
 
 ROOT = Path(__file__).resolve().parents[2]
 

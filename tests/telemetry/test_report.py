@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 
 import msgspec
+from nvml_fixture import FixtureNvml
 
 from adaptd.snapshot import HostSample, Snapshot, StorageSample
 from adaptd.telemetry import nvml, report
-from adaptd.telemetry.nvml_fixture import FixtureNvml
 
 
 def snapshot(fixture: str = "h100_8gpu_xid79", steps: int = 2) -> Snapshot:

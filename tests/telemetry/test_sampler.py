@@ -1,4 +1,4 @@
-"""The sampling loop: guards, deadlines, ring buffer, jobs from daemon events, pids -> GPUs."""
+"""The sampling loop: guards, deadlines, ring buffer, the registry's jobs, pids -> GPUs."""
 
 from __future__ import annotations
 
@@ -10,12 +10,14 @@ import threading
 import time
 
 import pytest
+from nvml_fixture import FixtureNvml
 
-from adaptd import events as ev
+from adaptd import protocol as p
+from adaptd.registry import Registry
+from adaptd.registry_view import RegistryView
 from adaptd.snapshot import GpuSample
 from adaptd.telemetry import nvml
 from adaptd.telemetry.host import Host
-from adaptd.telemetry.nvml_fixture import FixtureNvml
 from adaptd.telemetry.sampler import JobInfo, Sampler, parent_pid
 from adaptd.telemetry.storage import Storage
 
@@ -34,21 +36,6 @@ def fake_gpus(pids_on: dict[int, list[int]] | None = None, name: str = "h100_8gp
         ]
         fake.override(index, "nvmlDeviceGetComputeRunningProcesses", procs)
     return fake
-
-
-def registered(job: str, pid: int, ckpt: str = "", incarnation: int = 1) -> ev.JobRegistered:
-    return ev.JobRegistered(
-        time=0.0,
-        wall=0.0,
-        job=job,
-        rank=0,
-        world_size=1,
-        pid=pid,
-        hostname="h",
-        checkpoint_dir=ckpt,
-        resumed_from=0,
-        incarnation=incarnation,
-    )
 
 
 class Broken:
@@ -104,7 +91,7 @@ def test_a_jobs_pids_map_to_its_fake_gpus() -> None:
 def test_an_xid_reaches_the_job_on_that_gpu() -> None:
     fake = fake_gpus(name="h100_8gpu_xid79")
     s = Sampler(nvml=nvml.open(fake))
-    s.on_event(registered("rank5-job", 48216))
+    s.set_jobs({"rank5-job": ("", (48216,))})
     s.sample(0.0)
     fake.step()
     fake.step()
@@ -113,45 +100,54 @@ def test_an_xid_reaches_the_job_on_that_gpu() -> None:
     assert [(g.index, g.xid_events, g.jobs) for g in hit] == [(5, (79,), ("rank5-job",))]
 
 
-def test_jobs_follow_the_daemons_events(tmp_path) -> None:
-    s = Sampler(storage=Storage())
-    s.on_event(registered("a", 11, str(tmp_path / "a")))
-    s.on_event(registered("a", 12))  # a second rank
-    s.on_event(registered("b", 13, str(tmp_path / "b")))
+class Pids:
+    """Process liveness as the test says: the registry's probe, without real processes."""
+
+    def __init__(self) -> None:
+        self.dead: set[int] = set()
+
+    def start_time(self, pid: int) -> float | None:
+        return 1.0
+
+    def alive(self, pid: int, start_time: float | None) -> bool:
+        return pid not in self.dead
+
+
+def hello(job: str, rank: int, pid: int, ckpt: str = "", world_size: int = 2) -> p.Hello:
+    return p.Hello(v=p.VERSION, job=job, rank=rank, world_size=world_size, pid=pid,
+                   checkpoint_dir=ckpt)  # fmt: skip
+
+
+def test_jobs_follow_the_daemons_registry(tmp_path) -> None:
+    """The jobs the sampler maps GPUs and disks to are the registry's, read through its
+    view when a sample is due: ranks add pids, a lost job drops out until it revives, a
+    restarted one brings new pids, a finished one is gone."""
+    pids = Pids()
+    reg = Registry(probe=pids)
+    jobs = RegistryView(reg).processes
+    s = Sampler(storage=Storage(), interval=1.0)
+    job_a, rank_a, _ = reg.hello(b"a0", hello("a", 0, 11, str(tmp_path / "a")), 0.0)
+    reg.hello(b"a1", hello("a", 1, 12), 0.0)  # a second rank
+    job_b, rank_b, _ = reg.hello(b"b0", hello("b", 0, 13, str(tmp_path / "b"), 1), 0.0)
+    snap = s.tick(1.0, jobs)
     assert s.jobs["a"] == JobInfo(str(tmp_path / "a"), (11, 12))
-    assert [x.jobs for x in s.sample(1.0).storage] == [("a", "b")]  # they share a target
-    s.on_event(
-        ev.JobLost(
-            time=1,
-            wall=1,
-            job="a",
-            step=5,
-            last_durable_step=None,
-            last_seen=1,
-            reason="pid 11 gone",
-            gpus=1,
-            world_size=2,
-        )
-    )
+    assert snap is not None and [x.jobs for x in snap.storage] == [("a", "b")]  # one target
+    pids.dead |= {11, 12}
+    reg.check(2.0)  # job a lost
+    s.tick(2.0, jobs)
     assert "a" not in s.jobs
-    s.on_event(ev.JobRevived(time=2, wall=2, job="a", lost_at=1))
+    pids.dead.clear()  # it was only silent: rank 0 speaks again, the job revives
+    steps = p.Steps(v=p.VERSION, job="a", rank=0, step=5, count=5, mean_s=0.1)
+    reg.steps(job_a, rank_a, steps, 2.5)
+    s.tick(3.0, jobs)
     assert s.jobs["a"].pids == (11, 12)
-    s.on_event(
-        ev.JobLost(
-            time=3,
-            wall=3,
-            job="a",
-            step=5,
-            last_durable_step=None,
-            last_seen=3,
-            reason="pid 11 gone",
-            gpus=1,
-            world_size=2,
-        )
-    )
-    s.on_event(registered("a", 21, incarnation=2))  # restarted: new pids, same directory
+    pids.dead |= {11, 12}
+    reg.check(4.0)  # lost again, then restarted: new pids, same directory
+    reg.hello(b"a2", hello("a", 0, 21), 4.5)
+    s.tick(5.0, jobs)
     assert s.jobs["a"] == JobInfo(str(tmp_path / "a"), (21,))
-    s.on_event(ev.JobFinished(time=4, wall=4, job="b", step=9, reason="done"))
+    reg.goodbye(job_b, rank_b, p.Goodbye(v=p.VERSION, job="b", rank=0, step=9, reason="done"), 5.5)
+    s.tick(6.0, jobs)
     assert list(s.jobs) == ["a"]
 
 

@@ -145,7 +145,8 @@ def test_check_config_shows_destinations_with_credentials_hidden(tmp_path: Path)
     path = tmp_path / "adaptd.toml"
     path.write_text(GOOD.format(dest=tmp_path / "nfs"))
     out = subprocess.run(
-        [sys.executable, "-m", "adaptd.cli", "serve", "--check-config", "--config", str(path)],
+        [sys.executable, "-m", "adaptd.cli", "serve", "--check-config", "--json", "--config",
+         str(path)],
         capture_output=True, text=True, timeout=60, check=True,
     )  # fmt: skip
     shown = json.loads(out.stdout)
@@ -153,7 +154,7 @@ def test_check_config_shows_destinations_with_credentials_hidden(tmp_path: Path)
     assert s3["url"] == "s3://ckpts/prod"
     assert s3["storage_options"] == {"endpoint_url": "http://127.0.0.1:9000", "secret": "***"}
     assert shown["destinations"]["nfs"]["bandwidth_mib_s"] == 50
-    job = next(j for j in shown["jobs"] if j["pattern"] == "llama-*")
+    job = shown["jobs"]["llama-*"]
     assert job["staging"] == "/local/nvme/{job}" and job["replicate_to"] == ["nfs", "s3"]
     assert "hunter2" not in out.stdout
 
@@ -264,7 +265,7 @@ def test_replication_metrics_render_the_replicators_rows_and_pass_promtool():
              failures=2, skipped=1, yields=3),
         _row("bert", last_step=50, uploads=1, uploaded_bytes=10**6),
     ]  # fmt: skip
-    m.set_replication_source(lambda: (rows, {"nfs": 123e6}))
+    m = Metrics(replication=lambda: (rows, {"nfs": 123e6}))
     m.on_upload("nfs", 42.0)
     text = m.render().decode()
     got = {

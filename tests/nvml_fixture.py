@@ -1,4 +1,9 @@
-"""A fake NVML library that replays recorded answers, for tests, benchmarks and demos.
+"""A fake NVML library that replays recorded answers, for the tests and benchmarks.
+
+It lives with the tests, not in the runtime package: the daemon and ``adaptd demo``
+use the real :mod:`adaptd.telemetry.nvml` (degraded to "no GPUs" where there is no
+driver). Import it as ``nvml_fixture`` (pytest puts ``tests/`` on ``sys.path``);
+scripts and benchmarks add ``tests/`` to ``sys.path`` first.
 
 :class:`FixtureNvml` stands in for the ``pynvml`` module at the one boundary
 where :mod:`adaptd.telemetry.nvml` takes its library. It answers every NVML call
@@ -54,8 +59,8 @@ NVML_ERROR_TIMEOUT = 10
 NVML_ERROR_INVALID_ARGUMENT = 2
 NVML_ERROR_UNINITIALIZED = 1
 
-#: The fixtures shipped with the tests (also used by benchmarks and the demo).
-FIXTURE_DIR = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "nvml"
+#: The fixtures shipped with the tests (also used by the benchmarks).
+FIXTURE_DIR = Path(__file__).resolve().parent / "fixtures" / "nvml"
 
 
 class FixtureError(LookupError):

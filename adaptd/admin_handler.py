@@ -1,0 +1,252 @@
+"""The daemon's side of the admin socket: who may ask, and what each request does.
+
+:class:`AdminHandler` takes one operator message (frames from the admin ROUTER),
+checks the caller (:meth:`AdminHandler.allowed`: root, the daemon's own user, or a
+member of ``daemon.admin_group``, read from the connection's kernel credentials),
+decodes the request (:mod:`adaptd.admin`) and answers it: ``status``, ``save-now``,
+``set-policy``, ``pause``/``resume`` at once, ``drain`` when the drain ends
+(:mod:`adaptd.drains`). A refusal is an :class:`~adaptd.admin.ErrorReply` with a
+code, counted as ``admin_<code>``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import grp
+import logging
+import os
+import pwd
+from collections.abc import Callable, Sequence
+
+import zmq
+
+from adaptd import admin
+from adaptd import events as ev
+from adaptd.drains import Drains
+from adaptd.jobs import Job, PeerCred
+from adaptd.logfmt import logfmt
+from adaptd.planner import Planner
+from adaptd.policy import PolicyError
+from adaptd.registry import Registry
+from adaptd.stats import DaemonStats
+from adaptd.status_view import StatusView
+from adaptd.transport import DaemonError, Transport, peer_cred
+
+__all__ = ["MAX_DRAIN_S", "AdminHandler", "admin_gid"]
+
+log = logging.getLogger("adaptd.server")
+
+#: The longest drain an operator may ask for.
+MAX_DRAIN_S = 86_400
+
+
+def admin_gid(group: str | None) -> int | None:
+    """The id of ``daemon.admin_group`` (``None``: no group). The group is looked up on
+    this host when the daemon starts; raises :class:`~adaptd.transport.DaemonError`
+    when it does not exist."""
+    if not group:
+        return None
+    try:
+        return grp.getgrnam(group).gr_gid
+    except KeyError:
+        raise DaemonError(
+            f"daemon.admin_group: no group {group!r} on this host; create it or remove the setting"
+        ) from None
+
+
+class AdminHandler:
+    """Answers operator requests. ``admin_gid``: the group whose members may ask too."""
+
+    def __init__(
+        self,
+        *,
+        registry: Registry,
+        planner: Planner,
+        drains: Drains,
+        status: StatusView,
+        transport: Transport,
+        stats: DaemonStats,
+        emit: Callable[[ev.Event], None],
+        clock: Callable[[], float],
+        admin_gid: int | None = None,
+    ) -> None:
+        self.registry = registry
+        self.planner = planner
+        self.settings = planner.settings
+        self.drains = drains
+        self.status = status
+        self.transport = transport
+        self.stats = stats
+        self.emit = emit
+        self.clock = clock
+        self.admin_gid = admin_gid
+
+    def on_frames(self, parts: list[zmq.Frame]) -> None:
+        """One message from the admin socket: check, decode, answer (or defer: drain)."""
+        self.stats.counters["admin_requests"] += 1
+        frames = [f.bytes for f in parts]
+        # REQ peers send [identity, b"", body]; DEALER peers [identity, body]
+        if len(frames) == 3 and frames[1] == b"":
+            envelope, body = frames[:2], frames[2]
+        elif len(frames) == 2:
+            envelope, body = frames[:1], frames[1]
+        else:
+            envelope, body = frames[:1], None
+        try:
+            self.allowed(peer_cred(parts[-1]))
+            if body is None:
+                raise admin.AdminError("invalid", f"expected one frame, got {len(frames) - 1}")
+            reply = self.reply(admin.decode_request(body), envelope)
+        except admin.AdminError as exc:
+            self.stats.rejected[f"admin_{exc.code}"] += 1
+            self.emit(ev.MessageRejected(self.clock(), f"admin_{exc.code}"))
+            log.warning(logfmt("operator_refused", code=exc.code, message=str(exc)))
+            reply = admin.ErrorReply(code=exc.code, message=str(exc))
+        if reply is not None:
+            self.transport.send_admin(envelope, reply)
+
+    def allowed(self, peer: PeerCred | None) -> None:
+        """Raise ``AdminError("denied")`` unless the peer is root, the daemon's own user
+        or (with an admin group) in the admin group.
+
+        The socket file's mode already keeps others out; this check holds even when
+        that mode is opened up by mistake. Group membership is read from the peer
+        process itself (``/proc/PID/status``), so it is what the kernel grants it.
+        """
+        uid = peer.uid if peer is not None else None
+        if uid is not None and uid in (0, os.geteuid()):
+            return
+        gid = self.admin_gid
+        if (
+            peer is not None
+            and uid is not None
+            and gid is not None
+            and (peer.gid == gid or gid in _groups_of(peer.pid, uid))
+        ):
+            return
+        raise admin.AdminError(
+            "denied",
+            "operator commands are for root, the daemon's user and the admin group; "
+            f"uid {uid if uid is not None else 'unknown'} is none of them",
+        )
+
+    def reply(self, req: admin.AnyRequest, envelope: Sequence[bytes]) -> admin.AnyReply | None:
+        """The reply to an operator's request, or ``None`` when it is sent later (drain)."""
+        now = self.clock()
+        if isinstance(req, admin.StatusRequest):
+            return self.status.status(now)
+        if isinstance(req, admin.DrainRequest):
+            if not 0 < req.timeout_s <= MAX_DRAIN_S:
+                raise admin.AdminError(
+                    "invalid",
+                    f"drain --timeout must be in (0, {MAX_DRAIN_S}] seconds, got {req.timeout_s}",
+                )
+            self.drains.start(envelope, req.timeout_s, req.reason, now)
+            self.drains.check(now)
+            return None
+        if isinstance(req, admin.SetPolicyRequest):
+            return self._set_policy(req, now)
+        if isinstance(req, admin.PauseRequest):
+            return self._pause(req, now)
+        if isinstance(req, admin.SaveNowRequest):
+            return self._save_now(req, now)
+        raise admin.AdminError("invalid", f"unsupported request {type(req).__name__}")
+
+    # ------------------------------------------------------------------ requests
+
+    def _save_now(self, req: admin.SaveNowRequest, now: float) -> admin.SaveNowReply:
+        if req.job is None:
+            jobs = [j for j in self.registry if j.state == "active"]
+        else:
+            job = self.registry.jobs.get(req.job)
+            if job is None or job.state != "active":
+                active = sorted(j.id for j in self.registry if j.state == "active")
+                shown = ", ".join(active[:20]) or "none"
+                state = "unknown" if job is None else job.state
+                raise admin.AdminError(
+                    "unknown_job", f"job {req.job!r} is {state}; active jobs: {shown}"
+                )
+            jobs = [job]
+        ranks = 0
+        for job in jobs:
+            job.urgent = req.reason
+            ranks += self.planner.save_now(job, req.reason, now)
+        log.info(
+            logfmt(
+                "operator_action",
+                action="save_now",
+                job=req.job or "--all",
+                jobs=len(jobs),
+                ranks=ranks,
+                reason=req.reason,
+            )
+        )
+        return admin.SaveNowReply(jobs=[j.id for j in jobs], ranks=ranks)
+
+    def _known_job(self, job_id: str) -> Job:
+        job = self.registry.jobs.get(job_id)
+        if job is None:
+            known = sorted(j.id for j in self.registry)
+            shown = ", ".join(known[:20]) or "none"
+            raise admin.AdminError("unknown_job", f"job {job_id!r} is unknown; known jobs: {shown}")
+        return job
+
+    def _set_policy(self, req: admin.SetPolicyRequest, now: float) -> admin.SetPolicyReply:
+        job = self._known_job(req.job)
+        try:
+            previous, seq = self.planner.set_policy(job, req.spec, now)
+        except PolicyError as exc:
+            raise admin.AdminError("bad_policy", f"policy spec {req.spec!r}: {exc}") from None
+        log.info(
+            logfmt(
+                "operator_action",
+                action="set_policy",
+                job=job.id,
+                policy=req.spec,
+                previous=previous,
+                plan_seq=seq,
+            )
+        )
+        return admin.SetPolicyReply(job=job.id, policy=req.spec, previous=previous, plan_seq=seq)
+
+    def _pause(self, req: admin.PauseRequest, now: float) -> admin.PauseReply:
+        if req.job is not None:
+            if req.job not in self.registry.jobs and req.job not in self.settings:
+                self._known_job(req.job)  # raises unknown_job
+            targets = [req.job]
+        elif req.paused:
+            targets = [j.id for j in self.registry if j.state == "active"]
+        else:
+            targets = self.settings.paused_jobs()
+        changed = []
+        for job_id in targets:
+            if self.settings.paused(job_id) == req.paused:
+                continue
+            self.settings.change(job_id, now, paused=req.paused)
+            changed.append(job_id)
+            job = self.registry.jobs.get(job_id)
+            if job is not None:
+                self.planner.replan(job, now)
+        log.info(
+            logfmt(
+                "operator_action",
+                action="pause" if req.paused else "resume",
+                job=req.job or "--all",
+                changed=",".join(changed) or "none",
+            )
+        )
+        return admin.PauseReply(jobs=changed, paused=req.paused)
+
+
+def _groups_of(pid: int | None, uid: int) -> set[int]:
+    """The groups of process ``pid`` (``/proc/PID/status``), else of user ``uid``."""
+    if pid:
+        with contextlib.suppress(OSError, ValueError), open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("Groups:"):
+                    return {int(g) for g in line.split()[1:]}
+    try:
+        user = pwd.getpwuid(uid)
+    except KeyError:
+        return set()
+    return set(os.getgrouplist(user.pw_name, user.pw_gid))

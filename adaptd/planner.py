@@ -1,0 +1,257 @@
+"""What each job is told: its policy's decision, as a plan or an urgent save.
+
+:class:`Planner` runs a job's policy on the newest snapshot and the job's state,
+applies the operator's pause, and pushes a new :class:`~adaptd.protocol.Plan` to
+every live rank when the saves it asks for changed (:func:`~adaptd.snapshot.same_saves`,
+with the tolerance :data:`REPLAN_TOLERANCE` for policies that re-fit their interval
+to every report), or a :class:`~adaptd.protocol.SaveNow` for an urgent decision or
+an operator's request. It also chooses a job's policy at hello (the operator's
+setting, the job's own spec, the daemon's default) and changes it on
+``set-policy``. A policy that raises or returns something else is counted and
+logged; the job keeps its plan.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from adaptd import events as ev
+from adaptd import protocol as p
+from adaptd.jobs import Job, Rank
+from adaptd.logfmt import Throttle, logfmt
+from adaptd.policy import Policy, PolicyCache, PolicyError
+from adaptd.settings import OperatorSettings
+from adaptd.snapshot import Decision, Snapshot, same_saves
+from adaptd.stats import DaemonStats
+
+__all__ = ["REPLAN_TOLERANCE", "Planner", "SendRank", "same_saves"]
+
+log = logging.getLogger("adaptd.server")
+
+#: A new decision whose interval and next save moved by at most this fraction of the
+#: current interval keeps the current plan (see :func:`~adaptd.snapshot.same_saves`).
+REPLAN_TOLERANCE = 0.05
+
+#: Sends a message to one rank and notes when (:meth:`adaptd.transport.Transport.send_rank`).
+SendRank = Callable[[Rank, p.Message, float], None]
+
+
+class Planner:
+    """Decides and pushes plans. ``snapshot_source`` must not block (it runs in the loop)."""
+
+    def __init__(
+        self,
+        *,
+        default_policy: Policy,
+        default_spec: str,
+        policies: PolicyCache,
+        settings: OperatorSettings,
+        snapshot_source: Callable[[], Snapshot],
+        send: SendRank,
+        emit: Callable[[ev.Event], None],
+        stats: DaemonStats,
+        replan_tolerance: float = REPLAN_TOLERANCE,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.default_policy = default_policy
+        self.default_spec = default_spec
+        self.policies = policies
+        self.settings = settings
+        self.snapshot_source = snapshot_source
+        self.send = send
+        self.emit = emit
+        self.stats = stats
+        self.replan_tolerance = replan_tolerance
+        self.wall = wall
+        self._throttle = Throttle()
+
+    # ------------------------------------------------------------------ policies
+
+    def choose_policy(self, job: Job, asked: str, rank: int) -> str | None:
+        """Give a job its policy at hello, if it has none yet: the operator's setting,
+        else the spec the rank ``asked`` for, else the daemon's default. Returns why
+        the asked spec was refused (the rank is told), else ``None``."""
+        configured = self.settings.policy(job.id)
+        if job.policy is None and configured is not None:
+            job.policy = self.policies.get(configured)  # parsed when it was set
+            job.policy_spec = configured
+        if job.policy is None:
+            spec = asked or self.default_spec
+            try:
+                job.policy = self.policies.get(spec)
+                job.policy_spec = spec
+            except PolicyError as exc:
+                job.policy = self.default_policy
+                job.policy_spec = self.default_spec
+                return f"policy {asked!r} refused, using {self.default_spec!r}: {exc}"
+        elif asked and asked != job.policy_spec:
+            log.warning(
+                logfmt("policy_ignored", job=job.id, rank=rank, asked=asked, using=job.policy_spec)
+            )
+        return None
+
+    def set_policy(self, job: Job, spec: str, now: float) -> tuple[str, int]:
+        """An operator's new policy for ``job``, kept in its settings and pushed at once.
+        Returns ``(previous spec, plan seq)``; raises :class:`PolicyError`."""
+        policy = self.policies.get(spec)
+        previous = job.policy_spec
+        job.policy, job.policy_spec = policy, spec
+        self.settings.change(job.id, now, policy=spec)
+        return previous, self.replan(job, now)
+
+    # ------------------------------------------------------------------ decisions
+
+    def decide(self, job: Job, now: float) -> bool:
+        """Run the job's policy; push a plan (or SaveNow) when it changed. Returns whether
+        anything was pushed."""
+        if job.policy is None or job.state != "active":
+            return False
+        counters = self.stats.counters
+        try:
+            snapshot = self.snapshot_source()
+        except Exception:
+            counters["snapshot_errors"] += 1
+            if self._throttle("snapshot"):
+                log.exception(logfmt("snapshot_failed"))
+            snapshot = Snapshot(time=now)
+        paused = self.settings.paused(job.id)
+        state = job.tracker.state(
+            time=max(job.tracker.time, now),
+            pids=tuple(r.pid for r in job.live_ranks() if r.pid > 0),
+            urgent=job.urgent,
+            storage_target=next((s.target for s in snapshot.storage if job.id in s.jobs), None),
+            time_since_failure_s=job.tracker.time_since_failure_s(now),
+            paused=paused,
+        )
+        try:
+            decision = job.policy.decide(snapshot, state)
+        except Exception:
+            counters["policy_errors"] += 1
+            if self._throttle(f"policy:{job.policy_spec}"):
+                log.exception(logfmt("policy_failed", job=job.id, policy=job.policy_spec))
+            return False
+        if not isinstance(decision, Decision):
+            counters["policy_errors"] += 1
+            if self._throttle(f"policy-type:{job.policy_spec}"):
+                log.error(
+                    logfmt(
+                        "policy_failed",
+                        job=job.id,
+                        policy=job.policy_spec,
+                        error=f"returned {type(decision).__name__}, not a Decision",
+                    )
+                )
+            return False
+        if paused and not decision.urgent:
+            decision = Decision(
+                next_step=None,
+                reason=f"paused by operator (the policy would: {decision.reason})",
+                policy=decision.policy,
+                interval_s=decision.interval_s,
+                waste=decision.waste,
+            )
+        job.latest = decision
+        if decision.urgent:
+            if job.urgent_sent:
+                return False
+            job.urgent_sent = True
+            self.save_now(job, decision.reason or "urgent", now)
+            return True
+        job.urgent_sent = False
+        if job.plan is not None and same_saves(
+            job.plan, decision, state.step, self.replan_tolerance
+        ):
+            return False
+        self._push(job, decision, state.step, now)
+        return True
+
+    def replan(self, job: Job, now: float) -> int:
+        """Decide afresh and push the plan even if its saves did not change (the reason did).
+        Returns the plan's seq, 0 when nothing could be pushed."""
+        if job.state != "active":
+            return 0
+        job.plan = None
+        job.urgent_sent = False
+        self.decide(job, now)
+        return job.plan_seq if job.plan is not None else 0
+
+    def _push(self, job: Job, decision: Decision, step: int, now: float) -> None:
+        job.plan = decision
+        job.plan_seq += 1
+        plan = self.plan_message(job)
+        ranks = job.live_ranks()
+        for r in ranks:
+            self.send(r, plan, now)
+        self.stats.counters["plans_sent"] += len(ranks)
+        log.info(
+            logfmt(
+                "plan",
+                job=job.id,
+                seq=plan.seq,
+                step=step,
+                next_step=plan.next_step,
+                every_steps=plan.every_steps,
+                policy=plan.policy,
+                reason=plan.reason,
+                interval_s=plan.interval_s,
+                waste=plan.waste,
+                ranks=len(ranks),
+            )
+        )
+        self.emit(
+            ev.PlanChanged(
+                now,
+                self.wall(),
+                job.id,
+                plan.seq,
+                step,
+                decision,
+                len(ranks),
+                step_time_s=job.tracker.step_time_s,
+            )
+        )
+
+    # ------------------------------------------------------------------ messages
+
+    def plan_message(self, job: Job) -> p.Plan:
+        """The job's current plan as the wire message (figures a rank cannot use dropped)."""
+        d = job.plan
+        assert d is not None
+        return p.Plan(
+            v=p.VERSION,
+            job=job.id,
+            seq=job.plan_seq,
+            next_step=d.next_step,
+            every_steps=d.every_steps if d.every_steps and d.every_steps >= 1 else None,
+            policy=(d.policy or job.policy_spec)[: p.MAX_TEXT],
+            reason=d.reason[: p.MAX_TEXT],
+            interval_s=d.interval_s if d.interval_s is not None and d.interval_s >= 0 else None,
+            waste=d.waste if d.waste is not None and d.waste >= 0 else None,
+        )
+
+    def send_plan(self, rank: Rank, job: Job, now: float) -> None:
+        """The job's current plan again, to one rank (a reconnect, a quiet rank)."""
+        if job.plan is not None:
+            self.send(rank, self.plan_message(job), now)
+
+    def save_now(self, job: Job, reason: str, now: float) -> int:
+        """Ask every live rank of ``job`` to save at its next step; returns how many."""
+        msg = p.SaveNow(v=p.VERSION, job=job.id, reason=reason[: p.MAX_TEXT])
+        ranks = job.live_ranks()
+        for r in ranks:
+            self.send(r, msg, now)
+        log.info(logfmt("save_now", job=job.id, step=job.step, reason=reason, ranks=len(ranks)))
+        self.emit(
+            ev.SaveRequested(
+                now,
+                self.wall(),
+                job.id,
+                job.step,
+                reason,
+                len(ranks),
+                step_time_s=job.tracker.step_time_s,
+            )
+        )
+        return len(ranks)

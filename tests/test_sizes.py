@@ -1,0 +1,34 @@
+"""scripts/sizes.py: no runtime module over 600 lines, no class over 400 (one allowed file)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_no_module_or_class_is_over_the_limits() -> None:
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "sizes.py")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_the_script_names_what_is_over(tmp_path: Path) -> None:
+    big = tmp_path / "big.py"
+    body = "".join(f"    def m{i}(self):\n        return {i}\n" for i in range(250))
+    big.write_text("class Big:\n" + body + "\n" * 200)
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "sizes.py"), str(big)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 1
+    assert "class" in r.stdout and "Big: 501 lines (over 400)" in r.stdout
+    assert "module" in r.stdout and "big.py: 701 lines (over 600)" in r.stdout
