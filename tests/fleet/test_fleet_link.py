@@ -224,7 +224,11 @@ def test_an_upload_to_a_shared_destination_waits_for_a_slot(etcd: Etcd, fleet_pr
 
     from adaptd.config import Destination
 
-    dest = Destination(name="nfs", url="/mnt/nfs/ckpt/replicas")
+    def destination(name: str, url: str) -> Destination:
+        return Destination(name=name, url=url, bandwidth_mib_s=None, max_concurrent=1,
+                           keep_last=3, keep_every_hours=None, storage_options={})  # fmt: skip
+
+    dest = destination("nfs", "/mnt/nfs/ckpt/replicas")
     uploader = link(etcd, "host-a", fleet_prefix).start()
     writer = link(etcd, "host-b", fleet_prefix).start()
     try:
@@ -253,7 +257,7 @@ def test_an_upload_to_a_shared_destination_waits_for_a_slot(etcd: Etcd, fleet_pr
         t.join(10)
         uploader.agent.wait_for(lambda v: not v.granted, 10)
         # a destination nobody shares never waits
-        local = Destination(name="local", url="/scratch/replicas")
+        local = destination("local", "/scratch/replicas")
         with uploader.upload_slot(local, "ja", lambda: False):
             assert "upload:local:ja" not in uploader.agent.wanted()
     finally:
