@@ -12,9 +12,10 @@ cap:
   loopback): the mount is a shared target with ``--cap`` fleet-wide write slots;
   ``io_aware`` defers a due save until its job holds a slot.
 
-Every job runs the same policy, the default stack's core with fixed figures:
-``io_aware:inner=daly:save_cost_s=0.5;mtbf_s=M,max_defer=D``, M chosen so that Daly's
-interval is ``--interval-s``; a save is due one interval after the job's previous one
+Every job runs the same policy, ``io_aware:inner=fixed:steps=K,max_defer=D``: a save
+every K steps (a step count, not seconds: on this loaded 2-core box the daemon's
+step-time estimate runs far from the wall clock, and an interval in seconds would
+follow it), due one interval after the job's previous save as ``io_aware`` counts it,
 and deferred at most D intervals. The jobs start stepping at the same moment (the driver
 releases them together once every one is warm), so their first saves are due at the
 same step: a storm. Later saves follow one interval after each job's last save (so in
@@ -64,6 +65,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 from save_storm import Jobs, _build, _machine, _pct, _state_bytes  # noqa: E402
 
 MODES = ("uncoordinated", "fleet")
+WARM_STEPS = 30
 SAMPLE_S = 0.01
 
 
@@ -96,14 +98,17 @@ def worker(args: argparse.Namespace) -> int:
         hook.step()  # a save the plan asks for starts here, at this step's boundary
         return t
 
-    for _ in range(5):
-        train_step()  # trace the tf.function before the clock starts
+    walls: dict[int, float] = {}
+    every: dict[int, int] = {}  # the plan's interval in steps, after each step
+    # Warm up with the hook, so the daemon's step time is this loop's before the wait for
+    # "go" (one long step among WARM_STEPS moves its average little): no save is due in
+    # it (an interval is many more steps).
+    for _ in range(WARM_STEPS):
+        walls[hook.step_count + 1] = one_step()
     print("ready", flush=True)
     if sys.stdin.readline().strip() != "go":
         return 2
-    walls: dict[int, float] = {}
-    every: dict[int, int] = {}  # the plan's interval in steps, after each step
-    start_step = hook.step_count
+    start_step = 0
     while len(hook.history) < args.saves + 1:
         walls[hook.step_count + 1] = one_step()
         plan = hook._schedule.decision  # instrumentation: the plan the hook follows
@@ -118,6 +123,10 @@ def worker(args: argparse.Namespace) -> int:
     saves = []
     previous = start_step
 
+    def wall_at(step: int) -> float:
+        """The wall time of ``step``'s boundary (the nearest recorded before it)."""
+        return walls.get(step) or walls[max([k for k in walls if k <= step] or [min(walls)])]
+
     def interval_at(step: int) -> int:
         """The plan's interval in force at ``step`` (the newest recorded at or before it)."""
         known = [s for s in every if s <= step] or sorted(every)[:1]
@@ -129,8 +138,8 @@ def worker(args: argparse.Namespace) -> int:
             {
                 "step": r.step,
                 "due_step": due,
-                "due_wall": walls.get(due),
-                "start_wall": walls.get(r.step),
+                "due_wall": wall_at(due),
+                "start_wall": wall_at(r.step),
                 "blocking_s": r.blocking_s,
                 "durable_s": r.durable_s,
                 "extra_step_s": r.extra_step_s,
@@ -172,10 +181,8 @@ class Writers:
 
 
 def policy_spec(args: argparse.Namespace) -> str:
-    """``io_aware`` over Daly with fixed figures: δ = 0.5 s and M such that √(2δM) is
-    ``--interval-s`` (Daly's τ is then within a few percent of it)."""
-    mtbf = args.interval_s**2 / (2 * 0.5)
-    return f"io_aware:inner=daly:save_cost_s=0.5;mtbf_s={mtbf:g},max_defer={args.max_defer}"
+    """``io_aware`` over a save every ``--every`` steps."""
+    return f"io_aware:inner=fixed:steps={args.every},max_defer={args.max_defer}"
 
 
 def _config(root: Path, i: int, mount: Path, args: argparse.Namespace, etcd: str | None) -> Path:
@@ -207,7 +214,7 @@ def run_mode(mode: str, args: argparse.Namespace, root: Path, mount: Path, backi
     logs = work / "logs"
     logs.mkdir(parents=True)
     ids = [f"{mode}-{i}" for i in range(args.hosts)]
-    steps_cap = int(args.interval_s * (args.saves + 1) * (1 + args.max_defer) * 1000 / args.step_ms)
+    steps_cap = int(args.every * (args.saves + 1) * (1 + args.max_defer) + WARM_STEPS)
     with ExitStack() as stack:
         sockets = []
         for i in range(args.hosts):
@@ -285,8 +292,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bandwidth-mib-s", type=float, default=32.0,
                         help="the shared mount's total bandwidth (32 MiB/s)")  # fmt: skip
     parser.add_argument("--cap", type=int, default=2, help="fleet write slots on the mount (2)")
-    parser.add_argument("--interval-s", type=float, default=30.0,
-                        help="the planned time between a job's saves (30 s)")  # fmt: skip
+    parser.add_argument("--every", type=int, default=150,
+                        help="steps between a job's saves (150: 30 s at 200 ms)")  # fmt: skip
     parser.add_argument("--max-defer", type=float, default=3.0,
                         help="io_aware's bound, in intervals (3)")  # fmt: skip
     parser.add_argument("--saves", type=int, default=3, help="measured saves per job (+1 warm-up)")
