@@ -23,7 +23,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from adaptd.fleet.failures import FailureRecord
+from adaptd.estimators import FailureRate
+from adaptd.fleet.failures import FailureRecord, PooledFailureRate, fit_shape, fleet_rate
+from adaptd.snapshot import FleetSample
 
 DAY = 86_400.0
 
@@ -89,3 +91,19 @@ def draw_history(
         lifetimes=tuple(lifetimes),
         survivals=tuple(survivals),
     )
+
+
+def job_inputs(
+    record: FailureRecord, prior: FailureRate, *, hosts: int = 0
+) -> tuple[PooledFailureRate, FleetSample]:
+    """What a job of a daemon in that fleet starts from: the failure-rate posterior with
+    the fleet's totals (its own observations still empty), and the snapshot's fleet facts
+    (the fitted shape). The simulator gives its tracker and snapshots these."""
+    rate = fleet_rate([record], prior)
+    fit = fit_shape(record.lifetimes, record.survivals)
+    sample = FleetSample(
+        hosts=hosts,
+        failure_shape=fit.shape if fit else None,
+        failure_shape_high=fit.high if fit else None,
+    )
+    return rate, sample

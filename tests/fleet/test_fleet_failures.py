@@ -141,3 +141,13 @@ def test_a_drawn_fleet_history_carries_its_distribution(shape, bursty):
     fit = fit_shape(rec.lifetimes, rec.survivals)
     assert fit is not None and fit.credibly_below(1.0) is bursty
     assert rec == draw_history(h, gpu_mtbf_s=GPU_MTBF_S, shape=shape, seed=3)  # seeded
+
+
+def test_a_simulated_job_starts_from_the_fleets_history():
+    from adaptd.fleet.history import FleetHistory, draw_history, job_inputs
+
+    rec = draw_history(FleetHistory(), gpu_mtbf_s=GPU_MTBF_S, shape=0.7, seed=1)
+    rate, fleet = job_inputs(rec, FailureRate(), hosts=512)
+    assert rate.failures == 0 and rate.others_failures == rec.failures  # nothing its own yet
+    assert abs(rate.gpu_mtbf_s - GPU_MTBF_S) < 0.25 * GPU_MTBF_S
+    assert fleet.bursty and fleet.hosts == 512 and 0.5 < fleet.failure_shape < 0.9
