@@ -61,6 +61,8 @@ __all__ = [
 ADMIN_VERSION = 1
 #: Largest admin request the daemon accepts. Replies (status) may be larger.
 MAX_REQUEST_BYTES = MAX_MESSAGE_BYTES
+#: Longest drain an operator may ask for (a day); the decoder refuses NaN and inf too.
+MAX_DRAIN_S = 86_400.0
 
 
 class Request(
@@ -88,7 +90,7 @@ class DrainRequest(Request, frozen=True, tag="drain"):
     deadline must exceed ``timeout_s``.
     """
 
-    timeout_s: float = msgspec.field(default=300.0)
+    timeout_s: t.Annotated[float, msgspec.Meta(gt=0, le=MAX_DRAIN_S)] = 300.0
     reason: Text = "drain"
 
 

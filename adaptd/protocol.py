@@ -47,17 +47,33 @@ VERSION = 1
 MAX_MESSAGE_BYTES = 64 * 1024
 #: Longest free-text field (reasons, error text, paths).
 MAX_TEXT = 4096
+#: Largest count or step: SQLite's INTEGER (and int64) limit. A larger one would be
+#: accepted and then make every later write of the daemon's store fail.
+MAX_COUNT = 2**63 - 1
+#: Longest duration a message may carry (about 32 years). Durations must be finite:
+#: one ``inf`` step time or save cost would stay in a job's estimates for good.
+MAX_SECONDS = 1e9
+#: Shortest step a report may claim (0 means unmeasured): intervals are divided by
+#: the step time, and a step of 1e-300 s plans saves beyond any integer.
+MIN_STEP_S = 1e-9
+#: Most ranks a job may have, and GPUs one rank may use: a job's GPU count weighs in
+#: the host's failure rate, so an absurd one would move every job's plan.
+MAX_RANKS = 2**20
+MAX_RANK_GPUS = 1024
 
 _Text = msgspec.Meta(max_length=MAX_TEXT)
 _Id = msgspec.Meta(min_length=1, max_length=256, pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.:@+-]*$")
-_NonNeg = msgspec.Meta(ge=0)
 
 import typing as _t  # noqa: E402  (kept next to the aliases it builds)
 
 JobId = _t.Annotated[str, _Id]
 Text = _t.Annotated[str, _Text]
-Count = _t.Annotated[int, _NonNeg]
-Seconds = _t.Annotated[float, _NonNeg]
+Count = _t.Annotated[int, msgspec.Meta(ge=0, le=MAX_COUNT)]
+#: A measured duration: finite, >= 0 (msgspec refuses NaN and -inf with ``ge``).
+Seconds = _t.Annotated[float, msgspec.Meta(ge=0, le=MAX_SECONDS)]
+#: A figure the daemon computed for a plan, shown to the user only: >= 0, may be inf
+#: (a policy plugin's "never"), so refusing it would not drop the whole plan.
+Figure = _t.Annotated[float, msgspec.Meta(ge=0)]
 
 
 class Message(msgspec.Struct, frozen=True, tag_field="kind", forbid_unknown_fields=True):
@@ -74,12 +90,12 @@ class Hello(Message, frozen=True, tag="hello"):
 
     job: JobId
     rank: Count = 0
-    world_size: _t.Annotated[int, msgspec.Meta(ge=1)] = 1
+    world_size: _t.Annotated[int, msgspec.Meta(ge=1, le=MAX_RANKS)] = 1
     pid: Count = 0
     checkpoint_dir: Text = ""
     state_bytes: Count = 0
     resumed_from: Count = 0  # the step this run continues from (0: fresh)
-    gpus: Count = 0  # GPUs this rank uses (0: none/unknown)
+    gpus: _t.Annotated[int, msgspec.Meta(ge=0, le=MAX_RANK_GPUS)] = 0  # 0: none/unknown
     policy: Text = ""  # a policy spec the job insists on ("" = the daemon's choice)
     hostname: Text = ""
 
@@ -136,11 +152,11 @@ class Plan(Message, frozen=True, tag="plan"):
     job: JobId
     seq: Count  # increases with each plan the daemon sends the job
     next_step: Count | None
-    every_steps: _t.Annotated[int, msgspec.Meta(ge=1)] | None = None
+    every_steps: _t.Annotated[int, msgspec.Meta(ge=1, le=MAX_COUNT)] | None = None
     policy: Text = ""
     reason: Text = ""
-    interval_s: Seconds | None = None
-    waste: Seconds | None = None
+    interval_s: Figure | None = None
+    waste: Figure | None = None
 
 
 class SaveNow(Message, frozen=True, tag="save_now"):
@@ -195,6 +211,15 @@ def _decode(frame: bytes, decoder: msgspec.msgpack.Decoder) -> Message:
         raise ProtocolError(
             "version", f"protocol version {msg.v} is not supported (this side speaks {VERSION})"
         )
+    if isinstance(msg, Steps):
+        for name in ("mean_s", "max_s"):
+            value = getattr(msg, name)
+            if 0 < value < MIN_STEP_S:
+                raise ProtocolError(
+                    "invalid",
+                    f"invalid message: {name} = {value!r} s is below {MIN_STEP_S:g} s "
+                    "(0 means unmeasured) - at `$." + name + "`",
+                )
     return msg
 
 

@@ -8,9 +8,15 @@ the tests' fake NVML (``tests/nvml_fixture.py``, :class:`FixtureNvml`) replays::
 
     python scripts/record_nvml_fixture.py --frames 5 -o tests/fixtures/nvml/myhost.json
 
-Needs nvidia-ml-py (``pynvml``); on a host without a driver it records that
-(``"init": {"nvml_error": ...}``), which is itself a valid degraded-mode fixture.
-Process ids and GPU UUIDs of the host end up in the file: review before sharing.
+Needs nvidia-ml-py (``pynvml``, a dependency of adaptd); on a host without a driver
+it records that (``"init": {"nvml_error": ...}``), which is itself a valid
+degraded-mode fixture. Process ids and GPU UUIDs of the host end up in the file:
+review before sharing. tests/fixtures/nvml/README.md says how to record the shipped
+fixtures' counterparts on a GPU host.
+
+``--replay FIXTURE`` records from the fake NVML replaying a fixture instead (one
+frame per ``--interval``), to try the recorder on a machine without a GPU; the
+output then says ``"synthetic": true``.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,22 +42,42 @@ def main(argv: list[str] | None = None) -> int:
         "--interval", type=float, default=1.0, help="seconds between frames (default: 1)"
     )
     parser.add_argument("--note", default="", help="free text stored under 'recorded'")
+    parser.add_argument(
+        "--replay",
+        metavar="FIXTURE",
+        help="record from the fake NVML replaying this fixture (a name or path), not a GPU",
+    )
     args = parser.parse_args(argv)
     if args.frames < 0 or args.interval <= 0:
         parser.error(
             f"--frames must be >= 0 and --interval > 0 (got {args.frames}, {args.interval})"
         )
 
-    from nvml_fixture import record
+    from nvml_fixture import FixtureNvml, record
 
     from adaptd.telemetry import nvml
 
-    try:
-        lib = nvml.load_library()
-    except nvml.NvmlUnavailable as exc:
-        print(f"record_nvml_fixture: {exc}", file=sys.stderr)
-        return 1
-    data = record(lib, frames=args.frames, interval=args.interval, note=args.note)
+    if args.replay:
+        try:
+            fake = FixtureNvml(args.replay, clock=None)
+        except ValueError as exc:  # not found, unreadable or not a fixture
+            parser.error(f"--replay: {exc}")
+
+        def sleep(seconds: float) -> None:  # each interval brings the fixture's next frame
+            time.sleep(seconds)
+            fake.step()
+
+        data = record(fake, frames=args.frames, interval=args.interval, note=args.note, sleep=sleep)
+        data["recorded"].update(
+            synthetic=True, source=f"replay of fixture {args.replay!r} by the fake NVML, no GPU"
+        )
+    else:
+        try:
+            lib = nvml.load_library()
+        except nvml.NvmlUnavailable as exc:
+            print(f"record_nvml_fixture: {exc}", file=sys.stderr)
+            return 1
+        data = record(lib, frames=args.frames, interval=args.interval, note=args.note)
     text = json.dumps(data, indent=1) + "\n"
     if args.output:
         Path(args.output).write_text(text)

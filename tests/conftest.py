@@ -1,11 +1,27 @@
-"""Fixtures every test folder shares."""
+"""Fixtures every test folder shares, and the Hypothesis profile of the whole suite."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import pytest
 import zmq
+from hypothesis import HealthCheck, settings
+
+#: Hypothesis runs the same examples every time (CI, make test) unless
+#: ADAPTD_HYPOTHESIS_PROFILE=explore asks for new random ones (and remembers failures
+#: in .hypothesis/). Tests set only their own max_examples on top.
+settings.register_profile(
+    "ci",
+    derandomize=True,
+    database=None,
+    deadline=None,  # a loaded 2-core box makes single examples slow, not wrong
+    suppress_health_check=[HealthCheck.too_slow],
+    print_blob=True,
+)
+settings.register_profile("explore", deadline=None, print_blob=True)
+settings.load_profile(os.environ.get("ADAPTD_HYPOTHESIS_PROFILE", "ci"))
 
 
 @pytest.fixture

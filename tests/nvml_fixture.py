@@ -1,4 +1,4 @@
-"""A fake NVML library that replays recorded answers, for the tests and benchmarks.
+"""A fake NVML library that replays a fixture of NVML answers, for the tests and benchmarks.
 
 It lives with the tests, not in the runtime package: the daemon and ``adaptd demo``
 use the real :mod:`adaptd.telemetry.nvml` (degraded to "no GPUs" where there is no
@@ -7,10 +7,11 @@ scripts and benchmarks add ``tests/`` to ``sys.path`` first.
 
 :class:`FixtureNvml` stands in for the ``pynvml`` module at the one boundary
 where :mod:`adaptd.telemetry.nvml` takes its library. It answers every NVML call
-from a fixture: JSON of real NVML answers per function per device, errors
-included as NVML error codes, optionally changing over time (frames), so an ECC
-count can rise and an XID 79 can arrive. ``scripts/record_nvml_fixture.py``
-records the same format from a real GPU host.
+from a fixture: JSON of NVML answers per function per device, errors included as
+NVML error codes, optionally changing over time (frames), so an ECC count can rise
+and an XID 79 can arrive. ``scripts/record_nvml_fixture.py`` records the format from
+a real GPU host; the fixtures shipped in ``tests/fixtures/nvml/`` are synthetic
+(modelled on NVML's documentation, and marked so), as no GPU host was available.
 
 Format (``"format": "adaptd-nvml-fixture/1"``)::
 

@@ -3,11 +3,11 @@
     adaptd simulate --scenario llama3-16k --policy default --policy oracle --seeds 40 [--json]
 
 ``--scenario`` is a TOML file or a built-in name (``seed-article``, ``llama3-16k``,
-``nfs-storm``, ``weibull-fleet``); each ``--policy`` is a spec (``fixed:steps=50``,
-``daly``, ``budget:overhead=0.035``, ``default``, or ``oracle``: Daly with the
-scenario's true δ and M). ``--json`` prints means over seeds as
+``nfs-storm``, ``weibull-fleet``, ``slow-first-step``); each ``--policy`` is a spec
+(``fixed:steps=50``, ``daly``, ``budget:overhead=0.035``, ``default``, or ``oracle``:
+Daly with the scenario's true δ, M and step time). ``--json`` prints means over seeds as
 ``{"scenario": ..., "results": [{"policy", "goodput", "wall_s", "useful_s",
-"checkpoint_overhead_s", "lost_work_s", "restart_s", "saves", "failures"}]}``.
+"checkpoint_overhead_s", "lost_work_s", "restart_s", "warmup_s", "saves", "failures"}]}``.
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def table(scenario, summaries, seeds: int) -> str:  # type: ignore[no-untyped-de
         f"({scenario.distribution}), δ={scenario.save_cost_s:.3g}s; means over {seeds} seeds",
         "",
         f"{'policy':<24} {'goodput':>16} {'wall h':>9} {'ckpt h':>8} {'lost h':>8} "
-        f"{'restart h':>9} {'saves':>8} {'failures':>8}",
+        f"{'restart h':>9} {'warm-up h':>9} {'saves':>8} {'failures':>8}",
     ]
     best = max(s.goodput for s in summaries)
     for s in summaries:
@@ -86,7 +86,8 @@ def table(scenario, summaries, seeds: int) -> str:  # type: ignore[no-untyped-de
             f"{s.policy:<24} {s.goodput:>8.4%} ±{s.goodput_stderr():.3%} "
             f"{s.mean('wall_s') / h:>9.1f} {s.mean('checkpoint_overhead_s') / h:>8.2f} "
             f"{s.mean('lost_work_s') / h:>8.2f} {s.mean('restart_s') / h:>9.2f} "
-            f"{s.mean('saves'):>8.1f} {s.mean('failures'):>8.1f}{mark}"
+            f"{s.mean('warmup_s') / h:>9.2f} {s.mean('saves'):>8.1f} "
+            f"{s.mean('failures'):>8.1f}{mark}"
         )
     lines.append("")
     lines.append("goodput = useful / wall; ± is the standard error over seeds; * best")

@@ -13,10 +13,18 @@ that comes due meanwhile waits for the write to finish and a new decision).
 Failures follow a renewal process in wall-clock time and strike anywhere, during
 compute, saves and restarts: the job loses the work since its last *durable*
 checkpoint (and any write in flight), restarts for ``restore_s`` (again, if a
-failure strikes the restart), and resumes from that checkpoint.
+failure strikes the restart), and resumes from that checkpoint. The first step of
+every incarnation (the start and each restart) takes ``first_step_s`` (tracing, an
+XLA compile): a warm-up of ``first_step_s − step_time_s`` without progress, then a
+normal step.
+
+The tracker hears what the daemon hears from the hook: batches of steps with a
+count and a mean (the first report of an incarnation is that one slow step), save
+requests and reports, and the restart ended by the first step report after the
+job came back (so the restart it learns includes the first step).
 
 Every second of wall time is accounted to exactly one of useful work, checkpoint
-overhead (blocking + slow-down), lost work or restart.
+overhead (blocking + slow-down), lost work, restart or warm-up.
 """
 
 from __future__ import annotations
@@ -54,6 +62,7 @@ class RunResult:
     checkpoint_overhead_s: float
     lost_work_s: float
     restart_s: float
+    warmup_s: float  # the first steps' time beyond a normal step, once per incarnation
     saves: int
     failures: int
 
@@ -109,6 +118,9 @@ class _Run:
         self.tracker = JobTracker(JOB, gpus=scenario.gpus)
         self.st = scenario.step_time_s
         self.slow = scenario.slowdown
+        self.warm = scenario.warmup_s
+        self.warm_end = self.warm  # no progress before this: the first step's extra time
+        self.warmup = 0.0
         self.t = 0.0
         self.pos = 0.0  # completed work, in steps
         self.durable = 0  # newest durable checkpoint (step)
@@ -132,30 +144,48 @@ class _Run:
         need = target - self.pos
         if need <= 0:
             return self.t
+        # a warm-up has no write in flight: a failure cancels it and nothing is due in it
+        t = max(self.t, self.warm_end)
         we = self.write_end
-        if we is not None and we > self.t:
-            slow_steps = (we - self.t) * (1.0 - self.slow) / self.st
+        if we is not None and we > t:
+            slow_steps = (we - t) * (1.0 - self.slow) / self.st
             if slow_steps >= need:
-                return self.t + need * self.st / (1.0 - self.slow)
+                return t + need * self.st / (1.0 - self.slow)
             return we + (need - slow_steps) * self.st
-        return self.t + need * self.st
+        return t + need * self.st
 
     def advance(self, t_new: float) -> None:
         dt = t_new - self.t
         if dt <= 0:
             return
+        self.run_wall += dt  # the hook times the warm-up as part of the first step
+        if self.warm_end > self.t:
+            warm = min(t_new, self.warm_end) - self.t
+            self.warmup += warm
+            self.t += warm
+            dt -= warm
+            if dt <= 0:
+                return
         we = self.write_end
         slow = 0.0
         if we is not None and we > self.t:
             slow = min(t_new, we) - self.t
         self.overhead += self.slow * slow
         self.pos += (dt - self.slow * slow) / self.st
-        self.run_wall += dt
         self.t = t_new
 
     # ---------------------------------------------------------------- tracker I/O
 
     def report(self) -> None:
+        """A step report as the hook sends it: the steps since the last one, their mean.
+
+        The first report of an incarnation holds exactly its first (slow) step, since
+        the engine reports at that step's end (``first_report``). A signal the
+        estimator may want (a warm-up flag, the batch's slowest step) goes in this
+        one ``on_steps`` call: the batch holds the incarnation's first step when
+        ``self.reported_step == self.tracker.start_step`` (before the update), and
+        its slowest step then took ``self.s.first_step_s``.
+        """
         step = int(self.pos + 1e-9)
         count = step - self.reported_step
         if count > 0:
@@ -164,6 +194,9 @@ class _Run:
             )
             self.reported_step = step
             self.run_wall = 0.0
+            if self.vanished_at is not None:  # the daemon ends a restart at the first report
+                self.tracker.on_restart(self.t - self.vanished_at)
+                self.vanished_at = None
 
     def decide(self) -> None:
         self.report()
@@ -220,8 +253,8 @@ class _Run:
         self.pos = float(self.durable)
         self.reported_step = self.durable
         self.run_wall = 0.0
-        self.tracker.on_resume(self.t, self.durable)
-        self.tracker.on_restart(self.t - self.vanished_at)
+        self.warm_end = self.t + self.warm
+        self.tracker.on_resume(self.t, self.durable)  # the hello
         self.first_report = True
         self.decide()
 
@@ -302,6 +335,7 @@ class _Run:
             checkpoint_overhead_s=self.overhead,
             lost_work_s=self.lost,
             restart_s=self.restart,
+            warmup_s=self.warmup,
             saves=self.saves,
             failures=self.failures,
         )

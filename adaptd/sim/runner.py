@@ -9,33 +9,62 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import IO
 
 from adaptd.policies.daly import Daly
 from adaptd.policy import Policy, parse
 from adaptd.sim.engine import RunResult, run
 from adaptd.sim.scenario import Scenario
+from adaptd.snapshot import Decision, JobState, Snapshot
 
 __all__ = [
     "FIELDS",
     "ORACLE",
+    "Oracle",
     "ProgressBar",
     "Summary",
     "compare",
     "resolve",
 ]
 
-#: Spec of the policy that knows the scenario's true δ and M in advance.
+#: Spec of the policy that knows the scenario's true δ, M and step time in advance.
 ORACLE = "oracle"
 
-FIELDS = ("wall_s", "useful_s", "checkpoint_overhead_s", "lost_work_s", "restart_s")
+FIELDS = (
+    "wall_s",
+    "useful_s",
+    "checkpoint_overhead_s",
+    "lost_work_s",
+    "restart_s",
+    "warmup_s",
+)
+
+
+@dataclass(frozen=True)
+class Oracle:
+    """Daly with the scenario's true δ and M, counting its interval in steps of the
+    true step time: the reference the learning policies are measured against.
+
+    Without the true step time the oracle would plan with the tracker's estimate,
+    which a slow first step (a compile) distorts; it would then measure the
+    estimator, not the interval.
+    """
+
+    daly: Daly
+    step_time_s: float
+
+    def decide(self, snapshot: Snapshot, job: JobState) -> Decision:
+        return self.daly.decide(snapshot, replace(job, step_time_s=self.step_time_s))
 
 
 def resolve(spec: str, scenario: Scenario) -> Policy:
-    """A policy for ``spec``; ``oracle`` is Daly with the scenario's true δ and M."""
+    """A policy for ``spec``; ``oracle`` is :class:`Oracle` for ``scenario``."""
     if spec.strip() == ORACLE:
-        return Daly(save_cost_s=scenario.save_cost_s, mtbf_s=scenario.job_mtbf_s)
+        return Oracle(
+            Daly(save_cost_s=scenario.save_cost_s, mtbf_s=scenario.job_mtbf_s),
+            scenario.step_time_s,
+        )
     return parse(spec)
 
 

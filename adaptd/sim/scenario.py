@@ -7,6 +7,8 @@ The format is a contract (``adaptd simulate --scenario``)::
     [job]
     steps = 500000                  # training steps to complete
     step_time_s = 1.2
+    first_step_s = 120.0            # optional: each incarnation's first step (a compile);
+                                    # >= step_time_s, default step_time_s
     gpus = 128
     [checkpoint]
     blocking_s = 0.8                # the loop is blocked this long per save
@@ -109,6 +111,12 @@ class Scenario:
     trace: tuple[float, ...] | None = None
     phases: tuple[Phase, ...] = ()
     description: str = ""
+    first_step_s: float | None = None  # None: as long as the other steps
+
+    @property
+    def warmup_s(self) -> float:
+        """What the first step of every incarnation takes beyond a normal step."""
+        return 0.0 if self.first_step_s is None else self.first_step_s - self.step_time_s
 
     @property
     def job_mtbf_s(self) -> float:
@@ -182,6 +190,8 @@ def _get(table: Mapping[str, Any], section: str, key: str, kind: type, default: 
         raise ScenarioError(
             f"[{section}] {key} must be a {kind.__name__}, got {value!r} ({type(value).__name__})"
         )
+    if kind is float and not math.isfinite(value):  # TOML has inf and nan
+        raise ScenarioError(f"[{section}] {key} must be a finite number, got {value!r}")
     return value
 
 
@@ -209,11 +219,12 @@ def _from_dict(data: Mapping[str, Any], default_name: str) -> Scenario:
     job = data.get("job") or {}
     ck = data.get("checkpoint") or {}
     fl = data.get("failures") or {}
-    _known(job, "job", {"steps", "step_time_s", "gpus"})
+    _known(job, "job", {"steps", "step_time_s", "first_step_s", "gpus"})
     _known(ck, "checkpoint", {"blocking_s", "latency_s", "slowdown", "restore_s"})
     _known(fl, "failures", {"distribution", "mtbf_gpu_hours", "weibull_shape", "trace"})
     steps = _get(job, "job", "steps", int)
     step_time = _get(job, "job", "step_time_s", float)
+    first_step = _get(job, "job", "first_step_s", float, None)
     gpus = _get(job, "job", "gpus", int, 1)
     blocking = _get(ck, "checkpoint", "blocking_s", float)
     latency = _get(ck, "checkpoint", "latency_s", float, blocking)
@@ -226,6 +237,11 @@ def _from_dict(data: Mapping[str, Any], default_name: str) -> Scenario:
     checks = [
         (steps >= 1, "[job] steps must be >= 1", steps),
         (step_time > 0, "[job] step_time_s must be > 0", step_time),
+        (
+            first_step is None or first_step >= step_time,
+            "[job] first_step_s (the first step of each incarnation) must be >= step_time_s",
+            first_step,
+        ),
         (gpus >= 1, "[job] gpus must be >= 1", gpus),
         (blocking >= 0, "[checkpoint] blocking_s must be >= 0", blocking),
         (
@@ -254,8 +270,10 @@ def _from_dict(data: Mapping[str, Any], default_name: str) -> Scenario:
             raise ScenarioError(
                 f"[failures] trace must be a list of seconds, got {trace_raw!r}"
             ) from None
-        if any(x < 0 for x in trace):
-            raise ScenarioError("[failures] trace times must be >= 0 seconds")
+        if not all(math.isfinite(x) and x >= 0 for x in trace):
+            raise ScenarioError(
+                f"[failures] trace times must be finite and >= 0 seconds, got {trace_raw!r}"
+            )
     phases = []
     for i, ph in enumerate(data.get("phases") or []):
         sec = f"phases.{i}"
@@ -279,6 +297,7 @@ def _from_dict(data: Mapping[str, Any], default_name: str) -> Scenario:
         description=str(data.get("description") or ""),
         steps=steps,
         step_time_s=step_time,
+        first_step_s=first_step,
         gpus=gpus,
         blocking_s=blocking,
         latency_s=latency,

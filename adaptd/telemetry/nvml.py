@@ -2,7 +2,8 @@
 
 The NVML library object is injected: by default the real ``pynvml`` module (from
 nvidia-ml-py); the tests and benchmarks pass ``FixtureNvml`` (``tests/nvml_fixture.py``,
-kept out of the runtime package), which replays recorded answers.
+kept out of the runtime package), which replays a fixture (synthetic today, see
+``tests/fixtures/nvml/README.md``).
 Anything with the same function names, an ``NVMLError`` class carrying the error
 code in ``.value`` and NVML's integer codes will do.
 

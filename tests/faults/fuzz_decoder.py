@@ -1,38 +1,76 @@
-"""Coverage-guided fuzzing (atheris, libFuzzer) of the daemon's message decoders.
+"""Coverage-guided fuzzing (atheris, libFuzzer) of the daemon's validation layer.
 
-Every input is given to the three decoders the daemon and the hook run on bytes
-from a socket: :func:`adaptd.protocol.decode_client`, :func:`~adaptd.protocol.decode_daemon`
+Every input goes to the three decoders the daemon and the hook run on bytes from a
+socket: :func:`adaptd.protocol.decode_client`, :func:`~adaptd.protocol.decode_daemon`
 and :func:`adaptd.admin.decode_request`. Each must either return a message that
-re-encodes to an equal message, or raise its one refusal type with a known code;
-any other exception, a hang or a crash is a finding (libFuzzer saves the input as
-``crash-*``). The corpus starts from one valid encoding of every message kind.
+re-encodes to an equal message, or raise its one refusal type with a known code. A
+client message that is accepted then goes where the daemon sends it: a registry (the
+job's tracker), the default policy and a state store (in memory), none of which may
+raise. Any other exception, a hang or a crash is a finding (libFuzzer saves the
+input as ``crash-*``).
+
+msgspec's C parser is not coverage-instrumented, so byte-level mutation alone stalls
+at its door. The corpus therefore starts from a valid message of every kind
+(tests/faults/_schemas.py builds them from the structs), and a structure-aware
+mutator mostly decodes an input as a msgpack map, sets one field to an edge value
+from the contract (NaN, ±inf, negative, beyond int64, too long, wrong type...), drops
+or adds a field, and re-encodes it; one input in five gets libFuzzer's byte mutation.
 
 Run by hand for as long as you like (``-max_total_time`` in seconds)::
 
     python tests/faults/fuzz_decoder.py -max_total_time=600 -seed=1 /tmp/adaptd-corpus
 
 ``tests/faults/test_protocol_abuse.py::test_atheris_fuzzes_the_decoders`` runs it for
-a bounded number of inputs in the suite. atheris instruments the Python code
-(adaptd's decoders and their checks); msgspec's C parser underneath is exercised
-but not coverage-instrumented.
+a bounded number of inputs in the suite.
 """
 
 from __future__ import annotations
 
+import logging
+import random
 import sys
 from pathlib import Path
 
 import atheris
+import msgspec
 
 with atheris.instrument_imports(include=["adaptd"]):
     from adaptd import admin
     from adaptd import protocol as p
+    from adaptd.policy import parse
+    from adaptd.registry import Registry
+    from adaptd.snapshot import Snapshot
+    from adaptd.store import Store
 
-CODES = {"malformed", "invalid", "version", "too_large"}
+sys.path.insert(0, str(Path(__file__).parent))
+from _schemas import CODES, KINDS, edges, fields, minimal
+
+BY_TAG = {k.tag: k for k in KINDS}
+POLICY = parse("default")
+logging.getLogger("adaptd").setLevel(logging.ERROR)  # the in-memory store warns once
+STORE = Store.open(":memory:")
+
+
+def consume(msg: p.ClientMessage) -> None:
+    """What the daemon does with an accepted client message, minus the sockets."""
+    reg = Registry(emit=STORE.on_event)
+    hello = msg if isinstance(msg, p.Hello) else p.Hello(v=p.VERSION, job=msg.job, rank=msg.rank)
+    job, rank, _ = reg.hello(b"peer", hello, 1.0)
+    if isinstance(msg, p.Steps):
+        reg.steps(job, rank, msg, 2.0)
+    elif isinstance(msg, p.SaveReport):
+        reg.save_report(job, rank, msg, 2.0)
+    elif isinstance(msg, p.Goodbye):
+        reg.goodbye(job, rank, msg, 2.0)
+    POLICY.decide(Snapshot(time=2.0), job.tracker.state(time=2.0))
+    errors = STORE.write_errors
+    STORE.flush()
+    if STORE.write_errors != errors:
+        raise AssertionError(f"the store could not write {msg!r}: {STORE.last_error}")
 
 
 def check(data: bytes) -> None:
-    """One input: accepted and round-tripping, or refused with a known code."""
+    """One input: accepted and round-tripping (and consumed), or refused with a known code."""
     for decode, encode, refusal in (
         (p.decode_client, p.encode, p.ProtocolError),
         (p.decode_daemon, p.encode, p.ProtocolError),
@@ -46,36 +84,59 @@ def check(data: bytes) -> None:
             continue
         if decode(encode(msg)) != msg:
             raise AssertionError(f"{msg!r} does not round-trip")
+        if decode is p.decode_client:
+            consume(msg)
+
+
+def mutate(data: bytes, max_size: int, seed: int) -> bytes:
+    """Mostly a structured change of one field; sometimes libFuzzer's byte mutation."""
+    rng = random.Random(seed)
+    try:
+        doc = msgspec.msgpack.decode(data)
+    except msgspec.DecodeError:
+        doc = None
+    if not isinstance(doc, dict) or rng.random() < 0.2:
+        return atheris.Mutate(data, max_size)
+    tags = [(field, doc.get(field)) for field in ("kind", "op")]
+    kind = next((BY_TAG[t] for t in tags if isinstance(t[1], str) and t in BY_TAG), None)
+    names = list(fields(kind)) if kind is not None else []
+    roll = rng.random()
+    if names and roll < 0.6:  # one field to an edge value, or to a plain valid one
+        name, t, _ = rng.choice(names)
+        if rng.random() < 0.8:
+            doc[name] = rng.choice(edges(kind, name, t)).value
+        else:
+            doc[name] = minimal(kind).get(name, rng.choice([0, 1.0, "x", None, True]))
+    elif roll < 0.7:  # another kind's tag: the same fields against another schema
+        other = rng.choice(KINDS)
+        doc = {**doc, other.tag[0]: other.tag[1]}
+    elif roll < 0.8 and doc:  # a field gone
+        del doc[rng.choice(list(doc))]
+    elif roll < 0.9:  # a field from another message, with a random value
+        other = rng.choice(KINDS)
+        extra = list(fields(other))
+        if extra:
+            name, t, _ = rng.choice(extra)
+            doc[name] = rng.choice(edges(other, name, t)).value
+    else:
+        doc["v"] = rng.choice([p.VERSION, p.VERSION + 1, -1, 2**64 - 1, 1.0, "1"])
+    out = msgspec.msgpack.encode(doc)
+    return out if len(out) <= max_size else atheris.Mutate(data, max_size)
 
 
 def seeds() -> list[bytes]:
-    """One valid encoding of every message kind, for the starting corpus."""
-    v = p.VERSION
-    return [
-        p.encode(p.Hello(v=v, job="j", rank=1, world_size=2, pid=7, checkpoint_dir="/ck")),
-        p.encode(p.Steps(v=v, job="j", rank=0, step=10, count=10, mean_s=0.1, max_s=0.2)),
-        p.encode(p.SaveReport(v=v, job="j", rank=0, step=10, blocking_s=0.1, durable_s=1, bytes=9)),
-        p.encode(p.Goodbye(v=v, job="j", rank=0, step=10, reason="done")),
-        p.encode(p.Welcome(v=v, job="j", rank=0)),
-        p.encode(p.Plan(v=v, job="j", seq=1, next_step=100, every_steps=50, interval_s=3.0)),
-        p.encode(p.SaveNow(v=v, job="j", reason="ops", at_step=3)),
-        p.encode(p.Error(v=v, code="invalid", message="x")),
-        admin.encode(admin.SaveNowRequest(job="j")),
-        admin.encode(admin.DrainRequest(timeout_s=5)),
-        admin.encode(admin.SetPolicyRequest(job="j", spec="fixed:steps=5")),
-        admin.encode(admin.PauseRequest(job=None, paused=True)),
-        admin.encode(admin.StatusRequest()),
-    ]
+    """A valid message of every kind, for the starting corpus."""
+    return [msgspec.msgpack.encode(minimal(k)) for k in KINDS]
 
 
 def main(argv: list[str]) -> None:
     corpus = [a for a in argv[1:] if not a.startswith("-")]
-    if corpus:  # seed the first corpus directory once
+    if corpus and not Path(corpus[0]).is_file():  # seed the corpus directory (a file: rerun it)
         d = Path(corpus[0])
         d.mkdir(parents=True, exist_ok=True)
         for i, seed in enumerate(seeds()):
             (d / f"seed-{i:02d}").write_bytes(seed)
-    atheris.Setup(argv, check)
+    atheris.Setup(argv, check, custom_mutator=mutate)
     atheris.Fuzz()
 
 

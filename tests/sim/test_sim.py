@@ -1,18 +1,18 @@
-"""The simulator: determinism, accounting, common random numbers, and agreement with
-the analytic waste of a fixed interval."""
+"""The simulator: determinism, accounting, common random numbers, the slow first step
+and what the tracker hears. Agreement with the closed form: test_theory.py."""
 
 from __future__ import annotations
 
 import json
 import math
-import statistics
 import subprocess
 import sys
 import time
 
 import pytest
 
-from adaptd import model, sim
+from adaptd import sim
+from adaptd.estimators import JobTracker
 from adaptd.policies import Fixed
 from adaptd.sim.engine import FailureClock, _Run
 
@@ -43,11 +43,11 @@ def test_same_seed_same_result_and_seeds_differ() -> None:
 
 
 def test_every_second_is_accounted_for() -> None:
-    for name in ("fast", "nfs-storm"):
+    for name in ("fast", "nfs-storm", "slow-first-step"):
         s = scenario() if name == "fast" else sim.load(name)
         for spec in ("fixed:steps=50", "default", "phased"):
             r = sim.run(s, sim.resolve(spec, s), 1)
-            parts = r.useful_s + r.checkpoint_overhead_s + r.lost_work_s + r.restart_s
+            parts = r.useful_s + r.checkpoint_overhead_s + r.lost_work_s + r.restart_s + r.warmup_s
             assert r.wall_s == pytest.approx(parts, rel=1e-9)
             assert r.useful_s == s.steps * s.step_time_s
 
@@ -59,23 +59,6 @@ def test_common_random_numbers_give_every_policy_the_same_failures() -> None:
     r1 = _Run(s, Fixed(steps=50), 5)
     r2 = _Run(s, Fixed(steps=5000), 5)
     assert r1.next_fail == r2.next_fail
-
-
-@pytest.mark.slow
-def test_fixed_interval_waste_matches_the_analytic_expectation() -> None:
-    s = scenario()
-    every = 300
-    waste = [1 - sim.run(s, Fixed(steps=every), seed).goodput for seed in range(40)]
-    mean, err = statistics.fmean(waste), statistics.stdev(waste) / math.sqrt(len(waste))
-    expected = model.waste_fraction(
-        every * s.step_time_s,
-        s.save_cost_s,
-        s.job_mtbf_s,
-        latency_s=s.latency_s,
-        restart_s=s.restore_s,
-        blocking_s=s.blocking_s,
-    )
-    assert abs(mean - expected) < 3 * err + 0.002, (mean, err, expected)
 
 
 def test_storm_phases_slow_saves_and_the_tracker_follows() -> None:
@@ -91,7 +74,8 @@ def test_online_learning_matches_the_truth() -> None:
     r = _Run(s, sim.resolve("daly", s), 0)
     r.run()
     assert r.tracker.save_cost_s == pytest.approx(s.save_cost_s)
-    assert r.tracker.restore_s == pytest.approx(s.restore_s)
+    # as the daemon does, a restart ends with the first step report: it includes the step
+    assert r.tracker.restore_s == pytest.approx(s.restore_s + s.step_time_s)
     # failures during a restart are invisible to a daemon, so M is a little high
     assert r.tracker.mtbf_s == pytest.approx(s.job_mtbf_s, rel=0.1)
 
@@ -104,6 +88,44 @@ def test_trace_replays_given_failure_times() -> None:
     # speed: at t=1000 the job is at step 500 + 13.5 + 480; all past 500 is lost
     assert r.lost_work_s == pytest.approx(493.5)
     assert r.restart_s == 60.0
+
+
+class Heard(JobTracker):
+    """The real tracker, keeping a log of the step reports and restarts it was given."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.log: list[tuple] = []
+
+    def on_steps(self, time, step, count, mean_s, save_in_flight=False) -> None:
+        self.log.append(("steps", time, step, count, mean_s))
+        super().on_steps(time, step, count, mean_s, save_in_flight)
+
+    def on_restart(self, restore_s: float) -> None:
+        self.log.append(("restart", restore_s))
+        super().on_restart(restore_s)
+
+
+def test_the_first_step_of_every_incarnation_is_slow_and_reported_alone() -> None:
+    """A 31 s first step (30 s of warm-up), a failure at t=200: the start and the
+    restart each spend the warm-up, and each first step reaches the tracker as a
+    report of one step with its real duration, as the hook would send it."""
+    s = scenario(job__steps=1000, job__first_step_s=31.0, failures__trace=[200.0])
+    r = _Run(s, Fixed(steps=100), 0)
+    r.tracker = heard = Heard("sim", gpus=s.gpus)
+    out = r.run()
+    # warm-up to t=30; save at step 100 (t=130), blocked 5 s, written until t=150 at 90%
+    # speed: step 113.5; at t=200 step 163.5, 63.5 s lost; restart 60 s, warm-up 30 s
+    assert out.warmup_s == 60.0 and out.lost_work_s == pytest.approx(63.5)
+    assert out.restart_s == 60.0 and out.failures == 1
+    # then 900 steps with saves at 200, ..., 900 (6.5 s each): t = 290 + 900 + 8 x 6.5
+    assert out.wall_s == pytest.approx(1242.0)
+    assert out.saves == 9
+    firsts = [e for e in heard.log if e[0] == "steps" and e[3] == 1 and e[4] > 1.5]
+    assert firsts == [("steps", 31.0, 1, 1, 31.0), ("steps", 291.0, 101, 1, 31.0)]
+    # the daemon ends a restart at the first step report: vanished at 200, heard at 291
+    assert ("restart", 91.0) in heard.log
+    assert heard.restore_s == 91.0
 
 
 def test_a_500k_step_run_is_event_driven_and_fast() -> None:
@@ -122,6 +144,10 @@ def test_a_500k_step_run_is_event_driven_and_fast() -> None:
         ({"failures__distribution": "gamma"}, "distribution"),
         ({"job__steps": "many"}, "steps must be a int"),
         ({"job__color": 1}, "unknown key"),
+        ({"job__first_step_s": 0.5}, "first_step_s"),
+        ({"job__first_step_s": math.inf}, "first_step_s must be a finite number"),
+        ({"checkpoint__restore_s": math.nan}, "restore_s must be a finite number"),
+        ({"failures__trace": [10.0, math.nan]}, "trace times must be finite"),
     ],
 )
 def test_bad_scenarios_name_the_field(change, message) -> None:
@@ -130,7 +156,13 @@ def test_bad_scenarios_name_the_field(change, message) -> None:
 
 
 def test_builtin_scenarios_load() -> None:
-    assert sim.builtin_names() == ["llama3-16k", "nfs-storm", "seed-article", "weibull-fleet"]
+    assert sim.builtin_names() == [
+        "llama3-16k",
+        "nfs-storm",
+        "seed-article",
+        "slow-first-step",
+        "weibull-fleet",
+    ]
     s = sim.load("llama3-16k")
     assert s.gpus == 16384 and s.blocking_s == 30.0
     assert s.job_mtbf_s == pytest.approx(50000 * 3600 / 16384)
@@ -180,6 +212,7 @@ def test_cli_json_contract(tmp_path) -> None:
         "checkpoint_overhead_s",
         "lost_work_s",
         "restart_s",
+        "warmup_s",
         "saves",
         "failures",
     }
