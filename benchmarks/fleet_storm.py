@@ -50,6 +50,7 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -304,6 +305,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--deadline-s", type=float, default=900.0)
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--json-out", default=None)
+    parser.add_argument("--keep", action="store_true", help="keep the daemons' and jobs' logs")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--job", help=argparse.SUPPRESS)
     parser.add_argument("--dir", help=argparse.SUPPRESS)
@@ -333,7 +335,13 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"fleet_storm: the throttled mount (scripts/slowfs.py) failed: {exc}", file=sys.stderr
         )
+        shutil.rmtree(root, ignore_errors=True)
         return 1
+    if args.keep:
+        shutil.rmtree(root / "backing", ignore_errors=True)  # the checkpoints; logs stay
+        print(f"fleet_storm: logs kept in {root}", file=sys.stderr)
+    else:
+        shutil.rmtree(root, ignore_errors=True)
     rows = [summarise(r, args.cap) for r in runs]
     out = {
         "machine": _machine(),
