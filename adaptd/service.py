@@ -19,7 +19,7 @@
 5. the Prometheus endpoint;
 6. the telemetry :class:`~adaptd.telemetry.sampler.Sampler`, probed once before
    ``READY=1`` goes to systemd (:mod:`adaptd.sdnotify`);
-7. with a ``[fleet]``, the :class:`~adaptd.fleet.link.FleetLink` (docs/fleet.md), built
+7. with a ``[fleet]``, the :class:`~adaptd.fleet.part.FleetPart` (docs/fleet.md), built
    before the registry: its facts go into every snapshot, its pooled failure posterior
    to every tracker, the daemon's events to it, its slot wishes out at each tick (and
    at once when a slot is granted); it has its own thread for etcd, a metrics
@@ -56,6 +56,7 @@ from adaptd import events as ev
 from adaptd.admin_handler import admin_gid
 from adaptd.config import Config, StorageTarget
 from adaptd.estimators import FailureRate
+from adaptd.fleet.part import FleetPart
 from adaptd.learned import FAILURE_RATE_KEY, LEARNED_KEY, Learned
 from adaptd.logfmt import logfmt
 from adaptd.metrics import Metrics, MetricsError, MetricsServer
@@ -64,12 +65,10 @@ from adaptd.registry_view import RegistryView
 from adaptd.sdnotify import Notifier
 from adaptd.server import Daemon
 from adaptd.snapshot import Snapshot, StorageSample
-from adaptd.store import GLOBAL, Store, StoreError
+from adaptd.store import Store, StoreError
 from adaptd.transport import CurveKeys, DaemonError, Transport
 
 if TYPE_CHECKING:
-    from adaptd.fleet.config import FleetConfig
-    from adaptd.fleet.link import FleetLink
     from adaptd.telemetry.sampler import Sampler
     from adaptd.tiers.replica import UploadResult
     from adaptd.tiers.replicator import Replicator
@@ -83,9 +82,6 @@ __all__ = [
     "ServiceError",
     "storage_limits",
 ]
-
-#: Store key of the lifetimes and survivals this host saw in the fleet (docs/fleet.md).
-FLEET_HISTORY_KEY = "fleet_history"
 
 log = logging.getLogger("adaptd.service")
 
@@ -159,8 +155,7 @@ class Service:
         self._closed = False
         self._view: tuple[tuple[Any, ...], Snapshot] | None = None
         self.replicator: Replicator | None = None
-        self.fleet: FleetLink | None = None
-        self._registry: Registry | None = None
+        self.fleet: FleetPart | None = None
 
     @property
     def failure_rate(self) -> FailureRate | None:
@@ -190,8 +185,7 @@ class Service:
         from adaptd.telemetry.sampler import Sampler
 
         self.sampler = self._sampler or Sampler.default(interval=cfg.sample_interval_s)
-        if cfg.fleet is not None:
-            self._open_fleet(cfg.fleet)
+        self.fleet = FleetPart.build(cfg.fleet, self.learned, self.store, self.clock)
         replicator = None
         if any(o.replicate_to for o in cfg.jobs):
             from adaptd.tiers.replicator import Replicator
@@ -199,7 +193,7 @@ class Service:
             replicator = self.replicator = Replicator(
                 cfg,
                 on_upload=self._on_upload,
-                slot_gate=self.fleet.upload_slot if self.fleet is not None else None,
+                slot_gate=self.fleet.link.upload_slot if self.fleet is not None else None,
             )
         self.metrics = Metrics(
             slow_save_s=cfg.slow_save_s,
@@ -211,10 +205,7 @@ class Service:
         if replicator is not None:
             sinks.append(replicator.on_event)
         if self.fleet is not None:
-            sinks.append(self.fleet.on_event)
-            from adaptd.fleet.metrics import FleetCollector
-
-            self.metrics.registry.register(FleetCollector(self.fleet))
+            sinks.append(self.fleet.link.on_event)
         events = ev.EventBus(sinks)
         registry = Registry(
             emit=events,
@@ -222,7 +213,6 @@ class Service:
             tracker_factory=self.learned.tracker_for,
         )
         self.jobs = RegistryView(registry)
-        self._registry = registry
         curve = None
         if cfg.curve_secret_key and cfg.curve_client_keys:
             curve = CurveKeys(cfg.curve_secret_key, cfg.curve_client_keys)
@@ -252,8 +242,7 @@ class Service:
             raise ServiceError(str(exc)) from None
         self._set_permissions(parts.admin.admin_gid)
         if self.fleet is not None:
-            self.fleet.on_grant = self.daemon.tick_soon  # a grant is acted on at once
-            self.fleet.start()
+            self.fleet.start(registry, self.daemon, self.metrics.registry)
         if replicator is not None:
             replicator.start()
             log.info(
@@ -269,27 +258,6 @@ class Service:
         jobs = self._jobs_text()
         self.notifier.ready(f"serving {self.daemon.socket_path}; {jobs}")
         self._status_text = jobs
-
-    def _open_fleet(self, fleet_cfg: FleetConfig) -> None:
-        """The fleet link (docs/fleet.md); the trackers get its pooled failure posterior."""
-        assert self.learned is not None and self.store is not None
-        from adaptd import __version__
-        from adaptd.fleet.link import FleetLink
-
-        self.fleet = FleetLink(
-            fleet_cfg, failure_rate=self.learned.failure_rate, clock=self.clock,
-            version=__version__,
-        )  # fmt: skip
-        self.learned.failure_rate = self.fleet.failure_rate
-        self.fleet.knowledge.load_history(self.store.param(GLOBAL, FLEET_HISTORY_KEY))
-        log.info(
-            logfmt(
-                "fleet",
-                endpoints=",".join(fleet_cfg.settings.endpoints),
-                host=fleet_cfg.settings.host,
-                prefix=fleet_cfg.settings.prefix,
-            )
-        )
 
     def _status_extra(self) -> dict[str, Any]:
         """What ``adaptd status`` shows besides the jobs: telemetry, and the fleet."""
@@ -422,9 +390,7 @@ class Service:
         assert self.sampler is not None and self.jobs is not None
         snap = self.sampler.latest()
         writing = self.jobs.writing()
-        fleet = self.fleet.agent.view() if self.fleet is not None else None
-        usable = self.fleet.usable() is not None if self.fleet is not None else None
-        key = (id(snap), writing, id(fleet), usable)
+        key = (id(snap), writing, self.fleet.view_key() if self.fleet is not None else None)
         view = self._view
         if view is not None and view[0] == key:
             return view[1]
@@ -456,7 +422,7 @@ class Service:
         snapshot = self.snapshot()
         self.metrics.on_snapshot(snapshot)
         if self.fleet is not None:
-            self._fleet_tick(snapshot, now)
+            self.fleet.tick(now, snapshot)
         self.metrics.set_state_stats(
             write_errors=self.store.write_errors, dropped_rows=self.store.dropped
         )
@@ -469,20 +435,6 @@ class Service:
         if self.cfg.watchdog:
             self.notifier.tick(now)
 
-    def _fleet_tick(self, snapshot: Snapshot, now: float) -> None:
-        """Slot wishes out (from each job's latest decision); a job whose slot was just
-        granted is decided again at once, so its save starts at its next step."""
-        assert self.fleet is not None and self._registry is not None
-        assert self.daemon is not None
-        from adaptd.fleet.link import job_facts
-
-        before = self.fleet.granted()
-        self.fleet.wishes(now, job_facts(self._registry, snapshot, now))
-        for job_id in self.fleet.granted() - before:
-            job = self._registry.jobs.get(job_id)
-            if job is not None:
-                self.daemon.parts.planner.decide(job, now)
-
     def _jobs_text(self) -> str:
         assert self.jobs is not None
         return f"{self.jobs.active} jobs connected, {self.jobs.lost} lost"
@@ -491,8 +443,8 @@ class Service:
         """Queue the failure-rate posterior and every known job's learned costs."""
         if self.learned is not None and self.jobs is not None:
             self.learned.keep_all(self.jobs.learned())
-        if self.fleet is not None and self.store is not None:
-            self.store.set_param(GLOBAL, FLEET_HISTORY_KEY, self.fleet.knowledge.history())
+        if self.fleet is not None:
+            self.fleet.persist()
 
     # ------------------------------------------------------------------ run
 
@@ -543,7 +495,7 @@ class Service:
                 self.persist_learned()
         if self.fleet is not None:
             with contextlib.suppress(Exception):
-                self.fleet.stop()  # bounded: publishes, releases its claims, revokes
+                self.fleet.close()
         if self.daemon is not None:
             self.daemon.close()
         if self.metrics_server is not None:
