@@ -26,11 +26,13 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-# save_storm takes 2-4 minutes and needs root or FUSE permissions (scripts/slowfs.py).
+# save_storm takes 2-4 minutes and needs root or FUSE permissions (scripts/slowfs.py);
+# fleet_storm (8 daemons + 8 TF jobs, etcd) about 8 minutes, and etcd (scripts/install-test-deps.sh).
 bench: $(STAMP)
 	$(BIN)/python benchmarks/hook_cost.py
 	$(BIN)/python benchmarks/save_stall.py
 	$(BIN)/python benchmarks/save_storm.py
+	$(BIN)/python benchmarks/fleet_storm.py --hosts 8 --saves 2 --bandwidth-mib-s 16
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

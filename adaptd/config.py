@@ -18,6 +18,8 @@ table)::
                          entry wins, matching globs fill the rest)
     [storage."NAME"]     limits per storage target
     [destinations.NAME]  where the daemon replicates jobs' checkpoints (docs/tiers.md)
+    [fleet]              daemons sharing write slots and failures through etcd
+                         (docs/fleet.md; its own schema: :mod:`adaptd.fleet.config`)
 
 :func:`load` is what ``adaptd serve`` and ``adaptd serve --check-config`` call: it
 returns a :class:`Config` or raises :class:`ConfigError` whose message names the
@@ -56,6 +58,7 @@ from adaptd.config_schema import (
     parse_listen,
     show,
 )
+from adaptd.fleet.config import FleetConfig, endpoints_from, parse_fleet
 from adaptd.policy import PolicyError, parse
 
 if sys.version_info >= (3, 11):
@@ -181,6 +184,7 @@ class Config:
     jobs: tuple[JobOverride, ...]
     storage: Mapping[str, StorageTarget]
     destinations: Mapping[str, Destination]
+    fleet: FleetConfig | None = None  # [fleet]; None: no fleet (adaptd.fleet)
     source: str  # the file this came from ("" for built-in defaults)
 
     @property
@@ -311,6 +315,8 @@ class Config:
         }
         for dest in out["destinations"].values():
             dest["storage_options"] = _redacted(dest["storage_options"])
+        if self.fleet is not None:
+            out["fleet"] = self.fleet.as_table()
         return out
 
     def to_toml(self) -> str:
@@ -327,6 +333,13 @@ class Config:
             where = TABLES[section][0]
             for entry, values in d[section].items():
                 lines += ["", f"[{where.format(entry)}]", *_toml_keys(values)]
+        if "fleet" in d:
+            fleet = dict(d["fleet"])
+            shared = fleet.pop("shared")
+            lines += ["", "[fleet]", *_toml_keys(fleet)]
+            if shared:  # paths as keys: quoted
+                lines += ["", "[fleet.shared]"]
+                lines += [f"{json.dumps(k)} = {_toml_value(v)}" for k, v in shared.items()]
         return "\n".join(lines) + "\n"
 
 
@@ -433,7 +446,7 @@ def loads(text: str, *, source: str = "<config>") -> Config:
 def from_mapping(data: Mapping[str, Any], *, source: str = "") -> Config:
     """Validate an already-parsed TOML document; raises :class:`ConfigError`."""
     check = Check(source)
-    check.table(data, "", SECTIONS)
+    check.table(data, "", (*SECTIONS, "fleet"))
     values: dict[str, Any] = {}
     for section, settings in SETTINGS.items():
         table = check.table(data.get(section, {}), section, [s.key for s in settings])
@@ -448,11 +461,17 @@ def from_mapping(data: Mapping[str, Any], *, source: str = "") -> Config:
     storage = MappingProxyType(
         _entries(check, data, "storage", lambda n, v: StorageTarget(name=n, **v))
     )
+    try:  # [fleet] has its own schema; ADAPTD_ETCD gives endpoints without a file
+        fleet = parse_fleet(data.get("fleet"), endpoints=endpoints_from(os.environ, None))
+    except ValueError as exc:
+        key, _, message = str(exc).partition(": ")
+        raise check.fail(key, message) from None
     return Config(
         **values,
         jobs=tuple(jobs.values()),
         storage=storage,
         destinations=destinations,
+        fleet=fleet,
         source=source,
     )
 

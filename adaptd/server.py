@@ -137,6 +137,7 @@ class Daemon:
         self._stopping = threading.Event()
         self._stop_requested = False
         self._stop_drain_s = 0.0
+        self._tick_soon = False
         self._thread: threading.Thread | None = None
 
     # ------------------------------------------------------------------ what others read
@@ -300,13 +301,20 @@ class Daemon:
             if admin_ready:
                 self._handle(transport.admin_frames(), self.parts.admin.on_frames)
             now = self.clock()
-            if now >= next_tick:
+            if now >= next_tick or self._tick_soon:
+                self._tick_soon = False
                 self.tick(now)
                 next_tick = now + self.tick_interval_s
             if drains:
                 drains.check(now)
             if drains.shutdown_over:
                 break
+
+    def tick_soon(self) -> None:
+        """Run the tick hooks at once instead of at the next second (safe from any
+        thread: the fleet's thread calls it when a write slot is granted)."""
+        self._tick_soon = True
+        self.transport.wake()
 
     def _handle(
         self, batch: Iterable[list[zmq.Frame]], handle: Callable[[list[zmq.Frame]], None]

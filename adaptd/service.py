@@ -18,7 +18,12 @@
    is never world-reachable, not even between bind and chmod);
 5. the Prometheus endpoint;
 6. the telemetry :class:`~adaptd.telemetry.sampler.Sampler`, probed once before
-   ``READY=1`` goes to systemd (:mod:`adaptd.sdnotify`).
+   ``READY=1`` goes to systemd (:mod:`adaptd.sdnotify`);
+7. with a ``[fleet]``, the :class:`~adaptd.fleet.part.FleetPart` (docs/fleet.md), built
+   before the registry: its facts go into every snapshot, its pooled failure posterior
+   to every tracker, the daemon's events to it, its slot wishes out at each tick (and
+   at once when a slot is granted); it has its own thread for etcd, a metrics
+   collector and a section in ``adaptd status``.
 
 Everything a part needs is passed to it when it is built; nothing is set afterwards.
 
@@ -44,13 +49,14 @@ import signal
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from adaptd import admin, assembly
 from adaptd import events as ev
 from adaptd.admin_handler import admin_gid
 from adaptd.config import Config, StorageTarget
 from adaptd.estimators import FailureRate
+from adaptd.fleet.part import FleetPart
 from adaptd.learned import FAILURE_RATE_KEY, LEARNED_KEY, Learned
 from adaptd.logfmt import logfmt
 from adaptd.metrics import Metrics, MetricsError, MetricsServer
@@ -147,8 +153,9 @@ class Service:
         self._last_persist: float | None = None
         self._status_text = ""
         self._closed = False
-        self._view: tuple[int, frozenset[str], Snapshot] | None = None
+        self._view: tuple[tuple[Any, ...], Snapshot] | None = None
         self.replicator: Replicator | None = None
+        self.fleet: FleetPart | None = None
 
     @property
     def failure_rate(self) -> FailureRate | None:
@@ -178,15 +185,19 @@ class Service:
         except StoreError as exc:
             raise ServiceError(f"daemon.db_path: {exc}") from None
         self.learned = Learned(self.store, gpu_mtbf_s=cfg.gpu_mtbf_s)
-        from adaptd.telemetry import report
         from adaptd.telemetry.sampler import Sampler
 
         self.sampler = self._sampler or Sampler.default(interval=cfg.sample_interval_s)
+        self.fleet = FleetPart.build(cfg.fleet, self.learned, self.store, self.clock)
         replicator = None
         if any(o.replicate_to for o in cfg.jobs):
             from adaptd.tiers.replicator import Replicator
 
-            replicator = self.replicator = Replicator(cfg, on_upload=self._on_upload)
+            replicator = self.replicator = Replicator(
+                cfg,
+                on_upload=self._on_upload,
+                slot_gate=self.fleet.link.upload_slot if self.fleet is not None else None,
+            )
         self.metrics = Metrics(
             slow_save_s=cfg.slow_save_s,
             replication=None
@@ -196,6 +207,8 @@ class Service:
         sinks = [self.store.on_event, self.metrics.on_event, self._on_event]
         if replicator is not None:
             sinks.append(replicator.on_event)
+        if self.fleet is not None:
+            sinks.append(self.fleet.link.on_event)
         events = ev.EventBus(sinks)
         registry = Registry(
             emit=events,
@@ -216,7 +229,7 @@ class Service:
                 tick_hooks=[self.sample, self.tick],
                 job_settings=self._initial_settings(),
                 config_settings=self._configured_settings,
-                status_extra=lambda: report.to_dict(self.snapshot()),
+                status_extra=self._status_extra,
                 replication_source=replicator.status if replicator is not None else None,
                 admin_group_id=admin_gid(cfg.admin_group),
             )
@@ -231,6 +244,8 @@ class Service:
         except DaemonError as exc:
             raise ServiceError(str(exc)) from None
         self._set_permissions(parts.admin.admin_gid)
+        if self.fleet is not None:
+            self.fleet.start(registry, self.daemon, self.metrics.registry)
         if replicator is not None:
             replicator.start()
             log.info(
@@ -246,6 +261,15 @@ class Service:
         jobs = self._jobs_text()
         self.notifier.ready(f"serving {self.daemon.socket_path}; {jobs}")
         self._status_text = jobs
+
+    def _status_extra(self) -> dict[str, Any]:
+        """What ``adaptd status`` shows besides the jobs: telemetry, and the fleet."""
+        from adaptd.telemetry import report
+
+        out = report.to_dict(self.snapshot())
+        if self.fleet is not None:
+            out["fleet"] = self.fleet.status()
+        return out
 
     def _initial_settings(self) -> dict[str, admin.JobSettings]:
         """Exact-id ``[jobs."ID"]`` entries of the config (merged with the globs that
@@ -369,9 +393,10 @@ class Service:
         assert self.sampler is not None and self.jobs is not None
         snap = self.sampler.latest()
         writing = self.jobs.writing()
+        key = (id(snap), writing, self.fleet.view_key() if self.fleet is not None else None)
         view = self._view
-        if view is not None and view[0] == id(snap) and view[1] == writing:
-            return view[2]
+        if view is not None and view[0] == key:
+            return view[1]
         limits = storage_limits(snap.storage, self.cfg.storage.values())
         if (writing or limits) and snap.storage:
             storage = tuple(
@@ -385,7 +410,9 @@ class Service:
             out = dataclasses.replace(snap, storage=storage)
         else:
             out = snap
-        self._view = (id(snap), writing, out)
+        if self.fleet is not None:
+            out = self.fleet.decorate(out, limits)
+        self._view = (key, out)
         return out
 
     def tick(self, now: float) -> None:
@@ -395,7 +422,10 @@ class Service:
             self.persist_learned()
             self._last_persist = now
         self.store.flush()
-        self.metrics.on_snapshot(self.snapshot())
+        snapshot = self.snapshot()
+        self.metrics.on_snapshot(snapshot)
+        if self.fleet is not None:
+            self.fleet.tick(now, snapshot)
         self.metrics.set_state_stats(
             write_errors=self.store.write_errors, dropped_rows=self.store.dropped
         )
@@ -416,6 +446,8 @@ class Service:
         """Queue the failure-rate posterior and every known job's learned costs."""
         if self.learned is not None and self.jobs is not None:
             self.learned.keep_all(self.jobs.learned())
+        if self.fleet is not None:
+            self.fleet.persist()
 
     # ------------------------------------------------------------------ run
 
@@ -464,6 +496,9 @@ class Service:
         if persist:
             with contextlib.suppress(Exception):
                 self.persist_learned()
+        if self.fleet is not None:
+            with contextlib.suppress(Exception):
+                self.fleet.close()
         if self.daemon is not None:
             self.daemon.close()
         if self.metrics_server is not None:

@@ -65,6 +65,12 @@ class StorageSample:
     # the operator's limit of jobs saving here at once ([storage."NAME"]
     # max_concurrent_saves); None: the policy's own setting
     max_writers: int | None = None
+    # The fleet's write slots on this target (adaptd.fleet), set only while the daemon
+    # coordinates the target with other hosts and etcd answers: the fleet-wide cap, and
+    # this host's jobs holding a slot now. None: decide locally (a local disk, no
+    # [fleet], or etcd out of reach).
+    fleet_slots: int | None = None
+    fleet_holding: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +81,25 @@ class HostSample:
     mem_total_bytes: int | None = None
     cpu_load: float | None = None  # 1-minute load average / cores
     draining: bool = False  # the host is being drained (operator or shutdown)
+
+
+@dataclass(frozen=True, slots=True)
+class FleetSample:
+    """What the fleet (daemons sharing etcd, :mod:`adaptd.fleet`) knows, when it answers.
+
+    ``failure_shape`` is the Weibull shape fitted to the fleet's failure times
+    (posterior median) and ``failure_shape_high`` the upper end of its 90% credible
+    interval; ``None`` until the fleet has seen enough failures.
+    """
+
+    hosts: int = 0
+    failure_shape: float | None = None
+    failure_shape_high: float | None = None
+
+    @property
+    def bursty(self) -> bool:
+        """Failures are credibly Weibull with shape < 1 (the hazard falls with age)."""
+        return self.failure_shape_high is not None and self.failure_shape_high < 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +114,7 @@ class Snapshot:
     gpus: tuple[GpuSample, ...] = ()
     storage: tuple[StorageSample, ...] = ()
     host: HostSample | None = None
+    fleet: FleetSample | None = None  # None: no fleet, or etcd out of reach
 
     def storage_for(self, target: str | None) -> StorageSample | None:
         """The sample for ``target``, or ``None`` when it is unknown."""

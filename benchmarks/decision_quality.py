@@ -30,6 +30,18 @@ in, so a target also fails when it is met "too well" (a broken reference):
   of re-timing saves by age at shape 0.7 is a few percent; a larger one means a
   broken comparison).
 
+Per-job learning beside fleet learning (issue 13; ``--only fleet``): the same job
+learning M from its own failures only (``default``), and starting from a fleet's
+history drawn from the scenario's own failure distribution (``default, fleet
+history``: 4,096 GPUs over 30 days, see docs/simulator.md), on llama3-16k as it is and
+with the true per-GPU MTBF 4x worse and 4x better than the prior, and on
+weibull-fleet. Targets:
+
+- on the three llama3-16k variants (exponential), the default with the fleet's history
+  wastes at most 5% more than the oracle (and no less than it minus 4 SE);
+- on weibull-fleet, it wastes no more than ``weibull`` with the true shape and less
+  than ``daly`` (both learning M per job).
+
 Each target also gets z = mean difference / its standard error: |z| < 2 means the
 sign is not established by that many seeds (rerun with ``--only`` and more seeds).
 Prints a Markdown report (and writes it to ``--out``); exit status 1 if a check or a
@@ -49,6 +61,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from adaptd import model, sim
+from adaptd.estimators import PRIOR_GPU_MTBF_S
+from adaptd.fleet.history import FleetHistory
 from adaptd.policy import steps_for_seconds
 from adaptd.sim import theory
 from adaptd.sim.runner import ProgressBar, Summary
@@ -60,6 +74,24 @@ PLAN = {
     "weibull-fleet": ["oracle", "daly", "weibull", "default", "phased"],
     "seed-article": ["oracle", "default", "fixed:steps=50", "phased", "budget"],
 }
+
+#: Per-job beside fleet learning (issue 13): label -> (scenario, true per-GPU MTBF in
+#: hours or None for the scenario's own, the per-job policies run beside the fleet's).
+FLEET_PLAN = {
+    "llama3-16k": ("llama3-16k", None, ["oracle", "default"]),
+    "llama3-16k, MTBF 4x worse than the prior": (
+        "llama3-16k",
+        PRIOR_GPU_MTBF_S / 4 / 3600,
+        ["oracle", "default"],
+    ),
+    "llama3-16k, MTBF 4x better than the prior": (
+        "llama3-16k",
+        PRIOR_GPU_MTBF_S * 4 / 3600,
+        ["oracle", "default"],
+    ),
+    "weibull-fleet": ("weibull-fleet", None, ["oracle", "daly", "weibull", "default"]),
+}
+FLEET = "default, fleet history"
 
 #: Standard errors a simulated mean may sit from the closed form.
 SANITY_Z = 4.0
@@ -184,8 +216,57 @@ def targets(results: dict[str, dict[str, Summary]]) -> list[Target]:
     return out
 
 
-def table(name: str, summaries: list[Summary], seconds: float) -> list[str]:
-    s = sim.load(name)
+def fleet_targets(results: dict[str, dict[str, Summary]]) -> list[Target]:
+    out: list[Target] = []
+    for name, r in results.items():
+        if name.startswith("llama3-16k"):
+            _, e = paired(r[FLEET], r["oracle"])
+            out.append(
+                Target(
+                    f"{name}: default with the fleet's history within 5% of oracle's waste, "
+                    f"≥ −{SANITY_Z:g} SE",
+                    r[FLEET],
+                    r["oracle"],
+                    -SANITY_Z * e,
+                    0.05 * r["oracle"].waste_s,
+                    relative=True,
+                )
+            )
+        else:
+            out.append(
+                Target(
+                    f"{name}: default with the fleet's history wastes no more than weibull "
+                    "with the true shape",
+                    r[FLEET],
+                    r["weibull"],
+                    -math.inf,
+                    0.0,
+                    relative=True,
+                )
+            )
+            out.append(
+                Target(
+                    f"{name}: default with the fleet's history wastes less than daly",
+                    r[FLEET],
+                    r["daly"],
+                    -math.inf,
+                    0.0,
+                    relative=True,
+                )
+            )
+    return out
+
+
+def fleet_scenario(label: str) -> sim.Scenario:
+    base, mtbf_h, _ = FLEET_PLAN[label]
+    s = sim.load(base)
+    return s if mtbf_h is None else replace(s, mtbf_gpu_hours=mtbf_h, name=label)
+
+
+def table(
+    name: str, summaries: list[Summary], seconds: float, s: sim.Scenario | None = None
+) -> list[str]:
+    s = s or sim.load(name)
     h = 3600.0
     first = f", first step {s.first_step_s:g} s" if s.first_step_s is not None else ""
     out = [
@@ -227,12 +308,16 @@ def main() -> int:
     ap.add_argument("--jobs", type=int, default=None)
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument(
-        "--only", choices=sorted(PLAN), action="append", help="run only this scenario (repeatable)"
+        "--only",
+        choices=[*sorted(PLAN), "fleet"],
+        action="append",
+        help="run only this scenario, or the per-job vs fleet comparison (repeatable)",
     )
     args = ap.parse_args()
     if args.seeds < 3:
         ap.error(f"--seeds must be >= 3 (standard errors need them), got {args.seeds}")
     plan = {k: v for k, v in PLAN.items() if not args.only or k in args.only}
+    with_fleet = not args.only or "fleet" in args.only
     only = "".join(f" --only {k}" for k in args.only or ())
     results: dict[str, dict[str, Summary]] = {}
     tables: list[str] = []
@@ -249,7 +334,21 @@ def main() -> int:
         results[name] = {x.policy: x for x in got}
         tables += table(name, got, time.monotonic() - start)
 
-    checks = [t.check() for t in targets(results)]
+    fleet_results: dict[str, dict[str, Summary]] = {}
+    fleet_tables: list[str] = []
+    for label, (_, _, specs) in FLEET_PLAN.items() if with_fleet else ():
+        start = time.monotonic()
+        s = fleet_scenario(label)
+        got = sim.compare(s, specs, args.seeds, progress=ProgressBar(), jobs=args.jobs)
+        (learned,) = sim.compare(
+            s, ["default"], args.seeds, progress=ProgressBar(), jobs=args.jobs,
+            fleet=FleetHistory(),
+        )  # fmt: skip
+        got.append(replace(learned, policy=FLEET))
+        fleet_results[label] = {x.policy: x for x in got}
+        fleet_tables += table(label, got, time.monotonic() - start, s)
+
+    checks = [t.check() for t in [*targets(results), *fleet_targets(fleet_results)]]
     lines = [
         "# Decision quality (issues 4, 11 and 16)",
         "",
@@ -265,6 +364,19 @@ def main() -> int:
         "",
         *rows(sanity, met="holds"),
         *tables,
+        *(
+            [
+                "## Per-job learning beside fleet learning (issue 13)",
+                "",
+                f"`{FLEET}`: the default stack starting from a fleet's history drawn from the "
+                "scenario's own failure distribution (4,096 GPUs, 30 days; docs/simulator.md); "
+                "the other rows learn M from the job's own failures only.",
+                "",
+                *fleet_tables,
+            ]
+            if fleet_tables
+            else []
+        ),
         "### Targets",
         "",
         "Differences are waste(first) − waste(second), paired by seed, mean ± standard error; "

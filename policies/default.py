@@ -3,16 +3,23 @@
 Daly's interval fitted online, deferred around storage congestion (``io_aware``),
 overridden by health and operator events (``risk``), inside the hard limits
 (``guards``): ``guards(io_aware(daly) + risk)``.
+
+Where the daemon belongs to a fleet that has seen its failures come in bursts (the
+Weibull shape fitted to the fleet's failure times credibly below 1, see
+:class:`adaptd.snapshot.FleetSample`), the interval is the age-aware Weibull optimum
+with that shape instead of Daly's: ``guards(io_aware(weibull:shape=k) + risk)``.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 from adaptd.policies.daly import Daly
 from adaptd.policies.guards import Guards
 from adaptd.policies.io_aware import IoAware
 from adaptd.policies.risk import Risk
+from adaptd.policies.weibull import Weibull
 from adaptd.policy import AnyPolicy, Policy
 from adaptd.snapshot import Decision, JobState, Snapshot
 
@@ -38,7 +45,7 @@ class Default:
             inner=AnyPolicy(
                 (
                     IoAware(
-                        inner=Daly(probe_s=self.probe_s),
+                        inner=FleetInterval(probe_s=self.probe_s),
                         busy=self.busy,
                         max_writers=self.max_writers,
                         max_defer=self.max_defer,
@@ -52,3 +59,27 @@ class Default:
 
     def decide(self, snapshot: Snapshot, job: JobState) -> Decision:
         return self.stack.decide(snapshot, job)
+
+
+@dataclass(frozen=True)
+class FleetInterval:
+    """Daly's interval, or the Weibull optimum with the fleet's shape while the fleet's
+    failures are credibly bursty (``snapshot.fleet.bursty``); Daly alone without a fleet."""
+
+    probe_s: float = 300.0
+    daly: Daly = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "daly", Daly(probe_s=self.probe_s))
+
+    def decide(self, snapshot: Snapshot, job: JobState) -> Decision:
+        fleet = snapshot.fleet
+        if fleet is not None and fleet.bursty and fleet.failure_shape is not None:
+            shape = min(max(fleet.failure_shape, 0.05), 20.0)
+            return _weibull(round(shape, 3), self.probe_s).decide(snapshot, job)
+        return self.daly.decide(snapshot, job)
+
+
+@functools.lru_cache(maxsize=64)
+def _weibull(shape: float, probe_s: float) -> Weibull:
+    return Weibull(shape=shape, probe_s=probe_s)

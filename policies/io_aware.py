@@ -1,12 +1,13 @@
 """``io_aware``: defer a due save while its storage target is saturated or busy with
-another job's save, by a bounded amount, so jobs sharing a target stagger."""
+another job's save, or while no fleet write slot is free on it, by a bounded amount,
+so jobs sharing a target stagger."""
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
 
-from adaptd.policies.interval import anchor, inner_policy
+from adaptd.policies.interval import anchor, inner_policy, steps_ceil
 from adaptd.policy import Policy, PolicyError
 from adaptd.snapshot import Decision, JobState, Snapshot
 
@@ -26,12 +27,20 @@ class IoAware:
     is pushed back, but never beyond ``max_defer`` × the inner interval past when it
     was due. Once the target clears, an overdue save happens at the next step.
     Urgent decisions pass through untouched.
+
+    On a target the fleet coordinates (``fleet_slots`` set: several hosts share it and
+    etcd answers) the fleet's slots replace the local figures: a job saves when it
+    holds a slot and is deferred otherwise, within the same bound. A save due within
+    ``slot_lead_s`` (or overdue) whose job holds no slot is tagged ``fleet-wait``: the
+    daemon then asks the fleet for one, early enough that an uncontended grant is there
+    when the save is due.
     """
 
     inner: str | Policy = "daly"
     busy: float = 0.8
     max_writers: int = 1
     max_defer: float = 1.0
+    slot_lead_s: float = 3.0
     policy: Policy = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -43,6 +52,10 @@ class IoAware:
             raise PolicyError(
                 f"io_aware: max_defer must be in [0, 10] intervals, got {self.max_defer}"
             )
+        if not 0 <= self.slot_lead_s <= 600:
+            raise PolicyError(
+                f"io_aware: slot_lead_s must be in [0, 600] seconds, got {self.slot_lead_s}"
+            )
         object.__setattr__(self, "policy", inner_policy("io_aware", self.inner))
 
     def decide(self, snapshot: Snapshot, job: JobState) -> Decision:
@@ -51,13 +64,27 @@ class IoAware:
             return d
         due = anchor(job) + d.every_steps
         deadline = due + round(self.max_defer * d.every_steps)
-        why = self.congestion(snapshot, job)
+        target = snapshot.storage_for(job.storage_target)
+        fleet = target is not None and target.fleet_slots is not None
+        if target is not None and target.fleet_slots is not None:
+            # a slot holder writes whatever else writes there: the fleet counts the writers
+            why = (
+                None
+                if job.job in target.fleet_holding
+                else f"waiting for one of {target.fleet_slots} fleet write slot(s) "
+                f"on {target.target}"
+            )
+        else:
+            why = self.congestion(snapshot, job)
         if why is not None and job.step < deadline:
+            lead = steps_ceil(self.slot_lead_s, job.step_time_s) or 0
+            asks = fleet and job.step + lead >= due
+            tags = (*d.tags, "deferred", *(("fleet-wait",) if asks else ()))
             return dataclasses.replace(
                 d,
                 next_step=max(deadline, job.step + 1),
                 reason=f"{d.reason}; deferred: {why} (at most until step {deadline})",
-                tags=(*d.tags, "deferred"),
+                tags=tags,
             )
         if why is None and due <= job.step and d.next_step > job.step + 1:
             # a deferred save the inner policy's grid would skip: take it now

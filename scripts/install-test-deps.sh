@@ -4,6 +4,8 @@
 #   promtool                                             <- package "prometheus"
 #   fusermount3 (and libfuse3)                           <- package "fuse3"
 #     for scripts/slowfs.py, the throttled FUSE mount (save-storm benchmark, tier tests)
+#   etcd                                                 <- package "etcd-server"
+#     the fleet's coordination engine (tests/fleet start one on loopback)
 # Idempotent and quiet: a tool already on PATH is not reinstalled, and nothing is
 # done when everything is present. Needs root (or sudo) only when something is missing.
 # Usage: scripts/install-test-deps.sh        (called from .ci/run before `make test`)
@@ -15,6 +17,7 @@ declare -A want=(
   [systemd-tmpfiles]=systemd
   [promtool]=prometheus
   [fusermount3]=fuse3
+  [etcd]=etcd-server
 )
 
 missing=()

@@ -17,6 +17,7 @@ line and exit status 1.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import sys
@@ -81,6 +82,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help='Prometheus endpoint, or "off" (default: metrics.listen, 127.0.0.1:9465)',
     )
     parser.add_argument("--log-level", choices=LEVELS, help="default: daemon.log_level, info")
+    parser.add_argument(
+        "--etcd",
+        metavar="URL",
+        action="append",
+        help="an etcd endpoint of the fleet (repeatable; default: fleet.etcd, $ADAPTD_ETCD); "
+        "daemons sharing one etcd share write slots and failures (docs/fleet.md)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -97,6 +105,13 @@ def run(args: argparse.Namespace) -> int:
             metrics_listen=args.metrics_listen,
             drain_grace_s=args.drain_grace,
         )
+        if args.etcd:
+            from adaptd.fleet.config import with_endpoints
+
+            try:
+                cfg = dataclasses.replace(cfg, fleet=with_endpoints(cfg.fleet, args.etcd))
+            except ValueError as exc:
+                raise config.ConfigError(f"--etcd: {exc}") from None
     except config.ConfigError as exc:
         print(f"adaptd serve: {str(exc).splitlines()[0]}", file=sys.stderr)
         return 1

@@ -197,4 +197,10 @@ def _telemetry(reply: object) -> str:
     data = getattr(reply, "telemetry", None)
     if not data:
         return ""
-    return "\n" + report.render(data, now=time.monotonic())
+    fleet = ""
+    if isinstance(data.get("fleet"), dict):
+        from adaptd.fleet.report import render as render_fleet
+
+        data = dict(data)
+        fleet = render_fleet(data.pop("fleet"))
+    return fleet + "\n" + report.render(data, now=time.monotonic())

@@ -34,10 +34,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from adaptd.estimators import JobTracker
+from adaptd.estimators import FailureRate, JobTracker
+from adaptd.fleet.history import FleetHistory, draw_history, job_inputs
+from adaptd.model import HOUR
 from adaptd.policy import Policy
 from adaptd.sim.scenario import Scenario
-from adaptd.snapshot import GpuSample, Snapshot, StorageSample
+from adaptd.snapshot import FleetSample, GpuSample, Snapshot, StorageSample
+
+#: Fleet histories are drawn from seed FLEET_SEED + the run's seed: apart from the
+#: run's own failure times, the same for every policy of a comparison.
+FLEET_SEED = 1_000_003
 
 __all__ = [
     "JOB",
@@ -113,11 +119,23 @@ class FailureClock:
 
 
 class _Run:
-    def __init__(self, scenario: Scenario, policy: Policy, seed: int) -> None:
+    def __init__(
+        self, scenario: Scenario, policy: Policy, seed: int, fleet: FleetHistory | None = None
+    ) -> None:
         self.s = scenario
         self.policy = policy
         self.clock = FailureClock(scenario, seed)
-        self.tracker = JobTracker(JOB, gpus=scenario.gpus)
+        self.fleet: FleetSample | None = None
+        rate = None
+        if fleet is not None:  # the job starts from what its fleet learned (docs/simulator.md)
+            record = draw_history(
+                fleet,
+                gpu_mtbf_s=scenario.mtbf_gpu_hours * HOUR,
+                shape=scenario.weibull_shape if scenario.distribution == "weibull" else 1.0,
+                seed=FLEET_SEED + seed,
+            )
+            rate, self.fleet = job_inputs(record, FailureRate(), hosts=fleet.gpus // 8)
+        self.tracker = JobTracker(JOB, gpus=scenario.gpus, failure_rate=rate)
         self.st = scenario.step_time_s
         self.slow = scenario.slowdown
         self.warm = scenario.warmup_s
@@ -236,7 +254,7 @@ class _Run:
                     ),
                 ),
             )
-        snap = Snapshot(time=self.t, gpus=parts[0], storage=parts[1])
+        snap = Snapshot(time=self.t, gpus=parts[0], storage=parts[1], fleet=self.fleet)
         job = self.tracker.state(time=self.t, storage_target=TARGET, pids=(PID,))
         d = self.policy.decide(snap, job)
         cur = int(self.pos + 1e-9)
@@ -360,6 +378,10 @@ class _Run:
         )
 
 
-def run(scenario: Scenario, policy: Policy, seed: int) -> RunResult:
-    """Simulate one run of ``scenario`` under ``policy`` with failure seed ``seed``."""
-    return _Run(scenario, policy, seed).run()
+def run(
+    scenario: Scenario, policy: Policy, seed: int, fleet: FleetHistory | None = None
+) -> RunResult:
+    """Simulate one run of ``scenario`` under ``policy`` with failure seed ``seed``;
+    with ``fleet``, the job starts from a fleet history drawn from the scenario's own
+    failure distribution (seeded by ``seed`` too)."""
+    return _Run(scenario, policy, seed, fleet).run()

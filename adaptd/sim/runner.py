@@ -12,6 +12,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, replace
 from typing import IO
 
+from adaptd.fleet.history import FleetHistory
 from adaptd.policies.daly import Daly
 from adaptd.policy import Policy, parse
 from adaptd.sim.engine import RunResult, run
@@ -100,8 +101,10 @@ class Summary:
         return out
 
 
-def _run_one(scenario: Scenario, spec: str, seed: int) -> RunResult:
-    return run(scenario, resolve(spec, scenario), seed)
+def _run_one(
+    scenario: Scenario, spec: str, seed: int, fleet: FleetHistory | None = None
+) -> RunResult:
+    return run(scenario, resolve(spec, scenario), seed, fleet)
 
 
 def compare(
@@ -110,6 +113,7 @@ def compare(
     seeds: int,
     progress: Callable[[int, int], None] | None = None,
     jobs: int | None = None,
+    fleet: FleetHistory | None = None,
 ) -> list[Summary]:
     """Every policy on seeds ``0..seeds-1``; the same seed gives every policy the
     same failure times, so differences come from the policies alone.
@@ -117,6 +121,7 @@ def compare(
     ``jobs``: worker processes (default: the CPU count; 1 runs in this process).
     Results do not depend on it. ``progress(done, total)`` is called after each run.
     Raises :class:`~adaptd.policy.PolicyError` for a bad spec before anything runs.
+    ``fleet``: every run's job starts from a fleet history (:func:`adaptd.sim.engine.run`).
     """
     if seeds < 1:
         raise ValueError(f"--seeds must be >= 1, got {seeds}")
@@ -128,14 +133,15 @@ def compare(
     if jobs <= 1:
         policies = [resolve(spec, scenario) for spec in specs]
         for n, (i, _spec, seed) in enumerate(tasks, 1):
-            results[i, seed] = run(scenario, policies[i], seed)
+            results[i, seed] = run(scenario, policies[i], seed, fleet)
             if progress is not None:
                 progress(n, len(tasks))
     else:
         ctx = multiprocessing.get_context("fork" if sys.platform == "linux" else "spawn")
         with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
             futures = {
-                pool.submit(_run_one, scenario, spec, seed): (i, seed) for i, spec, seed in tasks
+                pool.submit(_run_one, scenario, spec, seed, fleet): (i, seed)
+                for i, spec, seed in tasks
             }
             for n, fut in enumerate(as_completed(futures), 1):
                 results[futures[fut]] = fut.result()

@@ -20,6 +20,7 @@ from collections import deque
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from adaptd.admin import ReplicationInfo
 from adaptd.config import Destination
@@ -33,6 +34,7 @@ __all__ = [
     "THROUGHPUT_WINDOW_S",
     "DestinationQueue",
     "Pending",
+    "SlotGate",
     "UploadInterrupted",
     "merge",
     "next_upload",
@@ -49,6 +51,11 @@ RETRY_MAX_S = 300.0
 THROUGHPUT_WINDOW_S = 5.0
 #: Throttle.take is asked for at most this much at a time, so a stop is prompt.
 TAKE_PIECE = 256 * 1024
+
+
+#: ``slot_gate(destination, job, stopping)``: a context manager held around one upload
+#: (a fleet write slot on a destination other hosts share; ``stopping()`` ends a wait).
+SlotGate = Callable[[Destination, str, Callable[[], bool]], contextlib.AbstractContextManager[Any]]
 
 
 class UploadInterrupted(Exception):
@@ -153,8 +160,10 @@ class DestinationQueue:
         on_upload: Callable[[str, str, UploadResult], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
+        slot_gate: SlotGate | None = None,
     ) -> None:
         self.dest = dest
+        self._slot_gate = slot_gate
         self.throttle = Throttle(dest.bandwidth_bytes_s)
         self._should_yield = should_yield
         self._on_upload = on_upload
@@ -300,14 +309,22 @@ class DestinationQueue:
                     url=st.url,
                 )
             )
-            result = replica.upload(
-                st.staging,
-                step,
-                job,
-                throttle=_Gate(self.throttle, self._stopping),  # type: ignore[arg-type]
-                should_yield=lambda: self._yield(st),
-                progress=lambda n: self._progress(st, n),
+            gate = (
+                self._slot_gate(self.dest, job, self._stopping.is_set)
+                if self._slot_gate is not None
+                else contextlib.nullcontext()
             )
+            with gate:  # a fleet write slot on a shared destination (docs/fleet.md)
+                if self._stopping.is_set():
+                    raise UploadInterrupted
+                result = replica.upload(
+                    st.staging,
+                    step,
+                    job,
+                    throttle=_Gate(self.throttle, self._stopping),  # type: ignore[arg-type]
+                    should_yield=lambda: self._yield(st),
+                    progress=lambda n: self._progress(st, n),
+                )
         except UploadInterrupted:
             self._interrupted(item, st)
             return

@@ -61,6 +61,7 @@ from adaptd.logfmt import logfmt
 from adaptd.tiers.destination import (
     DestinationQueue,
     Pending,
+    SlotGate,
     UploadInterrupted,
     merge,
     next_upload,
@@ -140,13 +141,15 @@ class Replicator:
         on_upload: Callable[[str, str, UploadResult], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
+        slot_gate: SlotGate | None = None,
     ) -> None:
+        """``slot_gate``: held around each upload (a fleet write slot, docs/fleet.md)."""
         self.cfg = cfg
         self.clock = clock
         self.wall = wall
         self.queues = {
             name: DestinationQueue(d, should_yield=self._busy_disk, on_upload=on_upload,
-                                   clock=clock, wall=wall)
+                                   clock=clock, wall=wall, slot_gate=slot_gate)
             for name, d in cfg.destinations.items()
         }  # fmt: skip
         self._intake: queue.Queue[Any] = queue.Queue()

@@ -287,7 +287,7 @@ def test_check_config_names_and_writes_each_setting_as_the_file_does() -> None:
         assert shown[section], section  # the example sets one of each
         for entry in shown[section].values():
             assert set(entry) == {s.key for s in settings}, section
-    assert set(shown) == {"source", *config_schema.SECTIONS}
+    assert set(shown) == {"source", "fleet", *config_schema.SECTIONS}  # [fleet]: its own schema
     assert (
         shown["daemon"]["socket_mode"] == "0660" and shown["daemon"]["admin_socket_mode"] == "0600"
     )

@@ -1,0 +1,427 @@
+"""One daemon's connection to etcd: the only module that talks to it.
+
+Built on ``etcd3gw`` (etcd's v3 JSON gateway over HTTP(S); its ``/version`` probe picks
+``/v3/`` on etcd ≥ 3.4 and ``/v3beta/`` on 3.3). What this module adds:
+
+- **Every call is bounded.** Each HTTP request has ``call_timeout_s`` (connect and
+  read); a call tries the configured endpoints in turn, but never past
+  ``call_deadline_s`` in all. etcd down, slow (a stopped process), partitioned or
+  without a leader becomes :class:`FleetUnavailable`, which callers catch to decide
+  locally; it never hangs the caller.
+- **One lease per session.** :meth:`EtcdSession.open` grants it, :meth:`keepalive`
+  renews it (call it every ``lease_ttl_s / 3``); keys put with ``leased=True`` vanish
+  when the daemon stops renewing (crash, SIGKILL, partition), so nothing is cleaned
+  up by hand. A lease that expired (etcd unreachable for longer than its TTL) raises
+  :class:`LeaseLost`: open a new session, which registers afresh.
+- **Authentication.** With a user and password the session asks etcd for a token
+  (``/v3/auth/authenticate``) and sends it on every request, asking again when etcd
+  says it expired. A refused password or a key outside the user's role raises
+  :class:`FleetAuthError` (a configuration problem, not an outage).
+- **TLS** with a CA file and, optionally, a client certificate and key.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import logging
+import socket
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+from adaptd.fleet.keys import KeySpace, range_end
+
+log = logging.getLogger("adaptd.fleet")
+
+#: gRPC status codes etcd returns through the gateway (the JSON error's ``code``).
+_UNAUTHENTICATED = 16
+_PERMISSION_DENIED = 7
+_TRANSIENT_CODES = frozenset({4, 10, 14})  # deadline exceeded, aborted, unavailable
+#: etcd's words when it wants credentials it did not get (code 3, invalid argument).
+_AUTH_TEXT = ("authentication failed", "user name is empty", "user name not found")
+_TRANSIENT_TEXT = ("leader changed", "no leader", "request timed out", "too many requests")
+
+
+class FleetError(Exception):
+    """Something went wrong talking to etcd; the message says what."""
+
+
+class FleetUnavailable(FleetError):
+    """etcd did not answer in time (down, slow, partitioned, no leader): decide locally."""
+
+
+class FleetAuthError(FleetError):
+    """etcd refused the credentials or a key: fix ``[fleet] user``/``password`` or the role."""
+
+
+class LeaseLost(FleetError):
+    """The session's lease expired (etcd was out of reach longer than its TTL), so its
+    leased keys are gone: open a new session."""
+
+
+@dataclass(frozen=True)
+class FleetSettings:
+    """How to reach etcd and who this daemon is there (the config's ``[fleet]``)."""
+
+    endpoints: tuple[str, ...]
+    host: str
+    prefix: str = "/adaptd/"
+    user: str | None = None
+    password: str | None = field(default=None, repr=False)
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+    lease_ttl_s: int = 10
+    call_timeout_s: float = 1.0
+    call_deadline_s: float = 2.5
+
+    def __post_init__(self) -> None:
+        if not self.endpoints:
+            raise ValueError("fleet: give at least one etcd endpoint, e.g. http://127.0.0.1:2379")
+        for url in self.endpoints:
+            parts = urlsplit(url)
+            if (
+                parts.scheme not in ("http", "https")
+                or not parts.hostname
+                or parts.path
+                not in (
+                    "",
+                    "/",
+                )
+            ):
+                raise ValueError(
+                    f"fleet: etcd endpoint {url!r} must look like http://HOST:PORT or "
+                    "https://HOST:PORT"
+                )
+        KeySpace(self.prefix)
+        KeySpace.check_host(self.host)
+        if (self.user is None) != (self.password is None):
+            raise ValueError("fleet: user and password go together; set both or neither")
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError("fleet: cert_file and key_file go together; set both or neither")
+        if not 2 <= self.lease_ttl_s <= 3600:
+            raise ValueError(f"fleet: lease_ttl_s must be 2-3600 seconds, got {self.lease_ttl_s}")
+        if not 0 < self.call_timeout_s <= self.call_deadline_s:
+            raise ValueError(
+                f"fleet: call_timeout_s ({self.call_timeout_s}) must be > 0 and at most "
+                f"call_deadline_s ({self.call_deadline_s})"
+            )
+
+    @property
+    def keys(self) -> KeySpace:
+        return KeySpace(self.prefix)
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One key as etcd returned it."""
+
+    key: str
+    value: bytes
+    create_revision: int
+    mod_revision: int
+    lease: int = 0
+
+
+def _error_of(exc: Exception) -> tuple[int | None, str]:
+    """(gRPC code, message) from an etcd3gw exception's response text."""
+    text = str(getattr(exc, "detail_text", None) or (exc.args[0] if exc.args else exc))
+    try:
+        body = json.loads(text)
+    except ValueError:
+        return None, text.strip()[:300]
+    if not isinstance(body, dict):
+        return None, text.strip()[:300]
+    code = body.get("code")
+    return (int(code) if isinstance(code, int | str) and str(code).isdigit() else None), str(
+        body.get("message") or body.get("error") or text
+    )[:300]
+
+
+class EtcdSession:
+    """A leased session on one etcd cluster. Not thread-safe: one thread uses it.
+
+    ``client_factory`` builds an ``etcd3gw.Etcd3Client`` for an endpoint URL (the
+    default does; tests never replace it, it exists so the import stays lazy).
+    """
+
+    def __init__(
+        self,
+        settings: FleetSettings,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        client_factory: Callable[[str, FleetSettings], Any] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.keys = settings.keys
+        self.clock = clock
+        self._factory = client_factory or _etcd3gw_client
+        self._clients: list[Any] = []
+        self._current = 0
+        self._token: str | None = None
+        self.lease_id: int | None = None
+        #: revision of the newest answer (etcd's header)
+        self.revision = 0
+        self._waiting = False
+        self._watch: Any = None  # the watch response being read, for interrupt_wait
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def open(self) -> EtcdSession:
+        """Connect (authenticating if configured) and grant the session's lease.
+
+        Raises :class:`FleetUnavailable` or :class:`FleetAuthError`.
+        """
+        if not self._clients:
+            self._clients = [self._factory(url, self.settings) for url in self.settings.endpoints]
+        if self.settings.user is not None:
+            self._authenticate()
+        out = self._call("lease/grant", {"TTL": self.settings.lease_ttl_s, "ID": 0})
+        self.lease_id = int(out["ID"])
+        return self
+
+    def keepalive(self) -> int:
+        """Renew the lease; returns its TTL. Raises :class:`LeaseLost` once it expired."""
+        if self.lease_id is None:
+            raise LeaseLost("the session has no lease; open it first")
+        out = self._call("lease/keepalive", {"ID": self.lease_id})
+        ttl = int(out.get("result", {}).get("TTL", -1))
+        if ttl <= 0:
+            lost, self.lease_id = self.lease_id, None
+            raise LeaseLost(f"lease {lost:x} expired: etcd was out of reach longer than its TTL")
+        return ttl
+
+    def close(self) -> None:
+        """Revoke the lease (its keys vanish at once), bounded; never raises."""
+        lease, self.lease_id = self.lease_id, None
+        if lease is not None:
+            try:
+                self._call("kv/lease/revoke", {"ID": lease})
+            except FleetError as exc:
+                log.info(
+                    "event=fleet_revoke_failed lease=%x error=%r (it expires by itself)",
+                    lease,
+                    str(exc),
+                )
+        for client in self._clients:
+            client.session.close()
+        self._clients = []
+
+    # ------------------------------------------------------------------ key-value
+
+    def get_prefix(self, prefix: str) -> list[Entry]:
+        """Every key under ``prefix`` (sorted by key); sets :attr:`revision`."""
+        out = self._call("kv/range", {"key": _b64(prefix), "range_end": _b64(range_end(prefix))})
+        return [_entry(kv) for kv in out.get("kvs", ())]
+
+    def put(self, key: str, value: bytes, *, leased: bool) -> None:
+        """Write ``key``; with ``leased`` it lives only as long as the session's lease."""
+        self._call("kv/put", self._put(key, value, leased))
+
+    def delete(self, key: str) -> bool:
+        """Delete ``key``; True when it existed."""
+        out = self._call("kv/deleterange", {"key": _b64(key)})
+        return int(out.get("deleted", 0)) > 0
+
+    def put_if_unchanged(
+        self, key: str, value: bytes, *, leased: bool, watched: str, seen_revision: int
+    ) -> bool:
+        """Compare-and-swap over a range: write ``key`` only if no key under ``watched``
+        was created or modified after ``seen_revision`` (the newest ``mod_revision`` the
+        caller read there; 0 when it was empty). False: someone else moved first, re-read
+        and decide again. Deletions under ``watched`` do not count (they only free room).
+        """
+        txn = {
+            "compare": [
+                {
+                    "key": _b64(watched),
+                    "range_end": _b64(range_end(watched)),
+                    "target": "MOD",
+                    "result": "LESS",
+                    "mod_revision": seen_revision + 1,
+                }
+            ],
+            "success": [{"request_put": self._put(key, value, leased)}],
+            "failure": [],
+        }
+        return bool(self._call("kv/txn", txn).get("succeeded", False))
+
+    def wait_for_change(self, prefix: str, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` for any key under ``prefix`` to change after the newest
+        revision this session has seen (an etcd watch, long-polled): True on a change,
+        False when none came in time. Bounded like every call; raises
+        :class:`FleetUnavailable` when etcd does not answer at all."""
+        import requests
+
+        if not self._clients:
+            raise FleetUnavailable("the fleet session is closed")
+        client = self._clients[self._current]
+        body = {
+            "create_request": {
+                "key": _b64(prefix),
+                "range_end": _b64(range_end(prefix)),
+                "start_revision": self.revision + 1,
+            }
+        }
+        self._waiting = True
+        try:
+            resp = client.session.post(
+                client.get_url("watch"),
+                json=body,
+                stream=True,
+                timeout=(self.settings.call_timeout_s, timeout_s),
+            )
+        except requests.Timeout:
+            self._waiting = False
+            return False  # connected, nothing said in time (a stopped etcd, or no change)
+        except requests.RequestException as exc:
+            self._waiting = False
+            raise FleetUnavailable(f"etcd watch on {prefix}: {exc!r}"[:300]) from None
+        self._watch = resp
+        if not self._waiting:  # interrupted before the stream was there
+            resp.close()
+        try:
+            if resp.status_code != 200:
+                return False
+            deadline = self.clock() + timeout_s
+            for line in resp.iter_lines(chunk_size=None):
+                if line.strip():
+                    result = json.loads(line).get("result", {})
+                    if result.get("events"):
+                        return True
+                if self.clock() >= deadline:
+                    return False
+            return False
+        except (requests.RequestException, ValueError, AttributeError, OSError):
+            return False  # the read timed out (no change), was interrupted, or broke
+        finally:
+            self._waiting = False
+            self._watch = None
+            resp.close()
+
+    @property
+    def waiting(self) -> bool:
+        """True while :meth:`wait_for_change` reads its watch stream."""
+        return self._watch is not None
+
+    def interrupt_wait(self) -> None:
+        """End a :meth:`wait_for_change` in progress (from another thread): the only
+        method that may be called concurrently."""
+        self._waiting = False
+        resp = self._watch
+        if resp is not None:
+            with contextlib.suppress(Exception):
+                # shutdown, not close: it wakes a thread blocked reading the socket
+                fd = resp.raw._fp.fileno()
+                with socket.fromfd(fd, socket.AF_INET, socket.SOCK_STREAM) as s:
+                    s.shutdown(socket.SHUT_RDWR)
+
+    def _put(self, key: str, value: bytes, leased: bool) -> dict[str, Any]:
+        payload: dict[str, Any] = {"key": _b64(key), "value": _b64(value)}
+        if leased:
+            if self.lease_id is None:
+                raise LeaseLost("the session has no lease; open it again")
+            payload["lease"] = self.lease_id
+        return payload
+
+    # ------------------------------------------------------------------ transport
+
+    def _authenticate(self) -> None:
+        for client in self._clients:
+            client.session.headers.pop("Authorization", None)
+        out = self._call(
+            "auth/authenticate",
+            {"name": self.settings.user, "password": self.settings.password},
+            reauth=False,
+        )
+        self._token = str(out["token"])
+        for client in self._clients:
+            client.session.headers["Authorization"] = self._token
+
+    def _call(self, path: str, payload: dict[str, Any], *, reauth: bool = True) -> dict[str, Any]:
+        """POST ``payload`` to ``/v3/<path>`` on the first endpoint that answers in time."""
+        import requests
+        from etcd3gw import exceptions as gw
+
+        if not self._clients:
+            raise FleetUnavailable("the fleet session is closed")
+        start = self.clock()
+        errors: list[str] = []
+        for i in range(len(self._clients)):
+            if i and self.clock() - start >= self.settings.call_deadline_s:
+                break
+            index = (self._current + i) % len(self._clients)
+            client = self._clients[index]
+            try:
+                out = client.post(client.get_url(path), json=payload)
+            except (gw.ConnectionFailedError, gw.ConnectionTimeoutError) as exc:
+                errors.append(f"{self.settings.endpoints[index]}: {type(exc).__name__}")
+                continue
+            except (requests.RequestException, ValueError) as exc:  # a reply cut short or garbled
+                errors.append(f"{self.settings.endpoints[index]}: {exc!r}"[:200])
+                continue
+            except gw.Etcd3Exception as exc:
+                code, message = _error_of(exc)
+                if code == _UNAUTHENTICATED and reauth and self.settings.user is not None:
+                    self._authenticate()  # the token expired (etcd's --auth-token-ttl)
+                    return self._call(path, payload, reauth=False)
+                refused = code in (_UNAUTHENTICATED, _PERMISSION_DENIED)
+                if refused or any(t in message for t in _AUTH_TEXT):
+                    raise FleetAuthError(
+                        f"etcd refused {path} for user {self.settings.user!r}: {message}; check "
+                        "[fleet] user/password and that the user's role covers this host's keys "
+                        "(docs/fleet.md)"
+                    ) from None
+                if code in _TRANSIENT_CODES or any(t in message for t in _TRANSIENT_TEXT):
+                    errors.append(f"{self.settings.endpoints[index]}: {message}")
+                    continue
+                raise FleetError(f"etcd {path}: {message}") from None
+            self._current = index
+            header = out.get("header") if isinstance(out, dict) else None
+            if header and "revision" in header:
+                self.revision = max(self.revision, int(header["revision"]))
+            return out
+        raise FleetUnavailable(
+            f"etcd did not answer {path} within {self.settings.call_deadline_s:g}s: "
+            + "; ".join(errors or ["no endpoint tried"])
+        )
+
+
+def _etcd3gw_client(url: str, settings: FleetSettings) -> Any:
+    import etcd3gw
+
+    parts = urlsplit(url)
+    return etcd3gw.Etcd3Client(
+        host=parts.hostname or "localhost",
+        port=parts.port or (443 if parts.scheme == "https" else 2379),
+        protocol=parts.scheme,
+        ca_cert=settings.ca_file,
+        cert_cert=settings.cert_file,
+        cert_key=settings.key_file,
+        timeout=settings.call_timeout_s,
+    )
+
+
+def _b64(text: str | bytes) -> str:
+    raw = text.encode() if isinstance(text, str) else text
+    return base64.b64encode(raw).decode()
+
+
+def _entry(kv: dict[str, Any]) -> Entry:
+    return Entry(
+        key=base64.b64decode(kv["key"]).decode(),
+        value=base64.b64decode(kv.get("value", "")),
+        create_revision=int(kv.get("create_revision", 0)),
+        mod_revision=int(kv.get("mod_revision", 0)),
+        lease=int(kv.get("lease", 0)),
+    )
+
+
+def newest_revision(entries: Sequence[Entry]) -> int:
+    """The newest ``mod_revision`` among ``entries`` (0 for none): what a
+    :meth:`EtcdSession.put_if_unchanged` after reading them compares against."""
+    return max((e.mod_revision for e in entries), default=0)

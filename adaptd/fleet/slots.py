@@ -1,0 +1,283 @@
+"""Write slots on shared storage: a fleet-wide cap on jobs saving to one target at once.
+
+The etcd recipe, with a fair wait queue:
+
+- A job that wants to save to a shared target puts a **claim**,
+  ``{prefix}claims/{host}/{target}/{job}``, under its daemon's lease: first as a
+  *waiter*, and as a *holder* once granted. A dead daemon's claims vanish with its
+  lease, so a crash never keeps a slot longer than the lease TTL.
+- **Grant by transaction.** A daemon reads every claim (revision R), decides with
+  :func:`may_take` whether its job is next, and turns the claim into a holder in a
+  transaction that succeeds only if no claim anywhere was created or changed after R
+  (a compare on the whole claims range). Two daemons deciding from the same state
+  cannot both win, so the cap holds across hosts; the loser re-reads and decides again.
+- **Fair order.** Waiters are served by the work they have at risk (GPU-seconds since
+  their last durable save, growing at their GPU count while they wait), most first,
+  then by who asked first. The ``free`` slots go to the first ``free`` waiters, so a
+  slow daemon at the head of the queue does not hold up a second free slot.
+- **Release on durable**: the daemon deletes the holder's key when the save is
+  durable (or failed, or the job went away).
+- **One cap.** Each claim carries its daemon's cap for the target; the smallest cap
+  any claim on the target carries is the one every daemon enforces, so hosts
+  configured differently still agree.
+
+The decision (:func:`may_take`, :func:`target_view`) is pure; :class:`SlotTable` does
+the etcd I/O for one daemon.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
+
+from adaptd.fleet.keys import KeySpace
+from adaptd.fleet.session import Entry, EtcdSession, newest_revision
+
+log = logging.getLogger("adaptd.fleet")
+
+#: Grant attempts per sync when other daemons' claims keep changing under us.
+MAX_ATTEMPTS = 4
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """One job's wish for (or hold on) a write slot on ``target``.
+
+    ``at_risk_gpu_s`` is the job's work at risk (GPU-seconds since its last durable
+    save) at wall-clock time ``stamped``; while it waits that grows at ``gpus`` per
+    second (:meth:`risk_at`), so the record need not be rewritten as time passes.
+    """
+
+    host: str
+    target: str
+    job: str
+    holding: bool = False
+    at_risk_gpu_s: float = 0.0
+    gpus: int = 1
+    stamped: float = 0.0
+    cap: int = 1
+    create_revision: int = 0
+
+    def __post_init__(self) -> None:
+        if self.cap < 1:
+            raise ValueError(f"slot cap must be >= 1, got {self.cap} for {self.target!r}")
+        if not self.at_risk_gpu_s >= 0 or self.gpus < 1:
+            raise ValueError(
+                f"claim of {self.job!r}: at_risk_gpu_s must be >= 0 and gpus >= 1, got "
+                f"{self.at_risk_gpu_s!r} and {self.gpus!r}"
+            )
+
+    def risk_at(self, wall: float) -> float:
+        return self.at_risk_gpu_s + self.gpus * max(0.0, wall - self.stamped)
+
+    def record(self) -> bytes:
+        return json.dumps(
+            {
+                "holding": self.holding,
+                "at_risk_gpu_s": self.at_risk_gpu_s,
+                "gpus": self.gpus,
+                "stamped": self.stamped,
+                "cap": self.cap,
+            }
+        ).encode()
+
+    @property
+    def owner(self) -> tuple[str, str]:
+        return self.host, self.job
+
+
+def parse_claims(entries: Iterable[Entry], keys: KeySpace) -> list[Claim]:
+    """Claims from the keys under the claims prefix; malformed ones are skipped."""
+    out = []
+    for e in entries:
+        parts = keys.claim_parts(e.key)
+        if parts is None:
+            continue
+        try:
+            d = json.loads(e.value)
+            out.append(
+                Claim(
+                    host=parts[0],
+                    target=parts[1],
+                    job=parts[2],
+                    holding=bool(d["holding"]),
+                    at_risk_gpu_s=float(d["at_risk_gpu_s"]),
+                    gpus=int(d["gpus"]),
+                    stamped=float(d["stamped"]),
+                    cap=int(d["cap"]),
+                    create_revision=e.create_revision,
+                )
+            )
+        except (ValueError, KeyError, TypeError):
+            log.debug("event=fleet_claim_skipped key=%s", e.key)
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class TargetSlots:
+    """The fleet's slots on one target: who holds them, who waits (in grant order)."""
+
+    target: str
+    cap: int
+    holders: tuple[Claim, ...] = ()
+    waiters: tuple[Claim, ...] = ()
+
+    @property
+    def free(self) -> int:
+        return max(0, self.cap - len(self.holders))
+
+
+def queue_order(waiters: Iterable[Claim], wall: float) -> tuple[Claim, ...]:
+    """Most work at risk first, then the earliest claim, then by name (deterministic)."""
+    return tuple(
+        sorted(waiters, key=lambda c: (-c.risk_at(wall), c.create_revision or 1 << 62, c.owner))
+    )
+
+
+def target_view(claims: Iterable[Claim], target: str, cap: int, wall: float) -> TargetSlots:
+    """The slots of ``target`` from every claim read; the cap is the smallest any
+    claim on it (or ``cap``, this daemon's own) carries."""
+    mine = [c for c in claims if c.target == target]
+    effective = min([cap, *(c.cap for c in mine)])
+    return TargetSlots(
+        target,
+        effective,
+        holders=tuple(c for c in mine if c.holding),
+        waiters=queue_order((c for c in mine if not c.holding), wall),
+    )
+
+
+def may_take(view: TargetSlots, me: Claim, wall: float) -> tuple[bool, str]:
+    """Whether ``me`` (a waiter, or a job about to ask) may take a slot now, and why."""
+    if any(c.owner == me.owner for c in view.holders):
+        return True, "already holds a slot"
+    if view.free <= 0:
+        return False, f"all {view.cap} slot(s) on {view.target} held"
+    queue = queue_order([*(c for c in view.waiters if c.owner != me.owner), me], wall)
+    rank = next(i for i, c in enumerate(queue) if c.owner == me.owner)
+    if rank < view.free:
+        return True, f"slot {len(view.holders) + 1} of {view.cap} on {view.target}"
+    return False, f"{rank} job(s) with more work at risk wait for {view.free} free slot(s)"
+
+
+@dataclass(frozen=True, slots=True)
+class Want:
+    """A job of this host wants a slot on ``target`` (the daemon's side of a claim)."""
+
+    target: str
+    cap: int
+    at_risk_gpu_s: float
+    gpus: int
+    stamped: float
+
+
+@dataclass(frozen=True, slots=True)
+class SlotsState:
+    """The outcome of one :meth:`SlotTable.sync`."""
+
+    targets: Mapping[str, TargetSlots]
+    granted: frozenset[str]  # this host's jobs that hold a slot
+    waiting: frozenset[str]  # this host's jobs queued for one
+    new_grants: int = 0
+    conflicts: int = 0
+
+
+class SlotTable:
+    """Makes this host's claims in etcd match what its jobs want; raises the session's
+    :class:`~adaptd.fleet.session.FleetError` subclasses."""
+
+    def __init__(self, session: EtcdSession) -> None:
+        self.session = session
+        self.keys = session.keys
+        self.host = session.settings.host
+
+    def sync(self, wants: Mapping[str, Want], wall: float) -> SlotsState:
+        """One round: release claims no job wants, queue new wishes, take the slots
+        this host's waiters may take. ``wall``: the wall-clock time (claims compare
+        work at risk across hosts)."""
+        grants = conflicts = 0
+        claims, seen = self.read()
+        for c in [c for c in claims if c.host == self.host]:
+            w = wants.get(c.job)
+            if w is None or w.target != c.target:
+                self.session.delete(self.keys.claim(self.host, c.target, c.job))
+                claims.remove(c)
+        for _attempt in range(MAX_ATTEMPTS):
+            retry = False
+            for job, w in sorted(wants.items(), key=lambda kv: -kv[1].at_risk_gpu_s):
+                mine = next(
+                    (c for c in claims if c.owner == (self.host, job) and c.target == w.target),
+                    None,
+                )
+                if mine is not None and mine.holding:
+                    continue
+                me = mine or Claim(
+                    self.host, w.target, job, False, w.at_risk_gpu_s, w.gpus, w.stamped, w.cap
+                )
+                taken = self.try_take(me, claims, seen, wall)
+                if taken is None:  # another daemon moved first: re-read, decide again
+                    conflicts += 1
+                    retry = True
+                elif taken:
+                    grants += 1
+                    log.info("event=fleet_slot_granted job=%s target=%s", job, w.target)
+                elif mine is None:
+                    key = self.keys.claim(self.host, w.target, job)
+                    self.session.put(key, me.record(), leased=True)
+                claims, seen = self.read()
+                if retry:
+                    break
+            if not retry:
+                break
+        return self._state(claims, wants, wall, grants, conflicts)
+
+    def try_take(self, me: Claim, claims: list[Claim], seen: int, wall: float) -> bool | None:
+        """Turn ``me`` into a holder if :func:`may_take` allows it on the ``claims`` read
+        at revision ``seen``: True (taken), False (not its turn), ``None`` (the claims
+        changed since ``seen``: another daemon moved first)."""
+        ok, _why = may_take(target_view(claims, me.target, me.cap, wall), me, wall)
+        if not ok:
+            return False
+        held = replace(me, holding=True)
+        if self.session.put_if_unchanged(
+            self.keys.claim(me.host, me.target, me.job),
+            held.record(),
+            leased=True,
+            watched=self.keys.claims,
+            seen_revision=seen,
+        ):
+            return True
+        return None
+
+    def release_all(self) -> None:
+        """Delete every claim of this host (a clean stop; a crash leaves it to the lease)."""
+        for c in self.read()[0]:
+            if c.host == self.host:
+                self.session.delete(self.keys.claim(self.host, c.target, c.job))
+
+    def read(self) -> tuple[list[Claim], int]:
+        """Every claim in the fleet, and the revision to compare against when acting on them."""
+        entries = self.session.get_prefix(self.keys.claims)
+        return parse_claims(entries, self.keys), newest_revision(entries)
+
+    def _state(
+        self,
+        claims: list[Claim],
+        wants: Mapping[str, Want],
+        wall: float,
+        grants: int,
+        conflicts: int,
+    ) -> SlotsState:
+        caps = {w.target: w.cap for w in wants.values()}
+        for c in claims:
+            caps.setdefault(c.target, c.cap)
+        mine = [c for c in claims if c.host == self.host and c.job in wants]
+        return SlotsState(
+            targets={t: target_view(claims, t, cap, wall) for t, cap in sorted(caps.items())},
+            granted=frozenset(c.job for c in mine if c.holding),
+            waiting=frozenset(c.job for c in mine if not c.holding),
+            new_grants=grants,
+            conflicts=conflicts,
+        )

@@ -1,0 +1,243 @@
+"""Write slots: the pure grant rule, then several members against one real etcd."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+
+import pytest
+from fleet_helpers import Etcd, MemberProc, holders, settings
+
+from adaptd.fleet.agent import FleetAgent
+from adaptd.fleet.session import EtcdSession
+from adaptd.fleet.slots import Claim, SlotTable, may_take, queue_order, target_view
+
+T = "nfs://10.0.4.20/export/ckpt"
+
+
+def claim(host, job, *, holding=False, risk=0.0, gpus=1, stamped=0.0, cap=2, rev=0):
+    return Claim(host, T, job, holding, risk, gpus, stamped, cap, rev)
+
+
+# ---------------------------------------------------------------------- the rule (pure)
+
+
+def test_queue_serves_the_most_work_at_risk_first_then_the_first_to_ask():
+    a = claim("h1", "a", risk=100, rev=5)
+    b = claim("h2", "b", risk=900, rev=9)
+    c = claim("h3", "c", risk=100, rev=3)
+    assert [x.job for x in queue_order([a, b, c], wall=0)] == ["b", "c", "a"]
+
+
+def test_work_at_risk_grows_with_the_gpus_while_waiting():
+    small = claim("h1", "small", risk=1000, gpus=1, stamped=0)
+    big = claim("h2", "big", risk=0, gpus=512, stamped=0)
+    assert queue_order([small, big], wall=1)[0].job == "small"
+    assert queue_order([small, big], wall=10)[0].job == "big"  # 5120 GPU-s at risk by now
+
+
+@pytest.mark.parametrize(
+    ("claims", "me", "ok", "why"),
+    [
+        ([], claim("h1", "a"), True, "slot 1 of 2"),
+        ([claim("h2", "x", holding=True)], claim("h1", "a"), True, "slot 2 of 2"),
+        (
+            [claim("h2", "x", holding=True), claim("h3", "y", holding=True)],
+            claim("h1", "a", risk=1e9),
+            False,
+            "all 2 slot(s)",
+        ),
+        # one free slot, a waiter with more at risk goes first
+        (
+            [claim("h2", "x", holding=True), claim("h3", "y", risk=50, rev=1)],
+            claim("h1", "a", risk=10),
+            False,
+            "1 job(s) with more work at risk",
+        ),
+        # two free slots: the second in the queue need not wait for the first
+        ([claim("h3", "y", risk=50, rev=1)], claim("h1", "a", risk=10), True, "slot 1 of 2"),
+        # the smallest cap any claim carries wins
+        ([claim("h2", "x", holding=True, cap=1)], claim("h1", "a"), False, "all 1 slot(s)"),
+        ([claim("h1", "a", holding=True)], claim("h1", "a"), True, "already holds"),
+    ],
+)
+def test_may_take(claims, me, ok, why):
+    view = target_view(claims, T, 2, wall=0)
+    got, reason = may_take(view, me, wall=0)
+    assert got is ok
+    assert why in reason
+
+
+def test_a_claim_refuses_impossible_figures():
+    with pytest.raises(ValueError, match="cap must be >= 1"):
+        claim("h1", "a", cap=0)
+    with pytest.raises(ValueError, match="at_risk_gpu_s"):
+        claim("h1", "a", risk=-1)
+
+
+# ---------------------------------------------------------------------- against etcd
+
+
+def agent(etcd: Etcd, host: str, prefix: str, **kw) -> FleetAgent:
+    return FleetAgent(settings(etcd.url, host, prefix, **kw), poll_s=0.2).start()
+
+
+def test_slots_are_granted_up_to_the_cap_and_passed_on_at_release(etcd: Etcd, fleet_prefix):
+    a, b, c = (agent(etcd, h, fleet_prefix) for h in ("host-a", "host-b", "host-c"))
+    try:
+        a.want("ja", T, cap=2, at_risk_gpu_s=300, gpus=8)
+        a.wait_for(lambda v: "ja" in v.granted, 10)
+        b.want("jb", T, cap=2, at_risk_gpu_s=200, gpus=8)
+        b.wait_for(lambda v: "jb" in v.granted, 10)
+        c.want("jc", T, cap=2, at_risk_gpu_s=100, gpus=8)
+        view = c.wait_for(lambda v: "jc" in v.waiting, 10)
+        assert [h.job for h in view.targets[T].holders] == ["ja", "jb"]
+        assert holders(etcd, fleet_prefix) == [("host-a", T, "ja"), ("host-b", T, "jb")]
+        a.release("ja")
+        c.wait_for(lambda v: "jc" in v.granted, 10)
+        a.wait_for(lambda v: not v.granted, 10)
+        assert holders(etcd, fleet_prefix) == [("host-b", T, "jb"), ("host-c", T, "jc")]
+        assert {h for h in c.view().hosts} == {"host-a", "host-b", "host-c"}
+        roles = sorted(x.view().role for x in (a, b, c))
+        assert roles == ["leader", "member", "member"]  # the first registered leads
+    finally:
+        for x in (a, b, c):
+            x.stop()
+    assert etcd.keys(fleet_prefix) == []  # a clean stop leaves nothing behind
+
+
+def test_the_job_with_the_most_work_at_risk_goes_first(etcd: Etcd, fleet_prefix):
+    holder, small, big = (agent(etcd, h, fleet_prefix) for h in ("h0", "h1", "h2"))
+    try:
+        holder.want("j0", T, cap=1, at_risk_gpu_s=0, gpus=1)
+        holder.wait_for(lambda v: "j0" in v.granted, 10)
+        small.want("j-small", T, cap=1, at_risk_gpu_s=10, gpus=1)  # asked first
+        small.wait_for(lambda v: "j-small" in v.waiting, 10)
+        big.want("j-big", T, cap=1, at_risk_gpu_s=1e6, gpus=64)
+        big.wait_for(lambda v: "j-big" in v.waiting, 10)
+        holder.release("j0")
+        big.wait_for(lambda v: "j-big" in v.granted, 10)
+        assert "j-small" in small.wait_for(lambda v: v.last_ok is not None, 1).waiting
+        big.release("j-big")
+        small.wait_for(lambda v: "j-small" in v.granted, 10)
+    finally:
+        for x in (holder, small, big):
+            x.stop()
+
+
+@pytest.mark.slow
+def test_a_cap_of_one_holds_across_member_processes(etcd: Etcd, fleet_prefix):
+    """Three processes each take the one slot three times; etcd never shows two holders
+    and no two processes' holds overlap."""
+    procs = [MemberProc(etcd.url, fleet_prefix, f"host-{i}") for i in range(3)]
+    most = 0
+    stop = threading.Event()
+
+    def sample() -> None:
+        nonlocal most
+        while not stop.is_set():
+            most = max(most, len(holders(etcd, fleet_prefix)))
+            stop.wait(0.02)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    spans: list[tuple[float, float, str]] = []
+    lock = threading.Lock()
+
+    def cycle(p: MemberProc) -> None:
+        for n in range(3):
+            job = f"{p.host}-save{n}"
+            p.send(f"want {job} {T} 1 {100 * (n + 1)} 8")
+            got = p.wait(lambda v, j=job: j in v["granted"], 60)["t"]
+            time.sleep(0.2)  # the save "writes" for a while
+            released = time.monotonic()
+            p.send(f"release {job}")
+            p.wait(lambda v, j=job: j not in v["granted"], 30)
+            with lock:
+                spans.append((got, released, p.host))
+
+    workers = [threading.Thread(target=cycle, args=(p,)) for p in procs]
+    try:
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join(120)
+        assert not any(w.is_alive() for w in workers), "a member never got its slot"
+    finally:
+        stop.set()
+        sampler.join(5)
+        for p in procs:
+            p.close()
+    assert len(spans) == 9
+    assert most == 1
+    spans.sort()
+    for (_, end, h1), (start, _, h2) in itertools.pairwise(spans):
+        assert start >= end, f"{h1} and {h2} held the one slot at once"
+
+
+@pytest.mark.slow
+def test_a_killed_holder_frees_its_slot_within_the_lease_ttl(etcd: Etcd, fleet_prefix):
+    ttl = 3
+    holder = MemberProc(etcd.url, fleet_prefix, "doomed", ttl=ttl)
+    waiter = agent(etcd, "survivor", fleet_prefix)
+    try:
+        holder.send(f"want j-doomed {T} 1 100 8")
+        holder.wait(lambda v: "j-doomed" in v["granted"], 20)
+        waiter.want("j-next", T, cap=1, at_risk_gpu_s=50, gpus=8)
+        waiter.wait_for(lambda v: "j-next" in v.waiting, 10)
+        killed = holder.kill()
+        waiter.wait_for(lambda v: "j-next" in v.granted, ttl + 5)
+        freed_after = time.monotonic() - killed
+        assert freed_after <= ttl + 1.5, f"slot freed {freed_after:.1f}s after the kill"
+        assert "doomed" not in waiter.view().hosts
+    finally:
+        holder.close()
+        waiter.stop()
+
+
+def test_two_daemons_deciding_from_the_same_state_cannot_both_take_the_last_slot(
+    etcd: Etcd, fleet_prefix
+):
+    """The race the grant transaction exists for, made deterministic: both read an
+    empty target with one slot, both may take it; the second write must lose."""
+    ta, tb = (SlotTable(EtcdSession(settings(etcd.url, h, fleet_prefix)).open()) for h in "ab")
+    me_a = Claim("a", T, "ja", cap=1)
+    me_b = Claim("b", T, "jb", cap=1)
+    claims_a, seen_a = ta.read()
+    claims_b, seen_b = tb.read()
+    assert ta.try_take(me_a, claims_a, seen_a, wall=0) is True
+    assert tb.try_take(me_b, claims_b, seen_b, wall=0) is None  # lost: re-read
+    claims_b, seen_b = tb.read()
+    assert tb.try_take(me_b, claims_b, seen_b, wall=0) is False  # its turn has not come
+    assert holders(etcd, fleet_prefix) == [("a", T, "ja")]
+    ta.session.close()
+    tb.session.close()
+
+
+def test_a_released_slot_reaches_a_waiter_at_once_not_at_its_next_poll(etcd: Etcd, fleet_prefix):
+    """A waiting member watches the claims: the holder's release wakes it, well before
+    its poll interval (3 s here) would; and its own want interrupts that watch."""
+    holder = agent(etcd, "h0", fleet_prefix)
+    slow = FleetAgent(settings(etcd.url, "h1", fleet_prefix, lease_ttl_s=9), poll_s=3.0).start()
+    try:
+        holder.want("j0", T, cap=1, at_risk_gpu_s=0, gpus=1)
+        holder.wait_for(lambda v: "j0" in v.granted, 10)
+        slow.wait_for(lambda v: v.up, 10)
+        slow.want("j1", T, cap=1, at_risk_gpu_s=10, gpus=1)
+        slow.wait_for(lambda v: "j1" in v.waiting, 10)
+        deadline = time.monotonic() + 10
+        while not slow.watching:  # the thread is in its watch (no event to wait on)
+            assert time.monotonic() < deadline, "the waiting member never watched"
+            time.sleep(0.01)
+        t0 = time.monotonic()
+        slow.want("j2", T, cap=1, at_risk_gpu_s=5, gpus=1)  # interrupts the watch
+        slow.wait_for(lambda v: "j2" in v.waiting, 10)
+        assert time.monotonic() - t0 < 1.0
+        t0 = time.monotonic()
+        holder.release("j0")
+        slow.wait_for(lambda v: "j1" in v.granted, 10)
+        assert time.monotonic() - t0 < 1.0
+    finally:
+        holder.stop()
+        slow.stop()
