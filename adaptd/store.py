@@ -114,8 +114,12 @@ _R = TypeVar("_R")
 def _connect(
     path: Path, readonly: bool, busy_timeout_s: float, owner: str
 ) -> tuple[sqlite3.Connection, int | None]:
-    """The database's connection and, for a writer, its lock (taken first)."""
-    lock_fd = None if readonly else _lock_writer(path, owner)
+    """The database's connection and, for a writer, its lock (taken first).
+
+    An in-memory database (``:memory:``) is private to its connection: no lock, and
+    no ``:memory:.lock`` file left in the working directory."""
+    private = str(path) == ":memory:"
+    lock_fd = None if readonly or private else _lock_writer(path, owner)
     try:
         return schema.connect(path, readonly=readonly, busy_timeout_s=busy_timeout_s), lock_fd
     except BaseException:

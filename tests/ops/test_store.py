@@ -391,3 +391,13 @@ def test_one_writer_per_database_and_the_refused_one_is_told_who(tmp_path: Path)
         assert reader.schema_version() > 0
     first.close()
     Store.open(db, owner="socket /run/b/adaptd.sock").close()  # free once the first closed
+
+
+def test_an_in_memory_database_leaves_no_lock_file(tmp_path: Path, monkeypatch) -> None:
+    """``:memory:`` took ``:memory:.lock`` in the working directory (one landed in git)."""
+    monkeypatch.chdir(tmp_path)
+    first = Store.open(":memory:")
+    second = Store.open(":memory:")  # private to each connection: no writer lock between them
+    first.close()
+    second.close()
+    assert list(tmp_path.iterdir()) == []
