@@ -11,7 +11,7 @@ Layout (see ``systemd/adaptd.toml`` for a commented example)::
                   state_dir, db_path, log_level, sample_interval_s, liveness_timeout_s,
                   drain_grace_s, watchdog, admin_group, curve_secret_key, curve_client_keys
     [policy]      default, gpu_mtbf_hours
-    [metrics]     listen, slow_save_s
+    [metrics]     listen, slow_save_s, scrape_interval_s, job_series_grace_s
     [retention]   days, rows
     [jobs."PATTERN"]   policy, paused, staging, replicate_to   (PATTERN: a job id or a
                        glob; an exact id's entry wins, matching globs fill the rest)
@@ -167,6 +167,8 @@ class Config:
     default_policy: str = DEFAULT_SPEC
     gpu_mtbf_s: float = PRIOR_GPU_MTBF_S
     slow_save_s: float = 1.0  # a save blocking longer counts as slow (metrics, alerts)
+    scrape_interval_s: float = 60.0  # Prometheus' scrape_interval for this daemon
+    job_series_grace_s: float = 120.0  # an ended job's series stay this long (2 scrapes)
     metrics_listen: tuple[str, int] | None = ("127.0.0.1", 9465)
     retention_days: float = 30.0
     retention_rows: int = 200_000
@@ -405,7 +407,7 @@ _DAEMON_KEYS = (
     "curve_client_keys",
 )
 _POLICY_KEYS = ("default", "gpu_mtbf_hours")
-_METRICS_KEYS = ("listen", "slow_save_s")
+_METRICS_KEYS = ("listen", "slow_save_s", "scrape_interval_s", "job_series_grace_s")
 _RETENTION_KEYS = ("days", "rows")
 _JOB_KEYS = ("policy", "paused", "staging", "replicate_to")
 _STORAGE_KEYS = ("path", "max_concurrent_saves")
@@ -545,6 +547,11 @@ class _Reader:
                 f"must be at least daemon.sample_interval_s ({sample:g}), got {liveness:g}",
             )
         mtbf_h = self.number(p, "policy", "gpu_mtbf_hours", PRIOR_GPU_MTBF_S / 3600, minimum=0)
+        scrape = self.number(m, "metrics", "scrape_interval_s", 60.0, minimum=0)
+        # 0: remove an ended job's series at once (the behaviour before the grace period)
+        grace = self.number(
+            m, "metrics", "job_series_grace_s", 2 * scrape, minimum=0, exclusive=False
+        )
         destinations = self.destinations(data.get("destinations", {}))
         admin_group = self.string(d, "daemon", "admin_group", None)
         curve_secret = self.path(d, "daemon", "curve_secret_key", None)  # type: ignore[arg-type]
@@ -581,6 +588,8 @@ class _Reader:
             gpu_mtbf_s=mtbf_h * 3600.0,
             slow_save_s=self.number(m, "metrics", "slow_save_s", 1.0, minimum=0),
             metrics_listen=self.listen(m),
+            scrape_interval_s=scrape,
+            job_series_grace_s=grace,
             retention_days=self.number(r, "retention", "days", 30.0, minimum=0),
             retention_rows=self.number(r, "retention", "rows", 200_000, minimum=1, integer=True,
                                        exclusive=False),

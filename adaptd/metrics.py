@@ -22,6 +22,15 @@ step, and per destination the recent throughput and an upload-time histogram. Th
 are rendered at scrape time from the Replicator's status (``replication_source``),
 so the lag keeps growing between events.
 
+A job that ends (a clean goodbye, or a lost job the daemon forgets) keeps its
+series for ``job_series_grace_s`` (config ``metrics.job_series_grace_s``, by default
+two of ``metrics.scrape_interval_s``) before they are removed: the saves between the
+last scrape and the end are scraped once more, and a job shorter than a scrape
+interval is seen at all. A lost job keeps its series until it resumes or is
+forgotten (the no-save alert must be able to fire for it). ``adaptd_host_saves_total``
+and ``adaptd_host_save_written_bytes_total`` count every job's saves without a job
+label and are never removed, so ``increase()`` over them holds all saves of the host.
+
 A save is *bad* when it failed, blocked the loop longer than ``slow_save_s``, or
 took longer to become durable than the job's planned interval (the next save
 would be due before it finished). ``adaptd_job_bad_save_streak`` counts bad saves
@@ -57,6 +66,9 @@ SAVE_BUCKETS = (
 )  # fmt: skip
 
 JOB = "job_id"
+#: Prometheus' own default ``scrape_interval``; an ended job's series stay for two.
+DEFAULT_SCRAPE_INTERVAL_S = 60.0
+DEFAULT_JOB_SERIES_GRACE_S = 2 * DEFAULT_SCRAPE_INTERVAL_S
 
 
 class MetricsError(RuntimeError):
@@ -70,10 +82,20 @@ class Metrics:
     snapshot is swapped atomically) and cheap enough for the daemon's loop.
     """
 
-    def __init__(self, *, slow_save_s: float = 1.0, version: str = __version__) -> None:
+    def __init__(
+        self,
+        *,
+        slow_save_s: float = 1.0,
+        job_series_grace_s: float = DEFAULT_JOB_SERIES_GRACE_S,
+        version: str = __version__,
+    ) -> None:
         if not slow_save_s > 0:
             raise ValueError(f"slow_save_s must be > 0, got {slow_save_s}")
+        if not job_series_grace_s >= 0:
+            raise ValueError(f"job_series_grace_s must be >= 0, got {job_series_grace_s}")
         self.slow_save_s = slow_save_s
+        #: Seconds an ended job's series stay exported (see the module docstring).
+        self.job_series_grace_s = job_series_grace_s
         #: A job's current step time, for the step-time gauge and an interval given
         #: in steps (a PlanChanged event carries none); set by the daemon's service.
         self.step_time_of: Callable[[str], float | None] | None = None
@@ -97,6 +119,19 @@ class Metrics:
         self.save_bytes = Counter(
             "adaptd_save_written_bytes", "Bytes written by successful saves.", [JOB], registry=r
         )
+        self.host_saves = Counter(
+            "adaptd_host_saves",
+            "Saves reported by all jobs on this host, by result (ok, failed); no job label, "
+            "never removed.",
+            ["result"], registry=r,
+        )  # fmt: skip
+        self.host_save_bytes = Counter(
+            "adaptd_host_save_written_bytes",
+            "Bytes written by all jobs' successful saves on this host; no job label.",
+            registry=r,
+        )
+        for result in ("ok", "failed"):
+            self.host_saves.labels(result)
         self.bad_streak = Gauge(
             "adaptd_job_bad_save_streak",
             "Consecutive saves of the job that failed or were slow.",
@@ -164,6 +199,8 @@ class Metrics:
         self._last_saved: dict[str, float] = {}
         self._live: set[str] = set()  # for on_event's connected-jobs count
         self._incarnations: dict[str, int] = {}
+        self._ending: dict[str, float] = {}  # ended job -> when its series go (event clock)
+        self._now = float("-inf")  # the newest time expire() was given
 
     # ---------------------------------------------------------------- events
 
@@ -193,13 +230,16 @@ class Metrics:
         if rec.ok:
             self.save_durable.labels(job).observe(rec.durable_s)
             self.save_bytes.labels(job).inc(rec.bytes)
+            self.host_save_bytes.inc(rec.bytes)
             with self._lock:  # ranks' reports may arrive out of order: keep the newest
                 newest = max(rec.ended, self._last_saved.get(job, rec.ended))
                 self._last_saved[job] = newest
             self.last_save.labels(job).set(newest)
         if not counted:
             return
-        self.saves.labels(job, "ok" if rec.ok else "failed").inc()
+        result = "ok" if rec.ok else "failed"
+        self.saves.labels(job, result).inc()
+        self.host_saves.labels(result).inc()
         planned = self._planned_s.get(job)
         bad = (
             not rec.ok
@@ -268,8 +308,30 @@ class Metrics:
         """Mirror the store's fault counters (:attr:`adaptd.store.Store.write_errors`...)."""
         self._host.state = (write_errors, dropped_rows)
 
+    def end_job(self, job: str, *, time: float) -> None:
+        """A job left for good at ``time`` (the daemon's monotonic clock): its series
+        are removed by the first :meth:`expire` at or after ``time + job_series_grace_s``,
+        unless it starts again before. A time older than the last :meth:`expire` (a
+        forgotten job carries its last message's) counts from that expire instead."""
+        with self._lock:
+            self._ending[job] = max(time, self._now) + self.job_series_grace_s
+        if self.job_series_grace_s == 0:
+            self.expire(time)
+
+    def expire(self, now: float) -> list[str]:
+        """Remove the series of ended jobs whose grace period is over; returns them.
+        The daemon calls this once a second (its tick)."""
+        with self._lock:
+            self._now = max(self._now, now)
+            due = [job for job, at in self._ending.items() if at <= now]
+            for job in due:
+                del self._ending[job]
+        for job in due:
+            self.remove_job(job)
+        return due
+
     def remove_job(self, job: str) -> None:
-        """Forget a job that left for good (a clean goodbye): its series stop.
+        """Forget a job's series now (:meth:`end_job` waits the grace period first).
 
         Do not call this when a job vanished: it may come back, and its failure
         counter must keep counting.
@@ -292,9 +354,12 @@ class Metrics:
 
         Also keeps ``adaptd_jobs_connected`` (jobs registered and neither finished
         nor lost). A lost job keeps its series (it may resume, and the no-save alert
-        should fire if it does not); a finished one is removed.
+        should fire if it does not); a finished or forgotten one is removed after the
+        grace period (:meth:`end_job`).
         """
         if isinstance(ev, events.JobRegistered):
+            with self._lock:
+                self._ending.pop(ev.job, None)  # back within its grace period: keep all
             if self._incarnations.get(ev.job) != ev.incarnation:
                 self._incarnations[ev.job] = ev.incarnation
                 self.on_job_started(ev.job, time=ev.wall)
@@ -319,7 +384,7 @@ class Metrics:
             # forgotten: a lost job the registry dropped; it will not come back as itself
             self._live.discard(ev.job)
             self._incarnations.pop(ev.job, None)
-            self.remove_job(ev.job)
+            self.end_job(ev.job, time=ev.time)
         self.jobs.set(len(self._live))
 
     # ---------------------------------------------------------------- output

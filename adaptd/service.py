@@ -115,7 +115,9 @@ class Service:
         self.metrics_strict = metrics_strict
         self.clock = clock
         self.store: Store | None = None
-        self.metrics = Metrics(slow_save_s=cfg.slow_save_s)
+        self.metrics = Metrics(
+            slow_save_s=cfg.slow_save_s, job_series_grace_s=cfg.job_series_grace_s
+        )
         self.metrics_server: MetricsServer | None = None
         self.sampler: Sampler | None = None
         self.daemon: Daemon | None = None
@@ -405,6 +407,7 @@ class Service:
         self.store.flush()
         assert self.sampler is not None
         self.metrics.on_snapshot(self.snapshot())
+        self.metrics.expire(now)  # ended jobs' series, once their grace period is over
         self.metrics.set_state_stats(
             write_errors=self.store.write_errors, dropped_rows=self.store.dropped
         )
