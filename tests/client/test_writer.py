@@ -1,0 +1,166 @@
+"""The writer's priority: the rule (a table), and real TensorFlow saves whose writer
+thread is niced while the write is a small share of the interval and brought back to
+normal priority, on a new thread, once it is not, in the embedded and daemon modes."""
+
+from __future__ import annotations
+
+import os
+import time
+import warnings
+from dataclasses import dataclass
+
+import pytest
+
+from adaptd.client.writer import Choice, WriterPriority
+from adaptd.snapshot import Decision, JobState, Snapshot
+
+RULE = WriterPriority()
+
+
+@pytest.mark.parametrize(
+    ("interval_s", "latency_s", "current", "nice"),
+    [
+        (None, 0.5, 0, 0),  # no interval planned: unchanged
+        (300.0, None, 0, 0),  # no save measured yet (the first save): unchanged
+        (300.0, None, 19, 19),
+        (300.0, 0.9, 0, 19),  # 0.3 % of the interval: background
+        (4.0, 1.0, 0, 19),  # 25 %: still background
+        (4.0, 1.5, 0, 0),  # 37 %: between the thresholds, unchanged
+        (4.0, 1.5, 19, 19),
+        (4.0, 2.1, 19, 0),  # over half the interval: normal priority
+        (0.0, 1.0, 19, 19),  # a nonsense interval is no interval
+    ],
+)
+def test_rule(interval_s, latency_s, current, nice) -> None:
+    choice = RULE.choose(interval_s=interval_s, latency_s=latency_s, current=current)
+    assert choice.nice == nice and choice.reason
+
+
+def test_reasons_say_why() -> None:
+    assert RULE.choose(interval_s=4.0, latency_s=2.1, current=19) == Choice(
+        0,
+        "durable in 2.1s, 52% of the 4s interval: a background write would run into the next save",
+    )
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"background_nice": 0}, "background_nice must be 1..19, got 0"),
+        ({"background_nice": 20}, "background_nice must be 1..19, got 20"),
+        ({"background_up_to": 0.6}, "0 < background_up_to < normal_above <= 1"),
+        ({"normal_above": 1.5}, "got 0.25 and 1.5"),
+    ],
+)
+def test_settings_are_validated(kwargs, match) -> None:
+    with pytest.raises(ValueError, match=match):
+        WriterPriority(**kwargs)
+
+
+# ------------------------------------------------------------------ real TensorFlow
+
+
+@dataclass
+class Interval:
+    """A policy object (run in the hook, embedded) whose plan states ``seconds``; the
+    test makes the saves itself."""
+
+    seconds: float
+
+    def decide(self, snapshot: Snapshot, job: JobState) -> Decision:
+        return Decision(next_step=job.step + 10**9, interval_s=self.seconds, policy="interval")
+
+
+def nice_of(tid: int) -> int:
+    return os.getpriority(os.PRIO_PROCESS, tid)
+
+
+@pytest.mark.tf
+def test_auto_nices_the_writer_then_restores_normal_priority_on_a_new_thread(tmp_path) -> None:
+    tf = pytest.importorskip("tensorflow")
+    from adaptd.client import AdaptiveCheckpointer
+
+    main = nice_of(0)
+    v = tf.Variable(tf.zeros([1 << 16]))
+    policy = Interval(3600.0)
+    ckptr = AdaptiveCheckpointer(
+        tmp_path / "ck", job="writer", policy=policy, socket=f"ipc://{tmp_path}/none",
+        handle_sigterm=False, decide_interval=0.01, poll_interval=0.001, v=v,
+    )  # fmt: skip
+    ckptr.restore_or_initialize()
+    saved: dict[int, float] = {}
+
+    def save_once() -> None:
+        """One step, a save of it, and steps until its report is in (the plan is new)."""
+        n = len(ckptr.history)
+        v.assign_add(tf.ones_like(v))
+        ckptr.step()
+        ckptr.save("test")
+        saved[ckptr.step_count] = float(v[0])
+        deadline = time.monotonic() + 30
+        while len(ckptr.history) == n:
+            assert time.monotonic() < deadline, "no save report within 30 s"
+            v.assign_add(tf.ones_like(v))
+            ckptr.step()
+
+    def replan(seconds: float) -> None:
+        policy.seconds = seconds
+        deadline = time.monotonic() + 30
+        while ckptr._schedule.decision.interval_s != seconds:  # re-decided every 10 ms
+            assert time.monotonic() < deadline, "the hook did not re-decide within 30 s"
+            ckptr.step()
+
+    def writer():
+        return ckptr.checkpoint._async_checkpointer_impl._async_save_thread
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # no daemon: the fallback warning
+        save_once()  # the first save: no latency measured yet, normal priority
+        first = writer()
+        assert nice_of(first.native_id) == main and ckptr.writer_nice is None
+        save_once()  # durable in well under 900 s (a quarter of the hour): background
+        assert nice_of(first.native_id) == 19 and ckptr.writer_nice == 19
+        assert writer() is first
+        replan(1e-4)  # now every write is longer than half the interval
+        save_once()  # the L measured so far is short: the median needs two long ones
+        save_once()
+        save_once()
+        second = writer()
+        assert second is not first and not first.is_alive()  # TF's thread, restarted
+        assert nice_of(second.native_id) == main and ckptr.writer_nice is None
+        assert nice_of(0) == main  # the training thread is untouched
+        save_once()  # the new thread writes; the queue is consistent
+    assert all(r.ok for r in ckptr.history), [r.error for r in ckptr.history]
+    ckptr.close()
+    latest = ckptr.manager.latest_checkpoint
+    w = tf.Variable(tf.zeros([1 << 16]))
+    tf.train.Checkpoint(v=w).restore(latest).expect_partial()
+    # the last save, written by the new thread, is whole
+    assert float(w[0]) == saved[ckptr.history[-1].step]
+
+
+@pytest.mark.tf
+def test_the_daemons_plan_interval_drives_it_too(tmp_path, fake_daemon) -> None:
+    tf = pytest.importorskip("tensorflow")
+    from adaptd import protocol
+    from adaptd.client import AdaptiveCheckpointer
+
+    from .conftest import plan, welcome
+
+    v = tf.Variable(tf.zeros([1 << 12]))
+    ckptr = AdaptiveCheckpointer(
+        tmp_path / "ck", job="wd", socket=fake_daemon.endpoint, handle_sigterm=False,
+        poll_interval=0.001, v=v,
+    )  # fmt: skip
+    fake_daemon.wait_connected()
+    ckptr.restore_or_initialize()
+    fake_daemon.wait_for(protocol.Hello)
+    fake_daemon.send(welcome("wd"))
+    fake_daemon.send(plan("wd", seq=1, next_step=1, every=1, interval_s=3600.0))
+    deadline = time.monotonic() + 30
+    while len(ckptr.history) < 3:
+        assert time.monotonic() < deadline, "three saves within 30 s"
+        v.assign_add(tf.ones_like(v))
+        ckptr.step()
+    assert ckptr.mode == "daemon" and ckptr.writer_nice == 19
+    ckptr.close()
