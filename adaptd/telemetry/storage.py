@@ -69,7 +69,11 @@ class Mount:
 
 
 def parse_mountinfo(text: str) -> list[Mount]:
-    """Mounts in mount order (a later mount on the same point hides earlier ones)."""
+    """Mounts in mount order (a later mount on the same point hides earlier ones).
+
+    Parsed by hand: psutil's ``disk_partitions`` has no device numbers, mount roots or
+    super options, which map a mount to the disk that receives its writes.
+    """
     out = []
     for line in text.splitlines():
         left, sep, right = line.partition(" - ")
