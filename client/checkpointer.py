@@ -591,7 +591,9 @@ class AdaptiveCheckpointer:
         prefix = os.path.join(str(self.directory), f"ckpt-{n}")  # CheckpointManager's name
         pending = _Pending(n, prefix, t0, reason)
         self._writer.prepare(  # between writes: the previous one is done
-            interval_s=self._planned_interval_s(), latency_s=self._tracker.save_latency_s
+            interval_s=self._planned_interval_s(),
+            latency_s=self._tracker.save_latency_s,
+            newest_s=self.history[-1].durable_s if self.history else None,
         )
         try:
             self._step_var.assign(n)

@@ -19,7 +19,10 @@ median of recent saves), both of which the hook knows in either mode:
 
 So the writer runs in the background (nice 19) while L ≤ τ/4, at the training
 thread's priority once L > τ/2, and keeps its priority in between (hysteresis: a
-background writer's L is longer than a normal one's). The first save, before any L is
+background writer's L is longer than a normal one's). L is the larger of the median
+and the newest save's, so one starved write (a host whose other work leaves a niced
+thread no CPU) is answered at the next save; the writer then stays at normal priority
+for 10 saves before it tries the background again. The first save, before any L is
 known, runs at normal priority. Where a niced thread may not raise its priority again
 (an unprivileged process: ``RLIMIT_NICE``), going back to normal means ending TF's
 writer thread between two writes and starting a new one, which inherits the training
@@ -55,15 +58,20 @@ class Choice:
 @dataclass(frozen=True, slots=True)
 class WriterPriority:
     """Background writer while L ≤ ``background_up_to`` × τ, normal once L >
-    ``normal_above`` × τ, unchanged in between (see the module docstring).
+    ``normal_above`` × τ, unchanged in between (see the module docstring). L is the
+    larger of the typical (median) and the newest save's latency, so one starved write
+    is acted on at once; after such a fall-back the writer stays at normal priority
+    for ``retry_after`` saves before it tries the background again (what starves a
+    niced writer, other work on the host, rarely stops at once).
 
-    Raises ValueError for a nice value outside 1..19 or fractions not ordered
-    ``0 < background_up_to < normal_above <= 1``.
+    Raises ValueError for a nice value outside 1..19, fractions not ordered
+    ``0 < background_up_to < normal_above <= 1``, or a negative ``retry_after``.
     """
 
     background_nice: int = 19
     background_up_to: float = 0.25
     normal_above: float = 0.5
+    retry_after: int = 10
 
     def __post_init__(self) -> None:
         if not 1 <= self.background_nice <= 19:
@@ -73,26 +81,42 @@ class WriterPriority:
                 "need 0 < background_up_to < normal_above <= 1, got "
                 f"{self.background_up_to} and {self.normal_above}"
             )
+        if self.retry_after < 0:
+            raise ValueError(f"retry_after must be >= 0 saves, got {self.retry_after}")
 
-    def choose(self, *, interval_s: float | None, latency_s: float | None, current: int) -> Choice:
-        """The priority for the next save, given the current one (0 or the background)."""
+    def choose(
+        self,
+        *,
+        interval_s: float | None,
+        latency_s: float | None,
+        current: int,
+        newest_s: float | None = None,
+        since_fallback: int | None = None,
+    ) -> Choice:
+        """The priority for the next save.
+
+        ``latency_s``: the typical (median) durable latency; ``newest_s``: the newest
+        save's; ``current``: the priority now (0 or the background nice);
+        ``since_fallback``: saves made at normal priority since the last fall-back from
+        the background (``None``: none happened).
+        """
         if latency_s is None:
             return Choice(current, "no save measured yet")
         if interval_s is None or not interval_s > 0:
             return Choice(current, "no planned interval")
-        share = latency_s / interval_s
-        if share <= self.background_up_to:
-            return Choice(
-                self.background_nice,
-                f"durable in {latency_s:.3g}s, {share:.0%} of the {interval_s:.3g}s interval",
-            )
+        worst = max(latency_s, newest_s or 0.0)
+        share = worst / interval_s
+        said = f"durable in {worst:.3g}s, {share:.0%} of the {interval_s:.3g}s interval"
         if share > self.normal_above:
-            return Choice(
-                0,
-                f"durable in {latency_s:.3g}s, {share:.0%} of the {interval_s:.3g}s interval: "
-                "a background write would run into the next save",
-            )
-        return Choice(current, f"durable in {latency_s:.3g}s, {share:.0%} of the interval")
+            return Choice(0, f"{said}: a background write would run into the next save")
+        if current:
+            return Choice(current, said)
+        if share > self.background_up_to:
+            return Choice(0, said)
+        if since_fallback is not None and since_fallback < self.retry_after:
+            left = self.retry_after - since_fallback
+            return Choice(0, f"{said}; {left} more saves at normal priority after a slow one")
+        return Choice(self.background_nice, said)
 
 
 class Writer:
@@ -116,18 +140,38 @@ class Writer:
         self.reason = ""
         self._target = 0 if wanted in (AUTO, None) else int(wanted)
         self._tid: int | None = None
+        self._since_fallback: int | None = None  # normal-priority saves since a fall-back
 
-    def prepare(self, *, interval_s: float | None, latency_s: float | None) -> None:
-        """Choose this save's priority (``"auto"``); back to normal: a new writer thread."""
+    def prepare(
+        self,
+        *,
+        interval_s: float | None,
+        latency_s: float | None,
+        newest_s: float | None = None,
+    ) -> None:
+        """Choose this save's priority (``"auto"``); back to normal: a new writer thread.
+
+        ``latency_s``: the typical durable latency, ``newest_s``: the newest save's.
+        """
         if self.wanted != AUTO:
             return
         current = self.nice or 0
-        choice = self.policy.choose(interval_s=interval_s, latency_s=latency_s, current=current)
+        if not current and self._since_fallback is not None:
+            self._since_fallback += 1
+        choice = self.policy.choose(
+            interval_s=interval_s,
+            latency_s=latency_s,
+            current=current,
+            newest_s=newest_s,
+            since_fallback=self._since_fallback,
+        )
         if choice.nice != self._target:
             log.info("writer priority: nice %d (%s)", choice.nice, choice.reason)
         self._target, self.reason = choice.nice, choice.reason
-        if self._target < current and self._restart():
-            self.nice = None  # the new thread has the training thread's priority
+        if self._target < current:
+            self._since_fallback = 0
+            if self._restart():
+                self.nice = None  # the new thread has the training thread's priority
 
     def apply(self) -> None:
         """Give the writer thread the chosen nice value (never raising a priority)."""

@@ -18,21 +18,30 @@ RULE = WriterPriority()
 
 
 @pytest.mark.parametrize(
-    ("interval_s", "latency_s", "current", "nice"),
+    ("interval_s", "latency_s", "newest_s", "current", "since_fallback", "nice"),
     [
-        (None, 0.5, 0, 0),  # no interval planned: unchanged
-        (300.0, None, 0, 0),  # no save measured yet (the first save): unchanged
-        (300.0, None, 19, 19),
-        (300.0, 0.9, 0, 19),  # 0.3 % of the interval: background
-        (4.0, 1.0, 0, 19),  # 25 %: still background
-        (4.0, 1.5, 0, 0),  # 37 %: between the thresholds, unchanged
-        (4.0, 1.5, 19, 19),
-        (4.0, 2.1, 19, 0),  # over half the interval: normal priority
-        (0.0, 1.0, 19, 19),  # a nonsense interval is no interval
+        (None, 0.5, None, 0, None, 0),  # no interval planned: unchanged
+        (300.0, None, None, 0, None, 0),  # no save measured yet (the first save): unchanged
+        (300.0, None, None, 19, None, 19),
+        (300.0, 0.9, 0.9, 0, None, 19),  # 0.3 % of the interval: background
+        (4.0, 1.0, 1.0, 0, None, 19),  # 25 %: still background
+        (4.0, 1.5, 1.0, 0, None, 0),  # 37 %: between the thresholds, unchanged
+        (4.0, 1.5, 1.5, 19, None, 19),
+        (4.0, 2.1, 1.0, 19, None, 0),  # over half the interval: normal priority
+        (4.0, 1.0, 2.1, 19, None, 0),  # one starved write is enough
+        (4.0, 0.5, 0.5, 0, 3, 0),  # 3 saves after a fall-back: not yet
+        (4.0, 0.5, 0.5, 0, 10, 19),  # 10: the background again
+        (0.0, 1.0, 1.0, 19, None, 19),  # a nonsense interval is no interval
     ],
 )
-def test_rule(interval_s, latency_s, current, nice) -> None:
-    choice = RULE.choose(interval_s=interval_s, latency_s=latency_s, current=current)
+def test_rule(interval_s, latency_s, newest_s, current, since_fallback, nice) -> None:
+    choice = RULE.choose(
+        interval_s=interval_s,
+        latency_s=latency_s,
+        newest_s=newest_s,
+        current=current,
+        since_fallback=since_fallback,
+    )
     assert choice.nice == nice and choice.reason
 
 
@@ -50,6 +59,7 @@ def test_reasons_say_why() -> None:
         ({"background_nice": 20}, "background_nice must be 1..19, got 20"),
         ({"background_up_to": 0.6}, "0 < background_up_to < normal_above <= 1"),
         ({"normal_above": 1.5}, "got 0.25 and 1.5"),
+        ({"retry_after": -1}, "retry_after must be >= 0 saves, got -1"),
     ],
 )
 def test_settings_are_validated(kwargs, match) -> None:
@@ -150,16 +160,16 @@ def test_the_daemons_plan_interval_drives_it_too(tmp_path, fake_daemon) -> None:
     v = tf.Variable(tf.zeros([1 << 12]))
     ckptr = AdaptiveCheckpointer(
         tmp_path / "ck", job="wd", socket=fake_daemon.endpoint, handle_sigterm=False,
-        poll_interval=0.001, v=v,
+        poll_interval=0.001, daemon_timeout=120, v=v,  # the test daemon sends no more
     )  # fmt: skip
     fake_daemon.wait_connected()
     ckptr.restore_or_initialize()
     fake_daemon.wait_for(protocol.Hello)
     fake_daemon.send(welcome("wd"))
     fake_daemon.send(plan("wd", seq=1, next_step=1, every=1, interval_s=3600.0))
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 60
     while len(ckptr.history) < 3:
-        assert time.monotonic() < deadline, "three saves within 30 s"
+        assert time.monotonic() < deadline, "three saves within 60 s"
         v.assign_add(tf.ones_like(v))
         ckptr.step()
     assert ckptr.mode == "daemon" and ckptr.writer_nice == 19
