@@ -26,8 +26,10 @@ A job that ends (a clean goodbye, or a lost job the daemon forgets) keeps its
 series for ``job_series_grace_s`` (config ``metrics.job_series_grace_s``, by default
 two of ``metrics.scrape_interval_s``) before they are removed: the saves between the
 last scrape and the end are scraped once more, and a job shorter than a scrape
-interval is seen at all. A lost job keeps its series until it resumes or is
-forgotten (the no-save alert must be able to fire for it). ``adaptd_host_saves_total``
+interval is seen at all. At most :data:`MAX_ENDED_JOBS` ended jobs wait at once; beyond
+that the oldest go at once, so a flood of short jobs cannot grow memory. A lost job
+keeps its series until it resumes or is forgotten (the no-save alert must be able to
+fire for it). ``adaptd_host_saves_total``
 and ``adaptd_host_save_written_bytes_total`` count every job's saves without a job
 label and are never removed, so ``increase()`` over them holds all saves of the host.
 
@@ -69,6 +71,9 @@ JOB = "job_id"
 #: Prometheus' own default ``scrape_interval``; an ended job's series stay for two.
 DEFAULT_SCRAPE_INTERVAL_S = 60.0
 DEFAULT_JOB_SERIES_GRACE_S = 2 * DEFAULT_SCRAPE_INTERVAL_S
+#: Ended jobs whose series wait out their grace period at once; beyond it the oldest go
+#: at once, so a flood of short jobs cannot grow the daemon's memory.
+MAX_ENDED_JOBS = 256
 
 
 class MetricsError(RuntimeError):
@@ -314,7 +319,13 @@ class Metrics:
         unless it starts again before. A time older than the last :meth:`expire` (a
         forgotten job carries its last message's) counts from that expire instead."""
         with self._lock:
+            self._ending.pop(job, None)
             self._ending[job] = max(time, self._now) + self.job_series_grace_s
+            over = list(self._ending)[: max(0, len(self._ending) - MAX_ENDED_JOBS)]
+            for old in over:  # the oldest ended first (insertion order)
+                del self._ending[old]
+        for old in over:
+            self.remove_job(old)
         if self.job_series_grace_s == 0:
             self.expire(time)
 

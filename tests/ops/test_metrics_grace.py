@@ -38,8 +38,8 @@ def job_series(got: dict) -> set[str]:
     return {name for name, labels in got if ("job_id", "short") in labels}
 
 
-def report(step: int, ok: bool = True) -> p.SaveReport:
-    return p.SaveReport(v=p.VERSION, job="short", rank=0, step=step, blocking_s=0.01,
+def report(step: int, ok: bool = True, job: str = "short") -> p.SaveReport:
+    return p.SaveReport(v=p.VERSION, job=job, rank=0, step=step, blocking_s=0.01,
                         durable_s=0.5, bytes=4096, ok=ok, error="" if ok else "EIO")  # fmt: skip
 
 
@@ -148,3 +148,21 @@ def test_the_daemon_keeps_a_goodbye_jobs_series_for_the_configured_grace(short_d
         ctx.destroy(linger=0)
         svc.daemon.stop()
         svc.close()
+
+
+def test_a_flood_of_short_jobs_keeps_a_bounded_number_waiting() -> None:
+    """Thousands of jobs ending within one grace period: only the newest
+    MAX_ENDED_JOBS keep their series, so the daemon's memory stays bounded."""
+    from adaptd.metrics import MAX_ENDED_JOBS
+
+    m = Metrics(job_series_grace_s=120.0)
+    n = MAX_ENDED_JOBS + 50
+    for i in range(n):
+        job = f"j{i}"
+        m.on_event(ev.JobRegistered(float(i), 1e9, job, 0, 1, 1, "h", "/c", 0, 1))
+        m.on_event(ev.SaveReported(float(i), 1e9, job, report(1, job=job), True))
+        m.on_event(ev.JobFinished(float(i), 1e9, job, 1, "done"))
+    jobs = {dict(labels).get("job_id") for _, labels in samples(m.render().decode())} - {None}
+    assert jobs == {f"j{i}" for i in range(50, n)}
+    got = samples(m.render().decode())
+    assert got[("adaptd_host_saves_total", (("result", "ok"),))] == n
