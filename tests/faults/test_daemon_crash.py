@@ -72,8 +72,11 @@ def test_daemon_sigkill_costs_the_loop_nothing_and_the_restart_restores_what_it_
 ) -> None:
     socket, state = short_dir / "a.sock", short_dir / "state"
     ckpt, stop, timings = tmp_path / "ckpt", tmp_path / "stop", tmp_path / "timings.bin"
+    # one writer priority throughout: the step times of the phases are compared, and
+    # "auto" may choose differently from the daemon's plan and the embedded one
     args = ["--steps", "1000000", "--policy", f"fixed:steps={EVERY}", "--socket",
-            f"ipc://{socket}", "--step-sleep", "0.004", "--job", JOB]  # fmt: skip
+            f"ipc://{socket}", "--step-sleep", "0.004", "--job", JOB,
+            "--writer-nice", "none"]  # fmt: skip
     daemon = Serve(socket, state, JOB)
     daemon.start()
     try:
@@ -81,6 +84,9 @@ def test_daemon_sigkill_costs_the_loop_nothing_and_the_restart_restores_what_it_
         first = zygote.spawn([ckpt, tmp_path / "o1", *args], script=TRAIN_SCRIPT)
         first.log.wait_for("mode daemon", timeout=DEADLINE)
         saved_after(first, 0, 2)
+        # the job prints a save once its report is queued: let the daemon have it before
+        # the SIGKILL, or the report can die in the job's socket (a race under load)
+        daemon.wait_job(lambda j: j.saves >= 2, "the first run's two saves")
         first.kill()
         job = zygote.spawn(
             [ckpt, tmp_path / "out", *args, "--timings", timings, "--stop-file", stop],
@@ -89,7 +95,12 @@ def test_daemon_sigkill_costs_the_loop_nothing_and_the_restart_restores_what_it_
         daemon.log.wait_for("event=job_resumed", f"job={JOB}")
         job.log.wait_for("mode daemon", timeout=DEADLINE)
         saved_after(job, 0, 4)
-        before = daemon.wait_job(lambda j: j.saves >= 3 and j.failures == 1, "3 saves, 1 failure")
+        # every save printed so far is one the daemon must have (and then make durable)
+        durable_mark = len(job.log.lines)
+        printed = connected_saves(first, len(first.log.lines)) | connected_saves(job, durable_mark)
+        before = daemon.wait_job(
+            lambda j: j.saves >= max(3, len(printed)) and j.failures == 1, "the saves, 1 failure"
+        )
         assert before.failures == 1 and before.saves >= 3 and before.save_cost_s is not None
 
         # the store is written once per daemon tick (~1 s): what is that old is durable
@@ -132,10 +143,10 @@ def test_daemon_sigkill_costs_the_loop_nothing_and_the_restart_restores_what_it_
         assert db.param(job_scope(JOB), "learned")["failures"] == 1
         assert len(db.failures(JOB)) == 1
     saved_steps = {s.step for s in history if s.ok}
-    # the history holds the saves reported before the kill, and none made while it was dead
-    assert saved_steps >= connected_saves(first, len(first.log.lines)) | connected_saves(
-        job, kill_mark
-    )
+    # the history holds the saves reported before the kill (up to the last flush the
+    # test waited for: one tick's reports may die with the daemon), none made while dead
+    assert saved_steps >= printed
+    assert kill_mark >= durable_mark
     assert not saved_steps & set(embedded_saves)
 
     # the loop never waited on the dead daemon: step times before / dead / after
