@@ -35,7 +35,7 @@ from adaptd.client import async_fixes, files, ranks, remote
 from adaptd.client.costs import Baseline, SaveWindow, StepClock
 from adaptd.client.link import DaemonLink
 from adaptd.client.schedule import NEVER, Due, SaveSchedule
-from adaptd.client.writer import AUTO, Writer, WriterNice
+from adaptd.client.writer import AUTO, Writer, WriterNice, WriterPriority
 from adaptd.estimators import JobTracker
 from adaptd.policy import DEFAULT_SPEC, Policy, PolicyError, parse
 from adaptd.snapshot import Snapshot
@@ -115,10 +115,11 @@ class AdaptiveCheckpointer:
         decide_interval: wall seconds between embedded re-decisions.
         writer_nice: priority of TensorFlow's async-save thread. ``"auto"`` (the
             default): nice 19 while the measured time until durable is at most a
-            quarter of the planned interval, the training thread's own priority once
-            it exceeds half of it (see :mod:`adaptd.client.writer`); an int 0-19:
-            that nice value always; ``None`` or 0: left alone. Linux per-thread nice;
-            elsewhere nothing changes.
+            quarter of the planned interval and the host is not overloaded, the
+            training thread's own priority once it exceeds half of it (see
+            :mod:`adaptd.client.writer`); a :class:`~adaptd.client.writer.WriterPriority`:
+            the same rule with other settings; an int 0-19: that nice value always;
+            ``None`` or 0: left alone. Linux per-thread nice; elsewhere nothing changes.
         restore_from: a durable destination (fsspec URL or path: the job's folder
             there, ``{job}`` is replaced by the job id) to pull the newest verified
             checkpoint from when ``directory`` has none, e.g. on a new host (default
@@ -177,6 +178,7 @@ class AdaptiveCheckpointer:
         if (
             writer_nice is not None
             and writer_nice != AUTO
+            and not isinstance(writer_nice, WriterPriority)
             and (
                 isinstance(writer_nice, bool)
                 or not isinstance(writer_nice, int)
@@ -184,8 +186,8 @@ class AdaptiveCheckpointer:
             )
         ):
             raise ValueError(
-                f"writer_nice must be 'auto', an integer from 0 to 19, or None to leave "
-                f"the writer's priority alone, got {writer_nice!r}"
+                f"writer_nice must be 'auto', a WriterPriority, an integer from 0 to 19, or "
+                f"None to leave the writer's priority alone, got {writer_nice!r}"
             )
         if storage_options is not None and not isinstance(storage_options, Mapping):
             raise ValueError(

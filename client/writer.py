@@ -22,8 +22,12 @@ thread's priority once L > τ/2, and keeps its priority in between (hysteresis: 
 background writer's L is longer than a normal one's). L is the larger of the median
 and the newest save's, so one starved write (a host whose other work leaves a niced
 thread no CPU) is answered at the next save; the writer then stays at normal priority
-for 10 saves before it tries the background again. The first save, before any L is
-known, runs at normal priority. Where a niced thread may not raise its priority again
+for 10 saves before it tries the background again. And while the host's load average
+exceeds 1.5 per core (more runnable work than the training job's), the writer runs at
+normal priority whatever L: there a niced thread waits seconds for CPU (measured on
+the shared 2-core VM at loads of 5-17: 256 MB durable after 5-12 s at nice 10 or 19
+instead of about 1-3 s). The first save, before any L is known, runs at normal
+priority. Where a niced thread may not raise its priority again
 (an unprivileged process: ``RLIMIT_NICE``), going back to normal means ending TF's
 writer thread between two writes and starting a new one, which inherits the training
 thread's priority (:meth:`Writer.prepare`); the TF internals that needs stay here.
@@ -35,6 +39,7 @@ import logging
 import os
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -42,7 +47,6 @@ log = logging.getLogger("adaptd.client")
 
 #: ``writer_nice="auto"``: chosen from the plan's interval and the measured latency.
 AUTO = "auto"
-WriterNice = int | Literal["auto"] | None
 #: Seconds to wait for TF's idle writer thread to leave its loop.
 RESTART_TIMEOUT_S = 30.0
 
@@ -64,14 +68,21 @@ class WriterPriority:
     for ``retry_after`` saves before it tries the background again (what starves a
     niced writer, other work on the host, rarely stops at once).
 
+    Whatever L, the writer runs at normal priority while the host's load average per
+    core exceeds ``max_load_per_core``: a niced thread yields to every other process,
+    and on a host with more runnable work than cores it waits seconds for CPU (the
+    training job alone keeps the load near one per core).
+
     Raises ValueError for a nice value outside 1..19, fractions not ordered
-    ``0 < background_up_to < normal_above <= 1``, or a negative ``retry_after``.
+    ``0 < background_up_to < normal_above <= 1``, a negative ``retry_after`` or a
+    ``max_load_per_core`` that is not positive.
     """
 
     background_nice: int = 19
     background_up_to: float = 0.25
     normal_above: float = 0.5
     retry_after: int = 10
+    max_load_per_core: float = 1.5
 
     def __post_init__(self) -> None:
         if not 1 <= self.background_nice <= 19:
@@ -83,6 +94,8 @@ class WriterPriority:
             )
         if self.retry_after < 0:
             raise ValueError(f"retry_after must be >= 0 saves, got {self.retry_after}")
+        if not self.max_load_per_core > 0:
+            raise ValueError(f"max_load_per_core must be > 0, got {self.max_load_per_core}")
 
     def choose(
         self,
@@ -92,14 +105,22 @@ class WriterPriority:
         current: int,
         newest_s: float | None = None,
         since_fallback: int | None = None,
+        load_per_core: float | None = None,
     ) -> Choice:
         """The priority for the next save.
 
         ``latency_s``: the typical (median) durable latency; ``newest_s``: the newest
         save's; ``current``: the priority now (0 or the background nice);
         ``since_fallback``: saves made at normal priority since the last fall-back from
-        the background (``None``: none happened).
+        the background (``None``: none happened); ``load_per_core``: the host's
+        1-minute load average per core (``None``: unknown).
         """
+        if load_per_core is not None and load_per_core > self.max_load_per_core:
+            return Choice(
+                0,
+                f"host load {load_per_core:.2g} per core: other work would starve a "
+                "background writer",
+            )
         if latency_s is None:
             return Choice(current, "no save measured yet")
         if interval_s is None or not interval_s > 0:
@@ -119,20 +140,41 @@ class WriterPriority:
         return Choice(self.background_nice, said)
 
 
+#: What ``writer_nice`` takes: "auto", a rule of one's own, a fixed nice value, or None.
+WriterNice = int | Literal["auto"] | WriterPriority | None
+
+
+def load_per_core() -> float | None:
+    """The host's 1-minute load average per core (``None`` where it is not available)."""
+    try:
+        return os.getloadavg()[0] / (os.cpu_count() or 1)
+    except OSError:
+        return None
+
+
 class Writer:
     """The nice value of one checkpoint's TF writer thread.
 
-    ``wanted``: ``"auto"`` (chosen by :class:`WriterPriority` before each save), an
-    int 0-19 (that value, always), or ``None`` (left alone). The hook calls
+    ``wanted``: ``"auto"`` (chosen by :class:`WriterPriority` before each save), a
+    :class:`WriterPriority` (the same with its settings), an int 0-19 (that value,
+    always), or ``None`` (left alone). ``load`` tells the host's load per core. The hook calls
     :meth:`prepare` between writes (before the save call) and :meth:`apply` after the
     save call (the first one creates the thread). Never raises: a priority that cannot
     be set is logged and left.
     """
 
     def __init__(
-        self, checkpoint: Any, wanted: WriterNice, policy: WriterPriority | None = None
+        self,
+        checkpoint: Any,
+        wanted: WriterNice,
+        policy: WriterPriority | None = None,
+        *,
+        load: Callable[[], float | None] = load_per_core,
     ) -> None:
+        if isinstance(wanted, WriterPriority):
+            wanted, policy = AUTO, wanted
         self.checkpoint = checkpoint
+        self.load = load
         self.wanted = wanted
         self.policy = policy or WriterPriority()
         #: The nice value applied to the writer thread (None: not touched).
@@ -164,6 +206,7 @@ class Writer:
             current=current,
             newest_s=newest_s,
             since_fallback=self._since_fallback,
+            load_per_core=self.load(),
         )
         if choice.nice != self._target:
             log.info("writer priority: nice %d (%s)", choice.nice, choice.reason)

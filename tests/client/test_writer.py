@@ -35,14 +35,26 @@ RULE = WriterPriority()
     ],
 )
 def test_rule(interval_s, latency_s, newest_s, current, since_fallback, nice) -> None:
+    for load in (None, 0.4, 1.5):  # a host the training job has to itself: L decides
+        choice = RULE.choose(
+            interval_s=interval_s,
+            latency_s=latency_s,
+            newest_s=newest_s,
+            current=current,
+            since_fallback=since_fallback,
+            load_per_core=load,
+        )
+        assert choice.nice == nice and choice.reason
+
+
+@pytest.mark.parametrize("current", [0, 19])
+def test_an_overloaded_host_gets_a_normal_priority_writer(current) -> None:
     choice = RULE.choose(
-        interval_s=interval_s,
-        latency_s=latency_s,
-        newest_s=newest_s,
-        current=current,
-        since_fallback=since_fallback,
+        interval_s=300.0, latency_s=0.5, newest_s=0.5, current=current, load_per_core=3.2
     )
-    assert choice.nice == nice and choice.reason
+    assert choice == Choice(
+        0, "host load 3.2 per core: other work would starve a background writer"
+    )
 
 
 def test_reasons_say_why() -> None:
@@ -60,6 +72,7 @@ def test_reasons_say_why() -> None:
         ({"background_up_to": 0.6}, "0 < background_up_to < normal_above <= 1"),
         ({"normal_above": 1.5}, "got 0.25 and 1.5"),
         ({"retry_after": -1}, "retry_after must be >= 0 saves, got -1"),
+        ({"max_load_per_core": 0}, "max_load_per_core must be > 0, got 0"),
     ],
 )
 def test_settings_are_validated(kwargs, match) -> None:
@@ -93,9 +106,11 @@ def test_auto_nices_the_writer_then_restores_normal_priority_on_a_new_thread(tmp
     main = nice_of(0)
     v = tf.Variable(tf.zeros([1 << 16]))
     policy = Interval(3600.0)
+    # the default rule, except that this shared test machine's load is not looked at
+    rule = WriterPriority(max_load_per_core=1e9)
     ckptr = AdaptiveCheckpointer(
         tmp_path / "ck", job="writer", policy=policy, socket=f"ipc://{tmp_path}/none",
-        handle_sigterm=False, decide_interval=0.01, poll_interval=0.001, v=v,
+        handle_sigterm=False, decide_interval=0.01, poll_interval=0.001, writer_nice=rule, v=v,
     )  # fmt: skip
     ckptr.restore_or_initialize()
     saved: dict[int, float] = {}
@@ -160,7 +175,8 @@ def test_the_daemons_plan_interval_drives_it_too(tmp_path, fake_daemon) -> None:
     v = tf.Variable(tf.zeros([1 << 12]))
     ckptr = AdaptiveCheckpointer(
         tmp_path / "ck", job="wd", socket=fake_daemon.endpoint, handle_sigterm=False,
-        poll_interval=0.001, daemon_timeout=120, v=v,  # the test daemon sends no more
+        poll_interval=0.001, daemon_timeout=120,  # the test daemon sends no more
+        writer_nice=WriterPriority(max_load_per_core=1e9), v=v,
     )  # fmt: skip
     fake_daemon.wait_connected()
     ckptr.restore_or_initialize()
