@@ -68,7 +68,7 @@ def machine(tmp_path: Path):
             (bin_ / "id").unlink()
             _exe(bin_ / "id", "echo 1000\n")
             if sudo:  # passwordless: runs the command (here as ourselves)
-                _exe(bin_ / "sudo", '[ "$1" = -n ] && shift\n"$@"\n')
+                _exe(bin_ / "sudo", f'echo "sudo $*" >> {log}\n[ "$1" = -n ] && shift\n"$@"\n')
 
         def apt_fails(self) -> None:
             (tmp_path / "apt-fails").touch()
@@ -117,7 +117,13 @@ def test_passwordless_sudo_is_used(machine) -> None:
     machine.as_user(sudo=True)
     r = machine.run()
     assert r.returncode == 0, r.stderr
-    assert len(machine.calls()) == 2 and "installed" in r.stderr
+    calls = machine.calls()
+    assert calls[0] == "sudo -n true"  # asked first whether sudo needs no password
+    assert [c for c in calls if c.startswith("apt-get")] == [
+        "apt-get update -qq",
+        "apt-get install -y -qq --no-install-recommends systemd prometheus fuse3",
+    ]
+    assert calls.count("sudo -n apt-get update -qq") == 1 and "installed" in r.stderr
 
 
 def test_a_failing_apt_get_is_reported(machine) -> None:
