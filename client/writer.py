@@ -3,9 +3,10 @@
 Why: on a host whose cores the training step keeps busy, TF's background write takes
 CPU from the step, and that is most of what an async save costs the loop. At nice 19
 the writer yields to the step: measured side by side on the 2-core development VM at
-256 MB (``benchmarks/save_stall.py``, benchmarks/README.md), the loop's stall per save
-fell from about 0.6x a synchronous save (normal priority, and no better than raw TF
-async) to a few percent of it. The price is a longer time until the save is durable, L.
+256 MB (``benchmarks/save_stall.py``, benchmarks/README.md), in the run where nothing
+else starved it, the loop's stall per save was 0.02x a synchronous save against 0.58x
+at normal priority (raw TF async: 1.19x). The price is a longer time until the save is
+durable, L, and where other work keeps the cores busy a niced writer starves (below).
 
 How the choice is made (:class:`WriterPriority`): with τ the planned interval (the
 daemon's plan, or the embedded policy's) and L the measured durable latency (the
