@@ -26,7 +26,7 @@ thread no CPU) is answered at the next save; the writer then stays at normal pri
 for 10 saves before it tries the background again. And while the host's load average
 exceeds 1.5 per core (more runnable work than the training job's), the writer runs at
 normal priority whatever L: there a niced thread waits seconds for CPU (measured on
-the shared 2-core VM at loads of 5-17: 256 MB durable after 5-12 s at nice 10 or 19
+the shared 2-core VM at loads of 2-17: 256 MB durable after 4-12 s at nice 10 or 19
 instead of about 1-3 s). The first save, before any L is known, runs at normal
 priority. Where a niced thread may not raise its priority again
 (an unprivileged process: ``RLIMIT_NICE``), going back to normal means ending TF's
