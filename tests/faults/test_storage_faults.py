@@ -142,10 +142,12 @@ def test_slow_storage_raises_the_save_cost_and_the_interval_follows(
     daemon = Serve(socket, tmp_path / "state", JOB)
     daemon.start()
     try:
+        # one writer priority throughout: the save cost of the two phases is compared,
+        # and "auto" would choose differently for the fast and the slow storage
         job = zygote.spawn(
             [ckpt, tmp_path / "out", "--steps", "1000000", "--policy", policy,
              "--socket", f"ipc://{socket}", "--step-sleep", "0.004", "--pad-mb", "4",
-             "--job", JOB, "--stop-file", stop],
+             "--job", JOB, "--stop-file", stop, "--writer-nice", "none"],
             script=TRAIN_SCRIPT,
         )  # fmt: skip
         job.log.wait_for("mode daemon", timeout=DEADLINE)
