@@ -1,11 +1,15 @@
 # The two set-up commands of the README: `make demo` and `make test`.
-# Both create (or update) .venv and install the project into it first.
-PYTHON ?= python3
-VENV   ?= .venv
-BIN    := $(VENV)/bin
-STAMP  := $(VENV)/.installed
+# Both create (or update) .venv and install the project into it first; `make test`
+# also installs the programs the suite runs (scripts/test-deps.txt), root or
+# passwordless sudo permitting: elsewhere the tests that need them skip and say what
+# to install. TEST_DEPS=--required makes a missing program an error (CI: .ci/run).
+PYTHON    ?= python3
+VENV      ?= .venv
+BIN       := $(VENV)/bin
+STAMP     := $(VENV)/.installed
+TEST_DEPS ?=
 
-.PHONY: demo test lint bench clean venv
+.PHONY: demo test test-deps lint bench clean venv
 
 venv: $(STAMP)
 
@@ -18,7 +22,11 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/adaptd demo
 
-test: $(STAMP)
+# Quick when everything is there: a `command -v` per program, no apt-get.
+test-deps:
+	@bash scripts/install-test-deps.sh $(TEST_DEPS)
+
+test: $(STAMP) test-deps
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 

@@ -179,6 +179,8 @@ class Config:
     gpu_mtbf_s: float
     metrics_listen: tuple[str, int] | None
     slow_save_s: float
+    scrape_interval_s: float  # Prometheus' scrape_interval for this daemon
+    job_series_grace_s: float  # an ended job's series stay this long (2 scrapes)
     retention_days: float
     retention_rows: int
     jobs: tuple[JobOverride, ...]

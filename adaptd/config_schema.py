@@ -171,6 +171,14 @@ SETTINGS: dict[str, tuple[Setting, ...]] = {
                 field_name="metrics_listen", show=show_listen),
         Setting("slow_save_s", number(0), 1.0,
                 "a save that blocks the loop longer than this counts as slow", "1.0"),
+        Setting("scrape_interval_s", number(0), 60.0,
+                "Prometheus' `scrape_interval` for this daemon (sets the grace below)", "60"),
+        # 0: remove an ended job's series at once (the behaviour before the grace period)
+        Setting("job_series_grace_s", number(0, exclusive=False),
+                lambda ctx: 2 * ctx["scrape_interval_s"],
+                "how long a finished (or forgotten) job's series stay, so its last saves are "
+                "scraped; 0: removed at once",
+                "2 × `scrape_interval_s`"),
     ),
     "retention": (
         Setting("days", number(0), 30.0, "history kept, by age", "30",

@@ -24,6 +24,17 @@ step, and per destination the recent throughput and an upload-time histogram. Th
 are rendered at scrape time from the Replicator's status (``replication``, given
 when the metrics are built), so the lag keeps growing between events.
 
+A job that ends (a clean goodbye, or a lost job the daemon forgets) keeps its
+series for ``job_series_grace_s`` (config ``metrics.job_series_grace_s``, by default
+two of ``metrics.scrape_interval_s``) before they are removed: the saves between the
+last scrape and the end are scraped once more, and a job shorter than a scrape
+interval is seen at all. At most :data:`MAX_ENDED_JOBS` ended jobs wait at once; beyond
+that the oldest go at once, so a flood of short jobs cannot grow memory. A lost job
+keeps its series until it resumes or is forgotten (the no-save alert must be able to
+fire for it). ``adaptd_host_saves_total``
+and ``adaptd_host_save_written_bytes_total`` count every job's saves without a job
+label and are never removed, so ``increase()`` over them holds all saves of the host.
+
 A save is *bad* when it failed, blocked the loop longer than ``slow_save_s``, or
 took longer to become durable than the job's planned interval (the next save
 would be due before it finished). ``adaptd_job_bad_save_streak`` counts bad saves
@@ -62,6 +73,13 @@ SAVE_BUCKETS = (
     1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
 )  # fmt: skip
 
+#: Prometheus' own default ``scrape_interval``; an ended job's series stay for two.
+DEFAULT_SCRAPE_INTERVAL_S = 60.0
+DEFAULT_JOB_SERIES_GRACE_S = 2 * DEFAULT_SCRAPE_INTERVAL_S
+#: Ended jobs whose series wait out their grace period at once; beyond it the oldest go
+#: at once, so a flood of short jobs cannot grow the daemon's memory.
+MAX_ENDED_JOBS = 256
+
 
 class MetricsError(RuntimeError):
     """The metrics endpoint could not start; the message names the address and the fix."""
@@ -78,15 +96,21 @@ class Metrics:
         self,
         *,
         slow_save_s: float = 1.0,
+        job_series_grace_s: float = DEFAULT_JOB_SERIES_GRACE_S,
         version: str = __version__,
         replication: Callable[[], ReplicationView] | None = None,
     ) -> None:
         """``replication``: where the ``adaptd_replication_*`` series come from at
         scrape time (the Replicator's rows and throughput; ``None``: no such series).
-        Raises :class:`ValueError` for a ``slow_save_s`` that is not positive."""
+        Raises :class:`ValueError` for a ``slow_save_s`` that is not positive or a
+        negative ``job_series_grace_s``."""
         if not slow_save_s > 0:
             raise ValueError(f"slow_save_s must be > 0, got {slow_save_s}")
+        if not job_series_grace_s >= 0:
+            raise ValueError(f"job_series_grace_s must be >= 0, got {job_series_grace_s}")
         self.slow_save_s = slow_save_s
+        #: Seconds an ended job's series stay exported (see the module docstring).
+        self.job_series_grace_s = job_series_grace_s
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         Info("adaptd_build", "adaptd version", registry=r).info({"version": version})
@@ -107,6 +131,19 @@ class Metrics:
         self.save_bytes = Counter(
             "adaptd_save_written_bytes", "Bytes written by successful saves.", [JOB], registry=r
         )
+        self.host_saves = Counter(
+            "adaptd_host_saves",
+            "Saves reported by all jobs on this host, by result (ok, failed); no job label, "
+            "never removed.",
+            ["result"], registry=r,
+        )  # fmt: skip
+        self.host_save_bytes = Counter(
+            "adaptd_host_save_written_bytes",
+            "Bytes written by all jobs' successful saves on this host; no job label.",
+            registry=r,
+        )
+        for result in ("ok", "failed"):
+            self.host_saves.labels(result)
         self.bad_streak = Gauge(
             "adaptd_job_bad_save_streak",
             "Consecutive saves of the job that failed or were slow.",
@@ -179,6 +216,8 @@ class Metrics:
         self._last_saved: dict[str, float] = {}
         self._incarnations: dict[str, int] = {}
         self._fell_back: dict[str, int] = {}  # job -> the run whose fallback was counted
+        self._ending: dict[str, float] = {}  # ended job -> when its series go (event clock)
+        self._now = float("-inf")  # the newest time expire() was given
 
     # ---------------------------------------------------------------- events
 
@@ -208,13 +247,16 @@ class Metrics:
         if rec.ok:
             self.save_durable.labels(job).observe(rec.durable_s)
             self.save_bytes.labels(job).inc(rec.bytes)
+            self.host_save_bytes.inc(rec.bytes)
             with self._lock:  # ranks' reports may arrive out of order: keep the newest
                 newest = max(rec.ended, self._last_saved.get(job, rec.ended))
                 self._last_saved[job] = newest
             self.last_save.labels(job).set(newest)
         if not counted:
             return
-        self.saves.labels(job, "ok" if rec.ok else "failed").inc()
+        result = "ok" if rec.ok else "failed"
+        self.saves.labels(job, result).inc()
+        self.host_saves.labels(result).inc()
         planned = self._planned_s.get(job)
         bad = (
             not rec.ok
@@ -278,8 +320,36 @@ class Metrics:
         """Mirror the store's fault counters (:attr:`adaptd.store.Store.write_errors`...)."""
         self._host.state = (write_errors, dropped_rows)
 
+    def end_job(self, job: str, *, time: float) -> None:
+        """A job left for good at ``time`` (the daemon's monotonic clock): its series
+        are removed by the first :meth:`expire` at or after ``time + job_series_grace_s``,
+        unless it starts again before. A time older than the last :meth:`expire` (a
+        forgotten job carries its last message's) counts from that expire instead."""
+        with self._lock:
+            self._ending.pop(job, None)
+            self._ending[job] = max(time, self._now) + self.job_series_grace_s
+            over = list(self._ending)[: max(0, len(self._ending) - MAX_ENDED_JOBS)]
+            for old in over:  # the oldest ended first (insertion order)
+                del self._ending[old]
+        for old in over:
+            self.remove_job(old)
+        if self.job_series_grace_s == 0:
+            self.expire(time)
+
+    def expire(self, now: float) -> list[str]:
+        """Remove the series of ended jobs whose grace period is over; returns them.
+        The daemon calls this once a second (its tick)."""
+        with self._lock:
+            self._now = max(self._now, now)
+            due = [job for job, at in self._ending.items() if at <= now]
+            for job in due:
+                del self._ending[job]
+        for job in due:
+            self.remove_job(job)
+        return due
+
     def remove_job(self, job: str) -> None:
-        """Forget a job that left for good (a clean goodbye): its series stop.
+        """Forget a job's series now (:meth:`end_job` waits the grace period first).
 
         Do not call this when a job vanished: it may come back, and its failure
         counter must keep counting.
@@ -305,7 +375,8 @@ class Metrics:
         (:func:`adaptd.records.record_of`); urgent save requests are not plans.
         ``adaptd_jobs_connected`` is the registry's count of active jobs, which its
         lifecycle events carry. A lost job keeps its series (it may resume, and the
-        no-save alert should fire if it does not); a finished one is removed.
+        no-save alert should fire if it does not); a finished or forgotten one is
+        removed after the grace period (:meth:`end_job`).
         """
         rec = record_of(ev)
         if isinstance(rec, SaveRecord):
@@ -316,6 +387,8 @@ class Metrics:
         elif isinstance(rec, FailureRecord):
             self.on_failure(rec)
         elif isinstance(ev, events.JobRegistered):
+            with self._lock:
+                self._ending.pop(ev.job, None)  # back within its grace period: keep all
             if self._incarnations.get(ev.job) != ev.incarnation:
                 self._incarnations[ev.job] = ev.incarnation
                 self.on_job_started(ev.job, time=ev.wall)
@@ -325,7 +398,7 @@ class Metrics:
         elif isinstance(ev, events.JobFinished | events.JobForgotten):
             # forgotten: a lost job the registry dropped; it will not come back as itself
             self._incarnations.pop(ev.job, None)
-            self.remove_job(ev.job)
+            self.end_job(ev.job, time=ev.time)
         active = getattr(ev, "jobs_active", None)
         if active is not None:
             self.jobs.set(active)

@@ -32,6 +32,7 @@ from adaptd import events as ev
 from adaptd.estimators import JobTracker
 from adaptd.jobs import HelloKind, Job, JobStateName, PeerCred, PendingResume, Rank
 from adaptd.protocol import Goodbye, Hello, SaveReport, Steps
+from adaptd.telemetry.host import ProcessInfo, pid_exists, process_info
 
 __all__ = [
     "MAX_INACTIVE_JOBS",
@@ -85,46 +86,31 @@ class ProcessProbe(Protocol):
 
 
 class ProcProbe:
-    """The real probe: ``/proc/<pid>/stat`` (state and start time), else ``kill(pid, 0)``.
+    """The real probe: psutil's view of the pid (start time and status), else whether
+    the pid exists at all (``kill(pid, 0)``: a process whose procfs entry is hidden).
 
-    Reading ``/proc`` directly keeps psutil in the telemetry modules that own it,
-    and tells a zombie (killed, not yet reaped by its parent) from a live process.
+    Tells a zombie (killed, not yet reaped by its parent) from a live process, and a
+    reused pid (a younger process) from the one that said hello. ``process`` is the
+    source (:func:`adaptd.telemetry.host.process_info`; tests may pass their own).
     """
 
-    def __init__(self, proc: str = "/proc") -> None:
-        self.proc = proc
-
-    def _stat(self, pid: int) -> tuple[str, float] | None:
-        try:
-            with open(f"{self.proc}/{pid}/stat", "rb") as f:
-                text = f.read().decode("ascii", "replace")
-        except OSError:
-            return None
-        # "pid (comm) S ..." where comm may hold spaces and parentheses
-        rest = text[text.rfind(")") + 2 :].split()
-        try:
-            return rest[0], float(rest[19])  # field 3: state, field 22: starttime
-        except (IndexError, ValueError):
-            return None
+    def __init__(
+        self,
+        process: Callable[[int], ProcessInfo | None] = process_info,
+        exists: Callable[[int], bool] = pid_exists,
+    ) -> None:
+        self.process = process
+        self.exists = exists
 
     def start_time(self, pid: int) -> float | None:
-        stat = self._stat(pid)
-        return None if stat is None else stat[1]
+        info = self.process(pid)
+        return None if info is None else info.start_time
 
     def alive(self, pid: int, start_time: float | None) -> bool:
-        stat = self._stat(pid)
-        if stat is not None:
-            state, started = stat
-            if state in ("Z", "X", "x"):
-                return False
-            return start_time is None or started == start_time
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True  # exists, owned by someone else
-        return True
+        info = self.process(pid)
+        if info is not None:
+            return info.running and (start_time is None or info.start_time == start_time)
+        return self.exists(pid)
 
 
 def default_tracker(msg: Hello) -> JobTracker:

@@ -118,6 +118,33 @@ class ServiceError(Exception):
     """The daemon cannot start; the message names the setting and what to do."""
 
 
+def set_permissions(cfg: Config, daemon: Daemon, admin_gid: int | None) -> None:
+    """Give the daemon's sockets the configured modes and groups (``admin_gid``: the
+    admin group looked up at start). Raises :class:`ServiceError` naming the setting
+    for a group that does not exist or a socket whose mode cannot be set."""
+    gid = -1
+    if cfg.socket_group:
+        try:
+            gid = grp.getgrnam(cfg.socket_group).gr_gid
+        except KeyError:
+            raise ServiceError(
+                f"daemon.socket_group: no group {cfg.socket_group!r} on this host; "
+                "create it (systemd-sysusers) or remove the setting"
+            ) from None
+    try:
+        if daemon.tcp is None:  # a tcp:// job socket has no file (CURVE guards it)
+            if gid != -1:
+                os.chown(daemon.socket_path, -1, gid)
+            os.chmod(daemon.socket_path, cfg.socket_mode)
+        if admin_gid is not None:
+            os.chown(daemon.admin_path, -1, admin_gid)
+        os.chmod(daemon.admin_path, cfg.admin_socket_mode)
+    except OSError as exc:
+        raise ServiceError(
+            f"daemon.socket_mode/socket_group: cannot set {exc.filename}: {exc.strerror}"
+        ) from None
+
+
 class Service:
     """Everything ``adaptd serve`` runs, wired together. :meth:`open`, :meth:`serve`,
     :meth:`close` (or :meth:`run`, which does all three)."""
@@ -200,6 +227,7 @@ class Service:
             )
         self.metrics = Metrics(
             slow_save_s=cfg.slow_save_s,
+            job_series_grace_s=cfg.job_series_grace_s,
             replication=None
             if replicator is None
             else lambda: (replicator.status(), replicator.throughput()),
@@ -235,7 +263,7 @@ class Service:
             )
             self.daemon = Daemon(parts=parts)
             # Bind under a private umask: the socket files exist with no group/other
-            # access until _set_permissions below gives them the configured modes.
+            # access until set_permissions below gives them the configured modes.
             old = os.umask(0o077)
             try:
                 self.daemon.open()
@@ -243,7 +271,7 @@ class Service:
                 os.umask(old)
         except DaemonError as exc:
             raise ServiceError(str(exc)) from None
-        self._set_permissions(parts.admin.admin_gid)
+        set_permissions(self.cfg, self.daemon, parts.admin.admin_gid)
         if self.fleet is not None:
             self.fleet.start(registry, self.daemon, self.metrics.registry)
         if replicator is not None:
@@ -299,33 +327,6 @@ class Service:
         """A checkpoint reached a destination (a Replicator worker thread): metrics."""
         if self.metrics is not None:
             self.metrics.on_upload(destination, result.seconds)
-
-    def _set_permissions(self, admin_gid: int | None) -> None:
-        """Give the sockets the configured modes and groups (``admin_gid``: the admin
-        group the daemon looked up when it started)."""
-        assert self.daemon is not None
-        cfg = self.cfg
-        gid = -1
-        if cfg.socket_group:
-            try:
-                gid = grp.getgrnam(cfg.socket_group).gr_gid
-            except KeyError:
-                raise ServiceError(
-                    f"daemon.socket_group: no group {cfg.socket_group!r} on this host; "
-                    "create it (systemd-sysusers) or remove the setting"
-                ) from None
-        try:
-            if self.daemon.tcp is None:  # a tcp:// job socket has no file (CURVE guards it)
-                if gid != -1:
-                    os.chown(self.daemon.socket_path, -1, gid)
-                os.chmod(self.daemon.socket_path, cfg.socket_mode)
-            if admin_gid is not None:
-                os.chown(self.daemon.admin_path, -1, admin_gid)
-            os.chmod(self.daemon.admin_path, cfg.admin_socket_mode)
-        except OSError as exc:
-            raise ServiceError(
-                f"daemon.socket_mode/socket_group: cannot set {exc.filename}: {exc.strerror}"
-            ) from None
 
     def _serve_metrics(self) -> None:
         if self.cfg.metrics_listen is None or self.metrics is None:
@@ -424,6 +425,7 @@ class Service:
         self.store.flush()
         snapshot = self.snapshot()
         self.metrics.on_snapshot(snapshot)
+        self.metrics.expire(now)  # ended jobs' series, once their grace period is over
         if self.fleet is not None:
             self.fleet.tick(now, snapshot)
         self.metrics.set_state_stats(

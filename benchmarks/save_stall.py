@@ -6,9 +6,11 @@ side, each in a fresh worker process so they do not share caches or memory:
 * ``sync``   — ``CheckpointManager.save()`` without async (the loop waits for the write);
 * ``tf-async`` — raw TensorFlow: ``CheckpointManager.save()`` with
   ``CheckpointOptions(enable_async=True)``;
-* ``adaptd`` — the adaptd hook, ``AdaptiveCheckpointer.step()`` with a fixed policy;
-* ``adaptd-nice`` — the same with ``writer_nice=19`` (TF's write thread at the lowest
-  CPU priority).
+* ``adaptd`` — the adaptd hook, ``AdaptiveCheckpointer.step()`` with a fixed policy and
+  its default writer priority (``writer_nice="auto"``: chosen before each save from the
+  planned interval and the measured durable latency; the table says what it chose);
+* ``adaptd-nice0``, ``adaptd-nice10``, ``adaptd-nice19`` — the same with that
+  ``writer_nice`` fixed (0: TF's write thread left at normal priority).
 
 The loop runs a training-like step (a matmul workload plus an optimizer-like
 update of every state variable, so the state really changes each step). Per
@@ -20,9 +22,13 @@ defers its host copy into them, and the background write competes for CPU).
 A save's window runs from the saving iteration until the write is durable, plus
 ``--settle`` steps. Steady state: one warm-up save is made and discarded first.
 
+The machine's 1-minute load average is printed before and after each mode: other
+work on the host competes with the writer too (a niced writer yields to it).
+
 Usage::
 
     python benchmarks/save_stall.py                 # 256 MB and 1 GB, human table
+    python benchmarks/save_stall.py --sizes 256 --saves 4
     python benchmarks/save_stall.py --sizes 64 --saves 3 --json
 """
 
@@ -37,7 +43,7 @@ import sys
 import tempfile
 import time
 
-MODES = ("sync", "tf-async", "adaptd", "adaptd-nice")
+MODES = ("sync", "tf-async", "adaptd", "adaptd-nice0", "adaptd-nice10", "adaptd-nice19")
 
 
 def _build(mb: int):
@@ -79,7 +85,7 @@ def worker(mode: str, mb: int, saves: int, interval: int, settle: int, directory
             max_to_keep=2,
             policy=f"fixed:steps={interval}",
             socket=f"ipc://{directory}/no-daemon.sock",
-            writer_nice=19 if mode == "adaptd-nice" else None,
+            writer_nice=int(mode.removeprefix("adaptd-nice")) if "-nice" in mode else "auto",
             state=state,
         )
         hook.restore_or_initialize()
@@ -94,11 +100,14 @@ def worker(mode: str, mb: int, saves: int, interval: int, settle: int, directory
         train_step()
     total = interval * (saves + 1) + interval // 2
     times: list[float] = []
+    nices: dict[int, int] = {}  # the writer's nice value at each of the hook's saves
     for step in range(1, total + 1):
         t0 = time.perf_counter()
         train_step()
         if hook is not None:
             hook.step()
+            if step % interval == 0:
+                nices[step] = hook.writer_nice or 0
         elif step % interval == 0:
             save_called[step] = time.perf_counter()
             if mode == "sync":
@@ -120,7 +129,7 @@ def worker(mode: str, mb: int, saves: int, interval: int, settle: int, directory
     # when the previous save has long been durable (checked below).
     quiet = [t for i, t in enumerate(times) if (i + 1) % interval > interval // 2]
     base = statistics.median(quiet)
-    stalls, latencies = [], []
+    stalls, latencies, measured_nices = [], [], []
     for k in range(2, saves + 2):  # skip the warm-up save at step `interval`
         step = k * interval
         if step not in latency:
@@ -131,6 +140,8 @@ def worker(mode: str, mb: int, saves: int, interval: int, settle: int, directory
                 f"raise --interval"
             )
         latencies.append(latency[step])
+        if step in nices:
+            measured_nices.append(nices[step])
         i, elapsed, stall = step - 1, 0.0, 0.0
         while elapsed < latency[step] and i < len(times):  # iterations while the write runs
             elapsed += times[i]
@@ -146,6 +157,8 @@ def worker(mode: str, mb: int, saves: int, interval: int, settle: int, directory
         "stall_s": statistics.median(stalls),
         "stalls_s": stalls,
         "durable_s": statistics.median(latencies),
+        "writer_nice": measured_nices if hook is not None else None,
+        "interval_s": interval * base,
     }
 
 
@@ -177,7 +190,9 @@ def main(argv: list[str] | None = None) -> int:
                        "--saves", str(args.saves), "--interval", str(args.interval),
                        "--settle", str(args.settle), "--dir", d]  # fmt: skip
                 env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+                load_before = os.getloadavg()[0]
                 proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+                load = (load_before, os.getloadavg()[0])
                 line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
                 if proc.returncode or line is None:
                     # one mode failing (e.g. a write too slow for the quiet window) must not
@@ -186,9 +201,9 @@ def main(argv: list[str] | None = None) -> int:
                     why = lines[-1] if lines else f"exit {proc.returncode}"
                     print(f"worker {mode} {mb} MB failed: {why}", file=sys.stderr)
                     failed += 1
-                    results.append({"mode": mode, "mb": mb, "error": why})
+                    results.append({"mode": mode, "mb": mb, "error": why, "load": load})
                     continue
-                results.append(json.loads(line[7:]))
+                results.append(dict(json.loads(line[7:]), load=load))
     sync = {r["mb"]: r["stall_s"] for r in results if r["mode"] == "sync" and "error" not in r}
     for r in results:
         if "error" not in r:
@@ -197,17 +212,25 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"machine": _machine(), "results": results}, indent=2))
         return 1 if failed else 0
     print(f"machine: {_machine()}")
-    head = ("size", "mode", "step ms", "stall ms", "× sync", "durable ms")
-    print("{:>7} {:>11} {:>8} {:>9} {:>7} {:>11}".format(*head))
+    head = ("size", "mode", "step ms", "stall ms", "× sync", "× tf-async", "durable ms",
+            "interval s", "writer nice", "load")  # fmt: skip
+    print("{:>7} {:>13} {:>8} {:>9} {:>7} {:>10} {:>11} {:>10}  {:<11} {}".format(*head))
+    tf_async = {
+        r["mb"]: r["stall_s"] for r in results if r["mode"] == "tf-async" and "error" not in r
+    }
     for r in results:
+        load = "{:.2f}->{:.2f}".format(*r["load"])
         if "error" in r:
-            print(f"{r['mb']:>5}MB {r['mode']:>11} failed: {r['error']}")
+            print(f"{r['mb']:>5}MB {r['mode']:>13} failed: {r['error']} (load {load})")
             continue
         ratio = f"{r['vs_sync']:.2f}" if r["vs_sync"] is not None else "-"
+        vs_tf = f"{r['stall_s'] / tf_async[r['mb']]:.2f}" if tf_async.get(r["mb"]) else "-"
         durable = f"{r['durable_s'] * 1e3:.0f}" if r["durable_s"] is not None else "-"
+        nice = ",".join(str(n) for n in r["writer_nice"]) if r["writer_nice"] is not None else "-"
         print(
-            f"{r['mb']:>5}MB {r['mode']:>11} {r['baseline_step_s'] * 1e3:>8.1f} "
-            f"{r['stall_s'] * 1e3:>9.0f} {ratio:>7} {durable:>11}"
+            f"{r['mb']:>5}MB {r['mode']:>13} {r['baseline_step_s'] * 1e3:>8.1f} "
+            f"{r['stall_s'] * 1e3:>9.0f} {ratio:>7} {vs_tf:>10} {durable:>11} "
+            f"{r['interval_s']:>10.1f}  {nice:<11} {load}"
         )
     return 1 if failed else 0
 

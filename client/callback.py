@@ -16,6 +16,22 @@ step but cannot skip, and says so.
 ``fit`` builds its own input iterator each epoch, so the *position* of the input
 pipeline is not checkpointed here; a resumed epoch sees the order that ``fit``
 gives it. For bit-identical resume use a custom loop with ``data_iterator=``.
+
+What the other callbacks see after a resume inside an epoch: ``fit`` (Keras 3) has no
+way to start an epoch at a batch other than 0 (``BackupAndRestore`` sets only the
+initial epoch, and its resumed run trains the interrupted epoch again from batch 0),
+and a callback cannot keep ``fit`` from calling the others. So the resumed epoch
+runs through every batch index, as under ``BackupAndRestore``: each callback gets
+``on_epoch_begin(epoch)``, then ``on_train_batch_begin(i)``/``on_train_batch_end(i,
+logs)`` for ``i = 0 .. steps-1`` and ``on_epoch_end``, the same calls and indices as a
+``BackupAndRestore`` run. The first ``resume_batch`` of them are the batches trained
+before the interruption: they are read from the input and not trained again, and
+their ``on_train_batch_end`` gets ``logs == {}`` (a trained batch always carries the
+compiled metrics, at least ``loss``). A callback that logs or counts trained batches
+skips empty logs, or compares with :attr:`~AdaptiveCheckpointCallback.resume_epoch`
+and :attr:`~AdaptiveCheckpointCallback.resume_batch`; a per-batch schedule keyed on
+the batch index gets the right index for every trained batch; Keras' progress bar
+runs through the skipped batches at once, showing no loss for them.
 """
 
 from __future__ import annotations
@@ -83,6 +99,11 @@ class AdaptiveCheckpointCallback(keras.callbacks.Callback):
         self.resumed_from = 0
         #: Batches of the resumed epoch skipped because they were trained before.
         self.skipped_batches = 0
+        #: The epoch ``fit`` resumed in, and how many of its first batches were trained
+        #: before (they reach the other callbacks with empty logs; see the module
+        #: docstring). ``None`` and 0 when ``fit`` started fresh or could not skip.
+        self.resume_epoch: int | None = None
+        self.resume_batch = 0
         self._skip_left = 0
         self._skipping = False
         self._train_function: Any = None
@@ -118,6 +139,7 @@ class AdaptiveCheckpointCallback(keras.callbacks.Callback):
             return
         epoch, skip = divmod(start, steps)
         model._initial_epoch = epoch  # what BackupAndRestore sets; fit() reads it next
+        self.resume_epoch, self.resume_batch = epoch, skip
         if skip:
             self._skip_left = skip
             self._train_function = model.train_function
@@ -148,7 +170,8 @@ class AdaptiveCheckpointCallback(keras.callbacks.Callback):
 
     def _skip_batches(self, iterator: Any) -> dict[str, Any]:
         """Stands in for ``model.train_function`` while already-trained batches pass:
-        reads them from the iterator without training on them."""
+        reads them from the iterator without training on them. The empty logs it
+        returns are what every callback's ``on_train_batch_end`` gets for them."""
         count = min(int(getattr(self.model, "steps_per_execution", 1) or 1), self._skip_left)
         for _ in range(count):
             next(iterator)  # StopIteration ends the epoch, as the real function's does

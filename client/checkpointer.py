@@ -19,7 +19,6 @@ import logging
 import os
 import signal
 import socket as _socket
-import sys
 import threading
 import warnings
 import weakref
@@ -37,6 +36,7 @@ from adaptd.client import async_fixes, files, intact, ranks, remote
 from adaptd.client.costs import Baseline, SaveWindow, StepClock
 from adaptd.client.link import DaemonLink
 from adaptd.client.schedule import NEVER, Due, SaveSchedule
+from adaptd.client.writer import AUTO, Writer, WriterNice, WriterPriority
 from adaptd.config import did_you_mean
 from adaptd.estimators import JobTracker
 from adaptd.policy import DEFAULT_SPEC, Policy, PolicyError, parse
@@ -54,12 +54,10 @@ FINAL_SAVE_REASON = "end of run"
 #: At most this long (or ``daemon_timeout``, if shorter) ``restore_or_initialize()``
 #: waits for a daemon whose socket is there to answer: a live one does in milliseconds.
 WELCOME_WAIT_S = 1.0
-#: Default nice value of TensorFlow's async-save thread (see ``writer_nice``): None,
-#: left alone. Measured on a shared 2-core box, a niced writer did not shorten the
-#: loop's stall reliably but was starved by the host's other work (256 MB durable in
-#: 3.9 s at nice 10 and 6.4 s at nice 19, against 0.7-0.9 s at nice 0); see
-#: docs/client.md. Opt in where the training process has the host to itself.
-DEFAULT_WRITER_NICE: int | None = None
+#: Default priority of TensorFlow's async-save thread (see ``writer_nice``): chosen
+#: before each save from the planned interval and the measured durable latency
+#: (:mod:`adaptd.client.writer`, measured in benchmarks/save_stall.py).
+DEFAULT_WRITER_NICE: WriterNice = AUTO
 
 
 class _Pending:
@@ -122,12 +120,13 @@ class AdaptiveCheckpointer:
         poll_interval: wall seconds between socket polls in :meth:`step`.
         report_interval: wall seconds between step-time reports to the daemon.
         decide_interval: wall seconds between embedded re-decisions.
-        writer_nice: nice value (0-19) given to TensorFlow's async-save thread, so
-            the background write yields the CPU to the training step instead of
-            competing with it (Linux per-thread nice; elsewhere, or with 0/None,
-            nothing changes). Default: left alone. A niced writer also yields to
-            every other process on the host, so on a busy host the time until
-            durable grows several-fold.
+        writer_nice: priority of TensorFlow's async-save thread. ``"auto"`` (the
+            default): nice 19 while the measured time until durable is at most a
+            quarter of the planned interval and the host is not overloaded, the
+            training thread's own priority once it exceeds half of it (see
+            :mod:`adaptd.client.writer`); a :class:`~adaptd.client.writer.WriterPriority`:
+            the same rule with other settings; an int 0-19: that nice value always;
+            ``None`` or 0: left alone. Linux per-thread nice; elsewhere nothing changes.
         restore_from: a durable destination (fsspec URL or path: the job's folder
             there, ``{job}`` is replaced by the job id) to pull the newest verified
             checkpoint from when ``directory`` has none, e.g. on a new host (default
@@ -160,7 +159,7 @@ class AdaptiveCheckpointer:
         poll_interval: float = 0.025,
         report_interval: float = 1.0,
         decide_interval: float = 5.0,
-        writer_nice: int | None = DEFAULT_WRITER_NICE,
+        writer_nice: WriterNice = DEFAULT_WRITER_NICE,
         restore_from: str | None = None,
         storage_options: Mapping[str, Any] | None = None,
         curve_server_key: str | os.PathLike[str] | None = None,
@@ -188,14 +187,19 @@ class AdaptiveCheckpointer:
         ):
             if not isinstance(value, (int, float)) or not value > 0:
                 raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
-        if writer_nice is not None and (
-            isinstance(writer_nice, bool)
-            or not isinstance(writer_nice, int)
-            or not 0 <= writer_nice <= 19
+        if (
+            writer_nice is not None
+            and writer_nice != AUTO
+            and not isinstance(writer_nice, WriterPriority)
+            and (
+                isinstance(writer_nice, bool)
+                or not isinstance(writer_nice, int)
+                or not 0 <= writer_nice <= 19
+            )
         ):
             raise ValueError(
-                f"writer_nice must be an integer from 0 to 19 (or None to leave the "
-                f"writer's priority alone), got {writer_nice!r}"
+                f"writer_nice must be 'auto', a WriterPriority, an integer from 0 to 19, or "
+                f"None to leave the writer's priority alone, got {writer_nice!r}"
             )
         if storage_options is not None and not isinstance(storage_options, Mapping):
             raise ValueError(
@@ -246,17 +250,13 @@ class AdaptiveCheckpointer:
         self._handle_sigterm = bool(handle_sigterm)
         self._save_on_close = bool(save_on_close)
         self._trackables = dict(trackables)
-        self._writer_nice_wanted = writer_nice or 0
-        self._writer_tid: int | None = None
-        #: The nice value applied to TF's async-save thread (None: not applied).
-        self.writer_nice: int | None = None
-
         self._step_var = tf.Variable(0, dtype=tf.int64, trainable=False, name=STEP_KEY)
         extra: dict[str, Any] = {STEP_KEY: self._step_var}
         seeds = async_fixes.seed_states(trackables)
         if seeds:
             extra[SEEDS_KEY] = seeds
         self.checkpoint = tf.train.Checkpoint(**trackables, **extra)
+        self._writer = Writer(self.checkpoint, writer_nice)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.manager = tf.train.CheckpointManager(
             self.checkpoint, str(self.directory), max_to_keep=max_to_keep
@@ -460,6 +460,11 @@ class AdaptiveCheckpointer:
     def step_count(self) -> int:
         """Completed steps (the global step)."""
         return self._n
+
+    @property
+    def writer_nice(self) -> int | None:
+        """The nice value applied to TF's async-save thread (None: its creator's)."""
+        return self._writer.nice
 
     @property
     def save_in_flight(self) -> bool:
@@ -695,6 +700,11 @@ class AdaptiveCheckpointer:
         self._tracker.on_save_requested(t0, n)
         prefix = os.path.join(str(self.directory), f"ckpt-{n}")  # CheckpointManager's name
         pending = _Pending(n, prefix, t0, reason)
+        self._writer.prepare(  # between writes: the previous one is done
+            interval_s=self._planned_interval_s(),
+            latency_s=self._tracker.save_latency_s,
+            newest_s=self.history[-1].durable_s if self.history else None,
+        )
         try:
             self._step_var.assign(n)
             if not self._keras_fixed:
@@ -704,8 +714,7 @@ class AdaptiveCheckpointer:
                 enable_async=True, experimental_write_callbacks=[pending.written]
             )
             pending.path = self.manager.save(checkpoint_number=n, options=options)
-            if self._writer_tid is None and self._writer_nice_wanted:
-                self._renice_writer()
+            self._writer.apply()  # the first save created TF's writer thread
         except Exception as exc:  # reported, never raised into the training loop
             pending.error = f"{type(exc).__name__}: {exc}"
             _clear_async_error(self.checkpoint)
@@ -719,29 +728,15 @@ class AdaptiveCheckpointer:
         if not pending.done.is_set():
             self._watch_q.put(pending)
 
-    def _renice_writer(self) -> None:
-        """Lower the priority of TF's async-save thread (created by the first save).
-
-        Linux gives each thread its own nice value (``setpriority`` on a thread id);
-        elsewhere the same call would renice the whole process, so it is skipped.
-        """
-        helper = getattr(self.checkpoint, "_async_checkpointer_impl", None)
-        thread = getattr(helper, "_async_save_thread", None)
-        tid = getattr(thread, "native_id", None)
-        if tid is None:
-            return
-        self._writer_tid = tid
-        if not sys.platform.startswith("linux") or not hasattr(os, "setpriority"):
-            log.debug("writer_nice: per-thread priorities are Linux-only; left alone")
-            return
-        try:
-            # never raise a priority: a process already nicer than asked keeps its value
-            nice = max(self._writer_nice_wanted, os.getpriority(os.PRIO_PROCESS, tid))
-            os.setpriority(os.PRIO_PROCESS, tid, nice)
-        except OSError as exc:
-            log.info("could not set the save thread's nice value: %s", exc)
-            return
-        self.writer_nice = nice
+    def _planned_interval_s(self) -> float | None:
+        """Seconds between saves in the plan in force (the daemon's or the embedded)."""
+        d = self._schedule.decision
+        if d is None:
+            return None
+        if d.interval_s is not None:
+            return d.interval_s
+        step_s = self._tracker.step_time_s
+        return d.every_steps * step_s if d.every_steps and step_s else None
 
     def _watch(self) -> None:
         """Watcher thread: wait for each write to end; record time, size and errors."""

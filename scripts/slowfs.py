@@ -111,6 +111,23 @@ class TokenBucket:
         return 0.0
 
 
+def unavailable() -> str | None:
+    """Why slowfs cannot mount on this machine, naming what to install; None when it can.
+
+    Tests skip with this reason instead of failing where FUSE is truly missing.
+    """
+    if not os.path.exists("/dev/fuse"):
+        return (
+            "no /dev/fuse on this machine (load the fuse module, or give the "
+            "container the device: --device /dev/fuse)"
+        )
+    try:
+        _operations_class()
+    except SlowFSError as exc:
+        return str(exc)
+    return None
+
+
 def _operations_class() -> type:
     """The passthrough Operations class (built lazily: importing mfusepy loads libfuse)."""
     try:
@@ -118,8 +135,8 @@ def _operations_class() -> type:
     except (ImportError, OSError) as exc:  # OSError/EnvironmentError: libfuse not found
         raise SlowFSError(
             f"slowfs needs the mfusepy binding and the FUSE library ({exc}); "
-            "install the dev extra (pip install mfusepy) and fuse3 "
-            "(scripts/install-test-deps.sh)"
+            "install the dev extra (pip install mfusepy) and the Debian package fuse3 "
+            "(`make test` installs it as root: scripts/install-test-deps.sh)"
         ) from exc
 
     class Passthrough(fuse.Operations):

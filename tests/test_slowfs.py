@@ -40,8 +40,8 @@ def test_token_bucket_refuses_a_nonsense_rate():
 
 @pytest.fixture
 def mounted(tmp_path):
-    if not os.path.exists("/dev/fuse"):
-        pytest.skip("no /dev/fuse on this machine")
+    if why := slowfs.unavailable():
+        pytest.skip(why)
     backing, mount = tmp_path / "backing", tmp_path / "mnt"
     backing.mkdir()
     mount.mkdir()

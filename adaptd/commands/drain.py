@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import argparse
 
+from adaptd import tables
 from adaptd.commands import _operator
+from adaptd.tables import Table
 
 HELP = "every job saves now; wait until all saves are durable"
 #: Extra seconds the command waits beyond --timeout for the daemon's reply.
@@ -44,25 +46,35 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         _operator.print_json(reply)
     else:
-        print(render(reply), end="")
+        tables.emit(parts(reply))
     return 0 if all(j.durable for j in reply.jobs) else 1
 
 
 def render(reply: object) -> str:
+    """The drain's outcome as plain text (what a pipe gets)."""
+    return tables.plain(parts(reply))
+
+
+def parts(reply: object) -> list[tables.Part]:
+    """One row per job (step saved, durable, seconds, why not), then the total."""
     from adaptd import admin
 
     assert isinstance(reply, admin.DrainReply)
     if not reply.jobs:
-        return "no active jobs: nothing to drain\n"
-    rows = [("JOB", "STEP", "DURABLE", "SECONDS", "NOTE")]
-    for j in reply.jobs:
-        step = "-" if j.step is None else str(j.step)
-        rows.append((j.job, step, "yes" if j.durable else "no", f"{j.seconds:.2f}", j.error))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+        return ["no active jobs: nothing to drain"]
+    rows = [
+        (
+            j.job,
+            "-" if j.step is None else str(j.step),
+            "yes" if j.durable else "no",
+            f"{j.seconds:.2f}",
+            j.error,
+        )
+        for j in reply.jobs
+    ]
     durable = sum(j.durable for j in reply.jobs)
-    lines.append(
+    return [
+        Table(("JOB", "STEP", "DURABLE", "SECONDS", "NOTE"), rows, numeric=frozenset({1, 3})),
         f"{durable}/{len(reply.jobs)} job(s) durable in {reply.seconds:.2f}s"
-        + (" (timed out)" if reply.timed_out else "")
-    )
-    return "\n".join(lines) + "\n"
+        + (" (timed out)" if reply.timed_out else ""),
+    ]

@@ -15,7 +15,9 @@ from __future__ import annotations
 import argparse
 import json
 
+from adaptd import tables
 from adaptd.cli import UsageError
+from adaptd.tables import Table
 
 HELP = "compare policies on failure scenarios"
 
@@ -64,31 +66,41 @@ def run(args: argparse.Namespace) -> int:
         doc = {"scenario": scenario.name, "results": [s.as_json() for s in summaries]}
         print(json.dumps(doc, indent=2))
         return 0
-    print(table(scenario, summaries, args.seeds))
+    tables.emit(parts(scenario, summaries, args.seeds))
     return 0
 
 
 def table(scenario, summaries, seeds: int) -> str:  # type: ignore[no-untyped-def]
-    """The human-readable comparison: means over seeds, hours."""
+    """The comparison as plain text (what a pipe gets)."""
+    return tables.plain(parts(scenario, summaries, seeds)).rstrip("\n")
+
+
+def parts(scenario, summaries, seeds: int) -> list[tables.Part]:  # type: ignore[no-untyped-def]
+    """The scenario line, the comparison table (means over seeds, hours), the legend."""
     h = 3600.0
-    lines = [
+    best = max(s.goodput for s in summaries)
+    rows = [
+        (
+            s.policy,
+            f"{s.goodput:.4%}",
+            f"±{s.goodput_stderr():.3%}",
+            f"{s.mean('wall_s') / h:.1f}",
+            f"{s.mean('checkpoint_overhead_s') / h:.2f}",
+            f"{s.mean('lost_work_s') / h:.2f}",
+            f"{s.mean('restart_s') / h:.2f}",
+            f"{s.mean('warmup_s') / h:.2f}",
+            f"{s.mean('saves'):.1f}",
+            f"{s.mean('failures'):.1f}",
+            "*" if s.goodput == best else "",
+        )
+        for s in summaries
+    ]
+    header = ("policy", "goodput", "±", "wall h", "ckpt h", "lost h", "restart h",
+              "warm-up h", "saves", "failures", "best")  # fmt: skip
+    return [
         f"scenario {scenario.name}: {scenario.steps:,} steps x {scenario.step_time_s:g}s on "
         f"{scenario.gpus:,} GPUs, job MTBF {scenario.job_mtbf_s / h:.3g}h "
-        f"({scenario.distribution}), δ={scenario.save_cost_s:.3g}s; means over {seeds} seeds",
-        "",
-        f"{'policy':<24} {'goodput':>16} {'wall h':>9} {'ckpt h':>8} {'lost h':>8} "
-        f"{'restart h':>9} {'warm-up h':>9} {'saves':>8} {'failures':>8}",
+        f"({scenario.distribution}), δ={scenario.save_cost_s:.3g}s; means over {seeds} seeds\n",
+        Table(header, rows, numeric=frozenset(range(1, 10))),
+        "\ngoodput = useful / wall; ± is the standard error over seeds; * best",
     ]
-    best = max(s.goodput for s in summaries)
-    for s in summaries:
-        mark = " *" if s.goodput == best else ""
-        lines.append(
-            f"{s.policy:<24} {s.goodput:>8.4%} ±{s.goodput_stderr():.3%} "
-            f"{s.mean('wall_s') / h:>9.1f} {s.mean('checkpoint_overhead_s') / h:>8.2f} "
-            f"{s.mean('lost_work_s') / h:>8.2f} {s.mean('restart_s') / h:>9.2f} "
-            f"{s.mean('warmup_s') / h:>9.2f} {s.mean('saves'):>8.1f} "
-            f"{s.mean('failures'):>8.1f}{mark}"
-        )
-    lines.append("")
-    lines.append("goodput = useful / wall; ± is the standard error over seeds; * best")
-    return "\n".join(lines)

@@ -13,10 +13,12 @@ prints one line and exits 1, it never hangs.
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 
 import msgspec
+
+from adaptd import tables
+from adaptd.tables import Table, number
 
 HELP = "show the daemon's jobs, plans and telemetry"
 
@@ -48,24 +50,8 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(msgspec.json.format(msgspec.json.encode(reply), indent=2).decode())
         sys.stdout.write("\n")
     else:
-        sys.stdout.write(render(reply))
+        tables.emit(parts(reply))
     return 0
-
-
-def _num(value: float | int | None, unit: str = "", digits: int = 3) -> str:
-    """``digits`` significant digits, never in exponent notation: an interval of
-    4,720 s reads ``4720s``, not ``4.72e+03s``; a tiny figure keeps its digits."""
-    if value is None:
-        return "-"
-    if isinstance(value, int):
-        return f"{value}{unit}"
-    if not math.isfinite(value):
-        return f"{value}{unit}"
-    if value == 0 or abs(value) >= 10 ** (digits - 1):
-        return f"{value:.0f}{unit}"
-    decimals = digits - 1 - math.floor(math.log10(abs(value)))
-    text = f"{value:.{decimals}f}"
-    return (text.rstrip("0").rstrip(".") if "." in text else text) + unit
 
 
 def _ms(seconds: float | None) -> str:
@@ -73,21 +59,27 @@ def _ms(seconds: float | None) -> str:
 
 
 def render(reply: object) -> str:
-    """The human table: one line per job, then its plan's reason, then the counters."""
+    """The status as plain text (what a pipe gets): :func:`parts` laid out as text."""
+    return tables.plain(parts(reply))
+
+
+def parts(reply: object) -> list[tables.Part]:
+    """The daemon's header, the job table, each plan's reason, the replication table,
+    the host's telemetry: tables and text for :func:`adaptd.tables.emit`."""
     from adaptd import admin
 
     assert isinstance(reply, admin.StatusReply)
     d = reply.daemon
-    lines = [
-        f"adaptd {d.version}  pid {d.pid}  up {d.uptime_s:.0f}s  socket {d.socket}",
+    out: list[tables.Part] = [
+        f"adaptd {d.version}  pid {d.pid}  up {d.uptime_s:.0f}s  socket {d.socket}\n"
         f"default policy {d.default_policy}  jobs {d.jobs_active} active, {d.jobs_lost} lost  "
         f"messages {d.messages}  sent {d.sent}  rejected "
-        + (", ".join(f"{k}={v}" for k, v in sorted(d.rejected.items())) or "0"),
-        "",
+        + (", ".join(f"{k}={v}" for k, v in sorted(d.rejected.items())) or "0")
+        + "\n",
     ]
     if not reply.jobs:
-        lines.append("no jobs")
-        return "\n".join(lines) + "\n" + _replication(reply) + _telemetry(reply)
+        out.append("no jobs")
+        return out + _replication(reply) + _telemetry(reply)
     header = (
         "JOB",
         "STATE",
@@ -103,7 +95,7 @@ def render(reply: object) -> str:
         "DURABLE",
         "WASTE",
     )
-    rows = [header]
+    rows = []
     for j in reply.jobs:
         alive = sum(r.alive for r in j.ranks)
         plan = j.plan
@@ -114,21 +106,19 @@ def render(reply: object) -> str:
                 j.state,
                 f"{alive}/{j.world_size}",
                 str(j.step),
-                _num(j.step_time_s, "s"),
+                number(j.step_time_s, "s"),
                 j.policy + ("*" if j.policy_set else ""),
-                "paused" if j.paused else _num(j.next_save_step),
-                _num(plan.every_steps if plan else None),
-                _num(plan.interval_s if plan else None, "s"),
+                "paused" if j.paused else number(j.next_save_step),
+                number(plan.every_steps if plan else None),
+                number(plan.interval_s if plan else None, "s"),
                 f"{j.saves}" + (f"+{j.failed_saves}err" if j.failed_saves else ""),
                 _ms(j.save_cost_s),
                 _ms(last.durable_s if last else None),
-                _num(j.waste),
+                number(j.waste),
             )
         )
-    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
-    for r in rows:
-        lines.append("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
-    lines.append("")
+    out.append(Table(header, rows, numeric=frozenset(range(2, 13)) - {5, 9}))
+    notes = []
     for j in reply.jobs:
         note = j.plan.reason if j.plan else "no plan yet"
         if j.state == "lost":
@@ -141,8 +131,9 @@ def render(reply: object) -> str:
             note += f"  (last save failed: {j.last_save.error})"
         if j.restore_fallback:
             note += f"  (resumed past a damaged checkpoint: {j.restore_fallback})"
-        lines.append(f"{j.job}: {note}")
-    return "\n".join(lines) + "\n" + _replication(reply) + _telemetry(reply)
+        notes.append(f"{j.job}: {note}")
+    out.append("\n" + "\n".join(notes))
+    return out + _replication(reply) + _telemetry(reply)
 
 
 def _bytes(n: float | None, unit: str = "") -> str:
@@ -154,23 +145,23 @@ def _bytes(n: float | None, unit: str = "") -> str:
     return f"{n:.0f}B{unit}"
 
 
-def _replication(reply: object) -> str:
-    """One line per job and destination, then each failing one's last error."""
+def _replication(reply: object) -> list[tables.Part]:
+    """One row per job and destination, then each failing one's last error."""
     rows = getattr(reply, "replication", None)
     if not rows:
-        return ""
+        return []
     header = ("REPLICATION", "JOB", "REPLICATED", "UPLOADING", "QUEUED", "PENDING", "BEHIND",
               "RATE", "OK", "FAILED", "SKIPPED")  # fmt: skip
-    table = [header]
+    table = []
     for r in rows:
         rate = r.throughput_bytes_s
         table.append(
             (
                 r.destination,
                 r.job,
-                _num(r.last_step),
-                _num(r.uploading_step) + (" (yielding)" if r.yielding else ""),
-                _num(r.pending_step),
+                number(r.last_step),
+                number(r.uploading_step) + (" (yielding)" if r.yielding else ""),
+                number(r.pending_step),
                 _bytes(r.pending_bytes),
                 f"{r.seconds_behind:.0f}s",
                 _bytes(rate if rate is not None else r.last_throughput_bytes_s, "/s"),
@@ -179,28 +170,29 @@ def _replication(reply: object) -> str:
                 str(r.skipped),
             )
         )
-    widths = [max(len(t[i]) for t in table) for i in range(len(header))]
-    lines = ["", *("  ".join(c.ljust(w) for c, w in zip(t, widths, strict=True)).rstrip()
-                   for t in table)]  # fmt: skip
+    errors = []
     for r in rows:
         if r.last_error:
             retry = f", retry in {r.next_retry_s:.0f}s" if r.next_retry_s is not None else ""
-            lines.append(f"{r.job} -> {r.destination}: last error{retry}: {r.last_error}")
-    return "\n".join(lines) + "\n"
+            errors.append(f"{r.job} -> {r.destination}: last error{retry}: {r.last_error}")
+    out: list[tables.Part] = ["", Table(header, table, numeric=frozenset(range(2, 11)))]
+    if errors:
+        out.append("\n".join(errors))
+    return out
 
 
-def _telemetry(reply: object) -> str:
+def _telemetry(reply: object) -> list[tables.Part]:
     import time
 
     from adaptd.telemetry import report
 
     data = getattr(reply, "telemetry", None)
     if not data:
-        return ""
-    fleet = ""
+        return []
+    fleet: list[tables.Part] = []
     if isinstance(data.get("fleet"), dict):
         from adaptd.fleet.report import render as render_fleet
 
         data = dict(data)
-        fleet = render_fleet(data.pop("fleet"))
-    return fleet + "\n" + report.render(data, now=time.monotonic())
+        fleet = [render_fleet(data.pop("fleet"))]
+    return [*fleet, "", *report.parts(data, now=time.monotonic())]

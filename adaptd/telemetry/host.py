@@ -1,74 +1,172 @@
-"""Host memory and CPU load, read from ``/proc`` (the only reader of these figures).
+"""The host as psutil sees it: memory, load, disk I/O counters, processes.
+
+The only module that imports psutil (as :mod:`.nvml` is for pynvml). psutil reads
+procfs at ``psutil.PROCFS_PATH`` (``/proc``), a setting of the whole process: the
+recorded-host tests point it at a fixture tree so that psutil's own parsers read the
+recorded files, and a daemon in a container could point it at the host's procfs.
+Hand-parsed procfs files remain only where psutil has nothing (mount IDs and options
+in ``mountinfo``, NFS ``mountstats``: :mod:`.storage`); they are read under the same
+root, :func:`procfs`.
 
 An async TensorFlow save first copies the whole training state into host memory:
 a save needs that much available memory, or it pushes the host into swap or the
-OOM killer. ``MemAvailable`` (the kernel's estimate of what can be allocated
-without swapping) is the figure to compare with a job's state size. CPU load is
+OOM killer. Available memory (the kernel's ``MemAvailable``, psutil's estimate on
+kernels before 3.14) is the figure to compare with a job's state size. CPU load is
 the 1-minute load average per core: the save's writer thread competes with the
 input pipeline for it.
 
-``proc`` is injected (tests pass recorded files); a missing file gives ``None``
-figures and one log line.
+Sources are injected with real defaults (``memory=psutil.virtual_memory``...), so
+tests pass recorded figures; a source that fails gives ``None`` figures and one log
+line, never an exception out of :meth:`Host.sample`.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+import psutil
 
 from adaptd.snapshot import HostSample
 from adaptd.telemetry.once import OnceLog
 
 __all__ = [
+    "DiskCounters",
     "Host",
-    "parse_meminfo",
+    "ProcessInfo",
+    "disk_counters",
+    "pid_exists",
+    "process_info",
+    "procfs",
 ]
 
 log = logging.getLogger(__name__)
 
 
-def parse_meminfo(text: str) -> dict[str, int]:
-    """``/proc/meminfo`` as bytes per key (the kernel prints kB = KiB)."""
-    out = {}
-    for line in text.splitlines():
-        key, _, rest = line.partition(":")
-        f = rest.split()
-        if not f:
-            continue
-        try:
-            value = int(f[0])
-        except ValueError:
-            continue
-        out[key.strip()] = value * 1024 if len(f) > 1 and f[1] == "kB" else value
-    return out
+def procfs() -> Path:
+    """The procfs root psutil reads (``psutil.PROCFS_PATH``, normally ``/proc``)."""
+    return Path(psutil.PROCFS_PATH)
+
+
+# ------------------------------------------------------------------ disks
+
+
+@dataclass(frozen=True, slots=True)
+class DiskCounters:
+    """Cumulative write counters of one block device (``/proc/diskstats``, via psutil)."""
+
+    writes: int
+    bytes_written: int
+    write_ms: int  # time spent writing
+    io_ms: int  # time the device was busy
+
+
+def disk_counters() -> dict[str, DiskCounters]:
+    """Per block device (partitions and dm devices too), its write counters.
+
+    Raw kernel counters (``nowrap=False``): a counter that went back (a device
+    re-attached) stays visible as such instead of being patched up by psutil.
+    Raises OSError when the counters cannot be read.
+    """
+    try:
+        raw = psutil.disk_io_counters(perdisk=True, nowrap=False)
+    except (NotImplementedError, RuntimeError, ValueError) as exc:  # no diskstats, odd lines
+        raise OSError(f"disk counters unavailable: {exc}") from exc
+    return {
+        name: DiskCounters(c.write_count, c.write_bytes, c.write_time, c.busy_time)
+        for name, c in (raw or {}).items()
+    }
+
+
+# ------------------------------------------------------------------ processes
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessInfo:
+    """What the daemon asks about a process: who started it, when, and whether it runs."""
+
+    pid: int
+    ppid: int
+    start_time: float  # seconds after boot (unchanged by wall-clock steps)
+    status: str  # psutil.STATUS_* ("running", "sleeping", "zombie", ...)
+
+    @property
+    def running(self) -> bool:
+        """False for a zombie (exited, not yet reaped) or a dead task."""
+        return self.status not in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
+
+
+def process_info(pid: int) -> ProcessInfo | None:
+    """``pid``'s parent, start time and status; ``None`` when there is no such process
+    or it cannot be read (another pid namespace, ``hidepid``)."""
+    try:
+        p = psutil.Process(pid)
+        with p.oneshot():  # one read of /proc/<pid>/stat for all three
+            # create_time() is boot time + start ticks; subtracting boot time again
+            # keeps the figure fixed when the wall clock is stepped (NTP)
+            # keeps the figure fixed when the wall clock is stepped (NTP); rounded to the
+            # kernel's tick so that the float arithmetic cannot differ between two calls
+            started = round(p.create_time() - psutil.boot_time(), 3)
+            return ProcessInfo(pid, p.ppid(), started, p.status())
+    except (psutil.Error, OSError, ValueError):
+        return None
+
+
+def pid_exists(pid: int) -> bool:
+    """Whether ``pid`` exists at all, even where its procfs entry is hidden (``kill(pid, 0)``)."""
+    return psutil.pid_exists(pid)
+
+
+# ------------------------------------------------------------------ memory and load
 
 
 class Host:
-    """Samples :class:`~adaptd.snapshot.HostSample` from procfs."""
+    """Samples :class:`~adaptd.snapshot.HostSample`: memory and load per core.
 
-    def __init__(self, proc: str | os.PathLike[str] = "/proc", cpus: int | None = None) -> None:
-        self.proc = Path(proc)
+    ``memory`` returns an object with ``available`` and ``total`` bytes (psutil's
+    ``svmem``); ``loadavg`` the 1, 5 and 15-minute load averages.
+    """
+
+    def __init__(
+        self,
+        *,
+        memory: Callable[[], Any] = psutil.virtual_memory,
+        loadavg: Callable[[], tuple[float, float, float]] = psutil.getloadavg,
+        cpus: int | None = None,
+    ) -> None:
+        self.memory = memory
+        self.loadavg = loadavg
         self.cpus = cpus or os.cpu_count() or 1
         self.once = OnceLog(log)
 
     def sample(self, draining: bool = False) -> HostSample:
-        """Available/total memory and load per core; ``None`` where procfs cannot say."""
+        """Available/total memory and load per core; ``None`` where a source cannot say."""
         available = total = None
         try:
-            mem = parse_meminfo((self.proc / "meminfo").read_text())
-            total = mem.get("MemTotal")
-            # kernels before 3.14 lack MemAvailable: free + page cache is the old estimate
-            available = mem.get("MemAvailable")
-            if available is None and "MemFree" in mem:
-                available = mem["MemFree"] + mem.get("Cached", 0) + mem.get("Buffers", 0)
-        except OSError as exc:
-            self.once("meminfo", logging.WARNING, "host: cannot read meminfo: %s", exc)
+            mem = self.memory()
+            available, total = int(mem.available), int(mem.total)
+        except (OSError, psutil.Error, KeyError, ValueError) as exc:
+            self.once("memory", logging.WARNING, "host: cannot read memory figures: %s", exc)
         load = None
         try:
-            load = float((self.proc / "loadavg").read_text().split()[0]) / self.cpus
+            load = float(self.loadavg()[0]) / self.cpus
         except (OSError, ValueError, IndexError) as exc:
-            self.once("loadavg", logging.WARNING, "host: cannot read loadavg: %s", exc)
+            self.once("loadavg", logging.WARNING, "host: cannot read the load average: %s", exc)
         return HostSample(
             mem_available_bytes=available, mem_total_bytes=total, cpu_load=load, draining=draining
         )
+
+
+__all__ = [
+    "DiskCounters",
+    "Host",
+    "ProcessInfo",
+    "disk_counters",
+    "pid_exists",
+    "process_info",
+    "procfs",
+]

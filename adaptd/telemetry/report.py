@@ -1,9 +1,10 @@
 """Telemetry for people and scripts: a snapshot as JSON-safe data, and as tables.
 
 Pure functions, no I/O: the daemon puts :func:`to_dict` of its newest snapshot
-in its status reply, and ``adaptd status`` prints :func:`render` of that dict
-(or dumps it as is with ``--json``). The tables work from the dict form, so the
-command line needs nothing but what came over the admin socket.
+in its status reply, and ``adaptd status`` prints :func:`parts` of that dict (rich
+tables on a terminal, :func:`render`'s plain text when piped; see
+:mod:`adaptd.tables`), or dumps it as is with ``--json``. The tables work from the
+dict form, so the command line needs nothing but what came over the admin socket.
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from adaptd import tables
 from adaptd.snapshot import Snapshot
+from adaptd.tables import Table
 
 __all__ = [
     "THROTTLE_BITS",
@@ -98,18 +101,10 @@ def health(gpu: Mapping[str, Any]) -> str:
     return "; ".join(problems) or "ok"
 
 
-def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
-    everything = [tuple(header), *rows]
-    widths = [max(len(r[i]) for r in everything) for i in range(len(header))]
-    return [
-        "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in everything
-    ]
-
-
-def format_gpus(gpus: Sequence[Mapping[str, Any]]) -> str:
-    """The GPU table from :func:`to_dict`'s ``"gpus"`` list; ``""`` when there are none."""
+def gpu_table(gpus: Sequence[Mapping[str, Any]]) -> Table | None:
+    """The GPU table from :func:`to_dict`'s ``"gpus"`` list; ``None`` when there are none."""
     if not gpus:
-        return ""
+        return None
     rows = [
         (
             str(g["index"]),
@@ -127,13 +122,13 @@ def format_gpus(gpus: Sequence[Mapping[str, Any]]) -> str:
         for g in gpus
     ]
     header = ("GPU", "NAME", "SM", "MEM", "MEM_GIB", "W", "C", "MHZ", "THROTTLE", "HEALTH", "JOBS")
-    return "\n".join(_table(header, rows)) + "\n"
+    return Table(header, rows, numeric=frozenset({0, 2, 3, 4, 5, 6, 7}))
 
 
-def format_storage(storage: Sequence[Mapping[str, Any]]) -> str:
-    """The storage table from :func:`to_dict`'s ``"storage"`` list; ``""`` when empty."""
+def storage_table(storage: Sequence[Mapping[str, Any]]) -> Table | None:
+    """The storage table from :func:`to_dict`'s ``"storage"`` list; ``None`` when empty."""
     if not storage:
-        return ""
+        return None
     rows = [
         (
             s["target"],
@@ -151,7 +146,19 @@ def format_storage(storage: Sequence[Mapping[str, Any]]) -> str:
         for s in storage
     ]
     header = ("TARGET", "FS", "DEVICE", "WRITE", "IOPS", "BUSY", "W_LAT", "JOBS")
-    return "\n".join(_table(header, rows)) + "\n"
+    return Table(header, rows, numeric=frozenset({3, 4, 5, 6}))
+
+
+def format_gpus(gpus: Sequence[Mapping[str, Any]]) -> str:
+    """:func:`gpu_table` as plain text; ``""`` when there are no GPUs."""
+    table = gpu_table(gpus)
+    return table.plain() + "\n" if table is not None else ""
+
+
+def format_storage(storage: Sequence[Mapping[str, Any]]) -> str:
+    """:func:`storage_table` as plain text; ``""`` when there are no targets."""
+    table = storage_table(storage)
+    return table.plain() + "\n" if table is not None else ""
 
 
 def format_host(host: Mapping[str, Any] | None) -> str:
@@ -168,17 +175,21 @@ def format_host(host: Mapping[str, Any] | None) -> str:
     return line + "\n"
 
 
-def render(data: Mapping[str, Any], *, now: float | None = None) -> str:
-    """Host line, GPU table and storage table from :func:`to_dict` output.
-
-    ``now`` (same monotonic clock) adds the snapshot's age.
-    """
+def parts(data: Mapping[str, Any], *, now: float | None = None) -> list[tables.Part]:
+    """Host line, GPU table and storage table from :func:`to_dict` output, for
+    :func:`adaptd.tables.emit`. ``now`` (same monotonic clock) adds the snapshot's age."""
     age = "" if now is None else f" ({max(0.0, now - data['time']):.1f}s old)"
-    parts = [f"telemetry{age}\n" + format_host(data.get("host")).rstrip("\n")]
-    gpus = format_gpus(data.get("gpus") or ())
-    parts.append(gpus.rstrip("\n") if gpus else "gpus: none seen (no NVIDIA driver, or no GPUs)")
-    storage = format_storage(data.get("storage") or ())
-    parts.append(
-        storage.rstrip("\n") if storage else "storage: no job has a local checkpoint dir yet"
-    )
-    return "\n\n".join(parts) + "\n"
+    gpus = gpu_table(data.get("gpus") or ())
+    storage = storage_table(data.get("storage") or ())
+    return [
+        f"telemetry{age}\n" + format_host(data.get("host")).rstrip("\n"),
+        "",
+        gpus if gpus is not None else "gpus: none seen (no NVIDIA driver, or no GPUs)",
+        "",
+        storage if storage is not None else "storage: no job has a local checkpoint dir yet",
+    ]
+
+
+def render(data: Mapping[str, Any], *, now: float | None = None) -> str:
+    """:func:`parts` as plain text."""
+    return tables.plain(parts(data, now=now))

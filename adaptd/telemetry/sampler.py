@@ -26,17 +26,15 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Protocol
 
 from adaptd.snapshot import GpuSample, HostSample, Snapshot, StorageSample
-from adaptd.telemetry.host import Host
+from adaptd.telemetry.host import Host, ProcessInfo, process_info
 from adaptd.telemetry.once import OnceLog
 from adaptd.telemetry.storage import Storage
 
@@ -47,7 +45,6 @@ __all__ = [
     "JobInfo",
     "JobSource",
     "Sampler",
-    "parent_pid",
 ]
 
 log = logging.getLogger(__name__)
@@ -76,24 +73,11 @@ class JobInfo:
 JobSource = Callable[[], Mapping[str, "JobInfo | tuple[str, tuple[int, ...]]"]]
 
 
-def parent_pid(pid: int, proc: Path) -> int | None:
-    """The parent of ``pid`` from ``/proc/<pid>/stat``; ``None`` when it is gone."""
-    try:
-        data = (proc / str(pid) / "stat").read_bytes()
-    except OSError:
-        return None
-    # "pid (comm) S ppid ...": comm may hold spaces and parentheses
-    rest = data[data.rfind(b")") + 2 :].split()
-    try:
-        return int(rest[1])
-    except (IndexError, ValueError):
-        return None
-
-
 class Sampler:
     """Builds snapshots from the sources; see the module docstring for the wiring.
 
-    ``nvml``/``storage``/``host`` may be ``None`` to leave that part out.
+    ``nvml``/``storage``/``host`` may be ``None`` to leave that part out;
+    ``processes`` tells a pid's parent (psutil by default).
     Raises :class:`ValueError` for an ``interval`` or ``history`` that is not positive.
     """
 
@@ -105,7 +89,7 @@ class Sampler:
         host: Host | None = None,
         interval: float = 1.0,
         history: int = HISTORY,
-        proc: str | os.PathLike[str] = "/proc",
+        processes: Callable[[int], ProcessInfo | None] = process_info,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if not interval > 0:
@@ -116,7 +100,7 @@ class Sampler:
         self.storage = storage
         self.host = host
         self.interval = float(interval)
-        self.proc = Path(proc)
+        self.processes = processes
         self.clock = clock
         self.history: deque[Snapshot] = deque(maxlen=history)
         self.failures: Counter[str] = Counter()
@@ -129,7 +113,7 @@ class Sampler:
 
     @classmethod
     def default(cls, *, interval: float = 1.0, nvml_library: Any | None = None) -> Sampler:
-        """Real sources: NVML (degraded to no GPUs when unusable), /proc and /sys."""
+        """Real sources: NVML (degraded to no GPUs when unusable), psutil, /proc and /sys."""
         from adaptd.telemetry import nvml
 
         return cls(nvml=nvml.open(nvml_library), storage=Storage(), host=Host(), interval=interval)
@@ -252,7 +236,8 @@ class Sampler:
             if p in owner:
                 found = owner[p]
                 break
-            p = parent_pid(p, self.proc)
+            info = self.processes(p)
+            p = info.ppid if info is not None else None
         for c in chain:
             cache[c] = found
         return found

@@ -12,11 +12,16 @@ no device and no rates (writes go to memory); a network filesystem (NFS) has
 no device and gets per-mount figures from ``/proc/self/mountstats``.
 
 Per target per interval: write bytes/s, write IOPS, busy fraction
-(``io_ticks``) and mean write latency (``write_ticks / writes``) from
-``/proc/diskstats``; for NFS, bytes written to the server, WRITE ops and their
-mean execute time. Sources are injected (``proc='/proc'``, ``sys='/sys'``), so
-tests replay recorded files. A missing or unreadable source yields ``None``
-figures and one log line, never an exception out of :meth:`Storage.sample`.
+(``io_ticks``) and mean write latency (``write_ticks / writes``) from the
+device's counters (``/proc/diskstats`` as psutil reads it:
+:func:`adaptd.telemetry.host.disk_counters`); for NFS, bytes written to the server,
+WRITE ops and their mean execute time. The mount table and NFS ``mountstats`` are
+parsed here because psutil has nothing for them (its ``disk_partitions`` lacks the
+device numbers and super options that map a mount to its disk; it has no NFS
+figures). Sources are injected (``proc`` defaults to psutil's procfs root,
+``sys='/sys'``, ``disks=disk_counters``), so tests replay recorded files. A missing
+or unreadable source yields ``None`` figures and one log line, never an exception
+out of :meth:`Storage.sample`.
 """
 
 from __future__ import annotations
@@ -30,19 +35,18 @@ from pathlib import Path
 from typing import TypeVar
 
 from adaptd.snapshot import StorageSample
+from adaptd.telemetry.host import DiskCounters, disk_counters, procfs
 from adaptd.telemetry.once import OnceLog
 
 __all__ = [
     "MEMORY_FS",
     "MOUNTS_TTL_S",
     "NETWORK_FS",
-    "SECTOR",
     "Mount",
     "Storage",
     "Target",
     "existing_ancestor",
     "mount_of",
-    "parse_diskstats",
     "parse_mountinfo",
     "parse_mountstats",
 ]
@@ -50,7 +54,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 
-SECTOR = 512  # /proc/diskstats counts 512-byte sectors whatever the device's sector size
 NETWORK_FS = frozenset({"nfs", "nfs4"})
 MEMORY_FS = frozenset({"tmpfs", "ramfs", "devtmpfs"})
 #: Seconds between re-reads of mountinfo (mounts change rarely; a miss re-reads at once).
@@ -79,7 +82,11 @@ class Mount:
 
 
 def parse_mountinfo(text: str) -> list[Mount]:
-    """Mounts in mount order (a later mount on the same point hides earlier ones)."""
+    """Mounts in mount order (a later mount on the same point hides earlier ones).
+
+    Parsed by hand: psutil's ``disk_partitions`` has no device numbers, mount roots or
+    super options, which map a mount to the disk that receives its writes.
+    """
     out = []
     for line in text.splitlines():
         left, sep, right = line.partition(" - ")
@@ -147,14 +154,6 @@ class Target:
 
 
 @dataclass(slots=True)
-class _DiskCounters:
-    writes: int
-    sectors_written: int
-    write_ms: int
-    io_ms: int
-
-
-@dataclass(slots=True)
 class _NfsCounters:
     bytes_written: int
     write_ops: int
@@ -162,24 +161,11 @@ class _NfsCounters:
     write_exe_ms: int
 
 
-def parse_diskstats(text: str) -> dict[str, _DiskCounters]:
-    """Per device name: writes, sectors written, ms writing, ms doing I/O."""
-    out = {}
-    for line in text.splitlines():
-        f = line.split()
-        if len(f) < 14:
-            continue
-        try:
-            out[f[2]] = _DiskCounters(
-                writes=int(f[7]), sectors_written=int(f[9]), write_ms=int(f[10]), io_ms=int(f[12])
-            )
-        except ValueError:
-            continue
-    return out
-
-
 def parse_mountstats(text: str) -> dict[str, _NfsCounters]:
-    """Per NFS mountpoint: bytes written to the server, WRITE ops, RTT and execute ms."""
+    """Per NFS mountpoint: bytes written to the server, WRITE ops, RTT and execute ms.
+
+    Parsed by hand: psutil has no NFS figures.
+    """
     out: dict[str, _NfsCounters] = {}
     current: _NfsCounters | None = None
     for line in text.splitlines():
@@ -209,26 +195,30 @@ def parse_mountstats(text: str) -> dict[str, _NfsCounters]:
 class Storage:
     """Maps checkpoint directories to targets and samples their write figures.
 
-    ``proc`` and ``sys`` are the roots of procfs and sysfs (tests pass recorded
-    trees, and ``resolve=os.path.normpath`` to map paths of the recorded host
-    that do not exist here). :meth:`sample` never raises for missing sources.
+    ``proc`` and ``sys`` are the roots of procfs and sysfs (default: the procfs
+    psutil reads, and ``/sys``); ``disks`` returns the block devices' counters.
+    Tests pass recorded trees, and ``resolve=os.path.normpath`` to map paths of the
+    recorded host that do not exist here. :meth:`sample` never raises for missing
+    sources.
     """
 
     def __init__(
         self,
-        proc: str | os.PathLike[str] = "/proc",
+        proc: str | os.PathLike[str] | None = None,
         sys: str | os.PathLike[str] = "/sys",
         *,
+        disks: Callable[[], Mapping[str, DiskCounters]] = disk_counters,
         resolve: Callable[[str], str] = existing_ancestor,
     ) -> None:
-        self.proc = Path(proc)
+        self.proc = Path(proc) if proc is not None else procfs()
         self.sys = Path(sys)
+        self.disks = disks
         self.resolve = resolve  # path -> the real path whose mount holds it
         self.once = OnceLog(log)
         self._mounts: list[Mount] = []
         self._mounts_at: float | None = None
         self._dirs: dict[str, Target | None] = {}
-        self._prev: dict[str, tuple[float, _DiskCounters | _NfsCounters]] = {}
+        self._prev: dict[str, tuple[float, DiskCounters | _NfsCounters]] = {}
 
     # ---------------------------------------------------------------- mapping
 
@@ -337,7 +327,10 @@ class Storage:
             return ()
         disks = mstats = None
         if any(t.device for t in groups):
-            disks = self._read("diskstats", parse_diskstats)
+            try:
+                disks = self.disks()
+            except OSError as exc:
+                self.once("disks", logging.WARNING, "storage: cannot read disk counters: %s", exc)
         if any(t.fstype in NETWORK_FS for t in groups):
             mstats = self._read("self/mountstats", parse_mountstats)
         out = []
@@ -345,7 +338,7 @@ class Storage:
         for t, names in groups.items():
             key = t.mountpoint
             seen.add(key)
-            counters: _DiskCounters | _NfsCounters | None = None
+            counters: DiskCounters | _NfsCounters | None = None
             if t.device and disks is not None:
                 counters = disks.get(t.device)
             elif t.fstype in NETWORK_FS and mstats is not None:
@@ -388,7 +381,7 @@ class Storage:
             return None
 
     def _rates(
-        self, key: str, counters: _DiskCounters | _NfsCounters | None, now: float
+        self, key: str, counters: DiskCounters | _NfsCounters | None, now: float
     ) -> dict[str, float | None]:
         none: dict[str, float | None] = {
             "write_bytes_per_s": None,
@@ -407,10 +400,10 @@ class Storage:
         if dt <= 0:
             return none
         old = prev[1]
-        if isinstance(counters, _DiskCounters):
-            assert isinstance(old, _DiskCounters)
+        if isinstance(counters, DiskCounters):
+            assert isinstance(old, DiskCounters)
             d_writes = counters.writes - old.writes
-            d_bytes = (counters.sectors_written - old.sectors_written) * SECTOR
+            d_bytes = counters.bytes_written - old.bytes_written
             if d_writes < 0 or d_bytes < 0:  # counters reset (device re-attached)
                 return none
             return {

@@ -42,6 +42,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-to-keep", type=int, default=5, help="0: keep every checkpoint")
     p.add_argument("--timings", default=None)
     p.add_argument("--stop-file", default=None, help="end the loop once this file exists")
+    p.add_argument(
+        "--writer-nice", default="auto", help="the hook's writer_nice: auto, 0-19, or none"
+    )
     args = p.parse_args(argv)
 
     tf.config.experimental.enable_op_determinism()
@@ -84,6 +87,8 @@ def main(argv: list[str] | None = None) -> int:
         opt.apply_gradients(zip(grads, model.trainable_variables, strict=True))
         return loss
 
+    nice = args.writer_nice
+    writer_nice = None if nice == "none" else nice if nice == "auto" else int(nice)
     ckptr = AdaptiveCheckpointer(
         args.ckpt_dir,
         job=args.job,
@@ -91,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         socket=args.socket,
         daemon_timeout=1.0,
         max_to_keep=args.max_to_keep or None,
+        writer_nice=writer_nice,
         model=model,
         optimizer=opt,
         data_iterator=it,

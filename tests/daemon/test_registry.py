@@ -174,6 +174,21 @@ def test_proc_probe_tells_live_zombie_and_reused_pids() -> None:
     assert not probe.alive(child.pid, started)
 
 
+def test_proc_probe_falls_back_to_the_pid_existing_where_procfs_hides_it() -> None:
+    """With ``hidepid`` (or another pid namespace) psutil cannot read the process: the
+    probe then only asks whether the pid exists, as ``kill(pid, 0)`` tells."""
+
+    def hidden(pid: int) -> None:
+        return None
+
+    probe = ProcProbe(process=hidden)
+    assert probe.start_time(os.getpid()) is None
+    assert probe.alive(os.getpid(), None)
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    assert not probe.alive(child.pid, None)
+
+
 @pytest.mark.parametrize(
     ("old", "new", "step", "same"),
     [

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.multiworker.cluster import HERE, Cluster
+from multiworker.cluster import HERE, Cluster
 
 WORKERS = 3
 STEPS = 1000
@@ -22,7 +22,7 @@ def _destination(root: Path) -> str:
     """A durable destination (a mounted path) holding DEST_STEPS, uploaded the way the
     daemon's replicator does."""
     from adaptd.tiers.replica import Replica
-    from tests.multiworker.restore_scenarios import write_checkpoint
+    from multiworker.restore_scenarios import write_checkpoint
 
     staging = root / "staging"
     for step in DEST_STEPS:

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from tests.multiworker.cluster import HERE, Cluster
+from multiworker.cluster import HERE, Cluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.tf]
 

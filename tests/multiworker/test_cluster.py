@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from tests.multiworker.cluster import Cluster
+from multiworker.cluster import Cluster
 
 
 def test_a_hung_worker_fails_the_wait_and_is_killed_with_its_children(tmp_path) -> None:

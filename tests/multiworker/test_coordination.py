@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.multiworker.conftest import DIES_AT, STEPS, WORKERS
+from multiworker.conftest import DIES_AT, STEPS, WORKERS
 
 pytestmark = [pytest.mark.slow, pytest.mark.tf]
 

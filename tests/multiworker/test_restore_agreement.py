@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.multiworker.conftest import DEST_STEPS, WORKERS
+from multiworker.conftest import DEST_STEPS, WORKERS
 
 pytestmark = [pytest.mark.slow, pytest.mark.tf]
 

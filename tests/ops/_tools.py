@@ -9,13 +9,29 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+#: The programs the suite runs and their Debian packages (what `make test` installs).
+TEST_DEPS = ROOT / "scripts" / "test-deps.txt"
+
+
+def packages() -> dict[str, str]:
+    """``{program: Debian package}`` from scripts/test-deps.txt."""
+    out = {}
+    for line in TEST_DEPS.read_text().splitlines():
+        fields = line.split("#", 1)[0].split()
+        if len(fields) >= 2:
+            out[fields[0]] = fields[1]
+    return out
 
 
 def tool(name: str) -> str:
-    """The path of a command-line tool, or skip with how to install it."""
+    """The path of a command-line tool, or skip naming the package to install."""
     path = shutil.which(name)
     if path is None:
-        pytest.skip(f"{name} is not installed; run scripts/install-test-deps.sh")
+        package = packages().get(name, name)
+        pytest.skip(
+            f"{name} is not installed: install the Debian package {package} "
+            "(`make test` does so as root or with passwordless sudo)"
+        )
     return path
 
 

@@ -66,7 +66,8 @@ def test_shipped_example_is_valid_as_is_and_fully_uncommented(tmp_path: Path) ->
     for key in ("daemon.log_level", "daemon.sample_interval_s", "daemon.liveness_timeout_s",
                 "daemon.drain_grace_s", "daemon.watchdog", "policy.default", "metrics.slow_save_s",
                 "metrics.listen", "retention.days", "retention.rows", "daemon.socket_mode",
-                "daemon.admin_socket_mode"):  # fmt: skip
+                "daemon.admin_socket_mode", "metrics.scrape_interval_s",
+                "metrics.job_series_grace_s"):  # fmt: skip
         section, name = key.split(".")
         assert documented[section][name] == defaults[section][name], key
 
@@ -94,6 +95,7 @@ gpu_mtbf_hours = 1000
 [metrics]
 listen = "[::1]:0"
 slow_save_s = 0.25
+scrape_interval_s = 15
 
 [retention]
 days = 7
@@ -118,6 +120,7 @@ path = "/mnt/nfs"
     assert c.watchdog is False
     assert c.gpu_mtbf_s == 3_600_000.0
     assert c.metrics_listen == ("::1", 0)
+    assert (c.scrape_interval_s, c.job_series_grace_s) == (15.0, 30.0)  # two scrapes
     assert c.metrics_url == "http://[::1]:0/metrics"
     assert (c.retention_days, c.retention_rows) == (7.0, 50)
     # an exact id's entry wins; a matching glob fills what it leaves unset
@@ -164,6 +167,8 @@ BAD = [
     ("[metrics]\nlisten = 'localhost:99999'", "metrics.listen", ["HOST:PORT"]),
     ("[metrics]\nlisten = 9465", "metrics.listen", ["9465 (integer)"]),
     ("[daemon]\ndrain_grace_s = -1", "daemon.drain_grace_s", [">= 0", "-1 (integer)"]),
+    ("[metrics]\nscrape_interval_s = 0", "metrics.scrape_interval_s", ["> 0"]),
+    ("[metrics]\njob_series_grace_s = -5", "metrics.job_series_grace_s", [">= 0", "-5"]),
     ("[retention]\nrows = 0", "retention.rows", [">= 1"]),
     ("[retention]\nrows = 1.5", "retention.rows", ["must be an integer"]),
     ("[retention]\ndays = -1", "retention.days", ["> 0"]),

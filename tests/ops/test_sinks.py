@@ -92,8 +92,16 @@ def test_metrics_follow_a_jobs_life() -> None:
     # the second incarnation restarted the no-save clock
     assert vals[("adaptd_job_start_timestamp_seconds", job)] == W + 230
     assert vals[("adaptd_job_last_save_timestamp_seconds", job)] == W + 110
-    # a clean finish removes the job's series
-    assert not [k for k in _samples(m.render().decode()) if ("job_id", "llm") in k[1]]
+    # a clean finish removes the job's series after the grace period, not at once
+    finished = next(e.time for e in story() if isinstance(e, ev.JobFinished))
+    assert ("adaptd_saves_total", (("job_id", "llm"), ("result", "ok"))) in _samples(
+        m.render().decode()
+    )
+    assert m.expire(finished + m.job_series_grace_s - 0.001) == []
+    assert m.expire(finished + m.job_series_grace_s) == ["llm"]
+    after = _samples(m.render().decode())
+    assert not [k for k in after if ("job_id", "llm") in k[1]]
+    assert after[("adaptd_host_saves_total", (("result", "ok"),))] == 1  # the host keeps it
 
 
 def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

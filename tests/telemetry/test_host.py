@@ -1,51 +1,135 @@
-"""Host memory and load: a recorded /proc, this machine's, and missing files."""
+"""The host through psutil: a recorded /proc, this machine's, and failing sources."""
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
-from adaptd.telemetry.host import Host, parse_meminfo
+import psutil
+import pytest
 
-GPUHOST = Path(__file__).resolve().parents[1] / "fixtures" / "proc" / "gpuhost"
+from adaptd.telemetry import host as h
+from adaptd.telemetry.host import Host
 
-
-def test_recorded_host() -> None:
-    h = Host(GPUHOST, cpus=224).sample()
-    assert h.mem_total_bytes == 2113255204 * 1024
-    assert h.mem_available_bytes == 1823092112 * 1024
-    assert h.cpu_load == 38.12 / 224
-    assert h.draining is False
+from .conftest import GPUHOST
 
 
-def test_old_kernel_without_memavailable(tmp_path: Path) -> None:
+def recorded_loadavg() -> tuple[float, float, float]:
+    """The recorded host's load averages (psutil asks libc, not procfs, for these)."""
+    one, five, fifteen = (float(x) for x in (GPUHOST / "loadavg").read_text().split()[:3])
+    return one, five, fifteen
+
+
+@pytest.mark.filterwarnings("ignore:shared, inactive memory:RuntimeWarning")  # a short recording
+def test_recorded_host(procfs) -> None:
+    procfs(GPUHOST)
+    s = Host(loadavg=recorded_loadavg, cpus=224).sample()
+    assert s.mem_total_bytes == 2113255204 * 1024
+    assert s.mem_available_bytes == 1823092112 * 1024
+    assert s.cpu_load == 38.12 / 224
+    assert s.draining is False
+
+
+def test_old_kernel_without_memavailable_gets_psutils_estimate(tmp_path: Path, procfs) -> None:
     (tmp_path / "meminfo").write_text(
         "MemTotal: 1000 kB\nMemFree: 100 kB\nBuffers: 10 kB\nCached: 200 kB\n"
+        "Shmem: 0 kB\nActive: 300 kB\nInactive: 300 kB\n"
     )
-    h = Host(tmp_path, cpus=2).sample()
-    assert h.mem_available_bytes == 310 * 1024
-    assert h.cpu_load is None  # no loadavg
-
-
-def test_unitless_meminfo_lines_are_counts() -> None:
-    assert parse_meminfo("HugePages_Total:       4\nHugepagesize: 2048 kB\n") == {
-        "HugePages_Total": 4,
-        "Hugepagesize": 2048 * 1024,
-    }
+    procfs(tmp_path)
+    s = Host(loadavg=recorded_loadavg, cpus=2).sample()
+    # psutil's fallback without the LRU file figures (kernels before 2.6.28): free + cached
+    assert s.mem_available_bytes == 300 * 1024
+    assert s.mem_total_bytes == 1000 * 1024
 
 
 def test_this_machine() -> None:
-    h = Host().sample(draining=True)
-    assert h.mem_total_bytes == os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    assert 0 < h.mem_available_bytes <= h.mem_total_bytes
+    s = Host().sample(draining=True)
+    assert s.mem_total_bytes == os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    assert 0 < s.mem_available_bytes <= s.mem_total_bytes
     # the kernel updates the load average every 5 s: equal, or one update apart
-    assert abs(h.cpu_load * os.cpu_count() - os.getloadavg()[0]) < 1.0
-    assert h.draining
+    assert abs(s.cpu_load * os.cpu_count() - os.getloadavg()[0]) < 1.0
+    assert s.draining
 
 
-def test_missing_proc_is_none_and_logged_once(tmp_path: Path, caplog) -> None:
-    host = Host(tmp_path / "none", cpus=4)
+class Broken:
+    """A source that fails like a missing or unreadable file."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self):
+        self.calls += 1
+        raise FileNotFoundError("[Errno 2] No such file or directory: '/proc/meminfo'")
+
+
+def test_failing_sources_are_none_and_logged_once(tmp_path: Path, procfs, caplog) -> None:
+    procfs(tmp_path / "none")  # psutil finds no meminfo there
+    loadavg = Broken()
+    host = Host(loadavg=loadavg, cpus=4)
     for _ in range(3):
-        h = host.sample()
-        assert (h.mem_available_bytes, h.mem_total_bytes, h.cpu_load) == (None, None, None)
-    assert len(caplog.records) == 2  # meminfo and loadavg, once each
+        s = host.sample()
+        assert (s.mem_available_bytes, s.mem_total_bytes, s.cpu_load) == (None, None, None)
+    assert loadavg.calls == 3
+    assert len(caplog.records) == 2  # memory and load, once each
+
+
+# ------------------------------------------------------------------ processes
+
+
+def test_a_process_its_parent_start_time_and_status() -> None:
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE
+    )
+    try:
+        info = h.process_info(child.pid)
+        assert info is not None and info.pid == child.pid and info.ppid == os.getpid()
+        assert info.running and info.status in (psutil.STATUS_SLEEPING, psutil.STATUS_RUNNING)
+        mine = h.process_info(os.getpid())
+        assert mine is not None and 0 < mine.start_time <= info.start_time
+        assert h.process_info(child.pid) == info  # the same figures on every read
+    finally:
+        child.kill()
+    os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)  # exited, not reaped
+    zombie = h.process_info(child.pid)
+    assert zombie is not None and zombie.status == psutil.STATUS_ZOMBIE and not zombie.running
+    child.wait()
+    assert h.process_info(child.pid) is None
+    assert not h.pid_exists(child.pid) and h.pid_exists(os.getpid())
+
+
+def test_a_recorded_process_table(tmp_path: Path, procfs) -> None:
+    """psutil reads /proc/<pid>/stat under the procfs root: a recorded launcher and rank."""
+    for pid, ppid, comm, state, ticks in ((4100, 1, "torchrun", "S", 5000),
+                                          (4107, 4100, "python (rank 0)", "R", 5250)):  # fmt: skip
+        (tmp_path / str(pid)).mkdir()
+        fields = [state, str(ppid)] + ["0"] * 17 + [str(ticks)] + ["0"] * 30
+        (tmp_path / str(pid) / "stat").write_text(f"{pid} ({comm}) {' '.join(fields)}\n")
+    (tmp_path / "stat").write_text("cpu  1 2 3 4\nbtime 1700000000\n")
+    procfs(tmp_path)
+    rank = h.process_info(4107)
+    ticks = os.sysconf("SC_CLK_TCK")
+    assert rank == h.ProcessInfo(4107, 4100, round(5250 / ticks, 3), psutil.STATUS_RUNNING)
+    assert h.process_info(4100).ppid == 1
+    assert h.process_info(4242) is None
+
+
+def test_disk_counters_of_a_recorded_host(procfs) -> None:
+    procfs(GPUHOST)
+    disks = h.disk_counters()
+    assert {"nvme0n1", "nvme0n1p1", "dm-0", "sda"} <= set(disks)
+    nvme = disks["nvme0n1"]
+    assert (nvme.writes, nvme.bytes_written, nvme.write_ms, nvme.io_ms) == (
+        9824403,
+        1282091232 * 512,
+        12381029,
+        6123390,
+    )
+
+
+def test_no_disk_counters_is_an_oserror(tmp_path: Path, procfs) -> None:
+    (tmp_path / "diskstats").write_text("8 0 sda 1 2\n")  # a line no kernel writes
+    procfs(tmp_path)
+    with pytest.raises(OSError, match="disk counters unavailable"):
+        h.disk_counters()

@@ -17,8 +17,8 @@ from adaptd.registry import Registry
 from adaptd.registry_view import RegistryView
 from adaptd.snapshot import GpuSample
 from adaptd.telemetry import nvml
-from adaptd.telemetry.host import Host
-from adaptd.telemetry.sampler import JobInfo, Sampler, parent_pid
+from adaptd.telemetry.host import Host, process_info
+from adaptd.telemetry.sampler import JobInfo, Sampler
 from adaptd.telemetry.storage import Storage
 
 
@@ -83,7 +83,7 @@ def test_a_jobs_pids_map_to_its_fake_gpus() -> None:
         assert all(g.jobs == () for g in snap.gpus[3:])  # the fixture's pids are nobody's
         assert [g.index for g in s.gpus_of_job("mine")] == [0, 1]
         assert [g.index for g in snap.gpus_of((me,))] == [0]  # the snapshot's own pid lookup
-        assert parent_pid(child.pid, s.proc) == me
+        assert process_info(child.pid).ppid == me
     finally:
         child.communicate(b"")
 

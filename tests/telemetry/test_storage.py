@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from adaptd.telemetry import host
 from adaptd.telemetry import storage as st
 
-GPUHOST = Path(__file__).resolve().parents[1] / "fixtures" / "proc" / "gpuhost"
+from .conftest import GPUHOST
 
 # The sysfs of the recorded host: (major:minor, path under devices/, partition?)
 SYS_DEVICES = {
@@ -59,10 +60,11 @@ def build_sys(root: Path) -> Path:
 
 
 @pytest.fixture
-def recorded(tmp_path: Path) -> tuple[st.Storage, Path]:
-    proc = tmp_path / "proc"
+def recorded(tmp_path: Path, procfs) -> tuple[st.Storage, Path]:
+    """The recorded host: its procfs (psutil reads the disk counters there) and sysfs."""
+    proc = procfs(tmp_path / "proc")
     shutil.copytree(GPUHOST, proc)
-    return st.Storage(proc, build_sys(tmp_path), resolve=os.path.normpath), proc
+    return st.Storage(sys=build_sys(tmp_path), resolve=os.path.normpath), proc
 
 
 JOBS = {
@@ -156,17 +158,23 @@ def test_recorded_rates_over_two_seconds(recorded) -> None:
     assert ram.write_bytes_per_s is None and ram.device is None
 
 
+class Unreadable:
+    """Disk counters that cannot be read (what host.disk_counters raises then)."""
+
+    def __call__(self) -> dict[str, host.DiskCounters]:
+        raise OSError("disk counters unavailable: no /proc/diskstats and no /sys/block")
+
+
 def test_missing_sources_give_no_figures_not_an_exception(tmp_path, caplog) -> None:
     storage = st.Storage(tmp_path / "noproc", tmp_path / "nosys")
     assert storage.sample({"a": "/x"}, now=1.0) == ()  # no mountinfo: no target
     proc = tmp_path / "proc"
     shutil.copytree(GPUHOST, proc)
-    (proc / "diskstats").unlink()
-    storage = st.Storage(proc, build_sys(tmp_path), resolve=os.path.normpath)
+    storage = st.Storage(proc, build_sys(tmp_path), disks=Unreadable(), resolve=os.path.normpath)
     for now in (1.0, 2.0, 3.0):
         (s,) = storage.sample({"a": "/scratch/a"}, now=now)
         assert s.device == "dm-0" and s.write_bytes_per_s is None
-    assert sum("diskstats" in r.message for r in caplog.records) == 1
+    assert sum("disk counters" in r.message for r in caplog.records) == 1
 
 
 def test_a_counter_reset_gives_no_negative_rate(recorded) -> None:
@@ -192,7 +200,7 @@ def test_this_machines_root_mount_has_a_real_block_device(tmp_path) -> None:
         pytest.skip(f"tmp_path is on {t.fstype} here")
     assert t.device is not None, t
     assert Path("/sys/class/block", t.device).exists()
-    assert t.device in st.parse_diskstats(Path("/proc/diskstats").read_text())
+    assert t.device in host.disk_counters()
 
 
 def test_bytes_seen_cover_a_real_fsynced_file(tmp_path) -> None:

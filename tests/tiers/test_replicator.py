@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from ops._tools import tool
 from prometheus_client.parser import text_string_to_metric_families
 
 from adaptd import config
@@ -305,9 +305,7 @@ def test_replication_metrics_render_the_replicators_rows_and_pass_promtool():
     assert got[("adaptd_replication_throughput_bytes_per_second", nfs)] == 123e6
     assert got[("adaptd_replication_upload_seconds_count", nfs)] == 1
 
-    promtool = shutil.which("promtool")
-    if promtool is None:
-        pytest.skip("promtool is not installed; run scripts/install-test-deps.sh")
+    promtool = tool("promtool")
     checked = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True,
                              text=True, timeout=60, check=False)  # fmt: skip
     assert checked.returncode == 0 and not (checked.stdout + checked.stderr).strip(), (
