@@ -13,9 +13,12 @@ that many steps). Mapping a step to an epoch needs ``fit`` to know its steps per
 epoch; with an input of unknown length the callback restores the state and the
 step but cannot skip, and says so.
 
-``fit`` builds its own input iterator each epoch, so the *position* of the input
-pipeline is not checkpointed here; a resumed epoch sees the order that ``fit``
-gives it. For bit-identical resume use a custom loop with ``data_iterator=``.
+``fit`` builds its own input iterators, so the *position* and shuffle state of the
+input pipeline are not checkpointed here; a resumed epoch sees the order that ``fit``
+gives a new process. The resume is bit-identical when that order is the same every
+epoch (arrays, ``tf.data`` without ``reshuffle_each_iteration``); docs/client.md
+("Bit-identical resume with fit") says where it is not. For those, use a custom loop
+with ``data_iterator=``.
 
 What the other callbacks see after a resume inside an epoch: ``fit`` (Keras 3) has no
 way to start an epoch at a batch other than 0 (``BackupAndRestore`` sets only the
