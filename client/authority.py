@@ -29,6 +29,8 @@ class Authority(Protocol):
     #: Held while the hook computes and stores its next due step (see :meth:`bound`).
     lock: Any
 
+    def start(self) -> None: ...
+
     def daemon_plan(self, plan: protocol.Plan, step: int) -> None: ...
 
     def embedded_plan(self, decision: Decision, step: int) -> None: ...
@@ -54,6 +56,9 @@ class Solo:
 
     def __init__(self, schedule: SaveSchedule) -> None:
         self.schedule = schedule
+
+    def start(self) -> None:
+        pass
 
     def daemon_plan(self, plan: protocol.Plan, step: int) -> None:
         if self.schedule.apply_plan(plan, step):

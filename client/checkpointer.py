@@ -142,6 +142,9 @@ class AdaptiveCheckpointer:
             trackables=trackables,
             manager=lambda: self.manager,
             options=_OPTIONS,
+            position=lambda: self._n,
+            wake=self._wake,
+            pump=lambda seconds: self._session.pump(seconds, self._n),
         )
         self.directory, self.job, self.endpoint = built.directory, job, built.endpoint
         self.rank, self.world_size, self.policy = built.rank, built.world_size, built.policy
@@ -201,7 +204,8 @@ class AdaptiveCheckpointer:
         """
         if self._started:
             raise RuntimeError("restore_or_initialize() must be called once, before step()")
-        done = resume.restore_alone(
+        done = resume.restore(
+            self._authority,
             self.directory,
             self._state,
             restore_from=self.restore_from,
@@ -315,13 +319,8 @@ class AdaptiveCheckpointer:
     @property
     def stats(self) -> dict[str, int]:
         """Counters: messages sent, dropped (no daemon), bad frames received, failed saves."""
-        return {
-            "sent": self._link.sent,
-            "dropped": self._link.dropped,
-            "bad_frames": self._link.bad_frames,
-            "saves": len(self.history),
-            "failed_saves": self.failed_saves,
-        }
+        saves = {"saves": len(self.history), "failed_saves": self.failed_saves}
+        return {**self._session.counters(), **saves}
 
     # ------------------------------------------------------------------ start
 
@@ -337,16 +336,9 @@ class AdaptiveCheckpointer:
         self.restore_s = restore_s
         self._n = start
         self.state_bytes = self._state.nbytes()
-        gpus = len(tf.config.list_physical_devices("GPU"))
-        self._tracker = JobTracker(
-            self.job,
-            world_size=self.world_size,
-            gpus=max(1, gpus),
-            start_step=start,
-            state_bytes=self.state_bytes,
+        self._tracker, gpus = hook_parts.tracker(
+            self.job, self.world_size, start, self.state_bytes, restore_s
         )
-        if restore_s is not None:
-            self._tracker.on_restart(restore_s)
         clock = StepClock(start, now)
         self._last, self._slowest, self._slowest_n = now, 0.0, 1
         self._schedule.last_saved_step = start if start else None
@@ -356,6 +348,7 @@ class AdaptiveCheckpointer:
         self._session.decide(start, now, False)
         if self._sigterm is not None:
             self._sigterm.install()
+        self._authority.start()
         self._store_due()
         self._tick_at = now + self._poll_s
 
@@ -377,11 +370,11 @@ class AdaptiveCheckpointer:
             self._n = n
         if now >= self._tick_at:
             self._tick(n, now)
-        stop = self._authority.boundary(n, self._tracker.step_time_s, now)
         if self._preempt is not None and not self._authority.preempt(n):
             log.warning("SIGTERM: saving step %d, then exiting", n)
             self._finish(None, goodbye="SIGTERM")
             return
+        stop = self._authority.boundary(n, self._tracker.step_time_s, now)
         if n >= self._schedule.due:
             self._save(n, self._schedule.due_reason)
         if stop:
@@ -409,6 +402,9 @@ class AdaptiveCheckpointer:
             self._session.saved(prev, perf_counter())
 
     # ------------------------------------------------------------------ SIGTERM, close
+
+    def _wake(self) -> None:
+        self._due = 0  # (any thread) the next step takes the slow path
 
     def _on_sigterm(self, signum: int) -> None:
         # Runs between two bytecodes of the main thread: only flag; step() acts on it.

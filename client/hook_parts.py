@@ -10,6 +10,7 @@ it is built. :func:`parts` wires them from arguments the hook already checked.
 from __future__ import annotations
 
 import os
+import socket as _socket
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,14 +19,19 @@ from typing import Any
 import tensorflow as tf
 
 from adaptd import paths
-from adaptd.client import arguments, ranks
+from adaptd.client import arguments, coordination, ranks
+from adaptd.client.agreed import Coordinated, ViaDaemon
+from adaptd.client.agreement import Agreement
 from adaptd.client.authority import Authority, Solo
+from adaptd.client.daemon_rounds import DaemonRounds
 from adaptd.client.link import DaemonLink
 from adaptd.client.saves import Saves
 from adaptd.client.schedule import SaveSchedule
+from adaptd.client.scratch import Scratch
 from adaptd.client.session import DaemonSession
 from adaptd.client.state import CheckpointState
 from adaptd.client.writer import Writer, WriterNice
+from adaptd.estimators import JobTracker
 from adaptd.policy import DEFAULT_SPEC, Policy, parse
 
 
@@ -65,11 +71,22 @@ def parts(
     trackables: Mapping[str, Any],
     manager: Callable[[], tf.train.CheckpointManager],
     options: Iterable[str],
+    position: Callable[[], int],
+    wake: Callable[[], None],
+    pump: Callable[[float], None],
 ) -> HookParts:
     """The parts of one hook, from :class:`~adaptd.client.checkpointer.
     AdaptiveCheckpointer`'s arguments (checked here first); ``manager`` returns the
     hook's ``CheckpointManager``; ``options``: the hook's option names (for the
-    did-you-mean of a misspelt one).
+    did-you-mean of a misspelt one). For a job of several ranks: ``position`` returns
+    the rank's newest completed step, ``wake`` makes its next step take the slow path
+    (from any thread), ``pump(seconds)`` reads and handles the daemon's messages.
+
+    A job of one rank follows its own plans (:class:`~adaptd.client.authority.Solo`);
+    a job of several agrees in-band under ``tf.distribute`` (a coordination service
+    runs in this process) and through the daemon otherwise
+    (:mod:`adaptd.client.agreed`). Under ``tf.distribute`` a rank other than the
+    chief writes its copies to host-local scratch.
 
     Raises:
         ValueError: an argument is invalid (the message names it and the value).
@@ -103,8 +120,20 @@ def parts(
         curve_client_key=curve_client_key,
     )
     schedule = SaveSchedule()
-    authority = Solo(schedule)
-    saves = Saves(state, manager, writer, path, job=job, rank=rank)
+    authority: Authority = Solo(schedule)
+    scratch = None
+    if world_size > 1 and coordination.service_configured():
+        store = coordination.Coordination(rank, world_size)
+        host = _socket.gethostname()
+        agreement = Agreement(
+            store, job=job, rank=rank, world_size=world_size, position=position, wake=wake,
+            host=host,
+        )  # fmt: skip
+        authority = Coordinated(schedule, agreement, host=host)
+        scratch = Scratch(job, rank) if rank else None
+    elif world_size > 1:
+        authority = ViaDaemon(schedule, DaemonRounds(job, rank), link, position=position, pump=pump)
+    saves = Saves(state, manager, writer, path, job=job, rank=rank, scratch=scratch)
     session = DaemonSession(
         link,
         schedule,
@@ -132,4 +161,18 @@ def parts(
     )  # fmt: skip
 
 
-__all__ = ["HookParts", "parts"]
+def tracker(
+    job: str, world_size: int, start: int, state_bytes: int, restore_s: float | None
+) -> tuple[JobTracker, int]:
+    """The embedded estimates of a run that starts at step ``start`` (after a restore
+    that took ``restore_s``, None: fresh), and the GPUs this process sees."""
+    gpus = len(tf.config.list_physical_devices("GPU"))
+    tracker = JobTracker(
+        job, world_size=world_size, gpus=max(1, gpus), start_step=start, state_bytes=state_bytes
+    )
+    if restore_s is not None:
+        tracker.on_restart(restore_s)
+    return tracker, gpus
+
+
+__all__ = ["HookParts", "parts", "tracker"]

@@ -19,6 +19,8 @@ from time import perf_counter
 from typing import Any
 
 from adaptd.client import files, intact, remote
+from adaptd.client.agreed import Coordinated
+from adaptd.client.authority import Authority
 from adaptd.client.job_restore import JobRestore, RestoreAgreementError
 from adaptd.client.state import CheckpointState
 
@@ -35,6 +37,35 @@ class Resumed:
     restore_s: float | None
     resume: intact.Resume
     pulled: remote.Pull | None = None
+
+
+def restore(
+    authority: Authority,
+    directory: Path,
+    state: CheckpointState,
+    *,
+    restore_from: str | None,
+    storage_options: Mapping[str, Any],
+) -> Resumed:
+    """The rank's restore: agreed with the other ranks when they agree in-band
+    (:class:`~adaptd.client.agreed.Coordinated`), else :func:`restore_alone`."""
+    if isinstance(authority, Coordinated):
+        agreement = authority.agreement
+        job_restore = JobRestore(
+            agreement.store,
+            agreement.keys,
+            job=agreement.job,
+            rank=agreement.rank,
+            world_size=agreement.world_size,
+            directory=directory,
+            restore_from=restore_from,
+            storage_options=storage_options,
+            host=authority.host,
+        )
+        return restore_agreed(job_restore, state, tidy=agreement.rank == 0)
+    return restore_alone(
+        directory, state, restore_from=restore_from, storage_options=storage_options
+    )
 
 
 def restore_alone(
@@ -101,4 +132,4 @@ def restore_agreed(job_restore: JobRestore, state: CheckpointState, *, tidy: boo
     return Resumed(choice.step, restore_s, intact.Resume(prefix))
 
 
-__all__ = ["Resumed", "restore_agreed", "restore_alone"]
+__all__ = ["Resumed", "restore", "restore_agreed", "restore_alone"]

@@ -182,6 +182,8 @@ class Saves:
         while True:
             pending = self._queue.get()
             if pending is None:
+                if self.scratch is not None:
+                    self.scratch.close()
                 return
             try:
                 wait_for_write(ckpt)

@@ -178,6 +178,19 @@ class DaemonSession:
             return self.link.welcomed
         return False
 
+    def pump(self, seconds: float, n: int) -> None:
+        """Wait up to ``seconds`` for the daemon's messages and handle them (a rank held
+        at a step until its daemon decides a round)."""
+        if self.link.poll(seconds):
+            now = perf_counter()
+            for msg in self.link.receive(now):
+                self.on_message(msg, n, now)
+
+    def counters(self) -> dict[str, int]:
+        """Messages sent, dropped (no daemon) and bad frames received."""
+        link = self.link
+        return {"sent": link.sent, "dropped": link.dropped, "bad_frames": link.bad_frames}
+
     def tick(self, n: int, now: float, in_flight: bool, slowest: tuple[float, int]) -> bool:
         """A poll: messages, liveness, the step report when due. Returns True when the
         step report was sent (``slowest`` was consumed)."""
