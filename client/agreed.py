@@ -21,6 +21,7 @@ from collections.abc import Callable
 
 from adaptd import protocol
 from adaptd.client.agreement import Agreement
+from adaptd.client.authority import Solo
 from adaptd.client.daemon_rounds import DaemonRounds
 from adaptd.client.link import DaemonLink
 from adaptd.client.schedule import SaveSchedule
@@ -131,25 +132,30 @@ class ViaDaemon:
         self.link = link
         self._position = position
         self._pump = pump
+        self._solo = Solo(schedule)
+        #: The daemon ran a round for this job (from then on only rounds change plans).
+        self.rounds_seen = False
 
     def start(self) -> None:
         pass
 
     def daemon_plan(self, plan: protocol.Plan, step: int) -> None:
-        """A Plan outside a round: the daemon's view of the job, applied only through
-        a committed round (logged at debug level)."""
-        log.debug("plan seq %d from the daemon: waits for its round", plan.seq)
+        """A Plan outside a round: applied at once only from a daemon that has not run
+        a round for this job yet (one that does not run rounds); once it has, plans
+        change only through committed rounds."""
+        if not self.rounds_seen:
+            self._solo.daemon_plan(plan, step)
 
     def embedded_plan(self, decision: Decision, step: int) -> None:
-        """While the daemon is away the ranks keep the plan they agreed on."""
-        if self.schedule.decision is None:  # nothing agreed yet: the embedded plan
-            self.schedule.set_embedded(decision, step)
+        """While the daemon is away the ranks keep the plan they agreed on; before any
+        round, the embedded plan as for one rank."""
+        if not self.rounds_seen:
+            self._solo.embedded_plan(decision, step)
 
     def save_now(self, reason: str, at_step: int | None, step: int) -> None:
-        """The daemon sends save-now as a round; a local request (request_save())
-        cannot be agreed by this rank alone and is applied here only."""
-        log.warning("save requested on rank %d alone: not agreed by the job", self.rounds.rank)
-        self.schedule.request(step if at_step is None or at_step <= step else at_step, reason, step)
+        """A save-now outside a round (request_save(), or a daemon without rounds):
+        this rank's alone."""
+        self._solo.save_now(reason, at_step, step)
 
     def preempt(self, step: int) -> bool:
         return False
@@ -157,6 +163,7 @@ class ViaDaemon:
     def message(self, msg: protocol.DaemonMessage, step: int, now: float) -> None:
         if isinstance(msg, protocol.Propose):
             if msg.job == self.rounds.job:
+                self.rounds_seen = True
                 self.link.send(self.rounds.on_propose(msg, self._position()), now)
         elif isinstance(msg, protocol.Decide):
             self.rounds.on_decide(msg)
