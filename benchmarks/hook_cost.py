@@ -10,6 +10,7 @@ Usage::
 
     python benchmarks/hook_cost.py            # 1,000,000 steps x 7 rounds
     python benchmarks/hook_cost.py --steps 200000 --rounds 5 --json
+    python benchmarks/hook_cost.py --world-size 2     # rank 0 of a 2-rank job
 """
 
 from __future__ import annotations
@@ -55,6 +56,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=1_000_000)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument(
+        "--world-size",
+        type=int,
+        default=1,
+        help="run the hook as rank 0 of this many ranks (> 1 without tf.distribute: the "
+        "daemon's agreement rounds, whose per-step path is the same one compare)",
+    )
     args = parser.parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     import tensorflow as tf
@@ -63,27 +71,29 @@ def main(argv: list[str] | None = None) -> int:
     from adaptd.spawn import running_daemon
 
     results = {}
+    ranks = {"rank": 0, "world_size": args.world_size} if args.world_size > 1 else {}
     with tempfile.TemporaryDirectory(prefix="adaptd-hook-") as d:
         never = "fixed:steps=1000000000"  # no save is ever due
         sock = Path(d) / "adaptd.sock"
         var = tf.Variable(1.0)
         with AdaptiveCheckpointer(
-            Path(d) / "a", job="bench-a", policy=never, socket=f"ipc://{sock}", v=var
+            Path(d) / "a", job="bench-a", policy=never, socket=f"ipc://{sock}", v=var, **ranks
         ) as ckptr:
             ckptr.restore_or_initialize()
             results["no daemon (embedded policy)"] = _measure(ckptr, args.steps, args.rounds)
         with (
             running_daemon(sock),
             AdaptiveCheckpointer(
-                Path(d) / "b", job="bench-b", policy=never, socket=f"ipc://{sock}", v=var
+                Path(d) / "b", job="bench-b", policy=never, socket=f"ipc://{sock}", v=var, **ranks
             ) as ckptr,
         ):
             ckptr.restore_or_initialize()
             results["daemon connected"] = _measure(ckptr, args.steps, args.rounds)
     if args.json:
-        print(json.dumps({"steps": args.steps, "rounds": args.rounds, "results": results}))
+        out = {"steps": args.steps, "rounds": args.rounds, "world_size": args.world_size}
+        print(json.dumps({**out, "results": results}))
         return 0
-    print(f"{args.steps:,} steps x {args.rounds} rounds, medians")
+    print(f"{args.steps:,} steps x {args.rounds} rounds, world size {args.world_size}, medians")
     print(f"{'case':<28} {'hook µs/step':>13} {'loop+hook µs':>13} {'bare loop µs':>13}")
     for case, r in results.items():
         print(

@@ -158,6 +158,15 @@ class SaveSchedule:
         self.due_reason = reason
         self.due_urgent = urgent
 
+    def interval_s(self, step_time_s: float | None) -> float | None:
+        """Seconds between saves in the plan in force (None: no plan, or no pace yet)."""
+        d = self.decision
+        if d is None:
+            return None
+        if d.interval_s is not None:
+            return d.interval_s
+        return d.every_steps * step_time_s if d.every_steps and step_time_s else None
+
     def next_due(self) -> Due | None:
         """The planned save, or None when none is planned."""
         if self.due >= NEVER:

@@ -29,12 +29,7 @@ MAX_MODULE_LINES = 600
 MAX_CLASS_LINES = 400
 
 #: Files over a limit for now, each with the reason and who removes the entry.
-#: client/checkpointer.py: AdaptiveCheckpointer is being split into parts (the step
-#: schedule, the daemon session with its fallback, the save executor and its watcher)
-#: by the client task of issue 14, which removes this entry when it lands.
-ALLOWED: dict[str, str] = {
-    "client/checkpointer.py": "split by the client half of issue 14",
-}
+ALLOWED: dict[str, str] = {}
 
 
 def python_files(paths: Sequence[Path]) -> Iterator[Path]:

@@ -1,0 +1,136 @@
+"""One worker of tests/multiworker/test_hook.py: a real 2-worker
+``MultiWorkerMirroredStrategy`` job trained with a custom loop through
+``AdaptiveCheckpointer``, writing what it saw to ``$RESULT`` as JSON.
+
+Environment: ``CKPT`` (the shared checkpoint directory), ``STEPS``, ``SEED``;
+``PLAN_CHANGES=1``: the embedded policy changes its plan at random every
+``decide_interval``; ``SIGTERM_AT``/``SIGKILL_AT`` with ``SIGNAL_RANK``: that rank
+signals itself at that step; ``SOCKET``: the daemon's endpoint (default: none there).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import signal
+import sys
+from typing import Any
+
+import tensorflow as tf
+
+from adaptd.client import AdaptiveCheckpointer, ranks
+from adaptd.snapshot import Decision
+
+STEPS = int(os.environ.get("STEPS", "300"))
+SEED = int(os.environ.get("SEED", "12"))
+
+
+class RandomPlans:
+    """A policy whose every decision is a new random grid (seeded: the same on every
+    rank, though only the chief's counts)."""
+
+    name = "random"
+
+    def __init__(self, seed: int) -> None:
+        self.rng = random.Random(seed)
+
+    def decide(self, snapshot: Any, state: Any) -> Decision:
+        every = self.rng.randint(3, 25)
+        return Decision(
+            next_step=state.step + every, every_steps=every, reason="random", policy="random"
+        )
+
+
+def main() -> int:
+    if os.environ.get("ADAPTD_TEST_LOG"):
+        import logging
+
+        logging.basicConfig(
+            level=os.environ["ADAPTD_TEST_LOG"],
+            format="%(relativeCreated)d %(threadName)s %(message)s",
+        )
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    rank, _ = ranks.resolve()
+    with strategy.scope():
+        tf.keras.utils.set_random_seed(SEED)
+        model = tf.keras.Sequential(
+            [tf.keras.Input((8,)), tf.keras.layers.Dense(16, "relu"), tf.keras.layers.Dense(1)]
+        )
+        opt = tf.keras.optimizers.Adam(0.01)
+        opt.build(model.trainable_variables)
+
+    @tf.function
+    def train_step(step: tf.Tensor) -> Any:
+        def replica() -> Any:
+            seed = tf.stack([tf.cast(step, tf.int32), tf.constant(SEED)])
+            x = tf.random.stateless_normal((16, 8), seed=seed)
+            y = tf.reduce_sum(x, axis=1, keepdims=True)
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean((model(x) - y) ** 2)
+            grads = tape.gradient(loss, model.trainable_variables)
+            grads = tf.distribute.get_replica_context().all_reduce("sum", grads)
+            opt.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+            return loss
+
+        return strategy.run(replica)
+
+    policy: Any = (
+        RandomPlans(SEED)
+        if os.environ.get("PLAN_CHANGES")
+        else (os.environ.get("POLICY", "fixed:steps=40") or None)
+    )
+    results: dict[str, Any] = {"rank": rank}
+    hook = AdaptiveCheckpointer(
+        os.environ["CKPT"], job="mw", policy=policy, socket=os.environ.get("SOCKET", f"ipc://{os.environ['CKPT']}-none.sock"),
+        decide_interval=0.01, daemon_timeout=0.5, model=model, optimizer=opt,
+    )  # fmt: skip
+
+    def write(code: int | None = None) -> None:
+        a = hook._authority
+        agreement = getattr(a, "agreement", None)
+        weights = b"".join(v.numpy().tobytes() for v in model.weights)
+        results.update(
+            steps=hook.step_count,
+            saved=[r.step for r in hook.history if r.ok],
+            paths=[r.path for r in hook.history],
+            failed=hook.failed_saves,
+            kind=a.kind,
+            rounds=[[r.round, r.action, r.at_step, r.commit] for r in agreement.rounds]
+            if agreement
+            else [],
+            applied=[[x.round, x.action, x.at_step, x.step] for x in agreement.applied]
+            if agreement
+            else [],
+            broken=agreement.broken if agreement else "",
+            weights=hashlib.sha256(weights).hexdigest(),
+            exit=code,
+        )
+        with open(os.environ["RESULT"], "w") as f:
+            json.dump(results, f)
+
+    def on_term(signum: int, frame: Any) -> None:  # runs once the hook re-delivers it
+        write(signum)
+        os._exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, on_term)
+    start = hook.restore_or_initialize()
+    results["resumed_from"] = start
+    sig_rank = int(os.environ.get("SIGNAL_RANK", "1"))
+    term_at = int(os.environ.get("SIGTERM_AT", "0"))
+    kill_at = int(os.environ.get("SIGKILL_AT", "0"))
+    for step in range(start, STEPS):
+        train_step(tf.constant(step, tf.int64))
+        hook.step()
+        if rank == sig_rank and step + 1 == term_at:
+            os.kill(os.getpid(), signal.SIGTERM)
+        if rank == sig_rank and step + 1 == kill_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+    hook.close()
+    write()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
