@@ -162,7 +162,8 @@ def test_a_rank_past_the_proposed_step_aborts_the_round_and_it_is_proposed_furth
                 peer.send(p.Hello(v=p.VERSION, job="late", rank=r, world_size=2,
                                   agreement="daemon"))  # fmt: skip
                 peer.expect(p.Welcome)
-            first = [peer.expect(p.Propose) for peer in peers][0]
+            first, other = (peer.expect(p.Propose) for peer in peers)
+            assert first == other
             peers[0].send(p.Ack(v=p.VERSION, job="late", rank=0, round=0, step=1, ok=True))
             far = first.at_step + 500  # rank 1 was already past the step
             peers[1].send(p.Ack(v=p.VERSION, job="late", rank=1, round=0, step=far, ok=False))

@@ -24,6 +24,7 @@ from adaptd import admin
 from adaptd import events as ev
 from adaptd import protocol as p
 from adaptd.assembly import parts as build_parts
+from adaptd.commands.status import render
 from adaptd.estimators import FailureRate, JobTracker
 from adaptd.registry import Registry
 from adaptd.server import Daemon
@@ -105,6 +106,11 @@ def test_the_chiefs_daemon_decides_the_other_shows_its_plan_and_relays_requests(
         assert info_b.decided_by == "host-a" and info_b.plan_from_step == 100
         assert (info_b.plan.next_step, info_b.plan.every_steps) == (100, 50)
         assert info_b.next_save_step == 100
+        shown = render(b.status())  # what `adaptd status` prints on B
+        head, row = shown.splitlines()[3:5]
+        assert "DECIDED_BY" in head and row.split()[6] == "host-a"
+        assert "plan decided by host-a; agreed plan in force from step 100" in shown
+        assert "here (host-a)" in render(a.status())
 
         # set-policy typed on B: relayed to its rank, nothing changed on B
         reply = admin.request(b.socket_path, admin.SetPolicyRequest(job="mw", spec="fixed:steps=7"),
