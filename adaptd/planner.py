@@ -8,7 +8,10 @@ to every report), or a :class:`~adaptd.protocol.SaveNow` for an urgent decision 
 an operator's request. It also chooses a job's policy at hello (the operator's
 setting, the job's own spec, the daemon's default) and changes it on
 ``set-policy``. A policy that raises or returns something else is counted and
-logged; the job keeps its plan.
+logged; the job keeps its plan. A job whose ranks agree through the daemon gets its
+plans and urgent saves as agreement rounds (:mod:`adaptd.job_agreement`), never as
+plain messages; a job whose plan another host decides (:attr:`Job.decides`) is
+not decided here.
 """
 
 from __future__ import annotations
