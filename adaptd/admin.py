@@ -43,6 +43,7 @@ __all__ = [
     "ReplicationInfo",
     "Reply",
     "Request",
+    "RoundsInfo",
     "SaveInfo",
     "SaveNowReply",
     "SaveNowRequest",
@@ -164,6 +165,17 @@ class SaveInfo(msgspec.Struct, frozen=True):
     reason: str = ""
 
 
+class RoundsInfo(msgspec.Struct, frozen=True):
+    """The daemon's agreement rounds of one job: decided so far, and the one in flight."""
+
+    committed: int
+    aborted: int
+    open_round: int | None = None
+    open_action: str = ""
+    open_at_step: int | None = None
+    waiting_for: list[int] = []  # live ranks that have not answered the open round
+
+
 class JobInfo(msgspec.Struct, frozen=True):
     job: str
     state: str  # active | lost | finished
@@ -193,6 +205,16 @@ class JobInfo(msgspec.Struct, frozen=True):
     policy_set: bool = False  # the policy was set by ``adaptd set-policy``
     # the run resumed from an older checkpoint: the damaged newer one(s) and why
     restore_fallback: str = ""
+    # How the job's ranks agree on save steps (docs/multiworker.md): "none" (one rank),
+    # "daemon" (this daemon's rounds) or "coordination" (tf.distribute, rank 0 leads).
+    agreement: str = "none"
+    # Which host decides the job's plan: this daemon's host when ``decided_here``, else
+    # the host the ranks' agreed plan names ("" until a rank reported one). A job has
+    # one plan, decided on one host; the others show it and relay requests there.
+    decided_by: str = ""
+    decided_here: bool = True
+    plan_from_step: int | None = None  # the agreed plan is in force from this step
+    rounds: RoundsInfo | None = None  # the daemon's agreement rounds (agreement "daemon")
 
 
 class DaemonInfo(msgspec.Struct, frozen=True):
@@ -257,7 +279,9 @@ class StatusReply(Reply, frozen=True, tag="status"):
 
 class SaveNowReply(Reply, frozen=True, tag="save_now"):
     jobs: list[str]  # the jobs asked to save
-    ranks: int  # how many rank sockets were sent SaveNow
+    ranks: int  # how many ranks were asked (sent SaveNow, or a round proposed to them)
+    #: jobs decided on another host: the request went there through their rank (Relay)
+    relayed: list[str] = []
 
 
 class DrainJob(msgspec.Struct, frozen=True):
@@ -282,12 +306,15 @@ class SetPolicyReply(Reply, frozen=True, tag="set_policy"):
     policy: str
     previous: str
     plan_seq: int  # the plan pushed with the new policy (0: the job has no live ranks)
+    #: the job is decided on another host: the request was relayed to it (who decides)
+    relayed_to: str = ""
 
 
 class PauseReply(Reply, frozen=True, tag="pause"):
     jobs: list[str]  # the jobs whose setting changed
     paused: bool
     targets: int = 0  # the jobs asked about (--all: every active job, or every paused one)
+    relayed: list[str] = []  # jobs decided on another host: relayed there (Relay)
 
 
 class ErrorReply(Reply, frozen=True, tag="error"):

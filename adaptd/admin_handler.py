@@ -6,7 +6,8 @@ member of ``daemon.admin_group``, read from the connection's kernel credentials)
 decodes the request (:mod:`adaptd.admin`) and answers it: ``status``, ``save-now``,
 ``set-policy``, ``pause``/``resume`` at once, ``drain`` when the drain ends
 (:mod:`adaptd.drains`). A refusal is an :class:`~adaptd.admin.ErrorReply` with a
-code, counted as ``admin_<code>``.
+code, counted as ``admin_<code>``. An action on a job whose plan another host's
+daemon decides is relayed there through the job's rank (:mod:`adaptd.job_ops`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import zmq
 from adaptd import admin
 from adaptd import events as ev
 from adaptd.drains import Drains
+from adaptd.job_ops import JobOps, NoRankToRelay
 from adaptd.jobs import Job, PeerCred
 from adaptd.logfmt import logfmt
 from adaptd.planner import Planner
@@ -69,8 +71,10 @@ class AdminHandler:
         emit: Callable[[ev.Event], None],
         clock: Callable[[], float],
         admin_gid: int | None = None,
+        ops: JobOps | None = None,
     ) -> None:
         self.registry = registry
+        self.ops = ops if ops is not None else JobOps(planner=planner, registry=registry)
         self.planner = planner
         self.settings = planner.settings
         self.drains = drains
@@ -168,9 +172,13 @@ class AdminHandler:
                 )
             jobs = [job]
         ranks = 0
+        relayed = []
         for job in jobs:
-            job.urgent = req.reason
-            ranks += self.planner.save_now(job, req.reason, now)
+            if job.decides:
+                ranks += self.ops.save_now(job, req.reason, now)
+            else:
+                self._relay(job, "save_now", now, reason=req.reason)
+                relayed.append(job.id)
         log.info(
             logfmt(
                 "operator_action",
@@ -178,10 +186,17 @@ class AdminHandler:
                 job=req.job or "--all",
                 jobs=len(jobs),
                 ranks=ranks,
+                relayed=",".join(relayed) or None,
                 reason=req.reason,
             )
         )
-        return admin.SaveNowReply(jobs=[j.id for j in jobs], ranks=ranks)
+        return admin.SaveNowReply(jobs=[j.id for j in jobs], ranks=ranks, relayed=relayed)
+
+    def _relay(self, job: Job, op: str, now: float, *, spec: str = "", reason: str = "") -> str:
+        try:
+            return self.ops.relay(job, op, now, spec=spec, reason=reason)  # type: ignore[arg-type]
+        except NoRankToRelay as exc:
+            raise admin.AdminError("not_deciding", str(exc)) from None
 
     def _known_job(self, job_id: str) -> Job:
         job = self.registry.jobs.get(job_id)
@@ -193,8 +208,19 @@ class AdminHandler:
 
     def _set_policy(self, req: admin.SetPolicyRequest, now: float) -> admin.SetPolicyReply:
         job = self._known_job(req.job)
+        if not job.decides:
+            try:
+                self.planner.policies.get(req.spec)  # a bad spec is refused here, at once
+            except PolicyError as exc:
+                raise admin.AdminError("bad_policy", f"policy spec {req.spec!r}: {exc}") from None
+            decider = self._relay(job, "set_policy", now, spec=req.spec)
+            log.info(logfmt("operator_action", action="set_policy", job=job.id, policy=req.spec,
+                            relayed_to=decider))  # fmt: skip
+            return admin.SetPolicyReply(
+                job=job.id, policy=req.spec, previous="", plan_seq=0, relayed_to=decider
+            )
         try:
-            previous, seq = self.planner.set_policy(job, req.spec, now)
+            previous, seq = self.ops.set_policy(job, req.spec, now)
         except PolicyError as exc:
             raise admin.AdminError("bad_policy", f"policy spec {req.spec!r}: {exc}") from None
         log.info(
@@ -218,24 +244,28 @@ class AdminHandler:
             targets = [j.id for j in self.registry if j.state == "active"]
         else:
             targets = self.settings.paused_jobs()
-        changed = []
+        changed, relayed = [], []
+        op = "pause" if req.paused else "resume"
         for job_id in targets:
-            if self.settings.paused(job_id) == req.paused:
-                continue
-            self.settings.change(job_id, now, paused=req.paused)
-            changed.append(job_id)
             job = self.registry.jobs.get(job_id)
-            if job is not None:
-                self.planner.replan(job, now)
+            if job is not None and not job.decides:
+                if job.state == "active":
+                    self._relay(job, op, now)
+                    relayed.append(job_id)
+            elif self.ops.pause(job_id, req.paused, now):
+                changed.append(job_id)
         log.info(
             logfmt(
                 "operator_action",
-                action="pause" if req.paused else "resume",
+                action=op,
                 job=req.job or "--all",
                 changed=",".join(changed) or "none",
+                relayed=",".join(relayed) or None,
             )
         )
-        return admin.PauseReply(jobs=changed, paused=req.paused, targets=len(targets))
+        return admin.PauseReply(
+            jobs=changed, paused=req.paused, targets=len(targets), relayed=relayed
+        )
 
 
 def _groups_of(pid: int | None, uid: int) -> set[int]:

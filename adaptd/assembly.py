@@ -21,7 +21,9 @@ from adaptd import policy as policy_mod
 from adaptd.admin import JobSettings
 from adaptd.admin_handler import AdminHandler
 from adaptd.drains import Drains
+from adaptd.job_agreement import Agreements
 from adaptd.job_handler import RESEND_AFTER_S, JobHandler
+from adaptd.job_ops import JobOps
 from adaptd.planner import REPLAN_TOLERANCE, Planner
 from adaptd.registry import Registry
 from adaptd.settings import ConfiguredSettings, OperatorSettings
@@ -64,6 +66,7 @@ class DaemonParts:
     admin: AdminHandler
     status: StatusView
     stats: DaemonStats
+    agreements: Agreements
     tick_hooks: tuple[TickHook, ...] = ()
     tick_interval_s: float = TICK_INTERVAL_S
     clock: Callable[[], float] = time.monotonic
@@ -99,6 +102,7 @@ def parts(
     settings = OperatorSettings(
         policies=policies, emit=events, initial=job_settings, configured=config_settings
     )
+    agreements = Agreements(send=transport.send_rank, stats=stats)
     planner = Planner(
         default_policy=policies.get(default_spec),
         default_spec=default_spec,
@@ -109,7 +113,9 @@ def parts(
         emit=events,
         stats=stats,
         replan_tolerance=replan_tolerance,
+        agreements=agreements,
     )
+    ops = JobOps(planner=planner, registry=registry)
     drains = Drains(registry=registry, save_now=planner.save_now, reply=transport.send_admin)
     status = StatusView(
         registry=registry,
@@ -138,6 +144,8 @@ def parts(
             emit=events,
             clock=clock,
             resend_after_s=resend_after_s,
+            agreements=agreements,
+            ops=ops,
         ),
         admin=AdminHandler(
             registry=registry,
@@ -149,9 +157,11 @@ def parts(
             emit=events,
             clock=clock,
             admin_gid=admin_group_id,
+            ops=ops,
         ),
         status=status,
         stats=stats,
+        agreements=agreements,
         tick_hooks=tuple(tick_hooks),
         tick_interval_s=tick_interval_s,
         clock=clock,

@@ -117,6 +117,17 @@ class LevelEstimate:
             del obs[0]
         self._median = _weighted_median(obs)
 
+    def raise_last(self, value: float) -> bool:
+        """Raise the newest observation to ``value`` when it is larger (a slower rank's
+        cost of the same save); True when the level's input changed."""
+        if not self._obs or not (math.isfinite(value) and value > self._obs[-1][0]):
+            return False
+        weight = self._obs[-1][1]
+        self._obs[-1] = (value, weight)
+        self._last = (value, weight)
+        self._median = _weighted_median(self._obs)
+        return True
+
     @property
     def value(self) -> float | None:
         return self._median
@@ -335,6 +346,11 @@ class JobTracker:
         self.state_bytes = state_bytes
         #: Shared by the jobs of a host when the caller passes one in.
         self.failure_rate = failure_rate or FailureRate(prior_gpu_mtbf_s=gpu_mtbf_s)
+        #: Whether this job's failures and exposure teach ``failure_rate``. False for a
+        #: multi-host job whose plan another host's daemon decides: that daemon counts
+        #: the job's failure, once (docs/multiworker.md).
+        self.counts_failures = True
+        self._cost_step: int | None = None  # the save the newest cost observation is of
         self.step = start_step
         self.time = 0.0
         self._step_time = StepTime()
@@ -382,7 +398,8 @@ class JobTracker:
             self.life_start = time
         if self._watch_time is not None and time > self._watch_time:
             self._last_accrued = time - self._watch_time
-            self.failure_rate.observe(self._last_accrued * self.gpus)
+            if self.counts_failures:
+                self.failure_rate.observe(self._last_accrued * self.gpus)
         self._watch_time = time if self._watch_time is None else max(self._watch_time, time)
         self.time = max(self.time, time)
         self.step = max(self.step, step)
@@ -425,7 +442,19 @@ class JobTracker:
         self.last_durable_step = max(step, self.last_durable_step or 0)
         extra = max(extra_step_s, gpu_sag_s or 0.0)
         self._costs.add(blocking_s + extra)
+        self._cost_step = step
         self._latencies.add(max(durable_s, blocking_s))
+
+    def on_slower_rank(self, step: int, cost_s: float, latency_s: float = 0.0) -> bool:
+        """Another rank's cost of the save at ``step``, already counted from the first
+        rank's report: δ of a job is its slowest rank's, so the observation is raised
+        to ``cost_s`` when larger (and the latency to ``latency_s``). Only the newest
+        counted save can be revised; True when the cost changed."""
+        if step != self._cost_step:
+            return False
+        if latency_s > 0:
+            self._latencies.raise_last(latency_s)
+        return self._costs.raise_last(cost_s)
 
     def on_restart(self, restore_s: float) -> None:
         """The job is back after ``restore_s`` seconds away (vanished → first step).
@@ -436,7 +465,7 @@ class JobTracker:
         self._restores.add(max(0.0, restore_s))
         self.restore_s = self._restores.value
         retract = min(max(0.0, restore_s), self._last_accrued) * self.gpus
-        if retract > 0:
+        if retract > 0 and self.counts_failures:
             self.failure_rate.gpu_seconds = max(0.0, self.failure_rate.gpu_seconds - retract)
         self._last_accrued = 0.0
 
@@ -444,10 +473,11 @@ class JobTracker:
         """The job failed: it vanished without a goodbye and came back (or will) from
         an older step. Counts one failure and restarts the age clock."""
         self.failures += 1
-        self.failure_rate.failure()
         self.last_failure_time = time
-        if self._watch_time is not None and time > self._watch_time:
-            self.failure_rate.observe((time - self._watch_time) * self.gpus)
+        if self.counts_failures:
+            self.failure_rate.failure()
+            if self._watch_time is not None and time > self._watch_time:
+                self.failure_rate.observe((time - self._watch_time) * self.gpus)
         self._watch_time = None
         self._last_accrued = 0.0
         self.save_in_flight = False

@@ -27,7 +27,9 @@ from adaptd import __version__
 from adaptd import events as ev
 from adaptd import protocol as p
 from adaptd.drains import Drains
-from adaptd.jobs import PeerCred
+from adaptd.job_agreement import Agreements
+from adaptd.job_ops import JobOps
+from adaptd.jobs import Job, PeerCred, Rank
 from adaptd.logfmt import Throttle, logfmt
 from adaptd.planner import Planner
 from adaptd.registry import HelloRefused, Registry, RegistryFull
@@ -58,8 +60,12 @@ class JobHandler:
         emit: Callable[[ev.Event], None],
         clock: Callable[[], float],
         resend_after_s: float = RESEND_AFTER_S,
+        agreements: Agreements | None = None,
+        ops: JobOps | None = None,
     ) -> None:
         self.registry = registry
+        self.agreements = agreements
+        self.ops = ops
         self.planner = planner
         self.settings = settings
         self.drains = drains
@@ -119,7 +125,9 @@ class JobHandler:
             )
             return
         job, rank = where
-        if msg.job != job.id or msg.rank != rank.rank:
+        # a SaveCost names the rank whose cost it is: the chief forwards the others'
+        other_rank = isinstance(msg, p.SaveCost)
+        if msg.job != job.id or (msg.rank != rank.rank and not other_rank):
             self.reject(
                 identity,
                 "wrong_job",
@@ -153,10 +161,46 @@ class JobHandler:
             log.info(
                 logfmt("goodbye", job=job.id, rank=rank.rank, step=msg.step, reason=msg.reason)
             )
+            if self.agreements is not None and job.runs_rounds:
+                self.agreements.check(job, now)  # a round no longer waits for it
+            return
+        elif not self.on_agreement(identity, job, rank, msg, now):
             return
         self.planner.decide(job, now)
         if now - rank.last_sent >= self.resend_after_s:
             self.planner.send_plan(rank, job, now)
+
+    def on_agreement(
+        self, identity: bytes, job: Job, rank: Rank, msg: p.ClientMessage, now: float
+    ) -> bool:
+        """A message of a multi-rank job's agreement (docs/multiworker.md); returns
+        whether the job's policy should run afterwards."""
+        if isinstance(msg, p.Ack):
+            self.registry.heard(job, rank, now)
+            rank.step = max(rank.step, msg.step)
+            if self.agreements is not None and job.runs_rounds:
+                self.agreements.on_ack(job, msg, now)
+            return False
+        if isinstance(msg, p.SaveCost):
+            self.registry.save_cost(job, rank, msg, now)
+        elif isinstance(msg, p.JobPlan):
+            self.registry.heard(job, rank, now)
+            if job.agreed is None or (job.agreed.at_step, job.agreed.next_step) != (
+                msg.at_step,
+                msg.next_step,
+            ):
+                log.info(logfmt("job_plan", job=job.id, rank=rank.rank, at_step=msg.at_step,
+                                next_step=msg.next_step, every_steps=msg.every_steps,
+                                decided_by=msg.decided_by, source=msg.source))  # fmt: skip
+            job.agreed = msg
+            return False
+        elif isinstance(msg, p.Request):
+            self.registry.heard(job, rank, now)
+            refused = self.ops.on_request(job, msg, now) if self.ops is not None else "no ops"
+            if refused is not None:
+                self.reject(identity, "refused", refused)
+            return False
+        return True
 
     def on_hello(
         self, identity: bytes, msg: p.Hello, now: float, peer: PeerCred | None = None
@@ -215,7 +259,10 @@ class JobHandler:
         self.transport.send_rank(rank, welcome, now)
         if kind in ("resume", "restart"):
             job.plan = None  # a new run: its ranks need a plan for their own steps
-        if not self.planner.decide(job, now):
+        if job.runs_rounds and self.agreements is not None:
+            self.planner.decide(job, now)
+            self.agreements.on_hello(job, rank, now)  # the plan is proposed, not sent
+        elif job.decides and not self.planner.decide(job, now):
             self.planner.send_plan(rank, job, now)
         if bad_policy is not None:
             self.reject(identity, "bad_policy", bad_policy)

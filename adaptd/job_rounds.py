@@ -35,6 +35,8 @@ from adaptd.snapshot import Decision, same_saves
 TIMEOUT_S = 10.0
 #: Default lead of a daemon's proposal: one step report interval (1 s) plus travel.
 LEAD_TIME_S = 1.5
+#: Decided rounds kept in :attr:`JobRounds.history`.
+HISTORY = 10_000
 
 
 @dataclass
@@ -82,8 +84,13 @@ class JobRounds:
         self._save: str | None = None
         self._attempts = 0
         self._last_abort: p.Decide | None = None
-        #: Decided rounds: (round, action, at_step, committed).
+        self._force = False  # propose the plan even if it saves as the agreed one
+        #: The most recent decided rounds (:data:`HISTORY`): (round, action, at_step, committed).
         self.history: list[tuple[int, str, int, bool]] = []
+        self.committed = 0
+        self.aborted = 0
+        #: The step the agreed plan is in force from.
+        self.agreed_from: int | None = None
 
     # ------------------------------------------------------------------ wishes
 
@@ -94,6 +101,15 @@ class JobRounds:
             self.want_save(decision.reason or "urgent")
         else:
             self._plan = decision
+
+    def rejoin(self, plan: Decision | None) -> None:
+        """A rank (re)joined the job (a restart, a reconnect to a restarted daemon): it
+        may not know the agreed plan, so ``plan`` (the job's current one) is proposed
+        again to every rank, even if it saves at the steps agreed (for the others,
+        nothing changes)."""
+        if plan is not None and not plan.urgent:
+            self._plan = plan
+            self._force = True
 
     def want_save(self, reason: str) -> None:
         """An urgent save (operator, drain, GPU health): proposed before any plan."""
@@ -113,7 +129,12 @@ class JobRounds:
         at = rules.retry_step(max(steps.values()), lead, self._last_abort, self._attempts)
         if self._save is not None:
             proposal = rules.save_proposal(self.job, self.round, at, self.proposer, self._save)
-        elif self._plan is not None and not same_saves(self.agreed, self._plan, at - 1):
+        elif self._plan is not None and (
+            self._force or not same_saves(self.agreed, self._plan, at - 1)
+        ):
+            # never before a committed plan still waiting for its step (the lead shrinks
+            # when the step time grows): plans apply in round order, the newest wins
+            at = max(at, self.agreed_from or 0)
             proposal = rules.plan_proposal(
                 self.job, self.round, at, self.proposer, self._plan, source="daemon"
             )
@@ -150,13 +171,19 @@ class JobRounds:
     def _close(self, proposal: p.Propose, decision: p.Decide) -> None:
         self.open = None
         self.history.append((proposal.round, proposal.action, proposal.at_step, decision.commit))
+        if len(self.history) > HISTORY:
+            del self.history[: len(self.history) - HISTORY]
         if not decision.commit:
+            self.aborted += 1
             self._attempts += 1
             self._last_abort = decision
             return
+        self.committed += 1
         self._attempts, self._last_abort = 0, None
         if proposal.action == "plan":
             self.agreed = rules.decision_of(proposal)
+            self.agreed_from = proposal.at_step
+            self._force = False
             if self._plan is not None and same_saves(self.agreed, self._plan, proposal.at_step - 1):
                 self._plan = None
         else:

@@ -12,8 +12,9 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from adaptd.estimators import JobTracker
+from adaptd.job_rounds import JobRounds
 from adaptd.policy import Policy
-from adaptd.protocol import SaveReport
+from adaptd.protocol import AgreementKind, JobPlan, SaveReport
 from adaptd.snapshot import Decision
 
 __all__ = ["HelloKind", "Job", "JobStateName", "PeerCred", "PendingResume", "Rank"]
@@ -110,9 +111,35 @@ class Job:
     last_save: SaveReport | None = None
     last_save_time: float | None = None
     counted_save_steps: set[int] = field(default_factory=set)
+    #: Costs other ranks reported (SaveCost) for saves not counted yet: step -> slowest.
+    slower_costs: dict[int, float] = field(default_factory=dict)
     finished_reason: str = ""
     owner: str | None = None  # the principal (PeerCred.owner) that started this run
     restore_fallback: str = ""  # this run resumed past a damaged checkpoint: which, why
+    #: How the job's ranks agree on save steps (their hello's ``agreement``).
+    agreement: AgreementKind = "none"
+    #: Ranks that said hello in this run (a rank that said goodbye stays in it): the
+    #: daemon's rounds start only once every rank of the job is known.
+    joined: set[int] = field(default_factory=set)
+    #: The daemon's agreement rounds (``agreement == "daemon"``, several ranks).
+    rounds: JobRounds | None = None
+    #: The plan the job's ranks agreed on, as a rank reported it (``JobPlan``).
+    agreed: JobPlan | None = None
+
+    @property
+    def runs_rounds(self) -> bool:
+        """Whether this daemon runs the job's agreement rounds: ranks without a runtime
+        of their own (``agreement == "daemon"``), more than one of them."""
+        return self.agreement == "daemon" and self.world_size > 1
+
+    @property
+    def decides(self) -> bool:
+        """Whether this daemon decides the job's plan: always, except for a job whose
+        ranks agree on TensorFlow's coordination service (``agreement ==
+        "coordination"``), whose chief (rank 0) proposes its own daemon's plan: then
+        only the daemon that rank 0 said hello to decides; the others show the plan
+        the ranks report (:class:`~adaptd.protocol.JobPlan`) and relay requests."""
+        return self.agreement != "coordination" or 0 in self.joined
 
     def live_ranks(self) -> list[Rank]:
         return [r for r in self.ranks.values() if r.alive]

@@ -8,7 +8,10 @@ to every report), or a :class:`~adaptd.protocol.SaveNow` for an urgent decision 
 an operator's request. It also chooses a job's policy at hello (the operator's
 setting, the job's own spec, the daemon's default) and changes it on
 ``set-policy``. A policy that raises or returns something else is counted and
-logged; the job keeps its plan.
+logged; the job keeps its plan. A job whose ranks agree through the daemon gets its
+plans and urgent saves as agreement rounds (:mod:`adaptd.job_agreement`), never as
+plain messages; a job whose plan another host decides (:attr:`Job.decides`) is
+not decided here.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from adaptd import events as ev
 from adaptd import protocol as p
@@ -27,6 +31,9 @@ from adaptd.policy import Policy, PolicyCache, PolicyError
 from adaptd.settings import OperatorSettings
 from adaptd.snapshot import Decision, Snapshot, same_saves
 from adaptd.stats import DaemonStats
+
+if TYPE_CHECKING:
+    from adaptd.job_agreement import Agreements
 
 __all__ = [
     "PLAN_LEAD_S",
@@ -67,6 +74,7 @@ class Planner:
         stats: DaemonStats,
         replan_tolerance: float = REPLAN_TOLERANCE,
         wall: Callable[[], float] = time.time,
+        agreements: Agreements | None = None,
     ) -> None:
         self.default_policy = default_policy
         self.default_spec = default_spec
@@ -78,7 +86,13 @@ class Planner:
         self.stats = stats
         self.replan_tolerance = replan_tolerance
         self.wall = wall
+        #: The rounds of jobs whose ranks agree through this daemon: their plans and
+        #: urgent saves go there instead of to the ranks (adaptd.job_agreement).
+        self.agreements = agreements
         self._throttle = Throttle()
+
+    def _rounds(self, job: Job) -> Agreements | None:
+        return self.agreements if job.runs_rounds else None
 
     # ------------------------------------------------------------------ policies
 
@@ -118,8 +132,9 @@ class Planner:
 
     def decide(self, job: Job, now: float) -> bool:
         """Run the job's policy; push a plan (or SaveNow) when it changed. Returns whether
-        anything was pushed."""
-        if job.policy is None or job.state != "active":
+        anything was pushed. A job whose plan another host's daemon decides
+        (:attr:`Job.decides`) is not decided here."""
+        if job.policy is None or job.state != "active" or not job.decides:
             return False
         counters = self.stats.counters
         try:
@@ -196,9 +211,13 @@ class Planner:
         job.plan_seq += 1
         plan = self.plan_message(job)
         ranks = job.live_ranks()
-        for r in ranks:
-            self.send(r, plan, now)
-        self.stats.counters["plans_sent"] += len(ranks)
+        rounds = self._rounds(job)
+        if rounds is not None:  # agreed in a round first, applied at its step
+            rounds.want_plan(job, decision, now)
+        else:
+            for r in ranks:
+                self.send(r, plan, now)
+            self.stats.counters["plans_sent"] += len(ranks)
         log.info(
             logfmt(
                 "plan",
@@ -246,16 +265,25 @@ class Planner:
         )
 
     def send_plan(self, rank: Rank, job: Job, now: float) -> None:
-        """The job's current plan again, to one rank (a reconnect, a quiet rank)."""
-        if job.plan is not None:
+        """The job's current plan again, to one rank (a reconnect, a quiet rank). A rank
+        whose plans are agreed in rounds, or decided on another host, gets its Welcome
+        instead (the client's sign that the daemon is alive): never a plain plan."""
+        if not job.decides or self._rounds(job) is not None:
+            if self.agreements is not None:
+                self.agreements.keep_alive(job, rank, now)
+        elif job.plan is not None:
             self.send(rank, self.plan_message(job), now)
 
     def save_now(self, job: Job, reason: str, now: float) -> int:
         """Ask every live rank of ``job`` to save at its next step; returns how many."""
         msg = p.SaveNow(v=p.VERSION, job=job.id, reason=reason[: p.MAX_TEXT])
         ranks = job.live_ranks()
-        for r in ranks:
-            self.send(r, msg, now)
+        rounds = self._rounds(job)
+        if rounds is not None:  # one agreed step for every rank
+            rounds.want_save(job, reason, now)
+        else:
+            for r in ranks:
+                self.send(r, msg, now)
         log.info(logfmt("save_now", job=job.id, step=job.step, reason=reason, ranks=len(ranks)))
         self.emit(
             ev.SaveRequested(

@@ -6,7 +6,9 @@ fields and oversized frames are rejected with :class:`ProtocolError`), so the
 daemon validates every message before it looks at it. Nothing is ever unpickled.
 
 Client -> daemon: :class:`Hello`, :class:`Steps`, :class:`SaveReport`, :class:`Goodbye`,
-and for jobs of several ranks :class:`Ack`, :class:`JobPlan`, :class:`Request`.
+and for jobs of several ranks :class:`Ack`, :class:`JobPlan`, :class:`Request`,
+:class:`SaveCost` (the chief forwards another rank's cost of a save: δ of a job is
+its slowest rank's; accepted from any rank of the job, since it names another rank).
 Daemon -> client: :class:`Welcome`, :class:`Plan`, :class:`SaveNow`, :class:`Error`,
 and for jobs of several ranks :class:`Propose`, :class:`Decide`, :class:`Relay`.
 
@@ -356,7 +358,8 @@ class Restored(Message, frozen=True, tag="restored"):
 
 class SaveCost(Message, frozen=True, tag="save_cost"):
     """What one save at ``step`` cost a rank, for the job's chief (δ of a job is its
-    slowest rank's: blocking time plus extra step time while the write ran)."""
+    slowest rank's: blocking time plus extra step time while the write ran). The
+    chief may forward it to its daemon too (a client message since version 2)."""
 
     job: JobId
     rank: Count
@@ -366,7 +369,9 @@ class SaveCost(Message, frozen=True, tag="save_cost"):
     ok: bool = True
 
 
-ClientMessage = _t.Union[Hello, Steps, SaveReport, Goodbye, Ack, JobPlan, Request]  # noqa: UP007
+ClientMessage = _t.Union[  # noqa: UP007
+    Hello, Steps, SaveReport, Goodbye, Ack, JobPlan, Request, SaveCost
+]
 DaemonMessage = _t.Union[Welcome, Plan, SaveNow, Error, Propose, Decide, Relay]  # noqa: UP007
 #: The records ranks exchange among themselves (on TensorFlow's coordination service).
 RankMessage = _t.Union[  # noqa: UP007

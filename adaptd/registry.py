@@ -29,9 +29,10 @@ from collections.abc import Callable, Iterator
 from typing import Protocol
 
 from adaptd import events as ev
+from adaptd import job_costs
 from adaptd.estimators import JobTracker
 from adaptd.jobs import HelloKind, Job, JobStateName, PeerCred, PendingResume, Rank
-from adaptd.protocol import Goodbye, Hello, SaveReport, Steps
+from adaptd.protocol import Goodbye, Hello, SaveCost, SaveReport, Steps
 from adaptd.telemetry.host import ProcessInfo, pid_exists, process_info
 
 __all__ = [
@@ -246,6 +247,10 @@ class Registry:
         job.ranks[msg.rank] = rank
         self._peers[identity] = (job.id, msg.rank)
         job.last_seen = now
+        job.agreement = msg.agreement
+        job.joined.add(msg.rank)
+        # one failure per job failure: only the daemon deciding the job's plan counts it
+        job.tracker.counts_failures = job.decides
         if msg.checkpoint_dir:
             job.checkpoint_dir = msg.checkpoint_dir
         if msg.restore_fallback:
@@ -270,7 +275,7 @@ class Registry:
 
     def steps(self, job: Job, rank: Rank, msg: Steps, now: float) -> None:
         """A batch of step timings from ``rank``."""
-        self._heard(job, rank, now)
+        self.heard(job, rank, now)
         rank.step = max(rank.step, msg.step)
         t = job.tracker
         if msg.save_in_flight and not t.save_in_flight:
@@ -323,11 +328,12 @@ class Registry:
         """A save report; returns whether it taught the tracker (first report of a step,
         or a failure). The saved step moves the job's step, as a step report does: a
         plan made from this report counts from the save, not from the last batch."""
-        self._heard(job, rank, now)
+        self.heard(job, rank, now)
         rank.step = max(rank.step, msg.step)
         counted = not msg.ok or msg.step not in job.counted_save_steps
+        t = job.tracker
         if counted:
-            job.tracker.on_save_report(
+            t.on_save_report(
                 now,
                 msg.step,
                 blocking_s=msg.blocking_s,
@@ -339,7 +345,7 @@ class Registry:
                 job.counted_save_steps.add(msg.step)
                 if len(job.counted_save_steps) > 64:  # only recent steps can repeat
                     job.counted_save_steps.discard(min(job.counted_save_steps))
-        t = job.tracker
+        job_costs.on_report(job, msg, counted)  # δ of a job is its slowest rank's
         t.on_steps(now, msg.step, 0, 0.0, t.save_in_flight)
         if msg.ok:
             job.urgent = None
@@ -349,9 +355,15 @@ class Registry:
         self._note_writing(job, now)
         return counted
 
+    def save_cost(self, job: Job, rank: Rank, msg: SaveCost, now: float) -> None:
+        """Another rank's cost of a save, forwarded by ``rank`` (the job's chief):
+        see :mod:`adaptd.job_costs`."""
+        self.heard(job, rank, now)
+        job_costs.on_save_cost(job, msg)
+
     def goodbye(self, job: Job, rank: Rank, msg: Goodbye, now: float) -> bool:
         """A clean exit of one rank; returns True when it finished the job."""
-        self._heard(job, rank, now)
+        self.heard(job, rank, now)
         rank.step = max(rank.step, msg.step)
         job.tracker.on_steps(now, msg.step, 0, 0.0, False)
         del job.ranks[rank.rank]
@@ -438,9 +450,14 @@ class Registry:
         if msg.state_bytes:
             t.state_bytes = msg.state_bytes
         job.counted_save_steps.clear()
+        job.slower_costs.clear()
+        job.joined.clear()
+        job.rounds = None  # a new run's ranks start new rounds
+        job.agreed = None
         self.jobs[job.id] = self.jobs.pop(job.id)  # most recently active last
 
-    def _heard(self, job: Job, rank: Rank, now: float) -> None:
+    def heard(self, job: Job, rank: Rank, now: float) -> None:
+        """Any message from ``rank``: it is alive (and so is its job)."""
         rank.last_seen = now
         job.last_seen = now
         if not rank.alive:

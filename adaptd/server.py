@@ -327,8 +327,10 @@ class Daemon:
                 log.exception(logfmt("internal_error", parts=len(frames)))
 
     def tick(self, now: float) -> None:
-        """Once a second: liveness, then the tick hooks (each guarded)."""
+        """Once a second: liveness, the agreement rounds that a lost rank or the time
+        decides, then the tick hooks (each guarded)."""
         self.registry.check(now)
+        self.parts.agreements.tick(self.registry, now)
         for hook in self.tick_hooks:
             try:
                 hook(now)

@@ -20,6 +20,7 @@ from adaptd.jobs import Job
 from adaptd.logfmt import Throttle, logfmt
 from adaptd.registry import Registry
 from adaptd.settings import OperatorSettings
+from adaptd.snapshot import Decision
 from adaptd.stats import DaemonStats
 from adaptd.transport import Transport
 
@@ -101,9 +102,10 @@ class StatusView:
 
     def _job_info(self, job: Job, now: float) -> admin.JobInfo:
         t = job.tracker
+        shown, plan_from = _shown_plan(job)
         plan = None
-        if job.plan is not None:
-            d = job.plan
+        if shown is not None:
+            d = shown
             plan = admin.PlanInfo(
                 seq=job.plan_seq,
                 next_step=d.next_step,
@@ -150,7 +152,7 @@ class StatusView:
             step_time_s=t.step_time_s,
             policy=job.policy_spec,
             plan=plan,
-            next_save_step=job.plan.due_after(t.step - 1) if job.plan is not None else None,
+            next_save_step=shown.due_after(t.step - 1) if shown is not None else None,
             saves=t.saves,
             failed_saves=t.failed_saves,
             save_cost_s=t.save_cost_s,
@@ -168,4 +170,45 @@ class StatusView:
             paused=setting.paused,
             policy_set=setting.policy is not None,
             restore_fallback=job.restore_fallback,
+            agreement=job.agreement,
+            decided_by=self.registry.hostname if job.decides else _agreed_by(job),
+            decided_here=job.decides,
+            plan_from_step=plan_from,
+            rounds=_rounds_info(job),
         )
+
+
+def _shown_plan(job: Job) -> tuple[Decision | None, int | None]:
+    """The job's one plan as this host shows it, and the step it is in force from:
+    the plan its ranks agreed on where they report or agree one (another host
+    decides it, or this daemon's rounds committed it), else the plan sent."""
+    if job.rounds is not None and job.rounds.agreed is not None:
+        return job.rounds.agreed, job.rounds.agreed_from
+    a = job.agreed
+    if a is not None and not job.decides:
+        d = Decision(
+            next_step=a.next_step, every_steps=a.every_steps, reason=a.reason, policy=a.policy
+        )
+        return d, a.at_step
+    return job.plan, (a.at_step if a is not None else None)
+
+
+def _agreed_by(job: Job) -> str:
+    return job.agreed.decided_by if job.agreed is not None else ""
+
+
+def _rounds_info(job: Job) -> admin.RoundsInfo | None:
+    r = job.rounds
+    if r is None:
+        return None
+    if r.open is None:
+        return admin.RoundsInfo(committed=r.committed, aborted=r.aborted)
+    live = [x.rank for x in job.live_ranks()]
+    return admin.RoundsInfo(
+        committed=r.committed,
+        aborted=r.aborted,
+        open_round=r.open.proposal.round,
+        open_action=r.open.proposal.action,
+        open_at_step=r.open.proposal.at_step,
+        waiting_for=[x for x in live if x not in r.open.acks],
+    )

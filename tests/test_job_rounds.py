@@ -98,3 +98,27 @@ def test_answers_to_other_rounds_are_ignored() -> None:
 def test_one_rank_needs_no_rounds() -> None:
     with pytest.raises(ValueError, match="needs no agreement"):
         JobRounds("j", 1)
+
+
+def test_a_new_plan_never_takes_effect_before_a_committed_one_still_waiting() -> None:
+    rounds = JobRounds("j", 2, lead_time_s=1.0)
+    rounds.want_plan(Decision(100, 50))
+    first = rounds.next(0.0, {0: 10, 1: 10}, step_time_s=0.01)  # 100 steps of lead
+    assert first is not None and first.at_step == 110 and acks(rounds, first, {0: 11, 1: 11}).commit
+    rounds.want_plan(Decision(100, 20))
+    # the step time grew tenfold: the lead is 10 steps now, which would land before 110
+    second = rounds.next(0.1, {0: 20, 1: 20}, step_time_s=0.1)
+    assert second is not None and second.at_step == 110  # not 30: the newer plan wins
+
+
+def test_a_rank_that_rejoins_gets_the_plan_proposed_again() -> None:
+    rounds = JobRounds("j", 2)
+    rounds.want_plan(Decision(100, 50))
+    prop = rounds.next(0.0, {0: 1, 1: 1}, None)
+    assert prop is not None and acks(rounds, prop, {0: 1, 1: 1}).commit
+    assert rounds.next(0.1, {0: 2, 1: 2}, None) is None  # the same saves: nothing to do
+    rounds.rejoin(Decision(100, 50))  # rank 1 came back, it does not know the plan
+    again = rounds.next(0.2, {0: 3, 1: 0}, None)
+    assert again is not None and again.action == "plan" and again.every_steps == 50
+    assert acks(rounds, again, {0: 3, 1: 0}).commit
+    assert rounds.next(0.3, {0: 4, 1: 4}, None) is None

@@ -31,8 +31,13 @@ def run(args: argparse.Namespace, paused: bool = PAUSED) -> int:
     assert isinstance(reply, admin.PauseReply)
     if args.json:
         _operator.print_json(reply)
-    elif reply.jobs:
-        print(f"{'paused' if paused else 'resumed'}: " + ", ".join(reply.jobs))
+    elif reply.jobs or reply.relayed:
+        done = (
+            [f"{'paused' if paused else 'resumed'}: " + ", ".join(reply.jobs)] if reply.jobs else []
+        )
+        if reply.relayed:
+            done.append("relayed to the host deciding: " + ", ".join(reply.relayed))
+        print("; ".join(done))
     elif args.job:
         print(f"nothing to {name}: {args.job} is already {'' if paused else 'not '}paused")
     elif not paused:

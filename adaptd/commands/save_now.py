@@ -39,5 +39,10 @@ def run(args: argparse.Namespace) -> int:
         print(
             f"asked {len(reply.jobs)} job(s), {reply.ranks} rank(s) to save: "
             + ", ".join(reply.jobs)
+            + (
+                f" (relayed to the host deciding: {', '.join(reply.relayed)})"
+                if reply.relayed
+                else ""
+            )
         )
     return 0

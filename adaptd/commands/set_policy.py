@@ -37,6 +37,8 @@ def run(args: argparse.Namespace) -> int:
     assert isinstance(reply, admin.SetPolicyReply)
     if args.json:
         _operator.print_json(reply)
+    elif reply.relayed_to:
+        print(f"{reply.job}: policy {reply.policy} relayed to {reply.relayed_to}, which decides it")
     else:
         pushed = f"plan {reply.plan_seq} pushed" if reply.plan_seq else "no live ranks to tell yet"
         print(f"{reply.job}: policy {reply.policy} (was {reply.previous}); {pushed}")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 import msgspec
 
@@ -117,7 +118,12 @@ def parts(reply: object) -> list[tables.Part]:
                 number(j.waste),
             )
         )
-    out.append(Table(header, rows, numeric=frozenset(range(2, 13)) - {5, 9}))
+    numeric = frozenset(range(2, 13)) - {5, 9}
+    if any(j.agreement != "none" for j in reply.jobs):  # a job of several ranks: who decides
+        header = (*header[:6], "DECIDED_BY", *header[6:])
+        rows = [(*row[:6], _decider(j), *row[6:]) for row, j in zip(rows, reply.jobs, strict=True)]
+        numeric = frozenset(range(2, 14)) - {5, 6, 10}
+    out.append(Table(header, rows, numeric=numeric))
     notes = []
     for j in reply.jobs:
         note = j.plan.reason if j.plan else "no plan yet"
@@ -131,9 +137,40 @@ def parts(reply: object) -> list[tables.Part]:
             note += f"  (last save failed: {j.last_save.error})"
         if j.restore_fallback:
             note += f"  (resumed past a damaged checkpoint: {j.restore_fallback})"
+        if j.agreement != "none":
+            note += f"  ({_agreement(j)})"
         notes.append(f"{j.job}: {note}")
     out.append("\n" + "\n".join(notes))
     return out + _replication(reply) + _telemetry(reply)
+
+
+def _decider(j: Any) -> str:
+    """Which host decides a job's plan: this one ("here"), another, or not known yet."""
+    if j.agreement == "none":
+        return "-"
+    if j.decided_here:
+        return f"here ({j.decided_by})" if j.decided_by else "here"
+    return j.decided_by or "rank 0's host"
+
+
+def _agreement(j: Any) -> str:
+    """How a multi-rank job's ranks agree, and where its plan stands."""
+    if j.agreement == "daemon":
+        text = "ranks agree through this daemon"
+        if j.rounds is not None:
+            text += f": {j.rounds.committed} rounds committed, {j.rounds.aborted} aborted"
+            if j.rounds.open_round is not None:
+                waiting = ", ".join(map(str, j.rounds.waiting_for)) or "none"
+                text += (
+                    f"; round {j.rounds.open_round} ({j.rounds.open_action} at step "
+                    f"{j.rounds.open_at_step}) waits for rank(s) {waiting}"
+                )
+    else:
+        text = "ranks agree on the coordination service"
+        text += "; plan decided here" if j.decided_here else f"; plan decided by {_decider(j)}"
+    if j.plan_from_step is not None:
+        text += f"; agreed plan in force from step {j.plan_from_step}"
+    return text
 
 
 def _bytes(n: float | None, unit: str = "") -> str:

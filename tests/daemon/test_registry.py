@@ -64,13 +64,16 @@ def test_the_lead_ranks_warm_up_and_slowest_step_reach_the_step_time() -> None:
     assert job.tracker.step_time_s == pytest.approx(0.02)
 
 
-def test_each_saved_step_counts_once_failures_always() -> None:
+def test_each_saved_step_counts_once_at_the_slowest_ranks_cost_failures_always() -> None:
     reg = Registry()
     job, r0, _ = reg.hello(b"a", hello("j", 0), 0.0)
     _, r1, _ = reg.hello(b"b", hello("j", 1), 0.0)
     assert reg.save_report(job, r0, save("j", 0, 10), 1.0) is True
     assert reg.save_report(job, r1, save("j", 1, 10, blocking=5.0), 1.1) is False
-    assert job.tracker.saves == 1 and job.tracker.save_cost_s == pytest.approx(0.1)
+    # one save of the job, whose cost δ is its slowest rank's
+    assert job.tracker.saves == 1 and job.tracker.save_cost_s == pytest.approx(5.0)
+    assert reg.save_report(job, r0, save("j", 0, 10, blocking=0.2), 1.2) is False
+    assert job.tracker.save_cost_s == pytest.approx(5.0)  # a faster one lowers nothing
     assert reg.save_report(job, r1, save("j", 1, 20, ok=False), 2.0) is True
     assert job.tracker.failed_saves == 1 and job.tracker.last_durable_step == 10
 
