@@ -42,6 +42,7 @@ from adaptd.fleet.session import (
     LeaseLost,
 )
 from adaptd.fleet.slots import SlotTable, TargetSlots, Want
+from adaptd.logfmt import logfmt
 
 log = logging.getLogger("adaptd.fleet")
 
@@ -231,7 +232,7 @@ class FleetAgent:
             self._next_keepalive = 0.0  # the lease may have expired meanwhile: check first
             view = self._down(now, str(exc))
         except Exception as exc:  # a bug must not end the thread; the daemon decides locally
-            log.exception("event=fleet_round_failed")
+            log.exception(logfmt("fleet_round_failed"))
             view = self._down(now, f"internal error: {exc!r}")
         self._set(view)
         return view
@@ -267,16 +268,18 @@ class FleetAgent:
             found, skipped = read_records(s)
             records = tuple(found)
             for line in skipped:
-                log.warning("event=fleet_record_skipped error=%r", line)
+                log.warning(logfmt("fleet_record_skipped", error=line))
             self._next_failures = now + self.failures_every_s
         prev = self._view
         if not prev.up:
             log.info(
-                "event=fleet_up host=%s hosts=%d role=%s session=%d",
-                self.settings.host,
-                len(members.hosts),
-                members.role(self.settings.host),
-                self._sessions,
+                logfmt(
+                    "fleet_up",
+                    host=self.settings.host,
+                    hosts=len(members.hosts),
+                    role=members.role(self.settings.host),
+                    session=self._sessions,
+                )
             )
         return replace(
             prev,
@@ -300,9 +303,7 @@ class FleetAgent:
         if prev.up or (prev.reason != reason and prev.errors == 0):
             log.log(
                 level,
-                "event=fleet_down host=%s reason=%r (deciding locally)",
-                self.settings.host,
-                reason,
+                logfmt("fleet_down", host=self.settings.host, reason=reason, deciding="locally"),
             )
         return replace(
             prev,
@@ -329,4 +330,4 @@ class FleetAgent:
             try:
                 self.on_grant()
             except Exception:  # the daemon's callback must not end the thread
-                log.exception("event=fleet_on_grant_failed")
+                log.exception(logfmt("fleet_on_grant_failed"))

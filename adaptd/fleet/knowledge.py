@@ -33,6 +33,7 @@ from adaptd.fleet.failures import (
     fleet_totals,
     pooled,
 )
+from adaptd.logfmt import logfmt
 from adaptd.snapshot import Snapshot
 
 log = logging.getLogger("adaptd.fleet")
@@ -132,4 +133,4 @@ class FleetKnowledge:
             self._lifetimes = [float(t) for t in data.get("lifetimes", ()) if float(t) > 0]
             self._survivals = [float(t) for t in data.get("survivals", ()) if float(t) > 0]
         except (TypeError, ValueError, AttributeError) as exc:
-            log.warning("event=learned_discarded what=fleet_history error=%r", str(exc))
+            log.warning(logfmt("learned_discarded", what="fleet_history", error=str(exc)))

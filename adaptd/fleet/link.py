@@ -48,6 +48,7 @@ from adaptd.fleet.targets import (
     shared_target,
     target_of_mount,
 )
+from adaptd.logfmt import logfmt
 from adaptd.snapshot import FleetSample, Snapshot, StorageSample
 from adaptd.telemetry.storage import Mount
 
@@ -158,10 +159,12 @@ class FleetLink:
             self._was_usable = ok
             if not ok:
                 log.warning(
-                    "event=fleet_local host=%s reason=%r (slots and fleet knowledge "
-                    "unused until etcd answers)",
-                    self.host,
-                    view.reason or "view not refreshed",
+                    logfmt(
+                        "fleet_local",
+                        host=self.host,
+                        reason=view.reason or "view not refreshed",
+                        hint="slots and fleet knowledge unused until etcd answers",
+                    )
                 )
         return view if ok else None
 
@@ -180,10 +183,12 @@ class FleetLink:
             self._names[sample.target] = found.name if found else None
             if found is not None:
                 log.info(
-                    "event=fleet_shared_target mountpoint=%s name=%s kind=%s",
-                    sample.mountpoint,
-                    found.name,
-                    found.kind,
+                    logfmt(
+                        "fleet_shared_target",
+                        mountpoint=sample.mountpoint,
+                        name=found.name,
+                        kind=found.kind,
+                    )
                 )
         return self._names[sample.target]
 
@@ -266,7 +271,7 @@ class FleetLink:
         wish = self._wishes.pop(job, None)
         if wish is not None:
             self.agent.release(job)
-            log.info("event=fleet_slot_released job=%s target=%s reason=%r", job, wish.target, why)
+            log.info(logfmt("fleet_slot_released", job=job, target=wish.target, reason=why))
 
     # ------------------------------------------------------------------ replicator
 
@@ -302,14 +307,16 @@ class FleetLink:
                 if key in view.granted:
                     break
                 if self.usable() is None:
-                    log.info("event=fleet_upload_local destination=%s job=%s", dest.name, job)
+                    log.info(logfmt("fleet_upload_local", destination=dest.name, job=job))
                     break
                 if self.clock() > deadline:
                     log.warning(
-                        "event=fleet_upload_unslotted destination=%s job=%s waited_s=%g",
-                        dest.name,
-                        job,
-                        self.cfg.upload_wait_s,
+                        logfmt(
+                            "fleet_upload_unslotted",
+                            destination=dest.name,
+                            job=job,
+                            waited_s=self.cfg.upload_wait_s,
+                        )
                     )
                     break
                 with contextlib.suppress(TimeoutError):

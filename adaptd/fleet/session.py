@@ -34,6 +34,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from adaptd.fleet.keys import KeySpace, range_end
+from adaptd.logfmt import logfmt
 
 log = logging.getLogger("adaptd.fleet")
 
@@ -203,9 +204,12 @@ class EtcdSession:
                 self._call("kv/lease/revoke", {"ID": lease})
             except FleetError as exc:
                 log.info(
-                    "event=fleet_revoke_failed lease=%x error=%r (it expires by itself)",
-                    lease,
-                    str(exc),
+                    logfmt(
+                        "fleet_revoke_failed",
+                        lease=f"{lease:x}",
+                        error=str(exc),
+                        hint="it expires by itself",
+                    )
                 )
         for client in self._clients:
             client.session.close()

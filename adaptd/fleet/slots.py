@@ -34,6 +34,7 @@ from dataclasses import dataclass, replace
 
 from adaptd.fleet.keys import KeySpace
 from adaptd.fleet.session import Entry, EtcdSession, newest_revision
+from adaptd.logfmt import logfmt
 
 log = logging.getLogger("adaptd.fleet")
 
@@ -111,7 +112,7 @@ def parse_claims(entries: Iterable[Entry], keys: KeySpace) -> list[Claim]:
                 )
             )
         except (ValueError, KeyError, TypeError):
-            log.debug("event=fleet_claim_skipped key=%s", e.key)
+            log.debug(logfmt("fleet_claim_skipped", key=e.key))
     return out
 
 
@@ -222,7 +223,7 @@ class SlotTable:
                     retry = True
                 elif taken:
                     grants += 1
-                    log.info("event=fleet_slot_granted job=%s target=%s", job, w.target)
+                    log.info(logfmt("fleet_slot_granted", job=job, target=w.target))
                 elif mine is None:
                     key = self.keys.claim(self.host, w.target, job)
                     self.session.put(key, me.record(), leased=True)
