@@ -56,6 +56,13 @@ def _child(req: dict, fd: int) -> None:
         os.dup2(fd, 1)
         os.dup2(fd, 2)
         os.close(fd)
+        # one write per line: print() writes the text and the newline in two calls when
+        # unbuffered, and TensorFlow's C++ log lines (absl ignores TF_CPP_MIN_LOG_LEVEL
+        # before its InitializeLog; "failed call to cuInit" on a host without a GPU)
+        # landed between them, inside a line the test was parsing
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(AttributeError, ValueError):
+                stream.reconfigure(line_buffering=True, write_through=False)
         os.environ.update(req.get("env", {}))
         for key in req.get("unset", []):
             os.environ.pop(key, None)
