@@ -5,7 +5,14 @@
 Environment: ``CKPT`` (the shared checkpoint directory), ``STEPS``, ``SEED``;
 ``PLAN_CHANGES=1``: the embedded policy changes its plan at random every
 ``decide_interval``; ``SIGTERM_AT``/``SIGKILL_AT`` with ``SIGNAL_RANK``: that rank
-signals itself at that step; ``SOCKET``: the daemon's endpoint (default: none there).
+signals itself at that step; ``SOCKET``: the daemon's endpoint (default: none there),
+``SOCKETS``: one endpoint per rank, comma-separated (each rank on its own "host");
+``DAEMON_TIMEOUT``: the hook's (default 0.5 s); ``WIDTH``: the hidden layer's width
+(the state's size); ``FREE=1``: steps without a collective (no weight update), so the
+ranks run free of each other except for an all-reduce at each step ``k`` with ``k %
+SYNC_EVERY == SYNC_AT``, each step taking at least ``STEP_S`` (its "compute");
+``SLOW_SCRATCH`` with ``SLOW_RANK``: that rank's host-local copies go there (a slow
+disk).
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ import os
 import random
 import signal
 import sys
+import time
 from typing import Any
 
 import tensorflow as tf
@@ -25,6 +33,11 @@ from adaptd.snapshot import Decision
 
 STEPS = int(os.environ.get("STEPS", "300"))
 SEED = int(os.environ.get("SEED", "12"))
+WIDTH = int(os.environ.get("WIDTH", "16"))
+FREE = bool(os.environ.get("FREE"))
+SYNC_EVERY = int(os.environ.get("SYNC_EVERY", "0"))
+SYNC_AT = int(os.environ.get("SYNC_AT", "0"))
+STEP_S = float(os.environ.get("STEP_S", "0"))
 
 
 class RandomPlans:
@@ -53,10 +66,12 @@ def main() -> int:
         )
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     rank, _ = ranks.resolve()
+    if os.environ.get("SLOW_SCRATCH") and rank == int(os.environ.get("SLOW_RANK", "1")):
+        os.environ["ADAPTD_SCRATCH"] = os.environ["SLOW_SCRATCH"]
     with strategy.scope():
         tf.keras.utils.set_random_seed(SEED)
         model = tf.keras.Sequential(
-            [tf.keras.Input((8,)), tf.keras.layers.Dense(16, "relu"), tf.keras.layers.Dense(1)]
+            [tf.keras.Input((8,)), tf.keras.layers.Dense(WIDTH, "relu"), tf.keras.layers.Dense(1)]
         )
         opt = tf.keras.optimizers.Adam(0.01)
         opt.build(model.trainable_variables)
@@ -69,6 +84,8 @@ def main() -> int:
             y = tf.reduce_sum(x, axis=1, keepdims=True)
             with tf.GradientTape() as tape:
                 loss = tf.reduce_mean((model(x) - y) ** 2)
+            if FREE:  # updating mirrored variables is a collective
+                return loss
             grads = tape.gradient(loss, model.trainable_variables)
             grads = tf.distribute.get_replica_context().all_reduce("sum", grads)
             opt.apply_gradients(zip(grads, model.trainable_variables, strict=True))
@@ -76,15 +93,24 @@ def main() -> int:
 
         return strategy.run(replica)
 
+    @tf.function
+    def sync() -> Any:
+        ctx = tf.distribute.get_replica_context
+        return strategy.run(lambda: ctx().all_reduce("sum", tf.constant(1.0)))
+
     policy: Any = (
         RandomPlans(SEED)
         if os.environ.get("PLAN_CHANGES")
         else (os.environ.get("POLICY", "fixed:steps=40") or None)
     )
     results: dict[str, Any] = {"rank": rank}
+    socket = os.environ.get("SOCKET", f"ipc://{os.environ['CKPT']}-none.sock")
+    if os.environ.get("SOCKETS"):
+        socket = os.environ["SOCKETS"].split(",")[rank]
     hook = AdaptiveCheckpointer(
-        os.environ["CKPT"], job="mw", policy=policy, socket=os.environ.get("SOCKET", f"ipc://{os.environ['CKPT']}-none.sock"),
-        decide_interval=0.01, daemon_timeout=0.5, model=model, optimizer=opt,
+        os.environ["CKPT"], job="mw", policy=policy, socket=socket,
+        decide_interval=0.01, daemon_timeout=float(os.environ.get("DAEMON_TIMEOUT", "0.5")),
+        model=model, optimizer=opt,
     )  # fmt: skip
 
     def write(code: int | None = None) -> None:
@@ -94,6 +120,9 @@ def main() -> int:
         results.update(
             steps=hook.step_count,
             saved=[r.step for r in hook.history if r.ok],
+            reasons=[r.reason for r in hook.history if r.ok],
+            costs=[r.blocking_s + r.extra_step_s for r in hook.history if r.ok],
+            blocking=[r.blocking_s for r in hook.history if r.ok],
             paths=[r.path for r in hook.history],
             failed=hook.failed_saves,
             kind=a.kind,
@@ -121,7 +150,12 @@ def main() -> int:
     term_at = int(os.environ.get("SIGTERM_AT", "0"))
     kill_at = int(os.environ.get("SIGKILL_AT", "0"))
     for step in range(start, STEPS):
+        began = time.monotonic()
         train_step(tf.constant(step, tf.int64))
+        if SYNC_EVERY and (step + 1) % SYNC_EVERY == SYNC_AT:
+            sync()
+        if STEP_S:  # the step's "compute"
+            time.sleep(max(0.0, STEP_S - (time.monotonic() - began)))
         hook.step()
         if rank == sig_rank and step + 1 == term_at:
             os.kill(os.getpid(), signal.SIGTERM)
