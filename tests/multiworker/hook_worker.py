@@ -11,12 +11,14 @@ signals itself at that step; ``SOCKET``: the daemon's endpoint (default: none th
 (the state's size); ``FREE=1``: steps without a collective (no weight update), so the
 ranks run free of each other except for an all-reduce at each step ``k`` with ``k %
 SYNC_EVERY == SYNC_AT``, each step taking at least ``STEP_S`` (its "compute");
-``SLOW_SCRATCH`` with ``SLOW_RANK``: that rank's host-local copies go there (a slow
-disk).
+``NO_STRATEGY=1``: independent processes of one job, no ``tf.distribute`` (TF_CONFIG
+only names the ranks); ``SLOW_SCRATCH`` with ``SLOW_RANK``: that rank's host-local
+copies go there (a slow disk).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -38,6 +40,7 @@ FREE = bool(os.environ.get("FREE"))
 SYNC_EVERY = int(os.environ.get("SYNC_EVERY", "0"))
 SYNC_AT = int(os.environ.get("SYNC_AT", "0"))
 STEP_S = float(os.environ.get("STEP_S", "0"))
+NO_STRATEGY = bool(os.environ.get("NO_STRATEGY"))
 
 
 class RandomPlans:
@@ -64,11 +67,13 @@ def main() -> int:
             level=os.environ["ADAPTD_TEST_LOG"],
             format="%(relativeCreated)d %(threadName)s %(message)s",
         )
-    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    # NO_STRATEGY=1: independent processes of one job (rank and world size from
+    # TF_CONFIG, no coordination service): the daemon's rounds agree for them
+    strategy = None if NO_STRATEGY else tf.distribute.MultiWorkerMirroredStrategy()
     rank, _ = ranks.resolve()
     if os.environ.get("SLOW_SCRATCH") and rank == int(os.environ.get("SLOW_RANK", "1")):
         os.environ["ADAPTD_SCRATCH"] = os.environ["SLOW_SCRATCH"]
-    with strategy.scope():
+    with strategy.scope() if strategy is not None else contextlib.nullcontext():
         tf.keras.utils.set_random_seed(SEED)
         model = tf.keras.Sequential(
             [tf.keras.Input((8,)), tf.keras.layers.Dense(WIDTH, "relu"), tf.keras.layers.Dense(1)]
@@ -87,16 +92,20 @@ def main() -> int:
             if FREE:  # updating mirrored variables is a collective
                 return loss
             grads = tape.gradient(loss, model.trainable_variables)
-            grads = tf.distribute.get_replica_context().all_reduce("sum", grads)
+            if strategy is not None:
+                grads = tf.distribute.get_replica_context().all_reduce("sum", grads)
             opt.apply_gradients(zip(grads, model.trainable_variables, strict=True))
             return loss
 
-        return strategy.run(replica)
+        return replica() if strategy is None else strategy.run(replica)
+
+    def one() -> Any:
+        return tf.distribute.get_replica_context().all_reduce("sum", tf.constant(1.0))
 
     @tf.function
     def sync() -> Any:
-        ctx = tf.distribute.get_replica_context
-        return strategy.run(lambda: ctx().all_reduce("sum", tf.constant(1.0)))
+        assert strategy is not None
+        return strategy.run(one)
 
     policy: Any = (
         RandomPlans(SEED)
@@ -115,7 +124,8 @@ def main() -> int:
 
     def write(code: int | None = None) -> None:
         a = hook._authority
-        agreement = getattr(a, "agreement", None)
+        # the in-band agreement's ranks, or the daemon's rounds (NO_STRATEGY)
+        agreement = getattr(a, "agreement", None) or getattr(a, "rounds", None)
         weights = b"".join(v.numpy().tobytes() for v in model.weights)
         results.update(
             steps=hook.step_count,
@@ -132,7 +142,7 @@ def main() -> int:
             applied=[[x.round, x.action, x.at_step, x.step] for x in agreement.applied]
             if agreement
             else [],
-            broken=agreement.broken if agreement else "",
+            broken=getattr(agreement, "broken", ""),
             weights=hashlib.sha256(weights).hexdigest(),
             exit=code,
         )
@@ -152,7 +162,7 @@ def main() -> int:
     for step in range(start, STEPS):
         began = time.monotonic()
         train_step(tf.constant(step, tf.int64))
-        if SYNC_EVERY and (step + 1) % SYNC_EVERY == SYNC_AT:
+        if strategy is not None and SYNC_EVERY and (step + 1) % SYNC_EVERY == SYNC_AT:
             sync()
         if STEP_S:  # the step's "compute"
             time.sleep(max(0.0, STEP_S - (time.monotonic() - began)))

@@ -10,73 +10,29 @@ cost reaches the chief's daemon, so its δ is the slowest rank's.
 
 from __future__ import annotations
 
-import contextlib
 import random
-import signal
 import sys
 import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from statistics import median
-from typing import Any
 
 import pytest
 
 from adaptd import admin
-from adaptd.spawn import start_daemon, stop_daemon
 from multiworker.cluster import HERE, REPO, Cluster
+from multiworker.daemons import (
+    ENDLESS,
+    hosts,
+    job_info,
+    policy_is,
+    shows_plan,
+    stop_job,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.tf]
 
 WORKERS = 2
-DEADLINE = 120.0
-#: Far more steps than a run takes: the test ends it with SIGTERM of the non-chief
-#: worker (one agreed save, then every worker stops), after its checks.
-ENDLESS = "1000000"
-
-
-@contextlib.contextmanager
-def hosts(root: Path, policy: str) -> Iterator[list[Path]]:
-    """One ``adaptd serve`` per host (a, b), each with its own socket and state."""
-    procs, socks = [], []
-    try:
-        for name in ("a", "b"):
-            (root / name).mkdir()
-            sock = root / name / "d.sock"
-            with open(root / f"daemon-{name}.log", "wb") as log:
-                procs.append(start_daemon(sock, ["--policy", policy], log=log))
-            socks.append(sock)
-        yield socks
-    finally:
-        for proc in procs:
-            stop_daemon(proc)
-
-
-def job_info(sock: Path) -> admin.JobInfo | None:
-    reply = admin.request(sock, admin.StatusRequest(), timeout_s=10.0)
-    assert isinstance(reply, admin.StatusReply)
-    return next((j for j in reply.jobs if j.job == "mw"), None)
-
-
-def wait_for(
-    what: str, check: Callable[[], Any], cluster: Cluster, timeout: float = DEADLINE
-) -> Any:
-    """Poll ``check`` (a daemon's status: there is no event to wait on over its socket)
-    until it returns something true; AssertionError naming ``what`` past ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while not (got := check()):
-        if time.monotonic() > deadline or any(p.poll() is not None for p in cluster.procs):
-            raise AssertionError(f"no {what} within {timeout:g}s\n{cluster.tails()}")
-        time.sleep(0.05)
-    return got
-
-
-def stop_job(cluster: Cluster) -> list[dict[str, Any]]:
-    """SIGTERM the non-chief: both save at one agreed step and stop."""
-    cluster.signal(1, signal.SIGTERM)
-    codes = cluster.wait(timeout=DEADLINE)
-    assert codes == [128 + signal.SIGTERM] * WORKERS, cluster.tails()
-    return [cluster.result(r) for r in range(WORKERS)]
 
 
 def test_two_hosts_one_plan_operator_commands_from_either_host(short_dir: Path) -> None:
@@ -113,8 +69,8 @@ def test_two_hosts_one_plan_operator_commands_from_either_host(short_dir: Path) 
         # the chief's host as the one that decided it
         reply = admin.request(b, admin.SetPolicyRequest(job="mw", spec="fixed:steps=7"), 10.0)
         assert isinstance(reply, admin.SetPolicyReply) and reply.relayed_to, reply
-        on_a = wait_for("relayed policy on a", lambda: _policy_is(a, "fixed:steps=7"), cluster)
-        on_b = wait_for("a's plan on b", lambda: _shows_plan(b, every=7), cluster)
+        on_a = wait_for("relayed policy on a", lambda: policy_is(a, "fixed:steps=7"), cluster)
+        on_b = wait_for("a's plan on b", lambda: shows_plan(b, every=7), cluster)
         a_info = job_info(a)
         results = stop_job(cluster)
     r0, r1 = results
@@ -127,17 +83,6 @@ def test_two_hosts_one_plan_operator_commands_from_either_host(short_dir: Path) 
     assert on_a.decided_here and a_info is not None and a_info.decided_here
     assert not on_b.decided_here and on_b.decided_by == on_a.decided_by != ""
     assert on_b.plan_from_step is not None
-
-
-def _policy_is(sock: Path, spec: str) -> admin.JobInfo | None:
-    info = job_info(sock)
-    return info if info is not None and info.policy == spec else None
-
-
-def _shows_plan(sock: Path, every: int) -> admin.JobInfo | None:
-    info = job_info(sock)
-    ok = info is not None and info.plan is not None and info.plan.every_steps == every
-    return info if ok and info.decided_by else None
 
 
 def test_the_chiefs_daemon_takes_delta_from_the_slow_worker(short_dir: Path) -> None:
