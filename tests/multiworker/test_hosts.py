@@ -85,6 +85,37 @@ def test_two_hosts_one_plan_operator_commands_from_either_host(short_dir: Path) 
     assert on_b.plan_from_step is not None
 
 
+def test_with_the_chiefs_daemon_down_its_embedded_policy_takes_relayed_requests(
+    short_dir: Path,
+) -> None:
+    """No daemon on the chief's host: what is typed on the other host still reaches the
+    chief in-band; save-now becomes one agreed save and set-policy the chief's embedded
+    policy, which the other host then shows."""
+    none, b = short_dir / "a" / "none.sock", short_dir / "b" / "d.sock"
+    env = {
+        "CKPT": str(short_dir / "ckpt"),
+        "STEPS": ENDLESS,
+        "SOCKETS": f"ipc://{none},ipc://{b}",
+        "POLICY": "",
+        "DAEMON_TIMEOUT": "5",
+        "ADAPTD_TEST_LOG": "INFO",
+    }
+    with (
+        hosts(short_dir, "fixed:steps=25", names=("b",)),
+        Cluster(short_dir / "run", WORKERS, HERE / "hook_worker.py", env=env) as cluster,
+    ):
+        wait_for("the job on b", lambda: job_info(b), cluster)
+        reply = admin.request(b, admin.SaveNowRequest(job="mw", reason="op-b"), 10.0)
+        assert isinstance(reply, admin.SaveNowReply) and reply.relayed == ["mw"], reply
+        reply = admin.request(b, admin.SetPolicyRequest(job="mw", spec="fixed:steps=7"), 10.0)
+        assert isinstance(reply, admin.SetPolicyReply) and reply.relayed_to, reply
+        on_b = wait_for("the chief's embedded plan on b", lambda: shows_plan(b, every=7), cluster)
+        r0, r1 = stop_job(cluster)
+    assert r0["saved"] == r1["saved"] and r0["reasons"] == r1["reasons"]
+    assert "op-b" in r0["reasons"]
+    assert not on_b.decided_here and on_b.plan is not None and on_b.plan.policy == "fixed"
+
+
 def test_the_chiefs_daemon_takes_delta_from_the_slow_worker(short_dir: Path) -> None:
     """The non-chief's host-local copies go through a 1 MiB/s mount: each of its writes
     outlasts the interval, so each save waits for the previous write and costs it about
