@@ -402,7 +402,7 @@ class AdaptiveCheckpointer:
             self._session.saved(prev, perf_counter())
         started = self._saves.pending
         if started is not None and started.step == n:
-            self._session.save_started(n, started.blocking_s)
+            self._session.save_started(n, started.blocking_s, ok=not started.error)
 
     # ------------------------------------------------------------------ SIGTERM, close
 

@@ -265,15 +265,16 @@ class DaemonSession:
         )
         self._decide_at = 0.0
 
-    def save_started(self, step: int, blocking_s: float) -> None:
+    def save_started(self, step: int, blocking_s: float, *, ok: bool = True) -> None:
         """The save of ``step`` was started and blocked the loop ``blocking_s`` (the
         wait for the previous write included): the job's chief hears it at once, not
         only with the report, which comes after the write, often after the chief's
         next save, too late to count toward this one (a slow rank's write outlasts
         the interval)."""
         cost = protocol.SaveCost(
-            v=protocol.VERSION, job=self.job, rank=self.rank, step=step, blocking_s=blocking_s
-        )
+            v=protocol.VERSION, job=self.job, rank=self.rank, step=step, blocking_s=blocking_s,
+            ok=ok,
+        )  # fmt: skip
         self.authority.save_cost(cost)
 
     def forward(self, msg: protocol.ClientMessage, n: int, now: float) -> None:

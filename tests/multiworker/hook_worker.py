@@ -12,8 +12,8 @@ signals itself at that step; ``SOCKET``: the daemon's endpoint (default: none th
 ranks run free of each other except for an all-reduce at each step ``k`` with ``k %
 SYNC_EVERY == SYNC_AT``, each step taking at least ``STEP_S`` (its "compute");
 ``NO_STRATEGY=1``: independent processes of one job, no ``tf.distribute`` (TF_CONFIG
-only names the ranks); ``SLOW_SCRATCH`` with ``SLOW_RANK``: that rank's host-local
-copies go there (a slow disk).
+only names the ranks), each saving under ``$CKPT/rank<r>``; ``SLOW_SCRATCH`` with
+``SLOW_RANK``: that rank's host-local copies go there (a slow disk).
 """
 
 from __future__ import annotations
@@ -116,8 +116,11 @@ def main() -> int:
     socket = os.environ.get("SOCKET", f"ipc://{os.environ['CKPT']}-none.sock")
     if os.environ.get("SOCKETS"):
         socket = os.environ["SOCKETS"].split(",")[rank]
+    # independent processes each write their own checkpoints (with tf.distribute the
+    # workers other than the chief write to host-local scratch)
+    ckpt = f"{os.environ['CKPT']}/rank{rank}" if NO_STRATEGY else os.environ["CKPT"]
     hook = AdaptiveCheckpointer(
-        os.environ["CKPT"], job="mw", policy=policy, socket=socket,
+        ckpt, job="mw", policy=policy, socket=socket,
         decide_interval=0.01, daemon_timeout=float(os.environ.get("DAEMON_TIMEOUT", "0.5")),
         model=model, optimizer=opt,
     )  # fmt: skip
