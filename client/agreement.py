@@ -49,8 +49,8 @@ log = logging.getLogger("adaptd.client")
 TIMEOUT_S = 30.0
 #: How often the watcher wakes from a wait to notice close().
 SLICE_S = 0.5
-#: The chief reads the other ranks' mail at most this often (each read is one 1 ms
-#: get per rank, on the watcher thread).
+#: The chief reads the other ranks' mail at most this often, after a slice without a
+#: proposal (each read is one 1 ms get per rank, on the watcher thread).
 MAIL_S = 0.1
 
 

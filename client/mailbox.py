@@ -6,8 +6,8 @@ the daemon's :class:`~adaptd.protocol.Relay`) and what each save cost it
 (:class:`~adaptd.protocol.SaveCost`, so that δ is the slowest rank's). Each rank
 writes its own numbered keys, ``mail/<rank>/<i>`` (:meth:`Mailbox.post`: one put on
 the training thread, no contention: nobody else writes them); the chief's agreement
-watcher thread reads every other rank's next key between its waits for proposals
-(:meth:`Mailbox.collect`: one 1 ms get per rank) and deletes what it read. The
+watcher thread reads every other rank's next key after a quiet slice of its wait for
+a proposal (:meth:`Mailbox.collect`: one 1 ms get per rank) and deletes what it read. The
 training thread never waits for the mail.
 """
 

@@ -6,8 +6,8 @@ step when the answer is yes), writes the answer; as the proposer, collects every
 rank's answer and writes the decision; then waits for the decision, aborting the
 round itself after twice the timeout (first writer wins, so every rank reads one
 outcome), and hands it to its owner. Every wait is sliced, so :meth:`stop` is noticed
-within a slice. Between two waits for a proposal it runs ``between`` (the chief
-reads the other ranks' mail there: :mod:`adaptd.client.mailbox`).
+within a slice. After a slice in which no proposal came it runs ``between`` (the
+chief reads the other ranks' mail there: :mod:`adaptd.client.mailbox`).
 """
 
 from __future__ import annotations
@@ -76,11 +76,11 @@ class RoundWatcher:
         """The thread's body: one round after another until :meth:`stop`."""
         try:
             while not self._stop.is_set():
-                if self._between is not None:  # e.g. the chief reads its mail
-                    self._between()
                 k = self._owner.round
                 raw = self.store.get(self.keys.proposal(k), self._slice_s)
                 if raw is None:
+                    if self._between is not None:  # a quiet slice: e.g. the chief's mail
+                        self._between()
                     continue
                 self._round_of(k, raw)
         except CoordinationError as exc:
