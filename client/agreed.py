@@ -6,7 +6,13 @@ agree among themselves on TensorFlow's coordination service
 its embedded policy's while its daemon is away), any rank proposes an urgent save (its
 daemon's save-now, a health event), a rank that got SIGTERM proposes a save followed
 by a stop, and every change takes effect at the agreed step on every rank. Other
-ranks' own plans do not count: one authority per job.
+ranks' own plans do not count: one authority per job. What the job's other hosts'
+daemons need goes through the ranks: a rank other than the chief tells its daemon
+each plan the ranks committed (:class:`~adaptd.protocol.JobPlan`), and sends the
+chief in-band (:mod:`adaptd.client.mailbox`) the operator requests its daemon relays
+(:class:`~adaptd.protocol.Relay`) and what each of its saves cost; the chief hands
+them to its daemon (:class:`~adaptd.protocol.Request`,
+:class:`~adaptd.protocol.SaveCost`).
 
 Ranks without such a runtime (:class:`ViaDaemon`) agree through their daemon
 (:class:`~adaptd.client.daemon_rounds.DaemonRounds`): the daemon proposes, each rank
@@ -18,6 +24,8 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+
+import msgspec
 
 from adaptd import protocol
 from adaptd.client.agreement import Agreement
@@ -42,6 +50,22 @@ def decision_of(plan: protocol.Plan) -> Decision:
     )
 
 
+def job_plan(committed: protocol.Propose, rank: int) -> protocol.JobPlan:
+    """A committed plan round as the record a rank's daemon shows."""
+    return protocol.JobPlan(
+        v=protocol.VERSION,
+        job=committed.job,
+        rank=rank,
+        at_step=committed.at_step,
+        next_step=committed.next_step,
+        every_steps=committed.every_steps,
+        policy=committed.policy,
+        reason=committed.reason,
+        decided_by=committed.decided_by,
+        source=committed.source,
+    )
+
+
 class Coordinated:
     """A rank of a ``tf.distribute`` job: every change goes through ``agreement``.
 
@@ -61,6 +85,7 @@ class Coordinated:
         self.deciding = agreement.rank == 0
         self._plan_seq: int | None = None
         self._preempting = False
+        self._requests: list[protocol.Request] = []  # the chief's own daemon's Relays
 
     def start(self) -> None:
         self.agreement.start()
@@ -91,7 +116,53 @@ class Coordinated:
         return True
 
     def message(self, msg: protocol.DaemonMessage, step: int, now: float) -> None:
-        """Daemon rounds (Propose/Decide) are not for a rank that agrees in-band."""
+        """A :class:`~adaptd.protocol.Relay` (an operator's request typed on this host,
+        whose daemon does not decide the job) goes to the chief, as a
+        :class:`~adaptd.protocol.Request`. Daemon rounds (Propose/Decide) are not for
+        a rank that agrees in-band."""
+        if not isinstance(msg, protocol.Relay) or msg.job != self.agreement.job:
+            return
+        request = protocol.Request(
+            v=protocol.VERSION,
+            job=msg.job,
+            rank=self.agreement.rank,
+            op=msg.op,
+            spec=msg.spec,
+            reason=msg.reason,
+            origin=msg.origin,
+        )
+        log.info("operator request %s from host %s: to the job's chief", msg.op, msg.origin)
+        if self.deciding:
+            self._requests.append(request)
+        else:
+            self.agreement.mailbox.post(request)
+
+    def save_cost(self, cost: protocol.SaveCost) -> None:
+        """What a save cost this rank (see :meth:`DaemonSession.save_started
+        <adaptd.client.session.DaemonSession.save_started>`): to the chief, whose
+        daemon counts it (:meth:`outbox`), so δ is the slowest rank's."""
+        if not self.deciding:
+            self.agreement.mailbox.post(cost)
+
+    def outbox(self) -> list[protocol.ClientMessage]:
+        """What this rank's daemon should hear: the chief's daemon the other ranks'
+        requests (as the chief's own, ``origin`` saying where they were typed) and
+        save costs; another rank's daemon the newest plan the ranks committed."""
+        agreement = self.agreement
+        plans = agreement.take_plans()
+        if not self.deciding:
+            return [job_plan(plans[-1], agreement.rank)] if plans else []
+        out: list[protocol.ClientMessage] = []
+        for msg in agreement.mailbox.take():
+            if isinstance(msg, protocol.Request):
+                log.info("operator request %s from host %s (via rank %d): to this daemon",
+                         msg.op, msg.origin, msg.rank)  # fmt: skip
+                out.append(msgspec.structs.replace(msg, rank=agreement.rank))
+            else:
+                out.append(msg)  # type: ignore[arg-type]  # a SaveCost: it names its rank
+        out.extend(self._requests)
+        self._requests.clear()
+        return out
 
     def bound(self, due: int) -> int:
         return self.agreement.bound(due)
@@ -160,6 +231,12 @@ class ViaDaemon:
     def preempt(self, step: int) -> bool:
         return False
 
+    def save_cost(self, cost: protocol.SaveCost) -> None:
+        """The daemon hears every rank's report itself."""
+
+    def outbox(self) -> list[protocol.ClientMessage]:
+        return []
+
     def message(self, msg: protocol.DaemonMessage, step: int, now: float) -> None:
         if isinstance(msg, protocol.Propose):
             if msg.job == self.rounds.job:
@@ -179,4 +256,4 @@ class ViaDaemon:
         pass
 
 
-__all__ = ["Coordinated", "ViaDaemon", "decision_of"]
+__all__ = ["Coordinated", "ViaDaemon", "decision_of", "job_plan"]

@@ -30,6 +30,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 
 from adaptd import agreement as rules
@@ -37,6 +38,7 @@ from adaptd import protocol as p
 from adaptd.client.coordination import CoordinationError
 from adaptd.client.kv import Keys, Store, next_session
 from adaptd.client.ledger import Applied, Ledger, Round
+from adaptd.client.mailbox import Mailbox
 from adaptd.client.round_watcher import RoundWatcher
 from adaptd.client.schedule import NEVER, SaveSchedule
 from adaptd.snapshot import Decision, same_saves
@@ -47,6 +49,9 @@ log = logging.getLogger("adaptd.client")
 TIMEOUT_S = 30.0
 #: How often the watcher wakes from a wait to notice close().
 SLICE_S = 0.5
+#: The chief reads the other ranks' mail at most this often, after a slice without a
+#: proposal (each read is one 1 ms get per rank, on the watcher thread).
+MAIL_S = 0.1
 
 
 class Agreement:
@@ -124,6 +129,11 @@ class Agreement:
         #: Times the training thread waited at an undecided step, and for how long.
         self.stalls = 0
         self.stall_s = 0.0
+        #: The other ranks' messages to the chief (read by the chief's watcher).
+        self.mailbox = Mailbox(store, self.keys, rank=rank, world_size=world_size)
+        self._mail_at = 0.0
+        #: Plans committed since the training thread last took them (:meth:`take_plans`).
+        self._committed_plans: deque[p.Propose] = deque()
 
         self._watcher = RoundWatcher(
             self,
@@ -133,6 +143,7 @@ class Agreement:
             world_size=world_size,
             timeout_s=self._timeout_s,
             slice_s=self._slice_s,
+            between=self._read_mail if rank == 0 and world_size > 1 else None,
         )
         self._thread: threading.Thread | None = None
 
@@ -197,6 +208,14 @@ class Agreement:
         stop = self._apply(step, schedule)
         self._propose(step, step_time_s)
         return stop
+
+    def take_plans(self) -> list[p.Propose]:
+        """The plan rounds committed since the last call, oldest first (for this host's
+        daemon, which shows the job's plan)."""
+        out = []
+        while self._committed_plans:
+            out.append(self._committed_plans.popleft())
+        return out
 
     @property
     def round(self) -> int:
@@ -331,6 +350,8 @@ class Agreement:
             if commit:
                 assert proposal is not None
                 self._settle_wishes(proposal)
+                if proposal.action == "plan":
+                    self._committed_plans.append(proposal)
             if self._mine == k:
                 self._mine = None
                 if proposal is None or proposal.proposer != self.rank:
@@ -357,6 +378,13 @@ class Agreement:
                 proposal.proposer,
                 "" if commit or decision is None else f": {decision.reason}",
             )
+
+    def _read_mail(self) -> None:
+        """(The chief's watcher thread, between rounds.) Read the other ranks' mail."""
+        now = time.monotonic()
+        if now >= self._mail_at:
+            self._mail_at = now + MAIL_S
+            self.mailbox.collect()
 
     def _settle_wishes(self, committed: p.Propose) -> None:
         wish = self._wish_save

@@ -41,6 +41,10 @@ class Authority(Protocol):
 
     def message(self, msg: protocol.DaemonMessage, step: int, now: float) -> None: ...
 
+    def save_cost(self, cost: protocol.SaveCost) -> None: ...
+
+    def outbox(self) -> list[protocol.ClientMessage]: ...
+
     def bound(self, due: int) -> int: ...
 
     def boundary(self, step: int, step_time_s: float | None, now: float) -> bool: ...
@@ -77,6 +81,13 @@ class Solo:
 
     def message(self, msg: protocol.DaemonMessage, step: int, now: float) -> None:
         """A daemon message of the agreement (none reach a job of one rank)."""
+
+    def save_cost(self, cost: protocol.SaveCost) -> None:
+        """What a save cost this rank (its report goes to the daemon as it is)."""
+
+    def outbox(self) -> list[protocol.ClientMessage]:
+        """Messages for the daemon on the job's behalf: none for one rank."""
+        return []
 
     def bound(self, due: int) -> int:
         return due

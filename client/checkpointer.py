@@ -400,6 +400,9 @@ class AdaptiveCheckpointer:
         prev = self._saves.save(n, reason, self._schedule.interval_s(self._tracker.step_time_s))
         if prev is not None:
             self._session.saved(prev, perf_counter())
+        started = self._saves.pending
+        if started is not None and started.step == n:
+            self._session.save_started(n, started.blocking_s, ok=not started.error)
 
     # ------------------------------------------------------------------ SIGTERM, close
 

@@ -8,6 +8,8 @@ Keys of one checkpointer's session (``adaptd/<job>/<session>/``)::
                          a rank that waited too long)
     restore/offer/<rank> each rank's RestoreOffer
     restore/done/<rank>  each rank's Restored
+    mail/<rank>/<i>      a rank's i-th message to the chief (Request, SaveCost;
+                         :mod:`adaptd.client.mailbox`)
 
 Sessions are numbered per job in each process, so the ranks' N-th checkpointers meet
 (every rank of a data-parallel job creates its checkpointers in the same order).
@@ -70,6 +72,9 @@ class Keys:
 
     def restored(self, rank: int) -> str:
         return f"{self.prefix}/restore/done/{rank}"
+
+    def mail(self, rank: int, i: int) -> str:
+        return f"{self.prefix}/mail/{rank}/{i}"
 
 
 __all__ = ["Keys", "Store", "next_session"]

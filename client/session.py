@@ -27,7 +27,7 @@ from adaptd.client.costs import StepClock
 from adaptd.client.link import DaemonLink
 from adaptd.client.schedule import SaveSchedule
 from adaptd.estimators import JobTracker
-from adaptd.policy import Policy
+from adaptd.policy import Policy, PolicyError, parse
 from adaptd.snapshot import Snapshot
 
 log = logging.getLogger("adaptd.client")
@@ -102,6 +102,9 @@ class DaemonSession:
         self._report_at = self._decide_at = self._hello_at = self._deadline_at = 0.0
         self._tracker: JobTracker | None = None
         self._clock: StepClock | None = None
+        #: The newest plan the job's ranks agreed on, as told to this daemon (told
+        #: again when the daemon welcomes us: it may have restarted).
+        self.job_plan: protocol.JobPlan | None = None
 
     @property
     def endpoint(self) -> str:
@@ -197,6 +200,8 @@ class DaemonSession:
         link = self.link
         for msg in link.receive(now):
             self.on_message(msg, n, now)
+        for out in self.authority.outbox():
+            self.forward(out, n, now)
         if self.daemon_mode and not link.alive(now):
             self._lost(now, f"no message for {link.timeout_s:g}s")
         elif not link.welcomed:
@@ -244,9 +249,75 @@ class DaemonSession:
         )
 
     def saved(self, report: protocol.SaveReport, now: float) -> None:
-        """A save's report: to the daemon; the embedded policy re-decides after it."""
+        """A save's report: to the daemon (and its cost to the job's chief); the
+        embedded policy re-decides after it."""
         self.link.send(report, now)
+        self.authority.save_cost(
+            protocol.SaveCost(
+                v=protocol.VERSION,
+                job=report.job,
+                rank=report.rank,
+                step=report.step,
+                blocking_s=report.blocking_s,
+                extra_step_s=report.extra_step_s,
+                ok=report.ok,
+            )
+        )
         self._decide_at = 0.0
+
+    def save_started(self, step: int, blocking_s: float, *, ok: bool = True) -> None:
+        """The save of ``step`` was started and blocked the loop ``blocking_s`` (the
+        wait for the previous write included): the job's chief hears it at once, not
+        only with the report, which comes after the write, often after the chief's
+        next save, too late to count toward this one (a slow rank's write outlasts
+        the interval)."""
+        cost = protocol.SaveCost(
+            v=protocol.VERSION, job=self.job, rank=self.rank, step=step, blocking_s=blocking_s,
+            ok=ok,
+        )  # fmt: skip
+        self.authority.save_cost(cost)
+
+    def forward(self, msg: protocol.ClientMessage, n: int, now: float) -> None:
+        """A message the authority has for this daemon on the job's behalf (see
+        :meth:`~adaptd.client.agreed.Coordinated.outbox`). A request relayed from
+        another host while this daemon is away is done by the embedded policy where
+        it can be (:meth:`embedded_request`)."""
+        if isinstance(msg, protocol.JobPlan):
+            self.job_plan = msg
+        elif isinstance(msg, protocol.Request) and not self.daemon_mode:
+            self.embedded_request(msg, n)
+            return
+        self.link.send(msg, now)
+
+    def embedded_request(self, msg: protocol.Request, n: int) -> None:
+        """An operator's request from host ``msg.origin`` while this daemon is away:
+        save-now is one agreed save; set-policy replaces the embedded policy (the
+        daemon, once back, plans by its own settings); pause and resume hold a
+        daemon's plans and are not done (logged, with what to do)."""
+        why = ""
+        if msg.op == "save_now":
+            self.authority.save_now(msg.reason or "save-now", None, n)
+        elif msg.op == "set_policy" and self.local_only:
+            why = "the job's policy is an object given to the hook, not a spec"
+        elif msg.op == "set_policy":
+            try:
+                self.policy = parse(msg.spec)
+            except PolicyError as exc:
+                why = f"policy spec {msg.spec!r}: {exc}"
+            else:
+                self.policy_label = msg.spec
+                self._decide_at = 0.0
+        else:
+            why = (
+                "the embedded policy has no daemon plans to hold; type it again once the "
+                "daemon is back"
+            )
+        if why:
+            log.warning("operator request %s from host %s not done (no daemon at %s): %s",
+                        msg.op, msg.origin, self.endpoint, why)  # fmt: skip
+        else:
+            log.info("operator request %s from host %s done by the embedded policy "
+                     "(no daemon at %s)", msg.op, msg.origin, self.endpoint)  # fmt: skip
 
     def goodbye(self, n: int, reason: str, now: float) -> None:
         self.link.send(
@@ -258,6 +329,8 @@ class DaemonSession:
 
     def on_message(self, msg: protocol.DaemonMessage, n: int, now: float) -> None:
         if isinstance(msg, protocol.Welcome):
+            if self.job_plan is not None:  # a restarted daemon knows no plan of the job
+                self.link.send(self.job_plan, now)
             if not self.daemon_mode:
                 self.daemon_mode = True
                 if self._fell_back:

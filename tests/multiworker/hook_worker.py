@@ -5,17 +5,27 @@
 Environment: ``CKPT`` (the shared checkpoint directory), ``STEPS``, ``SEED``;
 ``PLAN_CHANGES=1``: the embedded policy changes its plan at random every
 ``decide_interval``; ``SIGTERM_AT``/``SIGKILL_AT`` with ``SIGNAL_RANK``: that rank
-signals itself at that step; ``SOCKET``: the daemon's endpoint (default: none there).
+signals itself at that step; ``SOCKET``: the daemon's endpoint (default: none there),
+``SOCKETS``: one endpoint per rank, comma-separated (each rank on its own "host");
+``DAEMON_TIMEOUT``: the hook's (default 0.5 s); ``WIDTH``: the hidden layer's width
+(the state's size); ``FREE=1``: steps without a collective (no weight update), so the
+ranks run free of each other except for an all-reduce at each step ``k`` with ``k %
+SYNC_EVERY == SYNC_AT``, each step taking at least ``STEP_S`` (its "compute");
+``NO_STRATEGY=1``: independent processes of one job, no ``tf.distribute`` (TF_CONFIG
+only names the ranks), each saving under ``$CKPT/rank<r>``; ``SLOW_SCRATCH`` with
+``SLOW_RANK``: that rank's host-local copies go there (a slow disk).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import random
 import signal
 import sys
+import time
 from typing import Any
 
 import tensorflow as tf
@@ -25,6 +35,12 @@ from adaptd.snapshot import Decision
 
 STEPS = int(os.environ.get("STEPS", "300"))
 SEED = int(os.environ.get("SEED", "12"))
+WIDTH = int(os.environ.get("WIDTH", "16"))
+FREE = bool(os.environ.get("FREE"))
+SYNC_EVERY = int(os.environ.get("SYNC_EVERY", "0"))
+SYNC_AT = int(os.environ.get("SYNC_AT", "0"))
+STEP_S = float(os.environ.get("STEP_S", "0"))
+NO_STRATEGY = bool(os.environ.get("NO_STRATEGY"))
 
 
 class RandomPlans:
@@ -51,12 +67,16 @@ def main() -> int:
             level=os.environ["ADAPTD_TEST_LOG"],
             format="%(relativeCreated)d %(threadName)s %(message)s",
         )
-    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    # NO_STRATEGY=1: independent processes of one job (rank and world size from
+    # TF_CONFIG, no coordination service): the daemon's rounds agree for them
+    strategy = None if NO_STRATEGY else tf.distribute.MultiWorkerMirroredStrategy()
     rank, _ = ranks.resolve()
-    with strategy.scope():
+    if os.environ.get("SLOW_SCRATCH") and rank == int(os.environ.get("SLOW_RANK", "1")):
+        os.environ["ADAPTD_SCRATCH"] = os.environ["SLOW_SCRATCH"]
+    with strategy.scope() if strategy is not None else contextlib.nullcontext():
         tf.keras.utils.set_random_seed(SEED)
         model = tf.keras.Sequential(
-            [tf.keras.Input((8,)), tf.keras.layers.Dense(16, "relu"), tf.keras.layers.Dense(1)]
+            [tf.keras.Input((8,)), tf.keras.layers.Dense(WIDTH, "relu"), tf.keras.layers.Dense(1)]
         )
         opt = tf.keras.optimizers.Adam(0.01)
         opt.build(model.trainable_variables)
@@ -69,12 +89,23 @@ def main() -> int:
             y = tf.reduce_sum(x, axis=1, keepdims=True)
             with tf.GradientTape() as tape:
                 loss = tf.reduce_mean((model(x) - y) ** 2)
+            if FREE:  # updating mirrored variables is a collective
+                return loss
             grads = tape.gradient(loss, model.trainable_variables)
-            grads = tf.distribute.get_replica_context().all_reduce("sum", grads)
+            if strategy is not None:
+                grads = tf.distribute.get_replica_context().all_reduce("sum", grads)
             opt.apply_gradients(zip(grads, model.trainable_variables, strict=True))
             return loss
 
-        return strategy.run(replica)
+        return replica() if strategy is None else strategy.run(replica)
+
+    def one() -> Any:
+        return tf.distribute.get_replica_context().all_reduce("sum", tf.constant(1.0))
+
+    @tf.function
+    def sync() -> Any:
+        assert strategy is not None
+        return strategy.run(one)
 
     policy: Any = (
         RandomPlans(SEED)
@@ -82,18 +113,29 @@ def main() -> int:
         else (os.environ.get("POLICY", "fixed:steps=40") or None)
     )
     results: dict[str, Any] = {"rank": rank}
+    socket = os.environ.get("SOCKET", f"ipc://{os.environ['CKPT']}-none.sock")
+    if os.environ.get("SOCKETS"):
+        socket = os.environ["SOCKETS"].split(",")[rank]
+    # independent processes each write their own checkpoints (with tf.distribute the
+    # workers other than the chief write to host-local scratch)
+    ckpt = f"{os.environ['CKPT']}/rank{rank}" if NO_STRATEGY else os.environ["CKPT"]
     hook = AdaptiveCheckpointer(
-        os.environ["CKPT"], job="mw", policy=policy, socket=os.environ.get("SOCKET", f"ipc://{os.environ['CKPT']}-none.sock"),
-        decide_interval=0.01, daemon_timeout=0.5, model=model, optimizer=opt,
+        ckpt, job="mw", policy=policy, socket=socket,
+        decide_interval=0.01, daemon_timeout=float(os.environ.get("DAEMON_TIMEOUT", "0.5")),
+        model=model, optimizer=opt,
     )  # fmt: skip
 
     def write(code: int | None = None) -> None:
         a = hook._authority
-        agreement = getattr(a, "agreement", None)
+        # the in-band agreement's ranks, or the daemon's rounds (NO_STRATEGY)
+        agreement = getattr(a, "agreement", None) or getattr(a, "rounds", None)
         weights = b"".join(v.numpy().tobytes() for v in model.weights)
         results.update(
             steps=hook.step_count,
             saved=[r.step for r in hook.history if r.ok],
+            reasons=[r.reason for r in hook.history if r.ok],
+            costs=[r.blocking_s + r.extra_step_s for r in hook.history if r.ok],
+            blocking=[r.blocking_s for r in hook.history if r.ok],
             paths=[r.path for r in hook.history],
             failed=hook.failed_saves,
             kind=a.kind,
@@ -103,7 +145,7 @@ def main() -> int:
             applied=[[x.round, x.action, x.at_step, x.step] for x in agreement.applied]
             if agreement
             else [],
-            broken=agreement.broken if agreement else "",
+            broken=getattr(agreement, "broken", ""),
             weights=hashlib.sha256(weights).hexdigest(),
             exit=code,
         )
@@ -121,7 +163,12 @@ def main() -> int:
     term_at = int(os.environ.get("SIGTERM_AT", "0"))
     kill_at = int(os.environ.get("SIGKILL_AT", "0"))
     for step in range(start, STEPS):
+        began = time.monotonic()
         train_step(tf.constant(step, tf.int64))
+        if strategy is not None and SYNC_EVERY and (step + 1) % SYNC_EVERY == SYNC_AT:
+            sync()
+        if STEP_S:  # the step's "compute"
+            time.sleep(max(0.0, STEP_S - (time.monotonic() - began)))
         hook.step()
         if rank == sig_rank and step + 1 == term_at:
             os.kill(os.getpid(), signal.SIGTERM)
