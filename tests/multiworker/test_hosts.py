@@ -116,6 +116,10 @@ def test_with_the_chiefs_daemon_down_its_embedded_policy_takes_relayed_requests(
     assert not on_b.decided_here and on_b.plan is not None and on_b.plan.policy == "fixed"
 
 
+#: Above any save cost of the chief's own (about 2 ms), below the slow rank's (0.1-0.3 s).
+SLOW_DELTA_S = 0.03
+
+
 def test_the_chiefs_daemon_takes_delta_from_the_slow_worker(short_dir: Path) -> None:
     """The non-chief's host-local copies go through a 1 MiB/s mount: each of its writes
     outlasts the interval, so each save waits for the previous write and costs it about
@@ -154,8 +158,18 @@ def test_the_chiefs_daemon_takes_delta_from_the_slow_worker(short_dir: Path) -> 
             hosts(short_dir, "fixed:steps=40"),
             Cluster(short_dir / "run", WORKERS, HERE / "hook_worker.py", env=env) as cluster,
         ):
+            # the first saves of the slow rank are cheap (nothing in flight yet), and the
+            # daemon's δ is a level over saves: wait for it to reach the slow rank's tens
+            # of milliseconds, which the chief's own (about 2 ms) never does
             info = wait_for(
-                "six saves on a", lambda: (j := job_info(a)) and j.saves >= 6 and j, cluster
+                "six saves on a, and a δ of the slow rank's size",
+                lambda: (
+                    (j := job_info(a))
+                    and j.saves >= 6
+                    and (j.save_cost_s or 0) > SLOW_DELTA_S
+                    and j
+                ),
+                cluster,
             )
             r0, r1 = stop_job(cluster)
     except slowfs.SlowFSError as exc:
