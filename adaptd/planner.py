@@ -133,9 +133,36 @@ class Planner:
     def decide(self, job: Job, now: float) -> bool:
         """Run the job's policy; push a plan (or SaveNow) when it changed. Returns whether
         anything was pushed. A job whose plan another host's daemon decides
-        (:attr:`Job.decides`) is not decided here."""
-        if job.policy is None or job.state != "active" or not job.decides:
+        (:attr:`Job.decides`) gets no plan from here, but an urgent decision on this
+        host's view (an XID or a degraded GPU of its local ranks, this host draining)
+        still asks its local ranks to save now: under the ranks' own agreement that
+        rank proposes one urgent save for the whole job (docs/multiworker.md)."""
+        if job.policy is None or job.state != "active":
             return False
+        decided = self._decision(job, now)
+        if decided is None:
+            return False
+        decision, step = decided
+        if not job.decides:
+            return self._urgent_here(job, decision, now)
+        return self._apply(job, decision, step, now)
+
+    def _urgent_here(self, job: Job, decision: Decision, now: float) -> bool:
+        """For a job decided on another host: only this host's urgent decisions count."""
+        if not decision.urgent:
+            job.urgent_sent = False
+            return False
+        if job.urgent_sent:
+            return False
+        job.urgent_sent = True
+        hosts = sorted({r.hostname for r in job.live_ranks() if r.hostname}) or ["this host"]
+        self.save_now(job, f"{decision.reason or 'urgent'} (on {', '.join(hosts)})", now)
+        return True
+
+    def _decision(self, job: Job, now: float) -> tuple[Decision, int] | None:
+        """The job's policy on the newest snapshot and the step it saw, or None when it
+        failed (counted and logged, throttled)."""
+        assert job.policy is not None
         counters = self.stats.counters
         try:
             snapshot = self.snapshot_source()
@@ -159,7 +186,7 @@ class Planner:
             counters["policy_errors"] += 1
             if self._throttle(f"policy:{job.policy_spec}"):
                 log.exception(logfmt("policy_failed", job=job.id, policy=job.policy_spec))
-            return False
+            return None
         if not isinstance(decision, Decision):
             counters["policy_errors"] += 1
             if self._throttle(f"policy-type:{job.policy_spec}"):
@@ -171,7 +198,7 @@ class Planner:
                         error=f"returned {type(decision).__name__}, not a Decision",
                     )
                 )
-            return False
+            return None
         if paused and not decision.urgent:
             decision = Decision(
                 next_step=None,
@@ -180,7 +207,11 @@ class Planner:
                 interval_s=decision.interval_s,
                 waste=decision.waste,
             )
-        decision = ahead_of_the_job(decision, job.plan, state.step, state.step_time_s)
+        return ahead_of_the_job(decision, job.plan, state.step, state.step_time_s), state.step
+
+    def _apply(self, job: Job, decision: Decision, step: int, now: float) -> bool:
+        """Push ``decision`` to the job (SaveNow if urgent, else a changed plan); ``step``
+        is the job's step the policy saw."""
         job.latest = decision
         if decision.urgent:
             if job.urgent_sent:
@@ -189,11 +220,9 @@ class Planner:
             self.save_now(job, decision.reason or "urgent", now)
             return True
         job.urgent_sent = False
-        if job.plan is not None and same_saves(
-            job.plan, decision, state.step, self.replan_tolerance
-        ):
+        if job.plan is not None and same_saves(job.plan, decision, step, self.replan_tolerance):
             return False
-        self._push(job, decision, state.step, now)
+        self._push(job, decision, step, now)
         return True
 
     def replan(self, job: Job, now: float) -> int:

@@ -11,9 +11,10 @@ the chief's Request). δ of a job is its slowest rank's; a job failure counts on
 from __future__ import annotations
 
 import contextlib
+import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -28,13 +29,16 @@ from adaptd.commands.status import render
 from adaptd.estimators import FailureRate, JobTracker
 from adaptd.registry import Registry
 from adaptd.server import Daemon
+from adaptd.snapshot import GpuSample, Snapshot
 from adaptd.transport import Transport
 
 V = p.VERSION
 
 
 @contextlib.contextmanager
-def host(sock: Path, name: str) -> Iterator[tuple[Daemon, EventLog, FailureRate]]:
+def host(
+    sock: Path, name: str, snapshot_source: Callable[[], Snapshot] | None = None
+) -> Iterator[tuple[Daemon, EventLog, FailureRate]]:
     """A daemon on host ``name`` whose jobs share one failure rate, as ``adaptd serve``'s do."""
     sink = EventLog()
     events = ev.EventBus([sink])
@@ -45,8 +49,11 @@ def host(sock: Path, name: str) -> Iterator[tuple[Daemon, EventLog, FailureRate]
                           failure_rate=rate)  # fmt: skip
 
     registry = Registry(emit=events, hostname=name, tracker_factory=tracker)
+    extra = {} if snapshot_source is None else {"snapshot_source": snapshot_source}
     d = Daemon(
-        parts=build_parts(Transport(sock), events=events, registry=registry, default_spec=PINNED)
+        parts=build_parts(
+            Transport(sock), events=events, registry=registry, default_spec=PINNED, **extra
+        )
     ).start()
     try:
         yield d, sink, rate
@@ -228,3 +235,49 @@ def test_three_ranks_lost_together_are_one_failure_of_the_job(sock_dir: Path) ->
             for proc in procs:
                 proc.kill()
                 proc.wait()
+
+
+def test_an_xid_on_a_non_deciding_host_makes_its_rank_ask_for_one_urgent_save(
+    sock_dir: Path,
+) -> None:
+    """The health triggers run where the GPUs are: host B sees an XID on the GPU of its
+    rank 1 and asks that rank to save now (the rank proposes one urgent save to the whole
+    job, in-band); B pushes no plan of its own, and asks once per event, not per report."""
+    (sock_dir / "a").mkdir()
+    (sock_dir / "b").mkdir()
+    sick = {"xid": (79,)}
+
+    def snapshot_b() -> Snapshot:
+        gpu = GpuSample(index=0, uuid="GPU-b0", xid_events=sick["xid"], pids=(os.getpid(),))
+        return Snapshot(time=0.0, gpus=(gpu,))
+
+    risky = "daly+risk"
+    with (
+        host(sock_dir / "a" / "d.sock", "host-a") as (a, _, _),
+        host(sock_dir / "b" / "d.sock", "host-b", snapshot_source=snapshot_b) as (b, _, _),
+    ):
+        ctx = zmq.Context.instance()
+        chief, worker = Peer(ctx, a.endpoint), Peer(ctx, b.endpoint)
+        try:
+            me = os.getpid()  # rank 1's process: alive, and on B's GPU 0
+            for peer, rank, name in ((chief, 0, "host-a"), (worker, 1, "host-b")):
+                peer.send(p.Hello(v=V, job="mw", rank=rank, world_size=2, pid=me,
+                                  hostname=name, agreement="coordination",
+                                  policy=risky))  # fmt: skip
+                peer.expect(p.Welcome)
+            assert chief.expect(p.Plan) is not None  # A decides; its health view is clean
+            worker.steps("mw", 40, rank=1)
+            urgent = worker.expect(p.SaveNow)
+            assert "XID 79" in urgent.reason and "host-b" in urgent.reason
+            worker.steps("mw", 50, rank=1)
+            assert worker.silent_for(0.3)  # the same event is not asked for again
+            sick["xid"] = ()
+            worker.steps("mw", 60, rank=1)
+            assert worker.silent_for(0.3)  # healthy again: no plan from B either
+            sick["xid"] = (48,)
+            worker.steps("mw", 70, rank=1)
+            assert "XID 48" in worker.expect(p.SaveNow).reason  # a new event: asked again
+            assert job_info(b).plan is None and not job_info(b).decided_here
+        finally:
+            chief.close()
+            worker.close()
