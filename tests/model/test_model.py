@@ -281,3 +281,82 @@ def test_ages_equal_to_four_digits_share_one_interval_and_others_do_not() -> Non
     assert model.weibull_interval(12310.0, delta, m, k) != model.weibull_interval(
         12340.0, delta, m, k
     )
+
+
+def _survival_quad(age: float, window: float, lam: float, k: float) -> float:
+    """∫₀^w S(a+x)/S(a) dx by adaptive quadrature, split where the hazard at the age
+    says the integrand has fallen by e, e^10 and e^100 (so no decay is stepped over)."""
+    from scipy.integrate import quad
+
+    ha = (age / lam) ** k
+    hazard = k / lam * (age / lam) ** (k - 1) if age > 0 else 1 / lam
+    points = [c / hazard for c in (1, 10, 100) if c / hazard < window]
+    integral, _ = quad(
+        lambda x: math.exp(ha - ((age + x) / lam) ** k),
+        0,
+        window,
+        epsabs=0,
+        epsrel=1e-13,
+        limit=500,
+        points=points or None,
+    )
+    return integral
+
+
+@pytest.mark.parametrize("k", [0.7, 2.0, 20.0])
+@pytest.mark.parametrize("hazard", [650.0, 705.0, 800.0, 3000.0])
+def test_the_cost_ratio_holds_past_a_cumulative_hazard_of_700(k, hazard) -> None:
+    """Where e^H(a) no longer fits a float (a wearing-out job, shape 2, 26.5 scales old)
+    the integral must not collapse to 0: it is the mean time to the next failure."""
+    m = 43945.0
+    lam = model.weibull_scale(m, k)
+    age = lam * hazard ** (1 / k)
+    rate = k / lam * hazard ** ((k - 1) / k)  # the hazard at that age, per second
+    for tau in (0.5 / rate, 5 / rate):
+        window = tau + 0.01 / rate
+        p = math.exp(hazard - ((age + window) / lam) ** k)
+        expected = _survival_quad(age, window, lam, k) / (p * tau)
+        got = model.weibull_cost_ratio(tau, age, 0.01 / rate, m, k)
+        assert got == pytest.approx(expected, rel=1e-8)
+
+
+def test_a_wearing_out_job_saves_more_often_the_older_it_gets() -> None:
+    """Shape 2: the hazard grows with age, so the interval shrinks steadily; it must not
+    jump to the search's upper bound once the cumulative hazard passes 700 (26.5 scales)."""
+    delta, m = 22.0, 43945.0
+    lam = model.weibull_scale(m, 2.0)
+    taus = [model.weibull_interval(f * lam, delta, m, 2.0) for f in (5, 20, 26, 26.6, 27, 30, 40)]
+    assert taus == sorted(taus, reverse=True)
+    assert taus[-1] < model.daly_interval(delta, m)
+
+
+def test_the_survival_integral_keeps_its_precision_right_after_a_failure() -> None:
+    """At age 0 a short window's integral is the difference of two lower incomplete
+    gammas near 0; taken from the upper ones (both near 1) it would keep ~7 digits."""
+    for k in (0.7, 2.0, 3.0):
+        lam = model.weibull_scale(40000.0, k)
+        for window in (1e-3, 1e-2, 1.0, 10.0):
+            expected = _survival_quad(0.0, window, lam, k)
+            assert model._survival_integral(0.0, window, lam, k) == pytest.approx(
+                expected, rel=1e-12
+            )
+
+
+@pytest.mark.parametrize(
+    ("age", "delta", "m", "restart"),
+    [(0.0, 2.0, 500.0, None), (0.0, 30.0, 20000.0, None), (60.0, 22.0, 43950.0, 300.0)],
+)
+def test_the_weibull_interval_minimises_the_cost_ratio(age, delta, m, restart) -> None:
+    """Against an independent, tighter search; no restart given means a free restart."""
+    from scipy.optimize import minimize_scalar
+
+    r = 0.0 if restart is None else restart
+    res = minimize_scalar(
+        lambda lt: model.weibull_cost_ratio(math.exp(lt), age, delta, m, 0.7, r),
+        bounds=(math.log(1e-3), math.log(20 * m)),
+        method="bounded",
+        options={"xatol": 1e-9},
+    )
+    kwargs = {} if restart is None else {"restart_s": restart}
+    got = model.weibull_interval(age, delta, m, 0.7, **kwargs)
+    assert got == pytest.approx(math.exp(res.x), rel=1e-3)
