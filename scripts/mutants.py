@@ -65,7 +65,12 @@ AREAS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "policies": (("adaptd/policies/*",), ("tests/policies", "tests/test_policy_core.py")),
     "protocol": (
         ("adaptd/protocol.py",),
-        ("tests/test_protocol.py", "tests/faults/test_validation_fuzz.py"),
+        # test_agreement: the rank records' JSON (encode_json, decode_rank)
+        (
+            "tests/test_protocol.py",
+            "tests/faults/test_validation_fuzz.py",
+            "tests/test_agreement.py",
+        ),
     ),
     "agreement": (("adaptd/agreement.py",), ("tests/test_agreement.py",)),
 }
