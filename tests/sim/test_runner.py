@@ -117,3 +117,13 @@ def test_the_progress_bar_is_silent_off_a_terminal() -> None:
     bar(1, 1)
     assert out.getvalue() == "" and not bar.enabled
     assert ProgressBar().stream is sys.stderr
+
+
+def test_a_worker_runs_what_this_process_would() -> None:
+    """``_run_one`` is what each worker process of ``compare`` runs (in a child, out of
+    the test's sight): it must resolve the spec as the parent does, fleet included."""
+    from adaptd.sim.runner import _run_one
+
+    s = scenario(job__steps=5_000)
+    assert _run_one(s, "oracle", 3) == sim.run(s, resolve("oracle", s), 3)
+    assert _run_one(s, "fixed:steps=300", 1) == sim.run(s, resolve("fixed:steps=300", s), 1)
