@@ -95,6 +95,11 @@ def test_the_window_keeps_the_newest_five() -> None:
         (5.1, 5.1, 10.0),
         (4.9, 4.9, 4.9),
         (21.0, 4.9, 10.0),  # beyond on opposite sides: no jump
+        # exactly at the factor is not beyond it
+        (21.0, 20.0, 10.0),
+        (20.0, 21.0, 10.0),
+        (4.9, 5.0, 10.0),
+        (5.0, 4.9, 10.0),
     ],
 )
 def test_a_level_jumps_only_when_two_in_a_row_sit_beyond_the_factor_on_one_side(
@@ -136,6 +141,17 @@ def test_the_weighted_median_splits_the_weight_in_half(obs, median) -> None:
     for v, w in obs:
         est.add(v, w)
     assert est.value == pytest.approx(median)
+
+
+def test_an_observation_without_a_weight_weighs_one() -> None:
+    est = LevelEstimate(jump=100.0)
+    est.add(1.0)
+    est.add(5.0, 1.0)
+    est.add(9.0, 1.0)
+    assert est.value == 5.0
+    est.load([1, 2, 3])  # loaded values too: the plain median once a fourth comes
+    est.add(4.0)
+    assert est.value == 2.5
 
 
 def test_equal_weights_give_the_plain_median() -> None:
@@ -199,6 +215,8 @@ def test_a_level_loads_the_newest_of_what_the_store_kept() -> None:
         ((1, 4.0), {"max_s": 4.0, "warmup": True}, None),
         # a slowest step longer than the whole batch (clock skew) leaves a rest of 0 s
         ((2, 1.0), {"max_s": 5.0}, (1, 0.0)),
+        # sub-second steps: 0.55 s against (1 − 0.55) / 9 = 0.05 s, left out
+        ((10, 0.1), {"max_s": 0.55}, (9, 0.05)),
     ],
 )
 def test_what_a_step_batch_shows_of_the_pace(args, kwargs, part) -> None:
@@ -216,7 +234,7 @@ def test_step_time_counts_what_it_leaves_out() -> None:
     st.add(10, 0.3, max_s=2.1)  # 2.1 s against 0.1 s: left out
     assert st.value == pytest.approx(0.1) and st.ignored_steps == 2
     st.add(0, 0.1)
-    st.add(5, 0.0)  # zero-time steps teach nothing
+    st.add(50, 0.0)  # zero-time steps teach nothing, however many
     assert st.value == pytest.approx(0.1) and st.ignored_steps == 2
     st.add(10, 0.2, warmup=True)
     assert st.ignored_steps == 12
@@ -275,7 +293,8 @@ def test_a_failure_rate_refuses_impossible_figures(kwargs, message) -> None:
 def test_the_posterior_is_gamma_of_failures_and_gpu_seconds() -> None:
     fr = FailureRate(prior_gpu_mtbf_s=1000.0, prior_failures=2.0)
     assert (fr.alpha, fr.beta, fr.gpu_mtbf_s) == (2.0, 2000.0, 1000.0)
-    fr.observe(4000.0)
+    fr.observe(3999.5)
+    fr.observe(0.5)
     fr.observe(0.0)
     fr.observe(-50.0)  # no exposure to take back here
     fr.failure()
@@ -286,6 +305,11 @@ def test_the_posterior_is_gamma_of_failures_and_gpu_seconds() -> None:
     assert fr.gpu_mtbf_s == 1000.0
     with pytest.raises(ValueError, match=r"^failure count must be >= 0, got -1$"):
         fr.failure(-1)
+
+
+def test_any_positive_prior_is_accepted() -> None:
+    assert FailureRate(prior_gpu_mtbf_s=0.5, prior_failures=0.01).gpu_mtbf_s == 0.5
+    assert JobTracker("j", gpu_mtbf_s=0.5).mtbf_s == 0.5
 
 
 def test_the_default_prior_is_one_pseudo_failure_at_llama3s_rate() -> None:
@@ -338,6 +362,7 @@ def test_a_failure_rate_round_trips_every_field_and_refuses_foreign_records() ->
         (0.0, 0.6, 10.0, 0.0),  # an idle GPU loses nothing (and is no division by 0)
         (-0.1, 0.6, 10.0, 0.0),
         (0.6, 0.8, 10.0, 0.0),  # busier during the write
+        (0.8, 0.6, 0.5, 0.125),  # a write of half a second
     ],
 )
 def test_extra_time_is_the_utilisation_a_write_took(before, during, in_flight, extra) -> None:
@@ -388,6 +413,38 @@ def test_step_reports_move_the_clock_and_step_forward_only() -> None:
     assert t.time_since_failure_s(now=0.0) == 0.0
     t.on_steps(13.0, 121, 1, 5.0, max_s=5.0, warmup=True)  # a warm-up batch teaches nothing
     assert t.step_time_s == pytest.approx(0.1)
+    # the slowest call covered 2 steps: 8 s for 2 against 1.5 s for the rest is not 3x
+    u = JobTracker("u")
+    u.on_steps(1.0, 10, 10, 2.0, max_s=8.0, max_steps=2)
+    assert u.step_time_s == 2.0
+
+
+def test_state_takes_the_fields_the_tracker_does_not_own() -> None:
+    s = JobTracker("j").state(urgent="operator", storage_target="nfs")
+    assert (s.urgent, s.storage_target, s.job) == ("operator", "nfs", "j")
+
+
+def test_a_restart_takes_back_only_what_this_tracker_counted() -> None:
+    """The host's posterior is shared: a job's restart must not eat another job's
+    exposure, whether it comes before any report, after a failure or after a resume."""
+    shared = FailureRate(gpu_seconds=1000.0)
+    fresh = JobTracker("a", failure_rate=shared)
+    fresh.on_restart(60.0)
+    assert shared.gpu_seconds == 1000.0
+    failed = JobTracker("b", failure_rate=shared)
+    failed.on_steps(0.0, 1, 1, 1.0)
+    failed.on_steps(30.0, 2, 1, 1.0)
+    failed.on_failure(40.0)
+    assert shared.gpu_seconds == 1040.0
+    failed.on_restart(60.0)
+    assert shared.gpu_seconds == 1040.0
+    resumed = JobTracker("c", failure_rate=shared)
+    resumed.on_resume(100.0, 0)
+    resumed.on_restart(60.0)
+    assert shared.gpu_seconds == 1040.0
+    resumed.on_steps(130.0, 5, 5, 1.0)
+    resumed.on_restart(0.5)  # half a second down: half a GPU-second back
+    assert shared.gpu_seconds == 1069.5
 
 
 def test_watched_exposure_is_the_time_between_reports_times_the_gpus() -> None:
@@ -432,7 +489,7 @@ def test_a_failure_stops_the_save_in_flight_and_dates_the_age() -> None:
     t.on_save_requested(11.0, 100)
     assert t.state().save_in_flight
     t.on_failure(20.0)
-    assert not t.state().save_in_flight
+    assert t.state().save_in_flight is False
     assert t.last_failure_time == 20.0
     assert t.time_since_failure_s(now=50.0) == 30.0
 
@@ -465,8 +522,9 @@ def test_save_reports_teach_cost_and_latency_only_when_they_succeed() -> None:
     s = t.state()
     assert (s.saves, s.save_cost_s, s.save_latency_s, s.last_durable_step) == (1, 1.25, 1.0, 100)
     assert (s.save_in_flight, s.time, s.last_save_time) == (False, 2.0, 1.0)
+    t.on_save_report(2.5, 100, blocking_s=9.0, durable_s=9.0, ok=False)
     t.on_save_report(3.0, 200, blocking_s=9.0, durable_s=9.0, ok=False)
-    assert (t.failed_saves, t.saves, t.save_cost_s, t.last_durable_step) == (1, 1, 1.25, 100)
+    assert (t.failed_saves, t.saves, t.save_cost_s, t.last_durable_step) == (2, 1, 1.25, 100)
     assert (t.last_save_step, t.last_save_time) == (200, 3.0)  # a report of a newer step
     t.on_save_report(4.0, 150, blocking_s=1.0, durable_s=3.0, gpu_sag_s=0.75)
     assert (t.last_save_step, t.last_save_time, t.last_durable_step) == (200, 3.0, 150)
@@ -475,6 +533,12 @@ def test_save_reports_teach_cost_and_latency_only_when_they_succeed() -> None:
     assert t.learned()["save_costs_s"] == [1.25, 1.75, 1.5]
     assert t.last_durable_step == 150  # an older save does not move it back
     assert t.learned()["save_latencies_s"] == [1.0, 3.0, 3.0]
+
+
+def test_a_save_of_step_0_is_durable_at_step_0() -> None:
+    t = JobTracker("j")
+    t.on_save_report(1.0, 0, blocking_s=1.0, durable_s=2.0)
+    assert t.state().last_durable_step == 0
 
 
 def test_everything_learned_round_trips_and_missing_parts_keep_their_defaults() -> None:
