@@ -16,12 +16,31 @@ import re
 import pytest
 
 from adaptd import model
-from adaptd.policies import Budget, Daly, Fixed, Opportunistic, Phased, Risk, Weibull, Young
+from adaptd.policies import (
+    Budget,
+    Daly,
+    Fixed,
+    Guards,
+    IoAware,
+    Opportunistic,
+    Phased,
+    Risk,
+    Weibull,
+    Young,
+)
 from adaptd.policies.default import Default, FleetInterval
 from adaptd.policies.opportunistic import idle_util
 from adaptd.policies.weibull import interval_start_age
 from adaptd.policy import PolicyError
-from adaptd.snapshot import Decision, FleetSample, GpuSample, HostSample, JobState, Snapshot
+from adaptd.snapshot import (
+    Decision,
+    FleetSample,
+    GpuSample,
+    HostSample,
+    JobState,
+    Snapshot,
+    StorageSample,
+)
 
 # δ = 8 s, L = 60 s, R = 120 s, M = 175,000 s, 1 s steps; the last save at step 900.
 BASE = dict(
@@ -181,6 +200,7 @@ def test_interval_policies_refuse_bad_settings_by_name(cls, name, tau_of, kw, me
         ({"last_save_time": None}, 3000.0),
         ({"last_save_step": None}, 3000.0),
         ({"time_since_failure_s": None}, 0.0),
+        ({"time_since_failure_s": None, "last_save_time": None}, 0.0),
         ({"time_since_failure_s": 50.0}, 0.0),  # failed since the last save
         ({"last_save_time": 5100.0}, 3000.0),  # a save dated ahead of the clock
     ],
@@ -490,3 +510,206 @@ def test_the_default_stack_passes_its_settings_down() -> None:
     assert capped.every_steps <= 100
     r = Default(degraded_every_s=60.0).decide(snap(retired_pages_pending=True), job())
     assert r.urgent  # the last save is 100 s old: past 60 s
+
+
+# ---------------------------------------------------------------------- settings, everywhere
+
+
+def test_sub_second_settings_are_valid() -> None:
+    """Seconds are seconds: nothing requires a setting of a whole second or more."""
+    for cls in (Young, Daly, Weibull):
+        assert cls(probe_s=0.5, mtbf_s=0.5).decide(NONE, job(save_cost_s=None)).interval_s == 0.5
+    assert Budget(probe_s=0.5).decide(NONE, job(save_cost_s=None)).interval_s == 0.5
+    assert Fixed(seconds=0.5).decide(NONE, job(step_time_s=0.25)).every_steps == 2
+    assert Risk(degraded_every_s=0.5).degraded_every_s == 0.5
+    assert Guards(max_lost_s=0.5).max_lost_s == 0.5
+    assert IoAware(max_defer=0.5, slot_lead_s=0.5).max_defer == 0.5
+
+
+def test_a_job_with_an_mtbf_under_a_second_is_planned_not_probed() -> None:
+    d = Daly().decide(NONE, job(mtbf_s=0.5))
+    assert d.interval_s == pytest.approx(model.daly_interval(8.0, 0.5))
+    assert Daly().decide(NONE, job(save_cost_s=None, mtbf_s=0.5)).interval_s == 0.05
+
+
+def test_a_step_time_of_zero_is_no_step_time() -> None:
+    assert Daly().decide(NONE, job(step_time_s=0.0)).next_step is None
+
+
+@pytest.mark.parametrize(
+    ("cls", "kw", "message"),
+    [
+        (Guards, {"max_lost_s": 0.0}, "guards: max_lost_s must be > 0 seconds, got 0.0"),
+        (IoAware, {"busy": 0.0}, "io_aware: busy must be a fraction in (0, 1], got 0.0"),
+        (IoAware, {"busy": 1.01}, "io_aware: busy must be a fraction in (0, 1], got 1.01"),
+        (IoAware, {"max_writers": 0}, "io_aware: max_writers must be >= 1, got 0"),
+        (
+            IoAware,
+            {"max_defer": -0.1},
+            "io_aware: max_defer must be in [0, 10] intervals, got -0.1",
+        ),
+        (
+            IoAware,
+            {"max_defer": 10.5},
+            "io_aware: max_defer must be in [0, 10] intervals, got 10.5",
+        ),
+        (
+            IoAware,
+            {"slot_lead_s": -1.0},
+            "io_aware: slot_lead_s must be in [0, 600] seconds, got -1.0",
+        ),
+        (
+            IoAware,
+            {"slot_lead_s": 600.5},
+            "io_aware: slot_lead_s must be in [0, 600] seconds, got 600.5",
+        ),
+    ],
+)
+def test_wrappers_refuse_bad_settings(cls, kw, message) -> None:
+    with pytest.raises(PolicyError, match=f"^{re.escape(message)}$"):
+        cls(**kw)
+
+
+def test_wrapper_settings_at_their_bounds_are_accepted() -> None:
+    IoAware(busy=1.0, max_defer=0.0, slot_lead_s=0.0)
+    IoAware(max_defer=10.0, slot_lead_s=600.0, max_writers=1)
+
+
+@pytest.mark.parametrize(
+    ("cls", "name"), [(Guards, "guards"), (IoAware, "io_aware"), (Opportunistic, "opportunistic")]
+)
+def test_a_bad_inner_policy_is_reported_by_its_wrapper(cls, name) -> None:
+    with pytest.raises(PolicyError, match=f"^{name}: inner='nope': "):
+        cls(inner="nope")
+
+
+class Bare:
+    """A third-party policy that plans a step without stating an interval, or states an
+    interval without a step."""
+
+    def __init__(self, decision: Decision) -> None:
+        self.decision = decision
+
+    def decide(self, snapshot: Snapshot, job: JobState) -> Decision:
+        return self.decision
+
+
+@pytest.mark.parametrize(
+    "decision",
+    [Decision(next_step=1500, reason="mine"), Decision(next_step=None, every_steps=10)],
+)
+@pytest.mark.parametrize("wrapper", [Opportunistic, IoAware])
+def test_wrappers_pass_a_plan_without_an_interval_through(wrapper, decision) -> None:
+    busy = Snapshot(
+        time=0.0,
+        gpus=(GpuSample(index=0, uuid="g0", util_sm=0.0, pids=(7,)),),
+        storage=(StorageSample(target="nfs", mountpoint="/nfs", busy_fraction=1.0),),
+    )
+    assert wrapper(inner=Bare(decision)).decide(busy, job(storage_target="nfs")) == decision
+
+
+# ---------------------------------------------------------------------- guards
+
+
+def test_guards_cap_the_work_at_risk_and_say_so() -> None:
+    g = Guards(inner="fixed:steps=500", max_lost_s=100.0)
+    assert g.decide(NONE, job()) == Decision(
+        next_step=1001,  # 900 + 100 is past: the next step
+        every_steps=100,
+        reason="every 500 steps; capped: at most 100s of work at risk",
+        policy="fixed",
+        interval_s=100.0,
+    )
+    assert g.decide(NONE, job(last_save_step=950)).next_step == 1050
+    # a plan exactly at the cap is left alone
+    exact = Guards(inner="fixed:steps=100", max_lost_s=200.0)
+    assert exact.decide(NONE, job()) == Fixed(steps=100).decide(NONE, job())
+    # no step time: no cap in steps to apply
+    assert g.decide(NONE, job(step_time_s=None)) == Fixed(steps=500).decide(
+        NONE, job(step_time_s=None)
+    )
+
+
+def test_guards_give_a_plan_to_a_policy_that_had_none() -> None:
+    d = Guards(inner="risk", max_lost_s=100.0).decide(NONE, job(last_save_step=950))
+    assert d == Decision(
+        next_step=1050,
+        every_steps=100,
+        reason="no risk event; capped: at most 100s of work at risk",
+        policy="risk",
+        interval_s=100.0,
+    )
+
+
+def test_guards_keep_saves_a_durable_latency_apart() -> None:
+    g = Guards(inner="fixed:steps=10")
+    assert g.decide(NONE, job(last_save_step=995)) == Decision(
+        next_step=1055,
+        every_steps=60,
+        reason="every 10 steps; floored: a save takes 60s to be durable",
+        policy="fixed",
+        interval_s=60.0,
+    )
+    # a plan exactly at the floor is left alone
+    at = Guards(inner="fixed:steps=60").decide(NONE, job(last_save_step=950, save_latency_s=70.0))
+    assert at == Fixed(steps=60).decide(NONE, job(last_save_step=950, save_latency_s=70.0))
+    # a plan of a step without an interval gets the floor as its interval
+    bare = Guards(inner=Bare(Decision(next_step=1001))).decide(NONE, job(last_save_step=995))
+    assert (bare.next_step, bare.every_steps) == (1055, 60)
+
+
+def test_guards_wait_for_the_save_in_flight_to_be_durable() -> None:
+    g = Guards(inner="fixed:steps=10")
+    # the save at step 950 was called 5 s ago: 55 s of its write are left
+    kw = {"last_save_step": 950, "last_save_time": 4995.0}
+    assert g.decide(NONE, job(**kw)).next_step == 1010  # not in flight: 950 + 60
+    d = g.decide(NONE, job(save_in_flight=True, **kw))
+    assert (d.next_step, d.every_steps) == (1055, 60)
+    # in flight for longer than its latency: the floor from the last save only
+    late = g.decide(NONE, job(save_in_flight=True, last_save_step=950, last_save_time=4900.0))
+    assert late.next_step == 1010
+
+
+def test_guards_give_every_reason_when_both_limits_act() -> None:
+    d = Guards(inner="fixed:steps=500", max_lost_s=30.0).decide(NONE, job(last_save_step=990))
+    assert d.reason == (
+        "every 500 steps; capped: at most 30s of work at risk; "
+        "floored: a save takes 60s to be durable"
+    )
+    assert (d.next_step, d.every_steps, d.interval_s) == (1050, 60, 60.0)
+
+
+# ---------------------------------------------------------------------- io_aware
+
+
+def storage(**kw) -> Snapshot:
+    return Snapshot(time=5000.0, storage=(StorageSample(target="nfs", mountpoint="/nfs", **kw),))
+
+
+def test_a_target_exactly_at_the_busy_threshold_is_busy() -> None:
+    io = IoAware(inner="fixed:steps=100", busy=0.8)
+    d = io.decide(storage(busy_fraction=0.8), job(step=995, storage_target="nfs"))
+    assert d.next_step == 1100 and "deferred: nfs is 80% busy" in d.reason
+    assert (
+        io.decide(storage(busy_fraction=0.79), job(step=995, storage_target="nfs")).next_step
+        == 1000
+    )
+
+
+def test_a_deferred_save_is_never_planned_in_the_past() -> None:
+    # due at 1000, deferred at most one interval: until 1100; at step 1099 that is the next
+    io = IoAware(inner="fixed:steps=100")
+    d = io.decide(storage(busy_fraction=1.0), job(step=1099, storage_target="nfs"))
+    assert d.next_step == 1100 and d.tags == ("deferred",)
+
+
+def test_an_overdue_save_is_taken_when_the_target_clears() -> None:
+    io = IoAware(inner="fixed:steps=100")
+    clear = storage(busy_fraction=0.1)
+    # due at 900 + 100 = 1000, and it is step 1000: the grid's next would be 1100
+    d = io.decide(clear, job(step=1000, storage_target="nfs"))
+    assert (d.next_step, d.reason) == (1001, "every 100 steps; storage clear, saving the overdue")
+    # the grid's next is the next step anyway: nothing to say
+    assert io.decide(clear, job(step=1099, storage_target="nfs")) == Fixed(steps=100).decide(
+        clear, job(step=1099, storage_target="nfs")
+    )
