@@ -596,7 +596,7 @@ class Bare:
 
 @pytest.mark.parametrize(
     "decision",
-    [Decision(next_step=1500, reason="mine"), Decision(next_step=None, every_steps=10)],
+    [Decision(next_step=1500, reason="mine"), Decision(next_step=None, every_steps=500)],
 )
 @pytest.mark.parametrize("wrapper", [Opportunistic, IoAware])
 def test_wrappers_pass_a_plan_without_an_interval_through(wrapper, decision) -> None:
@@ -709,7 +709,35 @@ def test_an_overdue_save_is_taken_when_the_target_clears() -> None:
     # due at 900 + 100 = 1000, and it is step 1000: the grid's next would be 1100
     d = io.decide(clear, job(step=1000, storage_target="nfs"))
     assert (d.next_step, d.reason) == (1001, "every 100 steps; storage clear, saving the overdue")
+    # two steps before the grid's next: still taken now
+    assert io.decide(clear, job(step=1098, storage_target="nfs")).next_step == 1099
     # the grid's next is the next step anyway: nothing to say
     assert io.decide(clear, job(step=1099, storage_target="nfs")) == Fixed(steps=100).decide(
         clear, job(step=1099, storage_target="nfs")
     )
+
+
+def test_a_degraded_gpu_s_plan_is_never_in_the_past() -> None:
+    # the last save (step 100) was 50 s ago: 100 + 120 is long past, so the next step
+    d = Risk(degraded_every_s=120.0).decide(
+        snap(retired_pages_pending=True), job(last_save_step=100, last_save_time=4950.0)
+    )
+    assert (d.next_step, d.every_steps) == (1001, 120)
+
+
+def test_the_default_stack_passes_its_storage_settings_to_io_aware() -> None:
+    due = 900 + math.ceil(model.daly_interval(8.0, 175_000.0))  # 2568
+
+    def at(**kw) -> Snapshot:
+        return storage(**kw)
+
+    j = job(step=due - 1, storage_target="nfs")
+    assert Default().decide(at(busy_fraction=0.6), j).next_step == due  # 0.6 < 0.8: not busy
+    deferred = Default(busy=0.5).decide(at(busy_fraction=0.6), j)
+    assert deferred.next_step > due and "deferred" in deferred.tags
+    one = at(busy_fraction=0.1, writing_jobs=("other",))
+    assert "deferred" in Default().decide(one, j).tags  # one other writer: the default limit
+    assert Default(max_writers=2).decide(one, j).next_step == due
+    every = due - 900
+    half = Default(busy=0.5, max_defer=0.5).decide(at(busy_fraction=0.6), j)
+    assert half.next_step == due + round(0.5 * every)
