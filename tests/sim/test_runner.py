@@ -12,10 +12,11 @@ from dataclasses import replace
 import pytest
 
 from adaptd import sim
+from adaptd.fleet.history import FleetHistory
 from adaptd.policies import Daly
 from adaptd.policy import PolicyError
 from adaptd.sim.engine import RunResult
-from adaptd.sim.runner import FIELDS, Oracle, ProgressBar, Summary, resolve
+from adaptd.sim.runner import FIELDS, Oracle, ProgressBar, Summary, _run_one, resolve
 from adaptd.snapshot import JobState, Snapshot
 from tests.sim.test_sim import scenario
 
@@ -122,8 +123,23 @@ def test_the_progress_bar_is_silent_off_a_terminal() -> None:
 def test_a_worker_runs_what_this_process_would() -> None:
     """``_run_one`` is what each worker process of ``compare`` runs (in a child, out of
     the test's sight): it must resolve the spec as the parent does, fleet included."""
-    from adaptd.sim.runner import _run_one
-
     s = scenario(job__steps=5_000)
     assert _run_one(s, "oracle", 3) == sim.run(s, resolve("oracle", s), 3)
     assert _run_one(s, "fixed:steps=300", 1) == sim.run(s, resolve("fixed:steps=300", s), 1)
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_compare_gives_every_run_the_fleet_history(jobs) -> None:
+    s = replace(sim.load("weibull-fleet"), steps=20_000)
+    fleet = FleetHistory(gpus=2 * s.gpus, days=5.0, job_gpus=s.gpus)
+    out = sim.compare(s, ["default"], 2, jobs=jobs, fleet=fleet)
+    assert out[0].runs == tuple(sim.run(s, resolve("default", s), seed, fleet) for seed in (0, 1))
+    assert out[0].runs != tuple(sim.run(s, resolve("default", s), seed) for seed in (0, 1))
+    assert _run_one(s, "default", 1, fleet) == out[0].runs[1]
+
+
+def test_the_progress_bar_shows_the_time_since_it_started() -> None:
+    out = Tty()
+    ProgressBar(out, width=4)(1, 2)
+    elapsed = float(out.getvalue().rsplit("runs", 1)[1].strip().rstrip("s"))
+    assert 0.0 <= elapsed < 60.0

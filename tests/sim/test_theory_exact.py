@@ -65,8 +65,23 @@ def test_the_closed_form_refuses_intervals_under_a_step() -> None:
         theory.expected_wall_s(s, 0)
     with pytest.raises(ValueError, match=r"^every_steps must be >= 1, got 0$"):
         theory.cycle_s(s, 0)
-    # a write exactly an interval plus δ long still fits
-    assert theory.expected_wall_s(case(10_000, 1.0, 5.0, 105.0, 0.1, 60.0, 2000.0), 100) > 0
+    sync = case(10_000, 1.0, 5.0, 5.0, 0.0, 60.0, 2000.0)
+    assert theory.expected_wall_s(sync, 1) > 0  # one step is an interval
+    # a write exactly an interval plus δ long still fits (δ = 5 s, a synchronous save)
+    assert theory.expected_wall_s(case(10_000, 1.0, 5.0, 105.0, 0.0, 60.0, 2000.0), 100) > 0
+    # an interval is steps x step time: 100 half-second steps and δ = 5 s take 55 s
+    with pytest.raises(
+        ValueError,
+        match=r"^scenario 'scenario': the write \(60s\) outlasts an interval of 100 steps, so "
+        r"saves would wait for it; the closed form needs latency_s <= interval \+ δ$",
+    ):
+        theory.expected_wall_s(case(10_000, 0.5, 5.0, 60.0, 0.0, 60.0, 2000.0), 100)
+    with pytest.raises(
+        ValueError,
+        match=r"^scenario 'nfs-storm': the closed form needs exponential failures without "
+        r"storage phases or a failure trace$",
+    ):
+        theory.cycle_s(sim.load("nfs-storm"), 500)
 
 
 def runs(walls, failures) -> list[RunResult]:
