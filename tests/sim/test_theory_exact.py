@@ -107,9 +107,9 @@ def test_the_control_variate_estimate_is_the_least_squares_one() -> None:
 
 
 def test_without_spread_in_the_control_the_estimate_is_the_plain_mean() -> None:
-    # failures − W/M the same in every run: nothing to regress on
+    # failures − W/M the same (1) in every run: nothing to regress on
     walls = [1000.0, 1500.0, 2000.0]
-    est = theory.mean_wall(runs(walls, [2, 3, 4]), 500.0)
+    est = theory.mean_wall(runs(walls, [3, 4, 5]), 500.0)
     assert (est.mean_s, est.stderr_s) == (1500.0, est.plain_stderr_s)
     with pytest.raises(ValueError, match=r"^need at least 3 runs for a standard error, got 2$"):
         theory.mean_wall(runs(walls[:2], [1, 1]), 500.0)
