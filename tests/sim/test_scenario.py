@@ -293,3 +293,43 @@ def test_phase_factors_multiply_where_phases_overlap() -> None:
     assert s.factors(7.0) == (10.0, 3.0)
     assert s.factors(12.0) == (5.0, 1.0)
     assert s.factors(20.0) == (1.0, 1.0)
+
+
+@pytest.mark.parametrize(
+    ("path", "kind"),
+    [
+        ("job.first_step_s", "float"),
+        ("job.gpus", "int"),
+        ("checkpoint.latency_s", "float"),
+        ("checkpoint.slowdown", "float"),
+        ("checkpoint.restore_s", "float"),
+        ("failures.distribution", "str"),
+        ("failures.mtbf_gpu_hours", "float"),
+        ("failures.weibull_shape", "float"),
+        ("failures.trace", "list"),
+    ],
+)
+def test_a_wrong_type_is_named_with_its_section(path, kind) -> None:
+    section, key = path.split(".")
+    value = 7 if kind == "str" else "x"
+    message = f"[{section}] {key} must be a {kind}, got {value!r} ({type(value).__name__})"
+    with pytest.raises(sim.ScenarioError, match=f"^{re.escape(message)}$"):
+        sim.from_dict(changed(path, value))
+
+
+@pytest.mark.parametrize(
+    "key", ["start_s", "end_s", "blocking_factor", "latency_factor", "every_s"]
+)
+def test_a_wrong_type_in_a_phase_names_the_phase(key) -> None:
+    phase = {"start_s": 0.0, "end_s": 10.0, key: "x"}
+    with pytest.raises(
+        sim.ScenarioError, match=f"^{re.escape(f'[phases.0] {key} must be a float')}"
+    ):
+        sim.from_dict({**FULL, "phases": [phase]})
+
+
+def test_phase_bounds() -> None:
+    with pytest.raises(sim.ScenarioError, match=r"^\[phases.0\] factors must be > 0$"):
+        sim.from_dict({**FULL, "phases": [{"start_s": 0.0, "end_s": 1.0, "latency_factor": 0.0}]})
+    # a phase from 10 s to 20 s may repeat every 15 s (longer than the phase itself)
+    sim.from_dict({**FULL, "phases": [{"start_s": 10.0, "end_s": 20.0, "every_s": 15.0}]})
