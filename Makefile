@@ -34,7 +34,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/save_storm.py
 	$(BIN)/python benchmarks/fleet_storm.py --hosts 8 --saves 2 --bandwidth-mib-s 16
 
-# Mutation score of the pure core (docs/testing.md): about an hour on 2 cores, not part of
+# Mutation score of the pure core (docs/testing.md): over an hour on 2 cores, not part of
 # `make test`. AREAS="model policies" runs some areas; MUTANTS_ARGS="--survivors" re-tests survivors.
 .PHONY: mutants
 mutants: $(STAMP)
