@@ -42,5 +42,11 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/save_storm.py
 	$(BIN)/python benchmarks/fleet_storm.py --hosts 8 --saves 2 --bandwidth-mib-s 16
 
+# Mutation score of the pure core (docs/testing.md): over an hour on 2 cores, not part of
+# `make test`. AREAS="model policies" runs some areas; MUTANTS_ARGS="--survivors" re-tests survivors.
+.PHONY: mutants
+mutants: $(STAMP)
+	nice -n 19 $(BIN)/python scripts/mutants.py $(MUTANTS_ARGS) $(AREAS)
+
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

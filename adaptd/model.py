@@ -187,15 +187,24 @@ def weibull_scale(mean_s: float, shape: float) -> float:
 
 
 def _survival_integral(age_s: float, window_s: float, scale: float, shape: float) -> float:
-    """∫₀^w S(a+x)/S(a) dx for a Weibull survival S, via regularised incomplete gammas."""
-    from scipy.special import gammainc, gammaincc
+    """∫₀^w S(a+x)/S(a) dx for a Weibull survival S, via regularised incomplete gammas.
+
+    With H(t) = (t/λ)^k and s = 1/k it is (λ/k)·e^H(a)·(Γ(s, H(a)) − Γ(s, H(a+w))).
+    """
+    from scipy.special import gammainc, gammaincc, hyperu
 
     s = 1.0 / shape
     ha = (age_s / scale) ** shape
     hb = ((age_s + window_s) / scale) ** shape
+    if ha > 700.0:
+        # e^H(a) overflows (and Γ(s, H) underflows) past here, for a job that has
+        # survived a cumulative hazard of 700: shape 2 at 26.5 scales. Tricomi's
+        # U(1 − s, 1 − s, x) = e^x·Γ(s, x) keeps the product in range.
+        u = hyperu(1.0 - s, 1.0 - s, ha) - math.exp(ha - hb) * hyperu(1.0 - s, 1.0 - s, hb)
+        return float(scale / shape * u)
     # far in the tail the upper functions keep their precision
     diff = gammainc(s, hb) - gammainc(s, ha) if ha < s else gammaincc(s, ha) - gammaincc(s, hb)
-    return float(scale / shape * math.gamma(s) * diff * math.exp(min(ha, 700.0)))
+    return float(scale / shape * math.gamma(s) * diff * math.exp(ha))
 
 
 def weibull_cost_ratio(

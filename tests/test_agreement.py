@@ -220,3 +220,74 @@ def test_agreement_messages_cross_the_daemon_socket() -> None:
     assert p.decode_client(p.encode(plan)) == plan
     relay = p.Relay(v=V, job="j", op="pause", origin="b")
     assert p.decode_daemon(p.encode(relay)) == relay
+
+
+# ---------------------------------------------------------------------- every field
+
+
+@pytest.mark.parametrize("stop", [False, True])
+def test_a_save_proposal_carries_every_field_and_survives_the_wire(stop) -> None:
+    kwargs = {"stop": True} if stop else {}
+    prop = rules.save_proposal("job-1", 4, 250, 2, "r" * (p.MAX_TEXT + 10), **kwargs)
+    assert (prop.v, prop.job, prop.round, prop.at_step, prop.proposer) == (V, "job-1", 4, 250, 2)
+    assert prop.action == ("stop" if stop else "save")
+    assert prop.reason == "r" * p.MAX_TEXT  # cut to what the wire carries
+    assert p.decode_rank(p.encode_json(prop)) == prop
+
+
+def test_a_plan_proposal_names_no_planner_unless_told() -> None:
+    prop = rules.plan_proposal("j", 7, 150, 0, Decision(next_step=200, every_steps=50))
+    assert (prop.decided_by, prop.source, prop.v) == ("", "", V)
+    with pytest.raises(
+        ValueError, match=r"^an urgent decision is proposed as a save, not as a plan$"
+    ):
+        rules.plan_proposal("j", 7, 150, 0, Decision(next_step=None, urgent=True))
+
+
+def test_a_commit_is_a_valid_record_of_its_round() -> None:
+    d = rules.decide(propose(100, round=9), {0: ack(0, 1, True, 9), 1: ack(1, 2, True, 9)}, 2)
+    assert (d.v, d.job, d.round, d.commit, d.reason, d.retry_from) == (V, "j", 9, True, "", None)
+    assert p.decode_rank(p.encode_json(d)) == d
+
+
+def test_decide_over_a_set_of_ranks_counts_only_those() -> None:
+    """A save group is not always 0..n−1: ranks {1, 3} decide alone."""
+    acks = {1: ack(1, 5, True), 3: ack(3, 6, True)}
+    assert rules.decide(propose(100), acks, [1, 3]).commit
+    d = rules.decide(propose(100), {1: ack(1, 5, True), 0: ack(0, 200, False)}, (1, 3))
+    assert not d.commit
+    assert d.reason == "no acknowledgement from rank(s) 3" and d.retry_from is None
+
+
+def test_an_abort_gives_every_reason_at_once() -> None:
+    acks = {0: ack(0, 120, False), 2: ack(2, 90, True)}
+    d = rules.decide(propose(100), acks, 4)
+    assert d.reason == "rank 0 at step 120: past step 100; no acknowledgement from rank(s) 1, 3"
+    assert d.retry_from == 120
+
+
+def test_the_restore_error_tells_the_operator_where_each_rank_s_steps_are() -> None:
+    """The whole message: which steps each rank holds (newest first, a long run
+    abbreviated) and where, who lacks the newest, and the three ways out."""
+    offers = {
+        0: p.RestoreOffer(
+            v=V, job="j", rank=0, local=[10, 20, 30, 40, 50, 60, 70], directory="/ckpt", host="a"
+        ),
+        1: p.RestoreOffer(v=V, job="j", rank=1, local=[], pullable=[5, 15], url="s3://b/j"),
+        2: p.RestoreOffer(v=V, job="j", rank=2, local=[1, 2, 3, 4, 5, 6], pullable=[9]),
+        3: p.RestoreOffer(v=V, job="j", rank=3, local=[], directory="/ckpt3", host="d"),
+        4: offer(4),
+    }
+    choice = rules.choose_restore(offers, 5)
+    assert choice.step is None
+    assert choice.error == (
+        "no checkpoint step is complete for the whole job ("
+        "rank 0 (a): steps 70 .. 10 (7) in /ckpt; "
+        "rank 1 (?): steps 15, 5 at s3://b/j; "
+        "rank 2 (?): steps 6, 5, 4, 3, 2, 1 in its directory, steps 9 at its destination; "
+        "rank 3 (d): nothing in /ckpt3; "
+        "rank 4 (?): nothing in its directory); "
+        "rank(s) 1, 2, 3, 4 cannot get step 70. Give every rank the same checkpoint directory "
+        "(shared storage), or restore_from= the durable destination the checkpoints are "
+        "replicated to (docs/multiworker.md), or remove the checkpoints to start afresh"
+    )

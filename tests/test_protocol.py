@@ -120,3 +120,49 @@ def test_bad_client_frames_are_rejected_with_a_code(frame: bytes, code: str) -> 
     with pytest.raises(p.ProtocolError) as info:
         p.decode_client(frame)
     assert info.value.code == code
+
+
+def test_the_size_cap_is_inclusive_and_its_error_names_both_sizes() -> None:
+    # a frame of exactly the cap is read (and refused for what it holds), one byte more is not
+    with pytest.raises(p.ProtocolError) as err:
+        p.decode_client(b"\xc1" * p.MAX_MESSAGE_BYTES)
+    assert err.value.code == "malformed"
+    with pytest.raises(p.ProtocolError) as err:
+        p.decode_client(b"\xc1" * (p.MAX_MESSAGE_BYTES + 1))
+    assert err.value.code == "too_large"
+    assert str(err.value) == "frame of 65537 bytes exceeds the 65536-byte cap"
+
+
+@pytest.mark.parametrize(
+    ("frame", "code", "message"),
+    [
+        (b"\xc1", "malformed", "not a msgpack message: "),
+        (raw(kind="hello", v=99, job="j"), "version", "protocol version 99 is not supported"),
+        (
+            raw(kind="steps", v=p.VERSION, job="j", rank=0, step=1, count=1, mean_s=-1.0),
+            "invalid",
+            "invalid message: Expected `float` >= 0.0 - at `$.mean_s`",
+        ),
+        (
+            raw(kind="steps", v=p.VERSION, job="j", rank=0, step=1, count=1, mean_s=1e-12),
+            "invalid",
+            "invalid message: mean_s = 1e-12 s is below 1e-09 s (0 means unmeasured)"
+            " - at `$.mean_s`",
+        ),
+        (
+            raw(
+                kind="steps", v=p.VERSION, job="j", rank=0, step=1, count=1, mean_s=1.0, max_s=5e-10
+            ),
+            "invalid",
+            "invalid message: max_s = 5e-10 s is below 1e-09 s (0 means unmeasured) - at `$.max_s`",
+        ),
+    ],
+)
+def test_every_refusal_says_what_was_wrong_and_where(frame, code, message) -> None:
+    """The text travels in the Error reply and the daemon's log: it must name the field."""
+    with pytest.raises(p.ProtocolError) as err:
+        p.decode_client(frame)
+    assert err.value.code == code
+    assert str(err.value).startswith(message)
+    if code == "version":
+        assert str(err.value).endswith(f"(this side speaks {p.VERSION})")

@@ -149,3 +149,214 @@ def test_hypothesis_draws_the_same_examples_every_run() -> None:
     """The suite's profile (tests/conftest.py) is derandomised unless ``explore`` is asked."""
     if os.environ.get("ADAPTD_HYPOTHESIS_PROFILE", "ci") == "ci":
         assert settings.default.derandomize and settings.default.database is None
+
+
+# Every validated figure of every public function: (call, the name its error must
+# start with, the value it must quote). The name is what the user looks up in the
+# docs and the value is what they passed, so both are part of the contract.
+NAMED_ERRORS = [
+    (lambda: model.job_mtbf(0.0, 8), "gpu_mtbf_s", "0.0"),
+    (lambda: model.job_mtbf(3600.0, 0), "gpus", "0"),
+    (lambda: model.young_interval(-1.0, 10.0), "save_cost_s", "-1.0"),
+    (lambda: model.young_interval(1.0, 0.0), "mtbf_s", "0.0"),
+    (lambda: model.daly_interval(-1.0, 10.0), "save_cost_s", "-1.0"),
+    (lambda: model.daly_interval(1.0, math.inf), "mtbf_s", "inf"),
+    (lambda: model.waste_fraction(0.0, 1.0, 10.0), "interval_s", "0.0"),
+    (lambda: model.waste_fraction(5.0, -2.0, 10.0), "save_cost_s", "-2.0"),
+    (lambda: model.waste_fraction(5.0, 1.0, -10.0), "mtbf_s", "-10.0"),
+    (lambda: model.waste_fraction(5.0, 1.0, 10.0, latency_s=-3.0), "latency_s", "-3.0"),
+    (lambda: model.waste_fraction(5.0, 1.0, 10.0, restart_s=math.nan), "restart_s", "nan"),
+    (lambda: model.waste_fraction(5.0, 1.0, 10.0, blocking_s=-0.5), "blocking_s", "-0.5"),
+    (lambda: model.waste_approx(0.0, 1.0, 10.0), "interval_s", "0.0"),
+    (lambda: model.waste_approx(5.0, 1.0, 0.0), "mtbf_s", "0.0"),
+    (lambda: model.optimal_interval(0.0, 10.0), "save_cost_s", "0.0"),
+    (lambda: model.optimal_interval(1.0, -1.0), "mtbf_s", "-1.0"),
+    (lambda: model.weibull_scale(0.0, 0.7), "mean_s", "0.0"),
+    (lambda: model.weibull_scale(100.0, 0.0), "weibull shape", "0.0"),
+    (lambda: model.weibull_interval(-1.0, 1.0, 10.0, 0.7), "age_s", "-1.0"),
+    (lambda: model.weibull_interval(0.0, 0.0, 10.0, 0.7), "save_cost_s", "0.0"),
+    (lambda: model.weibull_interval(0.0, 1.0, 0.0, 0.7), "mtbf_s", "0.0"),
+    (lambda: model.weibull_interval(0.0, 1.0, 10.0, -0.7), "weibull shape", "-0.7"),
+    (lambda: model.weibull_interval(0.0, 1.0, 10.0, 0.7, restart_s=-5.0), "restart_s", "-5.0"),
+]
+
+
+@pytest.mark.parametrize(("call", "name", "value"), NAMED_ERRORS)
+def test_each_invalid_figure_is_named_with_its_value(call, name, value) -> None:
+    with pytest.raises(ValueError, match=rf"^{name} must be .*, got {value}$"):
+        call()
+
+
+def test_one_gpu_is_a_job_of_one_and_its_mtbf_is_the_gpus() -> None:
+    assert model.job_mtbf(3600.0, 1) == 3600.0
+    assert model.job_mtbf(3600.0, 2) == 1800.0
+
+
+# (τ, δ, M, L, R, b) -> expected waste, worked by hand from the renewal formula
+# E = (1 − e^(−(τ+δ)/M)) · M · e^((R + τ + max(L, b))/M), waste = 1 − τ/E.
+WASTE = [
+    # defaults: L = 0, R = 0, b = δ (a synchronous save): Daly's M·(e^((τ+δ)/M) − 1)
+    # E = 11000 · (e^(830/11000) − 1) = 11000 · 0.0783744 = 862.118; 1 − 800/862.118
+    ((800.0, 30.0, 11000.0), {}, 0.0720510),
+    # b = 0, L = 0: an async save whose write is durable at once rolls back nothing more:
+    # E = (1 − e^(−0.0754545)) · 11000 · e^(800/11000) = 0.0726790 · 11000 · 1.0754367
+    ((800.0, 30.0, 11000.0), {"blocking_s": 0.0}, 0.0695167),
+    # R = 600 adds e^(600/11000) = 1.0560583 to Daly's E: 862.118 · 1.0560583 = 910.447
+    ((800.0, 30.0, 11000.0), {"restart_s": 600.0}, 0.1213107),
+    # L = 100 > b = 20 sets the exponent: e^((600 + 800 + 100)/11000) = 1.1461038
+    (
+        (800.0, 30.0, 11000.0),
+        {"latency_s": 100.0, "restart_s": 600.0, "blocking_s": 20.0},
+        0.1268846,
+    ),
+    # τ = M/2: E = 7200 · (e^(3720/7200) − 1) = 7200 · 0.676453 = 4870.46
+    ((3600.0, 120.0, 7200.0), {}, 0.2608255),
+    # a job that never finishes: e^(exponent) past what a float holds
+    ((1e6, 30.0, 1000.0), {}, 1.0),
+    ((10.0, 30.0, 1.0), {"restart_s": 800.0}, 1.0),
+]
+
+
+@pytest.mark.parametrize(("args", "kwargs", "waste"), WASTE)
+def test_waste_fraction_matches_hand_computed_values(args, kwargs, waste) -> None:
+    assert model.waste_fraction(*args, **kwargs) == pytest.approx(waste, abs=1e-7)
+
+
+def test_waste_approx_is_the_first_order_sum() -> None:
+    # δ/τ + (τ/2 + L + R)/M = 30/800 + (400 + 100 + 600)/11000 = 0.0375 + 0.1
+    assert model.waste_approx(800.0, 30.0, 11000.0, 100.0, 600.0) == pytest.approx(0.1375)
+    # defaults L = R = 0: 0.0375 + 400/11000
+    assert model.waste_approx(800.0, 30.0, 11000.0) == pytest.approx(0.0375 + 400 / 11000)
+
+
+@settings(max_examples=200)
+@given(delta=st.floats(min_value=0.0, max_value=1e7), mtbf=positive)
+def test_daly_never_saves_less_often_than_young(delta, mtbf) -> None:
+    """Daly − Young = Young·(√x/3 + x/9) − δ = −(4/3)·M·x + (2/9)·M·x^1.5 < 0 for
+    x = δ/2M < 1, and beyond that Daly's τ = M is below Young's √(2δM) ≥ 2M."""
+    assert model.daly_interval(delta, mtbf) <= model.young_interval(delta, mtbf) * (1 + 1e-12)
+
+
+def test_weibull_shape_must_be_positive_even_where_the_mean_is_fine() -> None:
+    with pytest.raises(ValueError, match="weibull shape must be > 0, got 0"):
+        model.weibull_scale(100.0, 0)
+
+
+def test_an_interval_no_job_survives_costs_infinitely_much() -> None:
+    # shape 2, M = 100 s: surviving 10^7 s has probability e^(−10^10), exactly 0.0
+    assert model.weibull_cost_ratio(1e7, 0.0, 0.0, 100.0, 2.0) == math.inf
+
+
+def test_the_survival_integral_keeps_its_precision_far_in_the_tail() -> None:
+    """A job that has survived ~200 scales (hazard (t/λ)^k ≈ 40 at shape 0.7): the lower
+    incomplete gammas are both 1.0 in floating point there, the upper ones are not."""
+    from scipy.integrate import quad
+
+    k, m, tau, delta = 0.7, 40000.0, 900.0, 20.0
+    lam = model.weibull_scale(m, k)
+    for age in (194 * lam, 3.0 * lam, 0.01 * lam):
+
+        def surv(x: float, age: float = age) -> float:
+            return math.exp((age / lam) ** k - ((age + x) / lam) ** k)
+
+        integral, _ = quad(surv, 0, tau + delta, epsabs=0, epsrel=1e-12)
+        p = surv(tau + delta)
+        expected = integral / (p * tau)
+        assert model.weibull_cost_ratio(tau, age, delta, m, k) == pytest.approx(expected, rel=1e-9)
+
+
+@pytest.mark.parametrize(
+    ("x", "rounded"),
+    [(0.0, 0.0), (123456.0, 123500.0), (0.00123456, 0.001235), (-98765.4, -98770.0), (1.0, 1.0)],
+)
+def test_weibull_inputs_are_rounded_to_four_significant_digits(x, rounded) -> None:
+    """So that decisions a few seconds apart reuse the cached optimum."""
+    assert model._round_sig(x) == rounded
+
+
+def test_ages_equal_to_four_digits_share_one_interval_and_others_do_not() -> None:
+    delta, m, k = 22.0, 43945.0, 0.7
+    same = {model.weibull_interval(a, delta, m, k) for a in (12341.0, 12344.0, 12338.0)}
+    assert len(same) == 1
+    assert model.weibull_interval(12310.0, delta, m, k) != model.weibull_interval(
+        12340.0, delta, m, k
+    )
+
+
+def _survival_quad(age: float, window: float, lam: float, k: float) -> float:
+    """∫₀^w S(a+x)/S(a) dx by adaptive quadrature, split where the hazard at the age
+    says the integrand has fallen by e, e^10 and e^100 (so no decay is stepped over)."""
+    from scipy.integrate import quad
+
+    ha = (age / lam) ** k
+    hazard = k / lam * (age / lam) ** (k - 1) if age > 0 else 1 / lam
+    points = [c / hazard for c in (1, 10, 100) if c / hazard < window]
+    integral, _ = quad(
+        lambda x: math.exp(ha - ((age + x) / lam) ** k),
+        0,
+        window,
+        epsabs=0,
+        epsrel=1e-13,
+        limit=500,
+        points=points or None,
+    )
+    return integral
+
+
+@pytest.mark.parametrize("k", [0.7, 2.0, 20.0])
+@pytest.mark.parametrize("hazard", [650.0, 705.0, 800.0, 3000.0])
+def test_the_cost_ratio_holds_past_a_cumulative_hazard_of_700(k, hazard) -> None:
+    """Where e^H(a) no longer fits a float (a wearing-out job, shape 2, 26.5 scales old)
+    the integral must not collapse to 0: it is the mean time to the next failure."""
+    m = 43945.0
+    lam = model.weibull_scale(m, k)
+    age = lam * hazard ** (1 / k)
+    rate = k / lam * hazard ** ((k - 1) / k)  # the hazard at that age, per second
+    for tau in (0.5 / rate, 5 / rate):
+        window = tau + 0.01 / rate
+        p = math.exp(hazard - ((age + window) / lam) ** k)
+        expected = _survival_quad(age, window, lam, k) / (p * tau)
+        got = model.weibull_cost_ratio(tau, age, 0.01 / rate, m, k)
+        assert got == pytest.approx(expected, rel=1e-8)
+
+
+def test_a_wearing_out_job_saves_more_often_the_older_it_gets() -> None:
+    """Shape 2: the hazard grows with age, so the interval shrinks steadily; it must not
+    jump to the search's upper bound once the cumulative hazard passes 700 (26.5 scales)."""
+    delta, m = 22.0, 43945.0
+    lam = model.weibull_scale(m, 2.0)
+    taus = [model.weibull_interval(f * lam, delta, m, 2.0) for f in (5, 20, 26, 26.6, 27, 30, 40)]
+    assert taus == sorted(taus, reverse=True)
+    assert taus[-1] < model.daly_interval(delta, m)
+
+
+def test_the_survival_integral_keeps_its_precision_right_after_a_failure() -> None:
+    """At age 0 a short window's integral is the difference of two lower incomplete
+    gammas near 0; taken from the upper ones (both near 1) it would keep ~7 digits."""
+    for k in (0.7, 2.0, 3.0):
+        lam = model.weibull_scale(40000.0, k)
+        for window in (1e-3, 1e-2, 1.0, 10.0):
+            expected = _survival_quad(0.0, window, lam, k)
+            assert model._survival_integral(0.0, window, lam, k) == pytest.approx(
+                expected, rel=1e-12
+            )
+
+
+@pytest.mark.parametrize(
+    ("age", "delta", "m", "restart"),
+    [(0.0, 2.0, 500.0, None), (0.0, 30.0, 20000.0, None), (60.0, 22.0, 43950.0, 300.0)],
+)
+def test_the_weibull_interval_minimises_the_cost_ratio(age, delta, m, restart) -> None:
+    """Against an independent, tighter search; no restart given means a free restart."""
+    from scipy.optimize import minimize_scalar
+
+    r = 0.0 if restart is None else restart
+    res = minimize_scalar(
+        lambda lt: model.weibull_cost_ratio(math.exp(lt), age, delta, m, 0.7, r),
+        bounds=(math.log(1e-3), math.log(20 * m)),
+        method="bounded",
+        options={"xatol": 1e-9},
+    )
+    kwargs = {} if restart is None else {"restart_s": restart}
+    got = model.weibull_interval(age, delta, m, 0.7, **kwargs)
+    assert got == pytest.approx(math.exp(res.x), rel=1e-3)
