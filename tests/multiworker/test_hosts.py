@@ -184,3 +184,42 @@ def test_the_chiefs_daemon_takes_delta_from_the_slow_worker(short_dir: Path) -> 
         r1["costs"],
     )
     assert info.save_cost_s >= 0.3 * slow_cost, (info.save_cost_s, r1["costs"])
+
+
+def test_three_workers_on_one_daemon_random_set_policy_every_rank_saves_the_same_steps(
+    short_dir: Path,
+) -> None:
+    """Three MultiWorkerMirroredStrategy workers of one job on one host's daemon, which
+    decides the job: 100 set-policy and a few save-now at random moments, then a SIGTERM
+    of a non-chief worker: every rank lists the same saved steps, with the same reasons,
+    and the last save is the agreed stop."""
+    (a,) = (short_dir / "a" / "d.sock",)
+    env = {
+        "CKPT": str(short_dir / "ckpt"),
+        "STEPS": ENDLESS,
+        "SOCKET": f"ipc://{a}",
+        "POLICY": "",
+        "ADAPTD_TEST_LOG": "INFO",
+    }
+    rng = random.Random(3)
+    with (
+        hosts(short_dir, "fixed:steps=25", names=("a",)),
+        Cluster(short_dir / "run", 3, HERE / "hook_worker.py", env=env) as cluster,
+    ):
+        wait_for("the job's three ranks", lambda: (j := job_info(a)) and j.world_size == 3, cluster)
+        for i in range(100):
+            spec = f"fixed:steps={rng.randint(5, 40)}"
+            reply = admin.request(a, admin.SetPolicyRequest(job="mw", spec=spec), timeout_s=10.0)
+            assert isinstance(reply, admin.SetPolicyReply) and not reply.relayed_to, reply
+            if i % 20 == 19:
+                reply = admin.request(a, admin.SaveNowRequest(job="mw", reason="op-3w"), 10.0)
+                assert isinstance(reply, admin.SaveNowReply), reply
+            time.sleep(rng.uniform(0.0, 0.04))
+        wait_for("the last policy", lambda: policy_is(a, spec), cluster)
+        results = stop_job(cluster)
+    r0, r1, r2 = results
+    assert r0["kind"] == r1["kind"] == r2["kind"] == "coordination"
+    assert r0["saved"] == r1["saved"] == r2["saved"] and len(r0["saved"]) >= 10
+    assert r0["reasons"] == r1["reasons"] == r2["reasons"]
+    assert sum("op-3w" in reason for reason in r0["reasons"]) >= 1  # the save-now, agreed
+    assert not any(r["broken"] for r in results)
