@@ -26,6 +26,7 @@ import ctypes
 import fcntl
 import json
 import os
+import re
 import runpy
 import select
 import signal
@@ -36,6 +37,30 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from adaptd.spawn import LogWatch
+
+#: A line of TensorFlow's C++ logging (absl: ``E0000 00:00:1796318173.596830  12261
+#: cuda_platform.cc:52] failed call to cuInit: ...``) or absl's note before it is set up.
+NATIVE_LOG = re.compile(
+    r"^([IWEF]\d{4} \d\d:\d\d:\d+\.\d+ +\d+ \S+:\d+\]|WARNING: All log messages before absl)"
+)
+
+
+class JobLog(LogWatch):
+    """A job's output without TensorFlow's C++ log lines, which come on stderr when
+    they like (a failed ``cuInit`` on a host without a GPU, whatever TF_CPP_MIN_LOG_LEVEL
+    says) and are not the job's to parse; they are kept apart in ``native``."""
+
+    def __init__(self, stream, deadline_s: float = 30.0) -> None:  # type: ignore[no-untyped-def]
+        self.native: list[str] = []
+        super().__init__(stream, deadline_s)
+
+    def _read(self, stream) -> None:  # type: ignore[no-untyped-def]
+        for raw in iter(stream.readline, b""):
+            line = raw.decode(errors="replace").rstrip("\n")
+            with self._cond:
+                (self.native if NATIVE_LOG.match(line) else self.lines).append(line)
+                self._cond.notify_all()
+
 
 READY = "zygote ready"
 
@@ -224,7 +249,7 @@ class Zygote:
         # the child holds the write end now, so EOF means that it exited
         os.set_blocking(rfd, True)
         child = Child(
-            self, ident, int(line.rsplit(" ", 1)[1]), LogWatch(os.fdopen(rfd, "rb"), deadline_s)
+            self, ident, int(line.rsplit(" ", 1)[1]), JobLog(os.fdopen(rfd, "rb"), deadline_s)
         )
         self.children.append(child)
         return child
