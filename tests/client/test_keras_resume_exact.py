@@ -17,12 +17,10 @@ from __future__ import annotations
 
 import os
 import re
-import selectors
 import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -31,8 +29,10 @@ tf = pytest.importorskip("tensorflow")
 keras = pytest.importorskip("keras")
 
 from . import fit_script  # noqa: E402
+from .test_resume import read_until  # noqa: E402  (one reader of a job's lines, with a deadline)
 
 SCRIPT = Path(__file__).with_name("fit_script.py")
+
 pytestmark = [pytest.mark.slow, pytest.mark.tf]
 
 
@@ -102,26 +102,6 @@ def start(ckpt: Path, out: Path, *extra: str) -> subprocess.Popen:
         text=True,
         env=env,
     )
-
-
-def read_until(proc: subprocess.Popen, pattern: str, timeout: float = 120.0) -> list[str]:
-    """Lines of ``proc`` up to and including the first matching ``pattern``."""
-    sel = selectors.DefaultSelector()
-    sel.register(proc.stdout, selectors.EVENT_READ)
-    lines: list[str] = []
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not sel.select(timeout=deadline - time.monotonic()):
-            break
-        line = proc.stdout.readline()
-        if not line:
-            break
-        lines.append(line.strip())
-        if re.fullmatch(pattern, line.strip()):
-            return lines
-    proc.kill()
-    proc.wait(30)
-    raise AssertionError(f"{pattern!r} not seen; got {lines[-20:]}")
 
 
 def test_fit_sigkilled_after_a_save_then_rerun_equals_an_uninterrupted_fit(tmp_path) -> None:

@@ -46,6 +46,7 @@ def read_until(proc: subprocess.Popen, pattern: str, timeout: float = 120.0) -> 
         if re.fullmatch(pattern, line.strip()):
             return lines
     proc.kill()
+    proc.wait(30)
     raise AssertionError(f"{pattern!r} not seen; got {lines[-20:]}")
 
 
