@@ -34,16 +34,6 @@ import psutil
 from adaptd.snapshot import HostSample
 from adaptd.telemetry.once import OnceLog
 
-__all__ = [
-    "DiskCounters",
-    "Host",
-    "ProcessInfo",
-    "disk_counters",
-    "pid_exists",
-    "process_info",
-    "procfs",
-]
-
 log = logging.getLogger(__name__)
 
 

@@ -35,16 +35,19 @@ pytestmark = [pytest.mark.slow, pytest.mark.tf]
 WORKERS = 2
 
 
+def job_env(root: Path, sockets: str, **extra: str) -> dict[str, str]:
+    """The worker's settings for an endless job of ``root`` whose ranks talk to
+    ``sockets`` (one endpoint for all, or one per rank, comma-separated), plus ``extra``."""
+    key = "SOCKETS" if "," in sockets else "SOCKET"
+    base = {"CKPT": str(root / "ckpt"), "STEPS": ENDLESS, key: sockets, "POLICY": "",
+            "ADAPTD_TEST_LOG": "INFO"}  # fmt: skip
+    return {**base, **extra}
+
+
 def test_two_hosts_one_plan_operator_commands_from_either_host(short_dir: Path) -> None:
     a, b = short_dir / "a" / "d.sock", short_dir / "b" / "d.sock"
-    env = {
-        "CKPT": str(short_dir / "ckpt"),
-        "STEPS": ENDLESS,
-        "SOCKETS": f"ipc://{a},ipc://{b}",
-        "POLICY": "",
-        "DAEMON_TIMEOUT": "5",  # a non-deciding daemon's keep-alive comes every few seconds
-        "ADAPTD_TEST_LOG": "INFO",
-    }
+    # a non-deciding daemon's keep-alive comes every few seconds
+    env = job_env(short_dir, f"ipc://{a},ipc://{b}", DAEMON_TIMEOUT="5")
     rng = random.Random(12)
     with (
         hosts(short_dir, "fixed:steps=25"),
@@ -92,14 +95,7 @@ def test_with_the_chiefs_daemon_down_its_embedded_policy_takes_relayed_requests(
     chief in-band; save-now becomes one agreed save and set-policy the chief's embedded
     policy, which the other host then shows."""
     none, b = short_dir / "a" / "none.sock", short_dir / "b" / "d.sock"
-    env = {
-        "CKPT": str(short_dir / "ckpt"),
-        "STEPS": ENDLESS,
-        "SOCKETS": f"ipc://{none},ipc://{b}",
-        "POLICY": "",
-        "DAEMON_TIMEOUT": "5",
-        "ADAPTD_TEST_LOG": "INFO",
-    }
+    env = job_env(short_dir, f"ipc://{none},ipc://{b}", DAEMON_TIMEOUT="5")
     with (
         hosts(short_dir, "fixed:steps=25", names=("b",)),
         Cluster(short_dir / "run", WORKERS, HERE / "hook_worker.py", env=env) as cluster,
@@ -138,20 +134,17 @@ def test_the_chiefs_daemon_takes_delta_from_the_slow_worker(short_dir: Path) -> 
     backing.mkdir()
     slow.mkdir()
     a, b = short_dir / "a" / "d.sock", short_dir / "b" / "d.sock"
-    env = {
-        "CKPT": str(short_dir / "ckpt"),
-        "STEPS": ENDLESS,
-        "SOCKETS": f"ipc://{a},ipc://{b}",
-        "POLICY": "",
-        "DAEMON_TIMEOUT": "5",
-        "WIDTH": "6000",  # about 0.7 MiB of state: about 0.7 s per save at 1 MiB/s
-        "FREE": "1",
-        "SYNC_EVERY": "40",  # saves at multiples of 40 (fixed:steps=40), a collective at 20
-        "SYNC_AT": "20",
-        "STEP_S": "0.01",
-        "SLOW_SCRATCH": str(slow),
-        "ADAPTD_TEST_LOG": "INFO",
-    }
+    env = job_env(
+        short_dir,
+        f"ipc://{a},ipc://{b}",
+        DAEMON_TIMEOUT="5",
+        WIDTH="6000",  # about 0.7 MiB of state: about 0.7 s per save at 1 MiB/s
+        FREE="1",
+        SYNC_EVERY="40",  # saves at multiples of 40 (fixed:steps=40), a collective at 20
+        SYNC_AT="20",
+        STEP_S="0.01",
+        SLOW_SCRATCH=str(slow),
+    )
     try:
         with (
             slowfs.slow_mount(backing, slow, bandwidth_mib_s=1),
@@ -194,13 +187,7 @@ def test_three_workers_on_one_daemon_random_set_policy_every_rank_saves_the_same
     of a non-chief worker: every rank lists the same saved steps, with the same reasons,
     and the last save is the agreed stop."""
     (a,) = (short_dir / "a" / "d.sock",)
-    env = {
-        "CKPT": str(short_dir / "ckpt"),
-        "STEPS": ENDLESS,
-        "SOCKET": f"ipc://{a}",
-        "POLICY": "",
-        "ADAPTD_TEST_LOG": "INFO",
-    }
+    env = job_env(short_dir, f"ipc://{a}")
     rng = random.Random(3)
     with (
         hosts(short_dir, "fixed:steps=25", names=("a",)),
