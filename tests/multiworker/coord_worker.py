@@ -180,8 +180,14 @@ def agree(
         now = time.perf_counter()
         hook.step((now - t_start) / (i + 1))
     took = time.perf_counter() - t_start
+    # every rank still there ends its rounds before any closes: a rank that closed
+    # early would miss the rounds the slower ones propose meanwhile (and abort)
     if die_at is None:
         store.barrier(f"{name}/end", 120)
+    else:  # a barrier of the survivors (the service's own wants every task)
+        store.put(f"{name}/end/{rank}", "1")
+        for r in range(world - 1):
+            store.get(f"{name}/end/{r}", 120)
     agreement.close()
     return {
         "steps": hook.n,
