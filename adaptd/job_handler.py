@@ -41,8 +41,10 @@ __all__ = ["RESEND_AFTER_S", "JobHandler"]
 
 log = logging.getLogger("adaptd.server")
 
-#: A rank that reports after this long without hearing from the daemon gets the plan again.
-RESEND_AFTER_S = 2.0
+#: A rank that sends anything (but a Goodbye) after this long without hearing from the
+#: daemon gets the plan (or its Welcome) again: the daemon's half of the liveness
+#: contract (:data:`adaptd.protocol.KEEPALIVE_S`).
+RESEND_AFTER_S = p.KEEPALIVE_S
 
 
 class JobHandler:
@@ -165,8 +167,16 @@ class JobHandler:
                 self.agreements.check(job, now)  # a round no longer waits for it
             return
         elif not self.on_agreement(identity, job, rank, msg, now):
+            self.answer(job, rank, now)
             return
         self.planner.decide(job, now)
+        self.answer(job, rank, now)
+
+    def answer(self, job: Job, rank: Rank, now: float) -> None:
+        """The client's sign that its daemon is alive: the plan again (or the Welcome, for
+        a rank sent no plans) unless the rank heard from the daemon within
+        ``resend_after_s``. Every message but a Goodbye is answered so: an Ack or a
+        JobPlan may be the one the client times (:data:`adaptd.protocol.KEEPALIVE_S`)."""
         if now - rank.last_sent >= self.resend_after_s:
             self.planner.send_plan(rank, job, now)
 

@@ -33,6 +33,7 @@ from __future__ import annotations
 import msgspec
 
 __all__ = [
+    "KEEPALIVE_S",
     "MAX_MESSAGE_BYTES",
     "MAX_OFFERED",
     "MAX_TEXT",
@@ -77,6 +78,13 @@ __all__ = [
 
 #: Protocol version. Bump on any incompatible change.
 VERSION = 2
+#: The liveness contract. A daemon answers any message of a known rank that it has
+#: sent nothing for this long (the plan again, or the Welcome for a rank sent no plans);
+#: so a client counts silence only from a send made this long after the newest message
+#: it received: a send the daemon must answer. (A client that counted from any send
+#: would take a live daemon with nothing new to say for dead whenever its timeout is
+#: shorter than this plus its report interval.)
+KEEPALIVE_S = 2.0
 #: Largest frame either side accepts. Real messages are a few hundred bytes.
 MAX_MESSAGE_BYTES = 64 * 1024
 #: Longest free-text field (reasons, error text, paths).

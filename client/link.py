@@ -14,7 +14,11 @@ Z85 key) and ``$ADAPTD_CURVE_CLIENT_KEY`` (this client's ``*.key_secret`` file);
 
 Liveness is judged from the times passed in (no clock here): the daemon counts as
 present once it has sent Welcome, and as lost when nothing arrived for
-``timeout_s`` after something was sent (or refused: with no peer every send is).
+``timeout_s`` after a send it had to answer (or a refused one: with no peer every
+send is). A daemon answers a rank it has told nothing for
+:data:`~adaptd.protocol.KEEPALIVE_S` (2 s), so only sends at least that long after
+the newest message received start the clock: a dead daemon is noticed within
+``KEEPALIVE_S`` plus the report interval plus ``timeout_s`` of its last message.
 """
 
 from __future__ import annotations
@@ -134,7 +138,9 @@ class DaemonLink:
             return False
         # A refused send counts as unanswered too: once a dead daemon's peer is gone
         # (IMMEDIATE=1) every send is refused, and that silence must still time out.
-        if self.first_tx_since_rx is None:
+        # Sooner after a message than KEEPALIVE_S, the daemon need not answer.
+        rx = self.last_rx
+        if self.first_tx_since_rx is None and (rx is None or now - rx >= protocol.KEEPALIVE_S):
             self.first_tx_since_rx = now
         try:
             sock.send(protocol.encode(msg), zmq.NOBLOCK)

@@ -96,6 +96,7 @@ class DaemonSession:
         self.daemon_mode = False
         self._facts = HelloFacts(0, 0, 0, "")
         self._hello_sent = False
+        self._hello_unanswered = False  # a Hello went out; the next Welcome answers it
         self._warned = False
         self._fell_back = False
         self._error_codes: set[str] = set()
@@ -143,6 +144,7 @@ class DaemonSession:
         )
         sent = self.link.send(hello, now)
         self._hello_at = now + 1.0
+        self._hello_unanswered = self._hello_unanswered or sent
         return sent
 
     def await_welcome(self, n: int, after: Callable[[], None]) -> None:
@@ -329,8 +331,12 @@ class DaemonSession:
 
     def on_message(self, msg: protocol.DaemonMessage, n: int, now: float) -> None:
         if isinstance(msg, protocol.Welcome):
-            if self.job_plan is not None:  # a restarted daemon knows no plan of the job
+            # The answer to a Hello (a restarted daemon knows no plan of the job), not
+            # the daemon's keep-alive Welcome: re-sending the plan on every Welcome
+            # would be answered by another Welcome, and so on.
+            if self._hello_unanswered and self.job_plan is not None:
                 self.link.send(self.job_plan, now)
+            self._hello_unanswered = False
             if not self.daemon_mode:
                 self.daemon_mode = True
                 if self._fell_back:

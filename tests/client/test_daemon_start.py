@@ -60,14 +60,3 @@ def test_without_a_daemon_there_is_no_wait_and_the_warning_names_the_spec(
     text = str(caught[0].message)
     assert "deciding in-process with policy 'default'" in text, text
     ckptr.close()
-
-
-@pytest.fixture
-def short_tmp() -> Path:
-    """A short directory (ipc socket paths are limited to 107 bytes)."""
-    import shutil
-    import tempfile
-
-    d = Path(tempfile.mkdtemp(prefix="adc-", dir="/tmp"))
-    yield d
-    shutil.rmtree(d, ignore_errors=True)

@@ -90,10 +90,14 @@ def test_daemon_death_is_noticed_after_the_timeout(fake_daemon: FakeDaemon, ipc_
         assert monitor.poll(5000), "ZeroMQ never saw the daemon go"
         link._sock.disable_monitor()
         monitor.close(0)
-        # queued into a dying pipe or refused (no peer, IMMEDIATE=1): either way unanswered
-        link.send(hello(), now=1.0)
-        assert link.alive(1.5)
-        assert not link.alive(2.0)  # 1 s of silence since the refused send
+        # queued into a dying pipe or refused (no peer, IMMEDIATE=1): either way unanswered;
+        # but sooner than KEEPALIVE_S after the daemon's last message it need not answer
+        keep = protocol.KEEPALIVE_S
+        link.send(hello(), now=keep / 2)
+        assert link.alive(100.0)
+        link.send(hello(), now=keep)  # this one it must answer
+        assert link.alive(keep + 0.9)
+        assert not link.alive(keep + 1.0)  # 1 s of silence since the refused send
     finally:
         link.close()
 

@@ -59,6 +59,23 @@ def test_plan_resent_after_two_seconds_of_silence(shared_daemon, zctx) -> None:
     assert peer.expect(p.Plan, timeout=2.0) == plan  # same plan, same seq
 
 
+def test_any_message_after_the_keepalive_interval_is_answered(sock_dir, zctx) -> None:
+    # The client times silence from a send made KEEPALIVE_S after the daemon's newest
+    # message (client/link.py), whatever that send is: here a JobPlan, which changes
+    # nothing and needs no answer of its own. (The interval is shortened for the test.)
+    with thread_daemon(sock_dir / "a.sock", resend_after_s=0.3) as (d, _):
+        peer = Peer(zctx, d.endpoint)
+        plan = peer.hello("keep-1", policy="fixed:steps=1000")
+        job_plan = p.JobPlan(v=V, job="keep-1", rank=0, at_step=0, next_step=1000, every_steps=1000)
+        peer.send(job_plan)
+        assert peer.silent_for(0.2)  # within the interval: not answered
+        assert peer.silent_for(0.2)  # and nothing unprompted
+        peer.send(job_plan)
+        assert peer.expect(p.Plan, timeout=2.0) == plan
+        peer.send(p.Goodbye(v=V, job="keep-1", rank=0, step=5, reason="done"))
+        assert peer.silent_for(0.5)  # a goodbye is never answered
+
+
 def test_unknown_peer_then_hello_works(shared_daemon, zctx) -> None:
     peer = Peer(zctx, shared_daemon.endpoint)
     peer.steps("ghost-1", 10)
