@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import zmq
@@ -22,6 +25,15 @@ settings.register_profile(
 )
 settings.register_profile("explore", deadline=None, print_blob=True)
 settings.load_profile(os.environ.get("ADAPTD_HYPOTHESIS_PROFILE", "ci"))
+
+
+@pytest.fixture
+def short_dir() -> Iterator[Path]:
+    """A short directory under /tmp, removed afterwards: ipc socket paths are limited to
+    107 bytes, and pytest's tmp_path is often longer."""
+    d = Path(tempfile.mkdtemp(prefix="adaptd-", dir="/tmp"))
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.fixture

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -97,11 +95,3 @@ def plan(job: str, seq: int, next_step: int | None, every: int | None = None, **
         v=protocol.VERSION, job=job, seq=seq, next_step=next_step, every_steps=every,
         policy=kw.pop("policy", "fixed"), reason=kw.pop("reason", "test plan"), **kw,
     )  # fmt: skip
-
-
-@pytest.fixture
-def short_tmp() -> Iterator[Path]:
-    """A short directory (ipc socket paths are limited to 107 bytes)."""
-    d = Path(tempfile.mkdtemp(prefix="adc-", dir="/tmp"))
-    yield d
-    shutil.rmtree(d, ignore_errors=True)

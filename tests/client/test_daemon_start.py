@@ -22,11 +22,11 @@ from adaptd.server import Daemon  # noqa: E402
 pytestmark = pytest.mark.tf
 
 
-def test_the_daemons_plan_is_in_force_when_restore_returns(short_tmp: Path) -> None:
-    sock = short_tmp / "adaptd.sock"
+def test_the_daemons_plan_is_in_force_when_restore_returns(short_dir: Path) -> None:
+    sock = short_dir / "adaptd.sock"
     with Daemon(sock, policy="fixed:steps=50").start():
         ckptr = AdaptiveCheckpointer(
-            short_tmp / "ck", job="starts", socket=f"ipc://{sock}", handle_sigterm=False,
+            short_dir / "ck", job="starts", socket=f"ipc://{sock}", handle_sigterm=False,
             v=tf.Variable(1.0),
         )  # fmt: skip
         t0 = time.perf_counter()
@@ -42,10 +42,10 @@ def test_the_daemons_plan_is_in_force_when_restore_returns(short_tmp: Path) -> N
 
 
 def test_without_a_daemon_there_is_no_wait_and_the_warning_names_the_spec(
-    short_tmp: Path, caplog
+    short_dir: Path, caplog
 ) -> None:
     ckptr = AdaptiveCheckpointer(
-        short_tmp / "ck", job="alone", socket=f"ipc://{short_tmp}/none.sock", daemon_timeout=0.2,
+        short_dir / "ck", job="alone", socket=f"ipc://{short_dir}/none.sock", daemon_timeout=0.2,
         handle_sigterm=False, v=tf.Variable(1.0),
     )  # fmt: skip
     t0 = time.perf_counter()

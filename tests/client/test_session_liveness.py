@@ -101,17 +101,17 @@ tf = pytest.importorskip("tensorflow")
 @pytest.mark.slow
 @pytest.mark.tf
 def test_a_short_daemon_timeout_never_falls_back_while_the_daemon_is_alive(
-    short_tmp: Path,
+    short_dir: Path,
 ) -> None:
     from adaptd.client import AdaptiveCheckpointer
     from adaptd.server import Daemon
 
     # The daemon's plan never changes (its first save is far away), so only its
     # keep-alive answers the job's reports; the job allows 1 s of silence after a send.
-    sock = short_tmp / "adaptd.sock"
+    sock = short_dir / "adaptd.sock"
     with Daemon(sock, policy="fixed:steps=1000000").start() as daemon:
         ckptr = AdaptiveCheckpointer(
-            short_tmp / "ck", job="short-timeout", socket=f"ipc://{sock}", daemon_timeout=1.0,
+            short_dir / "ck", job="short-timeout", socket=f"ipc://{sock}", daemon_timeout=1.0,
             handle_sigterm=False, v=tf.Variable(1.0),
         )  # fmt: skip
         with warnings.catch_warnings(record=True) as caught:

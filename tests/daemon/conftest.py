@@ -12,16 +12,8 @@ from daemon_helpers import DaemonProc
 
 
 @pytest.fixture
-def sock_dir() -> Iterator[Path]:
-    """A short directory under /tmp (ipc paths are limited to 107 bytes)."""
-    d = Path(tempfile.mkdtemp(prefix="adt-", dir="/tmp"))
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
-
-
-@pytest.fixture
-def daemon_proc(sock_dir: Path) -> Iterator[DaemonProc]:
-    d = DaemonProc(sock_dir / "adaptd.sock")
+def daemon_proc(short_dir: Path) -> Iterator[DaemonProc]:
+    d = DaemonProc(short_dir / "adaptd.sock")
     yield d
     d.stop()
 

@@ -94,8 +94,8 @@ def operate(socket: Path, job: str, changes: int, seconds: float, seed: int) -> 
     return saves
 
 
-def test_random_plan_changes_and_save_now_reach_every_rank_at_the_same_step(sock_dir) -> None:
-    sock = sock_dir / "adaptd.sock"
+def test_random_plan_changes_and_save_now_reach_every_rank_at_the_same_step(short_dir) -> None:
+    sock = short_dir / "adaptd.sock"
     with thread_daemon(sock) as (d, _):
         ranks, done = start_ranks(d.endpoint, "agree", steps=4000)
         wait_joined(sock, "agree")
@@ -111,8 +111,8 @@ def test_random_plan_changes_and_save_now_reach_every_rank_at_the_same_step(sock
     assert d.counters["plans_sent"] == 0  # no plain plan ever went to these ranks
 
 
-def test_a_rank_that_dies_mid_round_does_not_hold_the_others(sock_dir) -> None:
-    sock = sock_dir / "adaptd.sock"
+def test_a_rank_that_dies_mid_round_does_not_hold_the_others(short_dir) -> None:
+    sock = short_dir / "adaptd.sock"
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     with thread_daemon(sock) as (d, _):
         peers = [Peer(zmq.Context.instance(), d.endpoint) for _ in range(RANKS)]
@@ -152,9 +152,9 @@ def test_a_rank_that_dies_mid_round_does_not_hold_the_others(sock_dir) -> None:
 
 
 def test_a_rank_past_the_proposed_step_aborts_the_round_and_it_is_proposed_further_on(
-    sock_dir,
+    short_dir,
 ) -> None:
-    sock = sock_dir / "adaptd.sock"
+    sock = short_dir / "adaptd.sock"
     with thread_daemon(sock) as (d, _):
         peers = [Peer(zmq.Context.instance(), d.endpoint) for _ in range(2)]
         try:
@@ -178,8 +178,8 @@ def test_a_rank_past_the_proposed_step_aborts_the_round_and_it_is_proposed_furth
 
 
 @pytest.mark.slow
-def test_a_daemon_sigkilled_and_restarted_mid_run_keeps_the_ranks_agreeing(sock_dir) -> None:
-    sock = sock_dir / "adaptd.sock"
+def test_a_daemon_sigkilled_and_restarted_mid_run_keeps_the_ranks_agreeing(short_dir) -> None:
+    sock = short_dir / "adaptd.sock"
     d = DaemonProc(sock)
     try:
         ranks, done = start_ranks(d.endpoint, "crash", steps=5000, hold_s=2.0)

@@ -35,8 +35,8 @@ def test_socket_files_and_modes(daemon_proc) -> None:
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_signal_exits_zero_and_removes_sockets(sock_dir, zctx, sig) -> None:
-    d = DaemonProc(sock_dir / "adaptd.sock")
+def test_signal_exits_zero_and_removes_sockets(short_dir, zctx, sig) -> None:
+    d = DaemonProc(short_dir / "adaptd.sock")
     assert Peer(zctx, d.endpoint).hello("sig-job").seq == 1
     t0 = time.monotonic()
     d.proc.send_signal(sig)
@@ -46,13 +46,13 @@ def test_signal_exits_zero_and_removes_sockets(sock_dir, zctx, sig) -> None:
     d.log.wait_for("event=stopped")
 
 
-def test_in_process_daemon_stops_at_once_and_refuses_a_twin(sock_dir, zctx) -> None:
+def test_in_process_daemon_stops_at_once_and_refuses_a_twin(short_dir, zctx) -> None:
     """stop() wakes the poll through its wake-up socket, not at the next tick."""
-    d = Daemon(sock_dir / "adaptd.sock", policy="phased", tick_interval_s=3600).start()
+    d = Daemon(short_dir / "adaptd.sock", policy="phased", tick_interval_s=3600).start()
     try:
         assert Peer(zctx, d.endpoint).hello("thread-job").seq == 1
         with pytest.raises(DaemonError, match="another adaptd daemon"):
-            Daemon(sock_dir / "adaptd.sock").start()
+            Daemon(short_dir / "adaptd.sock").start()
         assert Peer(zctx, d.endpoint).hello("thread-job-2").seq == 1  # the first serves on
     finally:
         t0 = time.monotonic()
@@ -70,8 +70,8 @@ def test_second_daemon_on_same_socket_is_refused(daemon_proc, zctx) -> None:
     assert Peer(zctx, daemon_proc.endpoint).hello("still-here").seq == 1
 
 
-def test_stale_socket_file_is_replaced(sock_dir, zctx) -> None:
-    path = sock_dir / "adaptd.sock"
+def test_stale_socket_file_is_replaced(short_dir, zctx) -> None:
+    path = short_dir / "adaptd.sock"
     stale = socket.socket(socket.AF_UNIX)
     stale.bind(str(path))  # a socket file nobody listens on, as a killed daemon leaves it
     stale.close()
@@ -102,31 +102,31 @@ def test_per_user_runtime_dir_is_created_private(tmp_path, monkeypatch) -> None:
     assert not d.socket_path.exists()
 
 
-def test_bad_options_are_one_line_and_exit_1(sock_dir) -> None:
-    r = cli("serve", "--socket", str(sock_dir / "a.sock"), "--policy", "nosuch")
+def test_bad_options_are_one_line_and_exit_1(short_dir) -> None:
+    r = cli("serve", "--socket", str(short_dir / "a.sock"), "--policy", "nosuch")
     assert r.returncode == 1 and "--policy 'nosuch'" in r.stderr and "unknown policy" in r.stderr
-    long = sock_dir / ("x" * 120) / "a.sock"
+    long = short_dir / ("x" * 120) / "a.sock"
     r = cli("serve", "--socket", str(long))
     assert r.returncode == 1 and "limited to 107" in r.stderr
     r = cli("serve", "--socket", "tcp://127.0.0.1:5555")
     assert r.returncode == 1 and "CURVE" in r.stderr
     with pytest.raises(DaemonError, match="silence-timeout"):
-        Daemon(sock_dir / "a.sock", silence_timeout_s=0)
+        Daemon(short_dir / "a.sock", silence_timeout_s=0)
 
 
-def test_status_without_daemon_is_one_line_exit_1(sock_dir) -> None:
-    r = cli("status", "--socket", str(sock_dir / "adaptd.sock"), timeout=DEADLINE)
+def test_status_without_daemon_is_one_line_exit_1(short_dir) -> None:
+    r = cli("status", "--socket", str(short_dir / "adaptd.sock"), timeout=DEADLINE)
     assert r.returncode == 1 and r.stdout == ""
     assert r.stderr.count("\n") == 1 and "no adaptd daemon is running" in r.stderr
 
 
-def test_status_with_stale_socket_times_out_quickly(sock_dir) -> None:
-    admin_sock = sock_dir / "adaptd.admin.sock"
+def test_status_with_stale_socket_times_out_quickly(short_dir) -> None:
+    admin_sock = short_dir / "adaptd.admin.sock"
     stale = socket.socket(socket.AF_UNIX)
     stale.bind(str(admin_sock))
     stale.close()
     t0 = time.monotonic()
-    r = cli("status", "--socket", str(sock_dir / "adaptd.sock"), "--timeout", "0.5")
+    r = cli("status", "--socket", str(short_dir / "adaptd.sock"), "--timeout", "0.5")
     assert r.returncode == 1 and "did not answer within 0.5s" in r.stderr
     assert time.monotonic() - t0 < DEADLINE
 

@@ -42,9 +42,9 @@ def test_sigkilled_job_is_lost_then_resume_measures_restart(daemon_proc, zctx) -
         again.close()
 
 
-def test_events_for_loss_and_resume_in_process(sock_dir, zctx) -> None:
+def test_events_for_loss_and_resume_in_process(short_dir, zctx) -> None:
     """The sink sees JobLost then JobResumed with consistent times and steps."""
-    with thread_daemon(sock_dir / "adaptd.sock") as (daemon, sink):
+    with thread_daemon(short_dir / "adaptd.sock") as (daemon, sink):
         job = FakeJob(daemon.endpoint, "ev-1", world_size=1)
         try:
             job.wait_ready()
@@ -72,8 +72,8 @@ def test_events_for_loss_and_resume_in_process(sock_dir, zctx) -> None:
         assert tracker.last_failure_time == lost.last_seen
 
 
-def test_goodbye_is_not_a_failure(sock_dir, zctx) -> None:
-    with thread_daemon(sock_dir / "adaptd.sock", tick_interval_s=0.05) as (daemon, sink):
+def test_goodbye_is_not_a_failure(short_dir, zctx) -> None:
+    with thread_daemon(short_dir / "adaptd.sock", tick_interval_s=0.05) as (daemon, sink):
         job = FakeJob(daemon.endpoint, "clean-1")
         try:
             job.wait_ready()
@@ -99,9 +99,9 @@ def test_goodbye_is_not_a_failure(sock_dir, zctx) -> None:
         assert tracker.start_step == 5 and tracker.failure_rate.failures == 0
 
 
-def test_silent_rank_is_lost_and_revived_when_it_speaks(sock_dir, zctx) -> None:
+def test_silent_rank_is_lost_and_revived_when_it_speaks(short_dir, zctx) -> None:
     kw = {"silence_timeout_s": 0.3, "tick_interval_s": 0.05}
-    with thread_daemon(sock_dir / "adaptd.sock", **kw) as (daemon, sink):
+    with thread_daemon(short_dir / "adaptd.sock", **kw) as (daemon, sink):
         peer = Peer(zctx, daemon.endpoint)
         peer.hello("quiet-1", pid=0)  # pid unknown: only silence can tell
         lost = sink.wait_for(ev.JobLost, lambda e: e.job == "quiet-1")
@@ -113,9 +113,9 @@ def test_silent_rank_is_lost_and_revived_when_it_speaks(sock_dir, zctx) -> None:
         assert job.state == "active" and job.failures == 0
 
 
-def test_fast_restart_before_liveness_noticed(sock_dir, zctx) -> None:
+def test_fast_restart_before_liveness_noticed(short_dir, zctx) -> None:
     """A new process says hello for a rank whose old process never said goodbye."""
-    with thread_daemon(sock_dir / "adaptd.sock", tick_interval_s=3600) as (daemon, sink):
+    with thread_daemon(short_dir / "adaptd.sock", tick_interval_s=3600) as (daemon, sink):
         old = Peer(zctx, daemon.endpoint)
         old.hello("fast-1", pid=0, resumed_from=0)
         old.steps("fast-1", 40)
@@ -133,14 +133,14 @@ def test_fast_restart_before_liveness_noticed(sock_dir, zctx) -> None:
         assert old.expect(p.Error).code == "unknown_peer"
 
 
-def test_default_policy_does_not_churn_plans_on_noisy_step_times(sock_dir, zctx) -> None:
+def test_default_policy_does_not_churn_plans_on_noisy_step_times(short_dir, zctx) -> None:
     """The package default re-fits its interval to each report; ±5 % step-time noise
     must not push a new plan every second."""
     import random
 
     from adaptd.policy import DEFAULT_SPEC
 
-    with thread_daemon(sock_dir / "adaptd.sock", policy=DEFAULT_SPEC) as (daemon, sink):
+    with thread_daemon(short_dir / "adaptd.sock", policy=DEFAULT_SPEC) as (daemon, sink):
         peer = Peer(zctx, daemon.endpoint)
         peer.hello("noisy-1", pid=0)
         rng = random.Random(7)

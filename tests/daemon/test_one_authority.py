@@ -76,12 +76,12 @@ def sleeper() -> subprocess.Popen:
 
 
 @pytest.fixture
-def two_hosts(sock_dir: Path):
-    (sock_dir / "a").mkdir()
-    (sock_dir / "b").mkdir()
+def two_hosts(short_dir: Path):
+    (short_dir / "a").mkdir()
+    (short_dir / "b").mkdir()
     with (
-        host(sock_dir / "a" / "d.sock", "host-a") as a,
-        host(sock_dir / "b" / "d.sock", "host-b") as b,
+        host(short_dir / "a" / "d.sock", "host-a") as a,
+        host(short_dir / "b" / "d.sock", "host-b") as b,
     ):
         yield a, b
 
@@ -207,10 +207,10 @@ def test_a_job_failure_counts_once_on_the_deciding_host_only(two_hosts) -> None:
             proc.wait()
 
 
-def test_three_ranks_lost_together_are_one_failure_of_the_job(sock_dir: Path) -> None:
+def test_three_ranks_lost_together_are_one_failure_of_the_job(short_dir: Path) -> None:
     procs = [sleeper() for _ in range(3)]
     ctx = zmq.Context.instance()
-    with host(sock_dir / "d.sock", "host-a") as (d, sink, rate):
+    with host(short_dir / "d.sock", "host-a") as (d, sink, rate):
         peers = [Peer(ctx, d.endpoint) for _ in range(3)]
         try:
             for r, peer in enumerate(peers):
@@ -238,13 +238,13 @@ def test_three_ranks_lost_together_are_one_failure_of_the_job(sock_dir: Path) ->
 
 
 def test_an_xid_on_a_non_deciding_host_makes_its_rank_ask_for_one_urgent_save(
-    sock_dir: Path,
+    short_dir: Path,
 ) -> None:
     """The health triggers run where the GPUs are: host B sees an XID on the GPU of its
     rank 1 and asks that rank to save now (the rank proposes one urgent save to the whole
     job, in-band); B pushes no plan of its own, and asks once per event, not per report."""
-    (sock_dir / "a").mkdir()
-    (sock_dir / "b").mkdir()
+    (short_dir / "a").mkdir()
+    (short_dir / "b").mkdir()
     sick = {"xid": (79,)}
 
     def snapshot_b() -> Snapshot:
@@ -253,8 +253,8 @@ def test_an_xid_on_a_non_deciding_host_makes_its_rank_ask_for_one_urgent_save(
 
     risky = "daly+risk"
     with (
-        host(sock_dir / "a" / "d.sock", "host-a") as (a, _, _),
-        host(sock_dir / "b" / "d.sock", "host-b", snapshot_source=snapshot_b) as (b, _, _),
+        host(short_dir / "a" / "d.sock", "host-a") as (a, _, _),
+        host(short_dir / "b" / "d.sock", "host-b", snapshot_source=snapshot_b) as (b, _, _),
     ):
         ctx = zmq.Context.instance()
         chief, worker = Peer(ctx, a.endpoint), Peer(ctx, b.endpoint)

@@ -80,24 +80,24 @@ def run_cli(capsys, *args: str) -> tuple[int, str, str]:
         ("resume", "--all"),
     ],
 )
-def test_without_a_daemon_one_line_exit_1(sock_dir, capsys, args) -> None:
+def test_without_a_daemon_one_line_exit_1(short_dir, capsys, args) -> None:
     t0 = time.monotonic()
-    rc, out, err = run_cli(capsys, *args, "--socket", str(sock_dir / "adaptd.sock"))
+    rc, out, err = run_cli(capsys, *args, "--socket", str(short_dir / "adaptd.sock"))
     assert rc == 1 and out == ""
     assert err.count("\n") == 1 and "no adaptd daemon is running" in err
-    assert err.startswith(f"adaptd {args[0]}: ") and str(sock_dir) in err
+    assert err.startswith(f"adaptd {args[0]}: ") and str(short_dir) in err
     assert time.monotonic() - t0 < 2.0
 
 
-def test_stale_socket_drain_gives_up_at_its_answer_timeout(sock_dir) -> None:
+def test_stale_socket_drain_gives_up_at_its_answer_timeout(short_dir) -> None:
     """A socket file nobody serves: the command times out, it does not hang (subprocess)."""
     import socket
 
     stale = socket.socket(socket.AF_UNIX)
-    stale.bind(str(sock_dir / "adaptd.admin.sock"))
+    stale.bind(str(short_dir / "adaptd.admin.sock"))
     stale.close()
     r = subprocess.run(
-        [*CLI, "save-now", "--all", "--socket", str(sock_dir / "adaptd.sock"),
+        [*CLI, "save-now", "--all", "--socket", str(short_dir / "adaptd.sock"),
          "--answer-timeout", "0.5"],
         capture_output=True, text=True, timeout=DEADLINE,
     )  # fmt: skip
@@ -108,8 +108,8 @@ def test_stale_socket_drain_gives_up_at_its_answer_timeout(sock_dir) -> None:
 # ------------------------------------------------------------------ drain
 
 
-def test_drain_several_jobs_waits_for_every_rank(sock_dir, jobs, capsys) -> None:
-    d = DaemonProc(sock_dir / "adaptd.sock")
+def test_drain_several_jobs_waits_for_every_rank(short_dir, jobs, capsys) -> None:
+    d = DaemonProc(short_dir / "adaptd.sock")
     try:
         fast = SavingJob(d.endpoint, "fast", save_s=0.0)
         slow = SavingJob(d.endpoint, "slow", save_s=0.8)
@@ -144,10 +144,10 @@ def test_drain_several_jobs_waits_for_every_rank(sock_dir, jobs, capsys) -> None
         d.stop()
 
 
-def test_drain_reports_timeout_failure_and_keeps_serving(sock_dir, jobs, capsys) -> None:
+def test_drain_reports_timeout_failure_and_keeps_serving(short_dir, jobs, capsys) -> None:
     """A job that never answers times the drain out; a failed save is not durable; the
     daemon answers other requests while the drain waits (its reply is deferred)."""
-    d = DaemonProc(sock_dir / "adaptd.sock")
+    d = DaemonProc(short_dir / "adaptd.sock")
     deaf = FakeJob(d.endpoint, "deaf")
     try:
         good = SavingJob(d.endpoint, "good")
@@ -190,8 +190,8 @@ def test_drain_with_no_jobs_answers_at_once(shared_daemon, capsys) -> None:
     assert (rc, out) == (0, "no active jobs: nothing to drain\n")
 
 
-def test_drain_timeout_is_validated(sock_dir, capsys) -> None:
-    rc, _, err = run_cli(capsys, "drain", "--timeout", "0", "--socket", str(sock_dir / "x.sock"))
+def test_drain_timeout_is_validated(short_dir, capsys) -> None:
+    rc, _, err = run_cli(capsys, "drain", "--timeout", "0", "--socket", str(short_dir / "x.sock"))
     assert rc == 2 and "--timeout must be in (0, 86400]" in err and "got 0" in err
 
 
@@ -284,8 +284,8 @@ def test_every_example_spec_in_the_help_texts_is_accepted(capsys) -> None:
 # ------------------------------------------------------------------ pause / resume
 
 
-def test_pause_holds_planned_saves_but_not_urgent_ones(sock_dir, jobs, capsys) -> None:
-    with thread_daemon(sock_dir / "adaptd.sock", policy="fixed:steps=50") as (d, sink):
+def test_pause_holds_planned_saves_but_not_urgent_ones(short_dir, jobs, capsys) -> None:
+    with thread_daemon(short_dir / "adaptd.sock", policy="fixed:steps=50") as (d, sink):
         job = SavingJob(d.endpoint, "pz")
         jobs.append(job)
         assert job.wait_plan()["every"] == 50
@@ -316,8 +316,8 @@ def test_pause_holds_planned_saves_but_not_urgent_ones(sock_dir, jobs, capsys) -
         assert rc == 1 and "unknown" in err
 
 
-def test_pause_all_without_active_jobs_says_so(sock_dir, capsys) -> None:
-    with thread_daemon(sock_dir / "adaptd.sock") as (d, _):
+def test_pause_all_without_active_jobs_says_so(short_dir, capsys) -> None:
+    with thread_daemon(short_dir / "adaptd.sock") as (d, _):
         rc, out, _ = run_cli(capsys, "pause", "--all", "--socket", str(d.socket_path))
     assert (rc, out) == (0, "nothing to pause: no active jobs\n")
 
@@ -343,14 +343,14 @@ def test_operator_commands_take_the_ipc_form_serve_takes(shared_daemon, zctx, ca
     assert rc == (1 if args[0] == "drain" else 0), err  # the peer never saves: drain times out
 
 
-def test_settings_restored_at_start_apply_to_the_job(sock_dir, zctx, caplog) -> None:
+def test_settings_restored_at_start_apply_to_the_job(short_dir, zctx, caplog) -> None:
     """What the store hands back (job_settings) holds from the job's first hello; a stored
     policy that no longer parses is dropped with a warning, not a start-up failure."""
     settings = {
         "kept": admin.JobSettings(policy="fixed:steps=9", paused=True),
         "broken": admin.JobSettings(policy="nosuch:x=1", paused=False),
     }
-    with thread_daemon(sock_dir / "adaptd.sock", job_settings=settings) as (d, sink):
+    with thread_daemon(short_dir / "adaptd.sock", job_settings=settings) as (d, sink):
         plan = Peer(zctx, d.endpoint).hello("kept")
         assert plan.policy == "fixed" and plan.next_step is None
         assert plan.reason.startswith("paused by operator")
@@ -366,8 +366,8 @@ def test_settings_restored_at_start_apply_to_the_job(sock_dir, zctx, caplog) -> 
 # ------------------------------------------------------------------ events for the sinks
 
 
-def test_rejected_messages_and_saves_in_flight_are_events(sock_dir, zctx) -> None:
-    with thread_daemon(sock_dir / "adaptd.sock") as (d, sink):
+def test_rejected_messages_and_saves_in_flight_are_events(short_dir, zctx) -> None:
+    with thread_daemon(short_dir / "adaptd.sock") as (d, sink):
         peer = Peer(zctx, d.endpoint)
         peer.send_raw(b"not msgpack")
         peer.expect(p.Error)
@@ -388,7 +388,7 @@ def test_rejected_messages_and_saves_in_flight_are_events(sock_dir, zctx) -> Non
 # ------------------------------------------------------------------ status with telemetry
 
 
-def test_status_shows_telemetry_and_survives_a_failing_source(sock_dir, zctx, capsys) -> None:
+def test_status_shows_telemetry_and_survives_a_failing_source(short_dir, zctx, capsys) -> None:
     from nvml_fixture import FixtureNvml
 
     from adaptd.telemetry import report
@@ -399,7 +399,7 @@ def test_status_shows_telemetry_and_survives_a_failing_source(sock_dir, zctx, ca
     try:
         sampler.tick(time.monotonic())
         with thread_daemon(
-            sock_dir / "adaptd.sock",
+            short_dir / "adaptd.sock",
             status_extra=lambda: source["telemetry"](),
             snapshot_source=sampler.latest,
         ) as (d, _):
@@ -426,8 +426,8 @@ def test_status_shows_telemetry_and_survives_a_failing_source(sock_dir, zctx, ca
 # ------------------------------------------------------------------ shutdown drain
 
 
-def test_stop_with_drain_waits_for_every_jobs_save(sock_dir, jobs) -> None:
-    with thread_daemon(sock_dir / "adaptd.sock") as (d, sink):
+def test_stop_with_drain_waits_for_every_jobs_save(short_dir, jobs) -> None:
+    with thread_daemon(short_dir / "adaptd.sock") as (d, sink):
         quick = SavingJob(d.endpoint, "sd-quick")
         slow = SavingJob(d.endpoint, "sd-slow", save_s=0.7)
         jobs.extend([quick, slow])
@@ -447,9 +447,9 @@ def test_stop_with_drain_waits_for_every_jobs_save(sock_dir, jobs) -> None:
 
 
 def test_stop_with_drain_gives_up_after_drain_s_and_a_second_stop_is_at_once(
-    sock_dir,
+    short_dir,
 ) -> None:
-    with thread_daemon(sock_dir / "adaptd.sock") as (d, sink):
+    with thread_daemon(short_dir / "adaptd.sock") as (d, sink):
         deaf = FakeJob(d.endpoint, "sd-deaf")
         try:
             deaf.wait_ready()
@@ -459,7 +459,7 @@ def test_stop_with_drain_gives_up_after_drain_s_and_a_second_stop_is_at_once(
             assert sink.wait_for(ev.SaveRequested).reason == "shutdown"
         finally:
             deaf.close()
-    with thread_daemon(sock_dir / "adaptd.sock") as (d, _):
+    with thread_daemon(short_dir / "adaptd.sock") as (d, _):
         deaf = FakeJob(d.endpoint, "sd-deaf2")
         try:
             deaf.wait_ready()
@@ -471,10 +471,10 @@ def test_stop_with_drain_gives_up_after_drain_s_and_a_second_stop_is_at_once(
             deaf.close()
 
 
-def test_sigterm_drains_a_real_daemon_process(sock_dir, jobs) -> None:
+def test_sigterm_drains_a_real_daemon_process(short_dir, jobs) -> None:
     """``adaptd serve`` wires SIGTERM to ``stop(drain_s=--drain-grace)``: the jobs save
     (reason ``shutdown``) and the daemon exits 0 once they are durable."""
-    d = DaemonProc(sock_dir / "adaptd.sock", drain_grace=20)
+    d = DaemonProc(short_dir / "adaptd.sock", drain_grace=20)
     try:
         a = SavingJob(d.endpoint, "term-a", save_s=0.5)
         b = SavingJob(d.endpoint, "term-b")
@@ -493,8 +493,8 @@ def test_sigterm_drains_a_real_daemon_process(sock_dir, jobs) -> None:
         d.stop()
 
 
-def test_stop_with_drain_and_no_jobs_is_immediate(sock_dir) -> None:
-    d = Daemon(sock_dir / "adaptd.sock", policy="phased").start()
+def test_stop_with_drain_and_no_jobs_is_immediate(short_dir) -> None:
+    d = Daemon(short_dir / "adaptd.sock", policy="phased").start()
     t0 = time.monotonic()
     d.stop(timeout_s=DEADLINE, drain_s=30.0)
     assert time.monotonic() - t0 < 1.0 and not d._thread.is_alive()

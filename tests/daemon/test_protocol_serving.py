@@ -59,11 +59,11 @@ def test_plan_resent_after_two_seconds_of_silence(shared_daemon, zctx) -> None:
     assert peer.expect(p.Plan, timeout=2.0) == plan  # same plan, same seq
 
 
-def test_any_message_after_the_keepalive_interval_is_answered(sock_dir, zctx) -> None:
+def test_any_message_after_the_keepalive_interval_is_answered(short_dir, zctx) -> None:
     # The client times silence from a send made KEEPALIVE_S after the daemon's newest
     # message (client/link.py), whatever that send is: here a JobPlan, which changes
     # nothing and needs no answer of its own. (The interval is shortened for the test.)
-    with thread_daemon(sock_dir / "a.sock", resend_after_s=0.3) as (d, _):
+    with thread_daemon(short_dir / "a.sock", resend_after_s=0.3) as (d, _):
         peer = Peer(zctx, d.endpoint)
         plan = peer.hello("keep-1", policy="fixed:steps=1000")
         job_plan = p.JobPlan(v=V, job="keep-1", rank=0, at_step=0, next_step=1000, every_steps=1000)
@@ -254,7 +254,7 @@ def test_save_report_updates_costs_and_save_now_reaches_ranks(shared_daemon, zct
     assert exc.value.code == "unknown_job"
 
 
-def test_no_second_save_is_planned_behind_one_in_flight(sock_dir, zctx) -> None:
+def test_no_second_save_is_planned_behind_one_in_flight(short_dir, zctx) -> None:
     """An interval that drifts with the step time re-plans from the save in flight.
 
     The hook reports its save as durable only seconds later; until then the daemon
@@ -262,7 +262,7 @@ def test_no_second_save_is_planned_behind_one_in_flight(sock_dir, zctx) -> None:
     """
     now = [1000.0]  # the daemon's clock, moved by the test: step times are exact
     kw = {"clock": lambda: now[0], "snapshot_source": lambda: Snapshot(time=now[0])}
-    with thread_daemon(sock_dir / "adaptd.sock", tick_interval_s=3600, **kw) as (daemon, _):
+    with thread_daemon(short_dir / "adaptd.sock", tick_interval_s=3600, **kw) as (daemon, _):
         peer = Peer(zctx, daemon.endpoint)
         assert peer.hello("drift-1", policy="daly:probe_s=20,mtbf_s=2000").next_step is None
         now[0] += 1.0

@@ -8,7 +8,6 @@ import re
 import shutil
 import signal
 import subprocess
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -96,14 +95,6 @@ def on_disk(ckpt: Path) -> set[int]:
         for p in ckpt.iterdir()
         if (m := re.fullmatch(r"ckpt-(\d+)\.(index|data-\d+-of-\d+)", p.name))
     }
-
-
-@pytest.fixture
-def short_dir() -> Iterator[Path]:
-    """A short directory under /tmp (ipc socket paths are limited to 107 bytes)."""
-    d = Path(tempfile.mkdtemp(prefix="adf-", dir="/tmp"))
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
 
 
 class SmallFS:

@@ -12,7 +12,6 @@ import socket
 import stat
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -32,14 +31,6 @@ from ._serve import NotifyListener, Peer, Serve
 ROOT = Path(__file__).resolve().parents[2]
 UNIT = ROOT / "systemd" / "adaptd.service"
 EXAMPLE = ROOT / "systemd" / "adaptd.toml"
-
-
-@pytest.fixture
-def short_dir() -> Iterator[Path]:
-    """A short path: ipc socket paths are limited to 107 bytes."""
-    d = Path(tempfile.mkdtemp(prefix="adi-", dir="/tmp"))
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.fixture

@@ -3,9 +3,6 @@ restore-agreement tests (tests/multiworker/coord_worker.py runs every scenario).
 
 from __future__ import annotations
 
-import shutil
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -50,11 +47,3 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     scenarios = ["facade", "lockstep", "free", "restore", "dead"]
     with Cluster(workdir, WORKERS, HERE / "coord_worker.py", scenarios, env=env) as cluster:
         return cluster.wait_ok(timeout=300)
-
-
-@pytest.fixture
-def short_dir() -> Iterator[Path]:
-    """A short directory under /tmp (ipc socket paths are limited to 107 bytes)."""
-    d = Path(tempfile.mkdtemp(prefix="adm-", dir="/tmp"))
-    yield d
-    shutil.rmtree(d, ignore_errors=True)

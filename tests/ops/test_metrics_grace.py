@@ -4,12 +4,8 @@ by the daemon's events and of a whole Service that a real ZeroMQ peer says goodb
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import zmq
@@ -98,13 +94,6 @@ def test_no_grace_removes_at_once_and_a_negative_one_is_refused() -> None:
 
 
 # ------------------------------------------------------------------ the whole daemon
-
-
-@pytest.fixture
-def short_dir() -> Iterator[Path]:
-    d = Path(tempfile.mkdtemp(prefix="adg-", dir="/tmp"))  # ipc paths: <= 107 bytes
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
 
 
 def test_the_daemon_keeps_a_goodbye_jobs_series_for_the_configured_grace(short_dir) -> None:

@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import shutil
 import stat
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -26,13 +24,6 @@ from adaptd.snapshot import StorageSample
 from adaptd.store import GLOBAL, Store, job_scope
 from adaptd.telemetry.sampler import Sampler
 from adaptd.telemetry.storage import Storage
-
-
-@pytest.fixture
-def short_dir() -> Iterator[Path]:
-    d = Path(tempfile.mkdtemp(prefix="ads-", dir="/tmp"))  # ipc paths: <= 107 bytes
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
 
 
 def make(short_dir: Path, **daemon: object) -> Service:
