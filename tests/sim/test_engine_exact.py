@@ -5,9 +5,14 @@ are slow, and the fast tests used one-second steps.)"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from adaptd import sim
+from adaptd.estimators import JobTracker
 from adaptd.policies import Fixed
-from adaptd.sim.engine import RunResult
+from adaptd.policy import Policy
+from adaptd.sim.engine import JOB, PID, TARGET, RunResult, _Run
+from adaptd.snapshot import Decision, GpuSample, JobState, Snapshot, StorageSample
 
 
 def traced(trace: list[float], latency_s: float, slowdown: float) -> sim.Scenario:
@@ -65,3 +70,259 @@ def test_a_failure_after_the_write_keeps_the_save() -> None:
     r = sim.run(traced([400.0], 105.0, 0.2), Fixed(steps=500), 0)
     assert (r.lost_work_s, r.checkpoint_overhead_s, r.saves) == (250 * 0.5, 5 * 25.0, 5)
     assert r.wall_s == 1500.0 + 125.0 + 125.0 + 60.0
+
+
+# ------------------------------------------------------------------------------------
+# Every message the tracker hears and every snapshot a policy sees, worked out by hand.
+# Half-second steps with a 3 s first step (2.5 s of warm-up), saves blocking 1 s and
+# durable 3 s after their call, at half speed meanwhile, and a restart of 4 s; all the
+# figures are exact binary fractions, so they are compared with ==.
+
+GPU_IDLE = (GpuSample(index=0, uuid="sim-gpu-0", util_sm=1.0, pids=(PID,)),)
+GPU_WRITING = (GpuSample(index=0, uuid="sim-gpu-0", util_sm=0.5, pids=(PID,)),)
+
+
+def storage(busy: float, writing: bool) -> tuple[StorageSample, ...]:
+    return (
+        StorageSample(
+            target=TARGET,
+            mountpoint="/sim",
+            busy_fraction=busy,
+            jobs=(JOB,),
+            writing_jobs=(JOB,) if writing else (),
+        ),
+    )
+
+
+class Told(JobTracker):
+    """The real tracker, logging every input the engine gives it."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.log: list[tuple] = []
+
+    def on_steps(self, time, step, count, mean_s, save_in_flight=False, **kw) -> None:
+        self.log.append(("steps", time, step, count, mean_s, save_in_flight, kw))
+        super().on_steps(time, step, count, mean_s, save_in_flight, **kw)
+
+    def on_save_requested(self, time, step) -> None:
+        self.log.append(("requested", time, step))
+        super().on_save_requested(time, step)
+
+    def on_save_report(self, time, step, **kw) -> None:
+        self.log.append(("saved", time, step, kw))
+        super().on_save_report(time, step, **kw)
+
+    def on_failure(self, time) -> None:
+        self.log.append(("failure", time))
+        super().on_failure(time)
+
+    def on_resume(self, time, step) -> None:
+        self.log.append(("resume", time, step))
+        super().on_resume(time, step)
+
+    def on_restart(self, restore_s) -> None:
+        self.log.append(("restart", restore_s))
+        super().on_restart(restore_s)
+
+
+@dataclass
+class Seen:
+    """A policy that logs what it is shown into the tracker's log, then asks ``inner``."""
+
+    log: list[tuple]
+    inner: Policy
+
+    def decide(self, snapshot: Snapshot, job: JobState) -> Decision:
+        assert (job.storage_target, job.pids, snapshot.fleet) == (TARGET, (PID,), None)
+        assert job.time == snapshot.time
+        self.log.append(("decide", snapshot.time, job.step, snapshot.gpus, snapshot.storage))
+        return self.inner.decide(snapshot, job)
+
+
+def told(scenario: sim.Scenario, policy: Policy) -> tuple[RunResult, list[tuple]]:
+    r = _Run(scenario, Fixed(steps=1), 0)
+    r.tracker = Told(JOB, gpus=scenario.gpus)
+    r.policy = Seen(r.tracker.log, policy)
+    return r.run(), r.tracker.log
+
+
+def warm(trace: list[float], phases: list[dict] | None = None) -> sim.Scenario:
+    return sim.from_dict(
+        {
+            "job": {"steps": 20, "step_time_s": 0.5, "first_step_s": 3.0},
+            "checkpoint": {"blocking_s": 1.0, "latency_s": 3.0, "slowdown": 0.5, "restore_s": 4.0},
+            "failures": {"trace": trace},
+            "phases": phases or [],
+        }
+    )
+
+
+FIRST = {"max_s": 3.0, "warmup": True}  # the first step of an incarnation, alone
+PACE = {"max_s": 0.0, "warmup": False}
+SAVED = {"blocking_s": 1.0, "durable_s": 3.0, "extra_step_s": 0.5 * 2.0}
+
+
+def test_a_slowed_phase_and_a_failure_during_its_write_as_the_tracker_hears_them() -> None:
+    # saves every 8 steps; from t = 10 to 20 storage is slowed: saves block 2x, write 4x
+    s = warm([16.0], [{"start_s": 10.0, "end_s": 20.0, "blocking_factor": 2.0,
+                       "latency_factor": 4.0}])  # fmt: skip
+    idle, writing = storage(0.0, False), storage(0.0, True)
+    slow_idle, slow_writing = storage(0.75, False), storage(0.75, True)  # 1 - 1/4 taken
+    r, log = told(s, Fixed(steps=8))
+    assert log == [
+        ("resume", 0.0, 0),
+        ("decide", 0.0, 0, GPU_IDLE, idle),
+        # warm-up until 2.5, the first step ends at 3: reported alone, as the warm-up
+        ("steps", 3.0, 1, 1, 3.0, False, FIRST),
+        ("decide", 3.0, 1, GPU_IDLE, idle),
+        # a second later (2 steps), the first report of the job's pace
+        ("steps", 4.0, 3, 2, 0.5, False, PACE),
+        ("decide", 4.0, 3, GPU_IDLE, idle),
+        # step 8 at 6.5: the save blocks to 7.5 and is durable at 9.5, at half speed
+        ("steps", 6.5, 8, 5, 0.5, False, PACE),
+        ("requested", 6.5, 8),
+        ("decide", 7.5, 8, GPU_WRITING, writing),
+        ("steps", 9.5, 10, 2, 1.0, False, PACE),  # 2 s for 2 steps
+        ("saved", 9.5, 8, SAVED),
+        ("decide", 9.5, 10, GPU_IDLE, idle),
+        # the phase begins at 10: a decision, shown the target 3/4 busy
+        ("steps", 10.0, 11, 1, 0.5, False, PACE),
+        ("decide", 10.0, 11, GPU_IDLE, slow_idle),
+        # step 16 at 12.5: blocks 2 s, durable 12 s after the call (24.5)
+        ("steps", 12.5, 16, 5, 0.5, False, PACE),
+        ("requested", 12.5, 16),
+        ("decide", 14.5, 16, GPU_WRITING, slow_writing),
+        # the failure at 16, 1.5 s into the write (1.5 steps at half speed): step 17.5
+        ("steps", 16.0, 17, 1, 1.5, True, PACE),
+        ("failure", 16.0),
+        # restarted at 20 (the phase is over) from step 8
+        ("resume", 20.0, 8),
+        ("decide", 20.0, 8, GPU_IDLE, idle),
+        ("steps", 23.0, 9, 1, 3.0, False, FIRST),
+        ("restart", 7.0),  # vanished at 16, heard at 23
+        ("decide", 23.0, 9, GPU_IDLE, idle),
+        ("steps", 24.0, 11, 2, 0.5, False, PACE),
+        ("decide", 24.0, 11, GPU_IDLE, idle),
+        ("steps", 26.5, 16, 5, 0.5, False, PACE),
+        ("requested", 26.5, 16),
+        ("decide", 27.5, 16, GPU_WRITING, writing),
+        ("steps", 29.5, 18, 2, 1.0, False, PACE),
+        ("saved", 29.5, 16, SAVED),
+        ("decide", 29.5, 18, GPU_IDLE, idle),
+    ]
+    # two steps more at full speed end the run at 30.5
+    assert r == RunResult(
+        wall_s=30.5,
+        useful_s=10.0,
+        checkpoint_overhead_s=(1.0 + 0.5 * 2.0) + (2.0 + 0.5 * 1.5) + (1.0 + 0.5 * 2.0),
+        lost_work_s=(17.5 - 8) * 0.5,
+        restart_s=4.0,
+        warmup_s=2 * 2.5,
+        saves=3,
+        failures=1,
+    )
+
+
+def test_the_run_ends_inside_a_slowed_write() -> None:
+    # as above without the failure: at 14.5 the write runs until 24.5, so the last 4
+    # steps take 4 s at half speed and the run ends at 18.5 with that write in flight
+    s = warm([], [{"start_s": 10.0, "end_s": 20.0, "blocking_factor": 2.0,
+                   "latency_factor": 4.0}])  # fmt: skip
+    r, log = told(s, Fixed(steps=8))
+    assert log[-1] == ("decide", 14.5, 16, GPU_WRITING, storage(0.75, True))
+    assert r == RunResult(
+        wall_s=18.5,
+        useful_s=10.0,
+        checkpoint_overhead_s=(1.0 + 0.5 * 2.0) + (2.0 + 0.5 * 4.0),
+        lost_work_s=0.0,
+        restart_s=0.0,
+        warmup_s=2.5,
+        saves=2,
+        failures=0,
+    )
+
+
+def test_failures_while_a_save_blocks_and_during_the_warm_up() -> None:
+    r, log = told(warm([7.0, 12.0]), Fixed(steps=8))
+    idle = storage(0.0, False)
+    assert log == [
+        ("resume", 0.0, 0),
+        ("decide", 0.0, 0, GPU_IDLE, idle),
+        ("steps", 3.0, 1, 1, 3.0, False, FIRST),
+        ("decide", 3.0, 1, GPU_IDLE, idle),
+        ("steps", 4.0, 3, 2, 0.5, False, PACE),
+        ("decide", 4.0, 3, GPU_IDLE, idle),
+        ("steps", 6.5, 8, 5, 0.5, False, PACE),
+        ("requested", 6.5, 8),
+        # the failure at 7, half-way through the blocking: nothing saved, 8 steps lost
+        ("failure", 7.0),
+        ("resume", 11.0, 0),
+        ("decide", 11.0, 0, GPU_IDLE, idle),
+        # the next, 1 s into the warm-up: no step was done, none is reported
+        ("failure", 12.0),
+        ("resume", 16.0, 0),
+        ("decide", 16.0, 0, GPU_IDLE, idle),
+        ("steps", 19.0, 1, 1, 3.0, False, FIRST),
+        ("restart", 7.0),  # from the last vanishing (12) to the first step heard
+        ("decide", 19.0, 1, GPU_IDLE, idle),
+        ("steps", 20.0, 3, 2, 0.5, False, PACE),
+        ("decide", 20.0, 3, GPU_IDLE, idle),
+        ("steps", 22.5, 8, 5, 0.5, False, PACE),
+        ("requested", 22.5, 8),
+        ("decide", 23.5, 8, GPU_WRITING, storage(0.0, True)),
+        ("steps", 25.5, 10, 2, 1.0, False, PACE),
+        ("saved", 25.5, 8, SAVED),
+        ("decide", 25.5, 10, GPU_IDLE, idle),
+        ("steps", 28.5, 16, 6, 0.5, False, PACE),
+        ("requested", 28.5, 16),
+        ("decide", 29.5, 16, GPU_WRITING, storage(0.0, True)),
+        ("steps", 31.5, 18, 2, 1.0, False, PACE),
+        ("saved", 31.5, 16, SAVED),
+        ("decide", 31.5, 18, GPU_IDLE, idle),
+    ]
+    assert r == RunResult(
+        wall_s=32.5,
+        useful_s=10.0,
+        checkpoint_overhead_s=0.5 + 2 * (1.0 + 0.5 * 2.0),
+        lost_work_s=8 * 0.5,
+        restart_s=4.0 + 4.0,
+        warmup_s=2.5 + 1.0 + 2.5,
+        saves=2,
+        failures=2,
+    )
+
+
+@dataclass(frozen=True)
+class OnceAtStep3:
+    """Plans nothing; asks for an urgent save once step 3 is done, if none was made."""
+
+    def decide(self, snapshot: Snapshot, job: JobState) -> Decision:
+        urgent = job.step >= 3 and job.last_save_step is None
+        return Decision(next_step=None, urgent=urgent)
+
+
+def test_an_urgent_save_is_made_at_the_next_step_and_a_plan_of_none_saves_no_more() -> None:
+    # no warm-up, a synchronous save (durable when the loop resumes), no failure
+    s = sim.from_dict(
+        {
+            "job": {"steps": 20, "step_time_s": 0.5},
+            "checkpoint": {"blocking_s": 1.0},
+            "failures": {"trace": []},
+        }
+    )
+    r, log = told(s, OnceAtStep3())
+    idle = storage(0.0, False)
+    assert log == [
+        ("resume", 0.0, 0),
+        ("decide", 0.0, 0, GPU_IDLE, idle),
+        ("steps", 0.5, 1, 1, 0.5, False, {"max_s": 0.5, "warmup": True}),
+        ("decide", 0.5, 1, GPU_IDLE, idle),
+        ("steps", 1.5, 3, 2, 0.5, False, PACE),
+        ("decide", 1.5, 3, GPU_IDLE, idle),  # urgent: save once step 4 is done
+        ("steps", 2.0, 4, 1, 0.5, False, PACE),
+        ("requested", 2.0, 4),
+        ("saved", 3.0, 4, {"blocking_s": 1.0, "durable_s": 1.0, "extra_step_s": 0.0}),
+        ("decide", 3.0, 4, GPU_IDLE, idle),
+    ]
+    assert r == RunResult(11.0, 10.0, 1.0, 0.0, 0.0, 0.0, saves=1, failures=0)
