@@ -5,14 +5,26 @@ are slow, and the fast tests used one-second steps.)"""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+
+import numpy as np
+import pytest
 
 from adaptd import sim
 from adaptd.estimators import JobTracker
+from adaptd.fleet.history import FleetHistory
 from adaptd.policies import Fixed
 from adaptd.policy import Policy
-from adaptd.sim.engine import JOB, PID, TARGET, RunResult, _Run
-from adaptd.snapshot import Decision, GpuSample, JobState, Snapshot, StorageSample
+from adaptd.sim.engine import JOB, PID, TARGET, FailureClock, RunResult, _Run
+from adaptd.snapshot import (
+    Decision,
+    FleetSample,
+    GpuSample,
+    JobState,
+    Snapshot,
+    StorageSample,
+)
 
 
 def traced(trace: list[float], latency_s: float, slowdown: float) -> sim.Scenario:
@@ -132,9 +144,11 @@ class Seen:
 
     log: list[tuple]
     inner: Policy
+    fleet: FleetSample | None = None  # what every snapshot must say of the fleet
 
     def decide(self, snapshot: Snapshot, job: JobState) -> Decision:
-        assert (job.storage_target, job.pids, snapshot.fleet) == (TARGET, (PID,), None)
+        assert (job.job, job.storage_target, job.pids) == (JOB, TARGET, (PID,))
+        assert snapshot.fleet is self.fleet
         assert job.time == snapshot.time
         self.log.append(("decide", snapshot.time, job.step, snapshot.gpus, snapshot.storage))
         return self.inner.decide(snapshot, job)
@@ -326,3 +340,164 @@ def test_an_urgent_save_is_made_at_the_next_step_and_a_plan_of_none_saves_no_mor
         ("decide", 3.0, 4, GPU_IDLE, idle),
     ]
     assert r == RunResult(11.0, 10.0, 1.0, 0.0, 0.0, 0.0, saves=1, failures=0)
+
+
+def test_a_failure_during_a_later_restart_adds_to_the_restart_time() -> None:
+    # 7: in the first save's blocking (6.5 to 7.5), 8 steps lost; back at 11 from step 0.
+    # 12: 1 s into the warm-up; the restart from 12 fails at 14 and ends at 18
+    r, log = told(warm([7.0, 12.0, 14.0]), Fixed(steps=8))
+    assert [e for e in log if e[0] in ("failure", "resume", "restart")] == [
+        ("resume", 0.0, 0),
+        ("failure", 7.0),
+        ("resume", 11.0, 0),
+        ("failure", 12.0),  # the one at 14 strikes the restart: the daemon cannot see it
+        ("resume", 18.0, 0),
+        ("restart", 21.0 - 12.0),
+    ]
+    # then as from the start: first step at 21, saves at 24.5 and 30.5, the end at 34.5
+    assert r == RunResult(
+        wall_s=34.5,
+        useful_s=10.0,
+        checkpoint_overhead_s=0.5 + 2 * (1.0 + 0.5 * 2.0),
+        lost_work_s=8 * 0.5,
+        restart_s=4.0 + 2.0 + 4.0,
+        warmup_s=2.5 + 1.0 + 2.5,
+        saves=2,
+        failures=3,
+    )
+
+
+def test_a_failure_at_the_instant_a_blocking_or_a_restart_ends_strikes_what_follows() -> None:
+    # the intervals are half-open: at 7.5 the save (blocking 6.5 to 7.5) is made and its
+    # write is in flight, which the failure loses; the job restarts from step 0
+    r, log = told(warm([7.5]), Fixed(steps=8))
+    assert log[7:11] == [
+        ("requested", 6.5, 8),
+        ("decide", 7.5, 8, GPU_WRITING, storage(0.0, True)),
+        ("failure", 7.5),
+        ("resume", 11.5, 0),
+    ]
+    assert r == RunResult(28.0, 10.0, 1.0 + 2 * 2.0, 4.0, 4.0, 5.0, saves=3, failures=1)
+    # at 11 the restart from 7 has ended: the job said hello, then fails again
+    r, log = told(warm([7.0, 11.0]), Fixed(steps=8))
+    assert [e for e in log if e[0] in ("failure", "resume")] == [
+        ("resume", 0.0, 0),
+        ("failure", 7.0),
+        ("resume", 11.0, 0),
+        ("failure", 11.0),
+        ("resume", 15.0, 0),
+    ]
+    assert r == RunResult(31.5, 10.0, 0.5 + 2 * 2.0, 4.0, 8.0, 5.0, saves=2, failures=2)
+
+
+def test_a_save_that_comes_due_during_the_write_waits_for_it_and_a_new_decision() -> None:
+    # every 2 steps (1 s), but a write takes 5 s at half speed: step 4 comes due at 4,
+    # before the write of step 2 is durable (6); at 6 the job is at step 6 and saves at 8
+    s = sim.from_dict(
+        {
+            "job": {"steps": 10, "step_time_s": 0.5},
+            "checkpoint": {"blocking_s": 1.0, "latency_s": 5.0, "slowdown": 0.5},
+            "failures": {"trace": []},
+        }
+    )
+    r, log = told(s, Fixed(steps=2))
+    idle, writing = storage(0.0, False), storage(0.0, True)
+    assert log == [
+        ("resume", 0.0, 0),
+        ("decide", 0.0, 0, GPU_IDLE, idle),
+        ("steps", 0.5, 1, 1, 0.5, False, {"max_s": 0.5, "warmup": True}),
+        ("decide", 0.5, 1, GPU_IDLE, idle),
+        ("steps", 1.0, 2, 1, 0.5, False, PACE),
+        ("requested", 1.0, 2),
+        ("decide", 2.0, 2, GPU_WRITING, writing),
+        ("steps", 3.0, 3, 1, 1.0, True, PACE),  # the report a second after the first
+        ("decide", 3.0, 3, GPU_WRITING, writing),
+        ("steps", 6.0, 6, 3, 1.0, False, PACE),
+        ("saved", 6.0, 2, {"blocking_s": 1.0, "durable_s": 5.0, "extra_step_s": 0.5 * 4.0}),
+        ("decide", 6.0, 6, GPU_IDLE, idle),
+        ("steps", 7.0, 8, 2, 0.5, False, PACE),
+        ("requested", 7.0, 8),
+        ("decide", 8.0, 8, GPU_WRITING, writing),
+    ]
+    # the last 2 steps at half speed, the write of step 8 still running at the end
+    assert r == RunResult(10.0, 5.0, (1.0 + 2.0) + (1.0 + 1.0), 0.0, 0.0, 0.0, 2, 0)
+
+
+def test_a_phase_boundary_between_the_first_reports_keeps_the_second() -> None:
+    # the target is slowed (latency x2: half its capacity taken) from 1 to 2 s, between
+    # the first step's report (0.5) and the one a second later (1.5)
+    s = sim.from_dict(
+        {
+            "job": {"steps": 10, "step_time_s": 0.5},
+            "checkpoint": {"blocking_s": 1.0},
+            "failures": {"trace": []},
+            "phases": [{"start_s": 1.0, "end_s": 2.0, "latency_factor": 2.0}],
+        }
+    )
+    r, log = told(s, Fixed(steps=6))
+    idle, half = storage(0.0, False), storage(0.5, False)
+    assert log == [
+        ("resume", 0.0, 0),
+        ("decide", 0.0, 0, GPU_IDLE, idle),
+        ("steps", 0.5, 1, 1, 0.5, False, {"max_s": 0.5, "warmup": True}),
+        ("decide", 0.5, 1, GPU_IDLE, idle),
+        ("steps", 1.0, 2, 1, 0.5, False, PACE),
+        ("decide", 1.0, 2, GPU_IDLE, half),
+        ("steps", 1.5, 3, 1, 0.5, False, PACE),
+        ("decide", 1.5, 3, GPU_IDLE, half),
+        ("steps", 2.0, 4, 1, 0.5, False, PACE),
+        ("decide", 2.0, 4, GPU_IDLE, idle),
+        ("steps", 3.0, 6, 2, 0.5, False, PACE),
+        ("requested", 3.0, 6),
+        ("saved", 4.0, 6, {"blocking_s": 1.0, "durable_s": 1.0, "extra_step_s": 0.0}),
+        ("decide", 4.0, 6, GPU_IDLE, idle),
+    ]
+    assert r == RunResult(6.0, 5.0, 1.0, 0.0, 0.0, 0.0, saves=1, failures=0)
+
+
+def test_with_two_second_steps_the_second_report_is_one_step_later() -> None:
+    s = sim.from_dict({"job": {"steps": 5, "step_time_s": 2.0}, "checkpoint": {"blocking_s": 1.0}})
+    r, log = told(s, Fixed(steps=10))  # plans step 10: no save in a 5-step run
+    idle = storage(0.0, False)
+    assert log == [
+        ("resume", 0.0, 0),
+        ("decide", 0.0, 0, GPU_IDLE, idle),
+        ("steps", 2.0, 1, 1, 2.0, False, {"max_s": 2.0, "warmup": True}),
+        ("decide", 2.0, 1, GPU_IDLE, idle),
+        ("steps", 4.0, 2, 1, 2.0, False, PACE),  # REPORT_S = 1 s is under one step
+        ("decide", 4.0, 2, GPU_IDLE, idle),
+    ]
+    assert r == RunResult(10.0, 10.0, 0.0, 0.0, 0.0, 0.0, saves=0, failures=0)
+
+
+def test_a_fleets_facts_reach_every_snapshot() -> None:
+    s = warm([16.0])
+    r = _Run(s, Fixed(steps=1), 0, FleetHistory(gpus=1004, job_gpus=8))
+    assert r.fleet is not None and r.fleet.hosts == 125  # 1004 GPUs: 125 whole hosts of 8
+    log: list[tuple] = []
+    r.policy = Seen(log, Fixed(steps=8), fleet=r.fleet)
+    r.run()
+    # decisions at 0, 3, 4 (reports), 7.5, 13.5 (saves made), 9.5, 15.5 (durable), 20
+    # (back from the failure at 16), 23 and 24 (its reports)
+    assert [e[1] for e in log] == [0.0, 3.0, 4.0, 7.5, 9.5, 13.5, 15.5, 20.0, 23.0, 24.0]
+
+
+@pytest.mark.parametrize("weibull", [False, True])
+def test_the_failure_clock_adds_up_its_seeds_draws_chunk_after_chunk(weibull) -> None:
+    failures = {"distribution": "weibull", "weibull_shape": 0.7} if weibull else {}
+    s = sim.from_dict(
+        {
+            "job": {"steps": 10, "step_time_s": 1.0, "gpus": 8},
+            "checkpoint": {"blocking_s": 1.0},
+            "failures": {"mtbf_gpu_hours": 10.0, **failures},
+        }
+    )
+    clock = FailureClock(s, 7)
+    times = [clock.next() for _ in range(3 * FailureClock.CHUNK - 10)]  # three chunks
+    rng = np.random.default_rng([7, 0xADA])
+    n = len(times)
+    if weibull:  # the scale for a mean of 10 h / 8 GPUs = 4500 s at shape 0.7
+        gaps = 4500.0 / math.gamma(1 + 1 / 0.7) * rng.weibull(0.7, n)
+    else:
+        gaps = rng.exponential(4500.0, n)
+    assert times == pytest.approx(np.cumsum(gaps), rel=1e-12)
