@@ -501,3 +501,36 @@ def test_the_failure_clock_adds_up_its_seeds_draws_chunk_after_chunk(weibull) ->
     else:
         gaps = rng.exponential(4500.0, n)
     assert times == pytest.approx(np.cumsum(gaps), rel=1e-12)
+
+
+def test_decisions_between_step_ends_leave_the_step_timings_whole() -> None:
+    # the target is slowed from 1 to 3.25 s (latency x2: half its capacity taken), then
+    # faster than usual until 5 (x0.5: nothing taken). The decisions at 1 (in the
+    # warm-up) and 3.25 (mid-step) see no new step: the next reports still time whole
+    # steps, the first one its 3 s
+    s = warm(
+        [],
+        [
+            {"start_s": 1.0, "end_s": 3.25, "latency_factor": 2.0},
+            {"start_s": 3.25, "end_s": 5.0, "latency_factor": 0.5},
+        ],
+    )
+    r, log = told(s, Fixed(steps=8))
+    idle, half = storage(0.0, False), storage(0.5, False)
+    assert log[:12] == [
+        ("resume", 0.0, 0),
+        ("decide", 0.0, 0, GPU_IDLE, idle),
+        ("decide", 1.0, 0, GPU_IDLE, half),
+        ("steps", 3.0, 1, 1, 3.0, False, FIRST),
+        ("decide", 3.0, 1, GPU_IDLE, half),
+        ("decide", 3.25, 1, GPU_IDLE, idle),
+        ("steps", 4.0, 3, 2, 0.5, False, PACE),
+        ("decide", 4.0, 3, GPU_IDLE, idle),
+        ("steps", 5.0, 5, 2, 0.5, False, PACE),
+        ("decide", 5.0, 5, GPU_IDLE, idle),
+        ("steps", 6.5, 8, 3, 0.5, False, PACE),
+        ("requested", 6.5, 8),
+    ]
+    # saves at steps 8 (at 6.5) and 16 (at 12.5), both after the phases; the last
+    # write ends at 15.5, 2 steps before the end
+    assert r == RunResult(16.5, 10.0, 2 * (1.0 + 0.5 * 2.0), 0.0, 0.0, 2.5, saves=2, failures=0)

@@ -170,6 +170,8 @@ FAILING = [
     (case(1_000, 1.0, 5.0, 20.0, 0.1, 60.0, 1000.0, first_step_s=11.0), 300),
     # the run ends 10 steps after the last save's call, while its write runs
     (case(910, 1.0, 5.0, 20.0, 0.1, 60.0, 1000.0, first_step_s=11.0), 300),
+    # 15 steps after it: the write (13.5 steps at 90% speed) was durable 1.5 s before
+    (case(915, 1.0, 5.0, 20.0, 0.1, 60.0, 1000.0, first_step_s=11.0), 300),
     # one save: no whole cycle; half-second steps, a long write
     (case(1_000, 0.5, 5.0, 150.0, 0.2, 30.0, 800.0), 600),
     # no save: a failure restarts the run from the start
