@@ -30,6 +30,7 @@ __all__ = [
 COMMANDS: dict[str, str] = {
     "serve": "serve",
     "status": "status",
+    "history": "history",
     "save-now": "save_now",
     "drain": "drain",
     "set-policy": "set_policy",
