@@ -48,6 +48,11 @@ def tier(restore_from: str | None, pulled: bool) -> str:
     return STAGING if restore_from else DURABLE
 
 
+def _place(where: str) -> str:
+    """A local path made absolute (a relative ``ckpts/`` says little in a log); a URL as it is."""
+    return where if "://" in where else os.path.abspath(where)
+
+
 def _who(rank: int, world_size: int) -> str:
     return f"rank {rank}/{world_size} " if world_size > 1 else ""
 
@@ -71,7 +76,7 @@ def resumed(
     name = os.path.basename(checkpoint.rstrip("/")) or checkpoint
     text = (
         f"{_who(rank, world_size)}resumed from step {step} "
-        f"({name}, {number(seconds, ' s', digits=2)}, {tier} tier: {where})"
+        f"({name}, {number(seconds, ' s', digits=2)}, {tier} tier: {_place(where)})"
     )
     return text + (f"; the step the job's {world_size} ranks agreed on" if agreed else "")
 
@@ -86,9 +91,9 @@ def fresh(
 ) -> str:
     """``starting at step 0: no checkpoint to resume from in DIR [nor at URL (why)]``."""
     text = f"{_who(rank, world_size)}starting at step 0: no checkpoint to resume from in "
-    text += directory
+    text += _place(directory)
     if restore_from:
-        text += f" nor at {restore_from}" + (f" ({why})" if why else "")
+        text += f" nor at {_place(restore_from)}" + (f" ({why})" if why else "")
     return text
 
 

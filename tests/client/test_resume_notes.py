@@ -52,13 +52,14 @@ def said(capsys) -> list[str]:
 SECONDS = r"\d+(\.\d+)? s"
 
 
-def test_a_fresh_run_and_a_resumed_one_say_so_once_on_stderr(tmp_path, capsys) -> None:
+def test_a_fresh_run_and_a_resumed_one_say_so_once_on_stderr(tmp_path, capsys, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert run(Path("ck"), 7) == 0  # a relative directory is shown absolute
     d = tmp_path / "ck"
-    assert run(d, 7) == 0
     assert said(capsys) == [
         f"adaptd: starting at step 0: no checkpoint to resume from in {d}",
     ]
-    assert run(d, 3) == 7
+    assert run(Path("ck"), 3) == 7
     (line,) = said(capsys)
     assert re.fullmatch(
         rf"adaptd: resumed from step 7 \(ckpt-7, {SECONDS}, durable tier: {re.escape(str(d))}\)",
