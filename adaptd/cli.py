@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import select
 import sys
 from collections.abc import Sequence
 from types import ModuleType
@@ -96,12 +97,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         finally:  # what is still buffered goes now, while a closed pipe can be caught
             sys.stdout.flush()
     except BrokenPipeError:
+        if not _stdout_gone():  # another pipe or socket broke: that is an error to show
+            raise
         # Nothing more can be shown, and Python's flush at exit would fail again with a
         # traceback: point stdout at /dev/null and stop.
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         os.close(devnull)
         return BROKEN_PIPE_STATUS
+
+
+def _stdout_gone() -> bool:
+    """Whether stdout is a pipe (or socket) whose reader went away (POLLERR/POLLHUP)."""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(ev & (select.POLLERR | select.POLLHUP) for _, ev in poller.poll(0))
+    except (OSError, ValueError):  # no real file behind stdout (a test's capture)
+        return False
 
 
 def _main(argv: Sequence[str] | None) -> int:

@@ -56,3 +56,18 @@ def test_a_command_whose_output_pipe_is_closed_exits_quietly(args, tmp_path: Pat
 def test_help_into_a_closed_pipe_is_quiet() -> None:
     rc, err = run_into_closed_pipe(["--help"])
     assert err == "" and rc in (0, BROKEN_PIPE_STATUS)
+
+
+def test_a_broken_pipe_that_is_not_stdout_is_an_error_shown() -> None:
+    """Only a closed stdout is quiet: a command whose socket or child pipe broke fails
+    with its traceback (here a command made to raise one while stdout is read)."""
+    code = (
+        "import sys\n"
+        "import adaptd.commands.policies as cmd\n"
+        "from adaptd import cli\n"
+        "def run(args): raise BrokenPipeError(32, 'the upload socket')\n"
+        "cmd.run = run\n"
+        "sys.exit(cli.main(['policies']))\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "BrokenPipeError: [Errno 32] the upload socket" in r.stderr
