@@ -60,6 +60,7 @@ from adaptd.fleet.part import FleetPart
 from adaptd.learned import FAILURE_RATE_KEY, LEARNED_KEY, Learned
 from adaptd.logfmt import logfmt
 from adaptd.metrics import Metrics, MetricsError, MetricsServer
+from adaptd.records import SaveRecord
 from adaptd.registry import Registry
 from adaptd.registry_view import RegistryView
 from adaptd.sdnotify import Notifier
@@ -260,6 +261,7 @@ class Service:
                 status_extra=self._status_extra,
                 replication_source=replicator.status if replicator is not None else None,
                 admin_group_id=admin_gid(cfg.admin_group),
+                history_source=self._history,
             )
             self.daemon = Daemon(parts=parts)
             # Bind under a private umask: the socket files exist with no group/other
@@ -298,6 +300,12 @@ class Service:
         if self.fleet is not None:
             out["fleet"] = self.fleet.status()
         return out
+
+    def _history(self, job: str, since: float | None, limit: int) -> list[SaveRecord]:
+        """``adaptd history``: the job's saves from the state database (queued rows
+        flushed first, so a save reported a moment ago is there)."""
+        assert self.store is not None
+        return self.store.saves(job, since=since, limit=limit)
 
     def _initial_settings(self) -> dict[str, admin.JobSettings]:
         """Exact-id ``[jobs."ID"]`` entries of the config (merged with the globs that

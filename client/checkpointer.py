@@ -29,7 +29,7 @@ from typing import Any
 import tensorflow as tf
 
 from adaptd import protocol
-from adaptd.client import hook_parts, intact, remote, resume
+from adaptd.client import hook_parts, intact, remote, resume, resume_notes
 from adaptd.client.costs import Baseline, StepClock
 from adaptd.client.schedule import NEVER, Due
 from adaptd.client.session import WELCOME_WAIT_S, HelloFacts
@@ -227,7 +227,8 @@ class AdaptiveCheckpointer:
     def step(self, steps: int = 1) -> None:
         """Call once per finished training step (``steps``: how many finished since
         the previous call, e.g. ``steps_per_execution``). Costs well under a
-        microsecond unless a save is due or the socket's poll time has come."""
+        microsecond unless a save is due or the socket's poll time has come.
+        Raises RuntimeError before :meth:`restore_or_initialize` (it names the call)."""
         now = perf_counter()
         dt = now - self._last
         self._last = now
@@ -243,12 +244,13 @@ class AdaptiveCheckpointer:
     def save(self, reason: str = "requested") -> None:
         """Save the current step now (asynchronously), unless it is already saved.
 
-        For a final save before :meth:`close`. Raises RuntimeError after close().
+        For a final save before :meth:`close`. Raises RuntimeError before
+        :meth:`restore_or_initialize` and after close().
         """
         if self._closed:
             raise RuntimeError("save() after close(): the checkpointer is closed")
         if not self._started:
-            self._start(0, None)
+            raise resume_notes.not_restored("save()", self.directory)
         n = self._n
         if self._schedule.last_saved_step != n:
             self._save(n, reason)
@@ -366,8 +368,7 @@ class AdaptiveCheckpointer:
             if self._closed:
                 self._due, self._tick_at = NEVER, _INF
                 return
-            self._start(0, None)
-            self._n = n
+            raise resume_notes.not_restored("step()", self.directory)
         if now >= self._tick_at:
             self._tick(n, now)
         if self._preempt is not None and not self._authority.preempt(n):

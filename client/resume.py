@@ -18,7 +18,7 @@ from pathlib import Path
 from time import perf_counter
 from typing import Any
 
-from adaptd.client import files, intact, remote
+from adaptd.client import files, intact, remote, resume_notes
 from adaptd.client.agreed import Coordinated
 from adaptd.client.authority import Authority
 from adaptd.client.job_restore import JobRestore, RestoreAgreementError
@@ -85,10 +85,18 @@ def restore_alone(
         pulled = remote.pull_if_empty(directory, restore_from, storage_options=storage_options)
     resume = intact.restore_newest_intact(directory, state.restore)
     if not resume.restored:
+        why = pulled.reason if pulled is not None else ""
+        resume_notes.say(resume_notes.fresh(directory=str(directory), restore_from=restore_from,
+                                            why=why))  # fmt: skip
         return Resumed(0, None, resume, pulled)
     start = state.restored_step(resume.restored)
     restore_s = perf_counter() - t0
-    log.info("restored %s: continuing from step %d (%.3fs)", resume.restored, start, restore_s)
+    from_destination = pulled is not None and pulled.step is not None
+    resume_notes.say(resume_notes.resumed(
+        step=start, checkpoint=resume.restored, seconds=restore_s,
+        tier=resume_notes.tier(restore_from, from_destination),
+        where=pulled.url if from_destination else str(directory),
+    ))  # fmt: skip
     return Resumed(start, restore_s, resume, pulled)
 
 
@@ -107,8 +115,12 @@ def restore_agreed(job_restore: JobRestore, state: CheckpointState, *, tidy: boo
         files.remove_orphans(directory)
     t0 = perf_counter()
     choice = job_restore.agree()
+    rank, world = job_restore.rank, job_restore.world_size
     if choice.step is None:
         job_restore.confirm(0)
+        resume_notes.say(resume_notes.fresh(rank=rank, world_size=world,
+                                            directory=str(directory),
+                                            restore_from=job_restore.restore_from))  # fmt: skip
         return Resumed(0, None, intact.Resume(None))
     prefix = os.path.join(str(directory), f"ckpt-{choice.step}")
     error = ""
@@ -123,12 +135,12 @@ def restore_agreed(job_restore: JobRestore, state: CheckpointState, *, tidy: boo
     if error:  # confirm() raised for the others' failures; this one's is raised here
         raise RestoreAgreementError(error)
     restore_s = perf_counter() - t0
-    log.info(
-        "restored %s, the step the job's %d ranks agreed on (%.3fs)",
-        prefix,
-        job_restore.world_size,
-        restore_s,
-    )
+    pulled = choice.source.get(rank) == "pull"
+    resume_notes.say(resume_notes.resumed(
+        rank=rank, world_size=world, step=choice.step, checkpoint=prefix, seconds=restore_s,
+        tier=resume_notes.tier(job_restore.restore_from, pulled),
+        where=job_restore.restore_from if pulled else str(directory), agreed=True,
+    ))  # fmt: skip
     return Resumed(choice.step, restore_s, intact.Resume(prefix))
 
 

@@ -34,6 +34,8 @@ from types import MappingProxyType
 from typing import Any
 
 from adaptd.fleet.session import FleetSettings
+from adaptd.fleet.targets import not_a_mount_point, read_mounts
+from adaptd.telemetry.storage import Mount
 
 ETCD_ENV = "ADAPTD_ETCD"
 KEYS = (
@@ -111,10 +113,13 @@ def parse_fleet(
     *,
     endpoints: Sequence[str] = (),
     hostname: str | None = None,
+    mounts: Sequence[Mount] | None = None,
 ) -> FleetConfig | None:
     """Validate ``[fleet]`` (``table``: the parsed TOML table or ``None``); ``endpoints``
-    (from the command line or environment) replace its ``etcd``. Raises
-    :class:`ValueError` whose message starts with the dotted key at fault."""
+    (from the command line or environment) replace its ``etcd``. Every ``[fleet.shared]``
+    path must be a mount point of ``mounts`` (default: this host's mount table,
+    :func:`~adaptd.fleet.targets.read_mounts`). Raises :class:`ValueError` whose
+    message starts with the dotted key at fault."""
     if table is None:
         table = {}
     if not isinstance(table, Mapping):
@@ -170,6 +175,12 @@ def parse_fleet(
         raise ValueError(
             'fleet.shared: must map absolute paths to names, e.g. "/mnt/bucket" = "gcs://b"'
         )
+    if shared:
+        table_of_mounts = read_mounts() if mounts is None else mounts
+        for path in shared:
+            why = not_a_mount_point(path, table_of_mounts, resolve=mounts is None)
+            if why is not None:
+                raise ValueError(f"fleet.shared: {why}")
     return FleetConfig(settings=settings, slots=slots, shared=MappingProxyType(dict(shared)))
 
 
