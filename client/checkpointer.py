@@ -22,7 +22,7 @@ import os
 import signal
 import warnings
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from time import perf_counter
 from typing import Any
 
@@ -92,11 +92,18 @@ class AdaptiveCheckpointer:
             exception) saves the current step when the run advanced since its last
             save, so even a run shorter than the first planned interval leaves a
             checkpoint (as the Keras callback saves at the end of ``fit``). Default on.
+        per_rank: keywords of trackables that differ between the ranks of a
+            multi-worker job, beside those that do by their kind (data iterators,
+            generators made outside the strategy's scope): each rank saves and
+            restores its own (see :mod:`adaptd.client.per_rank`).
         **trackables: what to checkpoint (``model=``, ``optimizer=``,
-            ``data_iterator=``, ``rng=``, any ``tf`` trackable).
+            ``data_iterator=``, ``rng=``, any ``tf`` trackable, or a ``tf.distribute``
+            iterator).
 
     Raises:
-        ValueError: an argument is invalid (the message names it and the value).
+        ValueError: an argument is invalid (the message names it and the value), or
+            an input cannot be resumed exactly (``UnsupportedInput``: the message
+            names what is supported).
         PolicyError: ``policy`` does not parse.
     """
 
@@ -121,6 +128,7 @@ class AdaptiveCheckpointer:
         curve_server_key: str | os.PathLike[str] | None = None,
         curve_client_key: str | os.PathLike[str] | None = None,
         save_on_close: bool = True,
+        per_rank: Collection[str] = (),
         **trackables: Any,
     ) -> None:
         built = hook_parts.parts(
@@ -139,6 +147,7 @@ class AdaptiveCheckpointer:
             storage_options=storage_options,
             curve_server_key=curve_server_key,
             curve_client_key=curve_client_key,
+            per_rank_keys=per_rank,
             trackables=trackables,
             manager=lambda: self.manager,
             options=_OPTIONS,
@@ -157,7 +166,7 @@ class AdaptiveCheckpointer:
         self._save_on_close = bool(save_on_close)
         self._state, self._writer, self._link = built.state, built.writer, built.link
         self._schedule, self._authority = built.schedule, built.authority
-        self._saves, self._session = built.saves, built.session
+        self._saves, self._session, self._part = built.saves, built.session, built.part
         self.checkpoint = self._state.checkpoint
         self._reopen_manager()
         self._sigterm = SigtermHandler(self._on_sigterm) if handle_sigterm else None
@@ -200,6 +209,9 @@ class AdaptiveCheckpointer:
             RuntimeError: called twice or after :meth:`step`.
             NoIntactCheckpoint: there are checkpoints, but every one is damaged (the
                 message names each and what is wrong).
+            WorldSizeChanged: the newest checkpoint was written by a job of another
+                number of workers (in a multi-worker job: ``RestoreAgreementError``
+                with the same message), so no rank's own state could be restored exactly.
             AssertionError: (TensorFlow's) the checkpoint does not match the state.
         """
         if self._started:
@@ -210,6 +222,7 @@ class AdaptiveCheckpointer:
             self._state,
             restore_from=self.restore_from,
             storage_options=self._storage_options,
+            part=self._part,
         )
         self.pulled, self.resume = done.pulled, done.resume
         if self.pulled is not None and self.pulled.step is not None:
@@ -335,7 +348,7 @@ class AdaptiveCheckpointer:
         self.resumed_from = start
         self.restore_s = restore_s
         self._n = start
-        self.state_bytes = self._state.nbytes()
+        self.state_bytes = self._state.nbytes() + (self._part.nbytes() if self._part else 0)
         self._tracker, gpus = hook_parts.tracker(
             self.job, self.world_size, start, self.state_bytes, restore_s
         )

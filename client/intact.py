@@ -61,6 +61,12 @@ class NoIntactCheckpoint(RuntimeError):
         )
 
 
+class WorldSizeChanged(RuntimeError):
+    """The newest checkpoint was written by a job of another number of ranks (the
+    message names both and what to do; :func:`adaptd.rank_parts.world_changed`).
+    Raised by ``restore_or_initialize()`` instead of an inexact resume."""
+
+
 @dataclass(frozen=True, slots=True)
 class Resume:
     """What :func:`restore_newest_intact` did: the checkpoint restored (None: none

@@ -12,11 +12,12 @@ in lock step, each with its own hook, job and checkpoint directory ``$CKPT/<styl
 
 Environment: ``CKPT``, ``STEPS`` (default 50), ``EVERY`` (steps between saves, default
 10); ``KILL_RANK`` and ``KILL_AT``: that rank SIGKILLs itself after step ``KILL_AT``;
-with ``KILL_IN_WRITE=1`` instead right after the first save at or after ``KILL_AT``
-returned, while its write is in flight (``$KILL_MARK`` is written first, saying whether
-a write was in flight). The result of each style: the digests of the model's weights,
-of the optimizer's variables (slots and iteration count), the hook's step and the
-rank's next three batches after the last step, and the step it resumed from.
+with ``KILL_IN_WRITE=1`` instead right after the first save call at or after ``KILL_AT``
+returned while that save's write is in flight, in whichever style it is first so
+(``$KILL_MARK`` is written first: that step and style). The result of each style: the
+digests of the model's weights, of the optimizer's variables (slots and iteration
+count), the hook's step and the rank's next three batches after the last step, and
+the step it resumed from; rank 0 adds the weights plain TensorFlow reads back.
 """
 
 from __future__ import annotations
@@ -153,19 +154,22 @@ def main() -> int:
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     rank, world = ranks.resolve()
     trainees = [Trainee(style, strategy, rank, world) for style in INPUTS]
-    start = {t.hook.restore_or_initialize() for t in trainees}
-    assert len(start) == 1, f"the styles resumed from different steps: {start}"
-    kill_at = int(os.environ.get("KILL_AT", "0")) if rank == int(os.environ.get("KILL_RANK", "-1")) else 0
+    # each style is a job of its own: one may resume from an older step than another
+    # (its part of the newer step was still being written when a rank died)
+    starts = [t.hook.restore_or_initialize() for t in trainees]
+    victim = rank == int(os.environ.get("KILL_RANK", "-1"))
+    kill_at = int(os.environ.get("KILL_AT", "0")) if victim else 0
     in_write = bool(os.environ.get("KILL_IN_WRITE"))
-    for step in range(start.pop(), STEPS):
-        for t in trainees:
-            t.step()
+    for step in range(min(starts), STEPS):
         done = step + 1
-        if kill_at and done >= kill_at and (not in_write or done % EVERY == 0):
-            if in_write:
-                flying = all(t.hook.save_in_flight for t in trainees)
-                with open(os.environ["KILL_MARK"], "w") as f:
-                    json.dump({"step": done, "in_flight": flying}, f)
+        for t, start in zip(trainees, starts, strict=True):
+            if step >= start:
+                t.step()
+            if in_write and kill_at and done >= kill_at and t.hook.save_in_flight:
+                with open(os.environ["KILL_MARK"], "w") as f:  # first, then the kill
+                    json.dump({"step": done, "style": t.style}, f)
+                os.kill(os.getpid(), signal.SIGKILL)
+        if kill_at and not in_write and done >= kill_at:
             os.kill(os.getpid(), signal.SIGKILL)
     for t in trainees:
         t.hook.close()
