@@ -42,8 +42,8 @@ from pathlib import Path
 from adaptd.checkpoint_files import CHECKPOINT_FILE
 
 __all__ = [
-    "PART_FILE",
     "PENDING",
+    "RANK_FILE",
     "StepStatus",
     "files_of",
     "listing",
@@ -60,7 +60,7 @@ __all__ = [
 
 #: A file of a rank's part: group 1 the step, 2 the rank, 3 the world size, 4 what it
 #: is (``index``, ``data-SSSSS-of-NNNNN`` or ``pending``), 5/6 shard and shard count.
-PART_FILE = re.compile(
+RANK_FILE = re.compile(
     r"^ckpt-(\d+)\.rank-(\d{5})-of-(\d{5})\.(index|data-(\d{5})-of-(\d{5})|pending)$"
 )
 #: The suffix of the marker a rank keeps while its part is being written.
@@ -78,13 +78,13 @@ def pending_name(step: int, rank: int, world: int) -> str:
 
 def part_of(name: str) -> tuple[int, int, int] | None:
     """``(step, rank, world)`` of a part's file, or None for any other name."""
-    m = PART_FILE.match(name)
+    m = RANK_FILE.match(name)
     return (int(m.group(1)), int(m.group(2)), int(m.group(3))) if m else None
 
 
 def step_of(name: str) -> int | None:
     """The step a checkpoint file belongs to (the replicated part's or a rank's), or None."""
-    m = CHECKPOINT_FILE.match(name) or PART_FILE.match(name)
+    m = CHECKPOINT_FILE.match(name) or RANK_FILE.match(name)
     return int(m.group(1)) if m else None
 
 

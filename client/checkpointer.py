@@ -20,7 +20,6 @@ import inspect
 import logging
 import os
 import signal
-import warnings
 import weakref
 from collections.abc import Callable, Collection, Mapping
 from time import perf_counter
@@ -28,10 +27,10 @@ from typing import Any
 
 import tensorflow as tf
 
-from adaptd import protocol
 from adaptd.client import hook_parts, intact, remote, resume
 from adaptd.client.costs import Baseline, StepClock
-from adaptd.client.schedule import NEVER, Due
+from adaptd.client.hook_views import HookViews
+from adaptd.client.schedule import NEVER
 from adaptd.client.session import WELCOME_WAIT_S, HelloFacts
 from adaptd.client.sigterm import SigtermHandler
 from adaptd.client.state import SEEDS_KEY, STEP_KEY
@@ -50,7 +49,7 @@ FINAL_SAVE_REASON = "end of run"
 DEFAULT_WRITER_NICE: WriterNice = AUTO
 
 
-class AdaptiveCheckpointer:
+class AdaptiveCheckpointer(HookViews):
     """Saves ``trackables`` asynchronously at the steps the daemon (or the embedded
     policy) plans, and reports what each save cost.
 
@@ -200,10 +199,11 @@ class AdaptiveCheckpointer:
         directory without checkpoints, first pulls the newest verified checkpoint from
         there (a destination that cannot be read is a warning and a fresh start; the
         pull's time counts into ``restore_s``). Each checkpoint, newest first, gets
-        ``adaptd verify``'s quick check before it is restored; a damaged one is
-        skipped with a warning naming it and why, the next older one is restored, and
-        the daemon is told (see :mod:`adaptd.client.intact`; :attr:`resume` holds
-        what happened). Call once, before the first :meth:`step`.
+        ``adaptd verify``'s quick check before it is restored; a damaged one (in a
+        multi-worker job, also one that lacks a rank's part) is skipped with a warning
+        naming it and why, the next older one is restored, and the daemon is told (see
+        :mod:`adaptd.client.intact`; :attr:`resume` holds what happened). Call once,
+        before the first :meth:`step`.
 
         Raises:
             RuntimeError: called twice or after :meth:`step`.
@@ -227,12 +227,7 @@ class AdaptiveCheckpointer:
         self.pulled, self.resume = done.pulled, done.resume
         if self.pulled is not None and self.pulled.step is not None:
             self._reopen_manager()  # the manager read the state file while it was empty
-        if self.resume.skipped:
-            text = f"adaptd: the newest checkpoint in {self.directory} is damaged: " + (
-                self.resume.describe()
-            )
-            log.warning("%s", text)
-            warnings.warn(text, RuntimeWarning, stacklevel=2)
+        intact.warn_skipped(self.resume, self.directory)
         self._start(done.start, done.restore_s)
         self._session.await_welcome(self._n, self._store_due)
         return done.start
@@ -290,50 +285,6 @@ class AdaptiveCheckpointer:
             self._finish(300.0, goodbye="closed", final_save=self._save_on_close)
         else:  # the state may be that of a half-done step: not saved
             self._finish(300.0, goodbye=f"exception: {exc_type.__name__}")
-
-    @property
-    def step_count(self) -> int:
-        """Completed steps (the global step)."""
-        return self._n
-
-    @property
-    def writer_nice(self) -> int | None:
-        """The nice value applied to TF's async-save thread (None: its creator's)."""
-        return self._writer.nice
-
-    @property
-    def save_in_flight(self) -> bool:
-        """True while a save's background write has not ended."""
-        return self._saves.in_flight
-
-    @property
-    def mode(self) -> str:
-        """``"daemon"`` when the daemon's plan is in force, else ``"embedded"``."""
-        return self._schedule.source
-
-    @property
-    def next_save(self) -> Due | None:
-        """The step the next save is planned at, and why."""
-        return self._schedule.next_due()
-
-    @property
-    def latest_checkpoint(self) -> str | None:
-        return self.manager.latest_checkpoint
-
-    @property
-    def history(self) -> list[protocol.SaveReport]:
-        """Every finished save, as sent to the daemon (failed ones too)."""
-        return self._saves.history
-
-    @property
-    def failed_saves(self) -> int:
-        return self._saves.failed
-
-    @property
-    def stats(self) -> dict[str, int]:
-        """Counters: messages sent, dropped (no daemon), bad frames received, failed saves."""
-        saves = {"saves": len(self.history), "failed_saves": self.failed_saves}
-        return {**self._session.counters(), **saves}
 
     # ------------------------------------------------------------------ start
 

@@ -22,10 +22,14 @@ run, naming each checkpoint found and what is wrong with it.
 
 from __future__ import annotations
 
+import logging
 import os
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+log = logging.getLogger("adaptd.client")
 
 #: Longest reason kept per damaged checkpoint (reports and the Hello field).
 _MAX_WHY = 400
@@ -81,6 +85,15 @@ class Resume:
             return ""
         skipped = "; ".join(str(d) for d in self.skipped)
         return f"skipped damaged {skipped}; resumed from {Path(self.restored or '').name}"
+
+
+def warn_skipped(resume: Resume, directory: str | os.PathLike[str]) -> None:
+    """Log and warn (``RuntimeWarning``) the newer checkpoints ``resume`` skipped."""
+    if not resume.skipped:
+        return
+    text = f"adaptd: the newest checkpoint in {directory} is not usable: {resume.describe()}"
+    log.warning("%s", text)
+    warnings.warn(text, RuntimeWarning, stacklevel=3)
 
 
 def restore_newest_intact(

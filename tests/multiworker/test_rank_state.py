@@ -10,41 +10,18 @@ from __future__ import annotations
 
 import json
 import random
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from multiworker.cluster import HERE, Cluster
+from multiworker.rank_jobs import COMPARED, EVERY, STEPS, STYLES, run
 
 pytestmark = [pytest.mark.slow, pytest.mark.tf]
 
-STYLES = ("plain", "distribute", "function")
-STEPS, EVERY, KEEP = 50, 10, 3
-#: The digests a resumed run must share with the uninterrupted one.
-COMPARED = ("weights", "optimizer", "step", "next_batches")
 PICK = random.Random(21)  # the "random" steps, the same in every run of the suite
 #: Steps that are not save steps (a kill there never interrupts a write).
 BETWEEN = [s for s in range(EVERY + 1, STEPS) if s % EVERY]
-
-
-def run(workdir: Path, n: int, ckpt: Path, **env: str) -> list[dict[str, Any]] | None:
-    """The job on ``n`` workers to its end (its results), or, with ``KILL_RANK``,
-    until that rank killed itself (then every worker is killed: None)."""
-    full = {"CKPT": str(ckpt), "STEPS": str(STEPS), "EVERY": str(EVERY), "KEEP": str(KEEP)}
-    full.update(env)
-    with Cluster(workdir, n, HERE / "rank_worker.py", env=full) as cluster:
-        if "KILL_RANK" not in env:
-            return cluster.wait_ok(timeout=240)
-        victim = cluster.procs[int(env["KILL_RANK"])]
-        deadline = time.monotonic() + 240
-        while victim.poll() is None:
-            assert time.monotonic() < deadline, cluster.tails()
-            time.sleep(0.05)
-        assert victim.returncode == -9, cluster.tails()
-        cluster.kill()  # the others wait in a collective for the dead rank
-        return None
 
 
 _references: dict[int, list[dict[str, Any]]] = {}
@@ -103,31 +80,22 @@ def resume_and_compare(
     return resumed
 
 
-def test_two_workers_resume_exactly_after_the_chief_dies_at_a_random_step(root) -> None:
+@pytest.mark.parametrize(("n", "victim"), [(2, 0), (3, 2)], ids=["2w-chief", "3w-rank2"])
+def test_resume_is_exact_after_a_rank_dies_at_a_random_step(root, n, victim) -> None:
     step = PICK.choice(BETWEEN)
-    resumed = resume_and_compare(root, "chief", 2, kill_rank=0, kill_at=step, writing=False)
+    resumed = resume_and_compare(root, f"random-{n}", n, kill_rank=victim, kill_at=step,
+                                 writing=False)  # fmt: skip
     assert {r[s]["resumed_from"] for r in resumed for s in STYLES} == {step // EVERY * EVERY}
 
 
-def test_two_workers_resume_exactly_after_a_non_chief_dies_writing(root) -> None:
-    resumed = resume_and_compare(root, "writing", 2, kill_rank=1, kill_at=PICK.choice([20, 30]))
-    assert_killed_writing(root / "writing", resumed)
-
-
-def assert_killed_writing(work: Path, resumed: list[dict[str, Any]]) -> None:
-    """The rank died while a write of its style ``style`` was in flight: that style
-    resumed from that step if the write still ended, else from the save before."""
+@pytest.mark.parametrize(("n", "victim"), [(2, 1), (3, 0)], ids=["2w-rank1", "3w-chief"])
+def test_resume_is_exact_after_a_rank_dies_while_its_write_is_in_flight(root, n, victim) -> None:
+    work = root / f"writing-{n}"
+    resumed = resume_and_compare(
+        root, work.name, n, kill_rank=victim, kill_at=PICK.choice([20, 30])
+    )
+    # the style whose write was in flight resumes from that step if the write still
+    # ended, else from the save before
     mark = json.loads((work / "mark").read_text())
     for r in resumed:
         assert r[mark["style"]]["resumed_from"] in (mark["step"] - EVERY, mark["step"])
-
-
-def test_three_workers_resume_exactly_after_a_non_chief_dies_at_a_random_step(root) -> None:
-    step = PICK.choice(BETWEEN)
-    resumed = resume_and_compare(root, "three", 3, kill_rank=2, kill_at=step, writing=False)
-    assert {r[s]["resumed_from"] for r in resumed for s in STYLES} == {step // EVERY * EVERY}
-
-
-def test_three_workers_resume_exactly_after_the_chief_dies_writing(root) -> None:
-    resumed = resume_and_compare(root, "three-w", 3, kill_rank=0, kill_at=PICK.choice([20, 30]))
-    assert_killed_writing(root / "three-w", resumed)
