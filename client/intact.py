@@ -84,7 +84,8 @@ class Resume:
         if not self.skipped:
             return ""
         skipped = "; ".join(str(d) for d in self.skipped)
-        return f"skipped damaged {skipped}; resumed from {Path(self.restored or '').name}"
+        where = f"resumed from {Path(self.restored).name}" if self.restored else "started afresh"
+        return f"skipped damaged {skipped}; {where}"
 
 
 def warn_skipped(resume: Resume, directory: str | os.PathLike[str]) -> None:

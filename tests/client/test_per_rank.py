@@ -125,6 +125,9 @@ def test_verify_checks_every_ranks_part_of_the_step(tmp_path) -> None:
     write_step(tmp_path, 8, 2)
     report = verify.verify(tmp_path)
     assert report.ok and report.world_size == 2 and report.parts == 2
+    from adaptd.commands.verify import render
+
+    assert ", 2 of 2 rank parts" in render(report)
     # one rank's part cut short, another's gone
     data = tmp_path / f"{rank_parts.part_name(8, 0, 2)}.data-00000-of-00001"
     data.write_bytes(data.read_bytes()[:-10])
