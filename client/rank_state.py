@@ -129,7 +129,7 @@ class RankPart:
             error = f"rank {self.rank}'s part {Path(prefix).name}: {error}"
         else:
             nbytes = files.checkpoint_bytes(prefix)
-        with contextlib.suppress(FileNotFoundError):
+        with contextlib.suppress(OSError):
             self._marker(step).unlink()
         self.tidy()
         return error, nbytes
@@ -137,7 +137,7 @@ class RankPart:
     def abandon(self, step: int) -> None:
         """The save of ``step`` failed before its write started: remove its marker."""
         self._step = None
-        with contextlib.suppress(FileNotFoundError):
+        with contextlib.suppress(OSError):  # gone, or its directory never was
             self._marker(step).unlink()
 
     def tidy(self) -> list[tuple[int, int]]:

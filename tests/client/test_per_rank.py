@@ -153,9 +153,11 @@ def test_a_single_process_refuses_a_multi_worker_jobs_checkpoint(tmp_path) -> No
         tmp_path, job="j", socket=f"ipc://{tmp_path}/none.sock", handle_sigterm=False,
         daemon_timeout=0.2, w=tf.Variable(tf.zeros([50])), it=iter(shuffled()),
     )  # fmt: skip
-    with pytest.raises(WorldSizeChanged, match=r"was written by 2 worker\(s\); this job has 1"):
-        hook.restore_or_initialize()
-    hook.close()
+    try:
+        with pytest.raises(WorldSizeChanged, match=r"by 2 worker\(s\); this job has 1"):
+            hook.restore_or_initialize()
+    finally:
+        hook.close()
 
 
 def test_a_single_process_resumes_a_distributed_iterator_exactly(tmp_path) -> None:
@@ -181,3 +183,27 @@ def test_a_single_process_resumes_a_distributed_iterator_exactly(tmp_path) -> No
     for f in tmp_path.glob("ckpt-*"):
         f.unlink()
     assert run(40) == (0, resumed[1])
+
+
+def test_a_part_that_cannot_be_written_fails_the_save_and_nothing_is_replicated(tmp_path) -> None:
+    from adaptd.client.costs import Baseline, StepClock
+    from adaptd.client.saves import Saves
+    from adaptd.client.state import CheckpointState
+    from adaptd.client.writer import Writer
+    from adaptd.estimators import JobTracker
+
+    state = CheckpointState({"w": tf.Variable(1.0)})
+    manager = tf.train.CheckpointManager(state.checkpoint, str(tmp_path / "ck"), max_to_keep=3)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    mine = RankPart({"it": iter(shuffled())}, rank=0, world_size=2, directory=blocker / "ck",
+                    keep=3)  # fmt: skip
+    saves = Saves(state, lambda: manager, Writer(state.checkpoint, None), tmp_path / "ck",
+                  job="j", rank=0, part=mine)  # fmt: skip
+    saves.start(JobTracker("j", world_size=2), StepClock(0, 0.0), Baseline(0, 0.0))
+    saves.save(10, "test", None)
+    report = saves.wait(11, 30)
+    saves.stop()
+    assert report is not None and not report.ok and saves.failed == 1
+    assert "a-file" in report.error  # the part's directory cannot be made
+    assert not (tmp_path / "ck" / "ckpt-10.index").exists()  # no replicated part alone
