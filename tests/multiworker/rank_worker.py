@@ -139,6 +139,7 @@ class Trainee:
             "step": self.hook.step_count,
             "next_batches": digest(nxt),
             "resumed_from": self.hook.resumed_from,
+            "skipped": self.hook.resume.describe(),  # what the daemon is told (Hello)
         }
 
     def plain_tf(self) -> str:

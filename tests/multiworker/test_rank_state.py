@@ -97,5 +97,10 @@ def test_resume_is_exact_after_a_rank_dies_while_its_write_is_in_flight(root, n,
     # the style whose write was in flight resumes from that step if the write still
     # ended, else from the save before
     mark = json.loads((work / "mark").read_text())
+    step = mark["step"]
     for r in resumed:
-        assert r[mark["style"]]["resumed_from"] in (mark["step"] - EVERY, mark["step"])
+        got = r[mark["style"]]
+        assert got["resumed_from"] in (step - EVERY, step)
+        if got["resumed_from"] < step:  # skipped, and the daemon is told why
+            assert f"skipped damaged ckpt-{step} (step {step} is not complete" in got["skipped"]
+            assert f"resumed from ckpt-{step - EVERY}" in got["skipped"]
