@@ -341,8 +341,15 @@ _Steps = _t.Annotated[list[Count], msgspec.Meta(max_length=MAX_OFFERED)]
 
 
 class RestoreOffer(Message, frozen=True, tag="restore_offer"):
-    """The checkpoints one rank could restore, newest first: ``local`` are complete in
-    its ``directory``, ``pullable`` are at its durable destination ``url``."""
+    """The checkpoints one rank could restore, newest first: ``local`` are complete for
+    the job (the replicated part and every rank's part, written by a job of this world
+    size) in its ``directory``, ``pullable`` are so at its durable destination ``url``.
+
+    For the choice's messages (:func:`adaptd.agreement.choose_restore`): ``replicated``
+    are the steps whose replicated part is whole in its directory and ``own`` those
+    whose part of this rank is, whatever the others'; ``other_world`` the complete steps
+    written by a job of another number of ranks (``other_world_size``, the newest's).
+    """
 
     job: JobId
     rank: Count
@@ -351,6 +358,10 @@ class RestoreOffer(Message, frozen=True, tag="restore_offer"):
     directory: Text = ""
     url: Text = ""
     host: Text = ""
+    replicated: _Steps = []
+    own: _Steps = []
+    other_world: _Steps = []
+    other_world_size: Count = 0
 
 
 class Restored(Message, frozen=True, tag="restored"):

@@ -2,7 +2,8 @@
 
 ``AdaptiveCheckpointer`` for custom loops, ``AdaptiveCheckpointCallback`` for
 ``model.fit``; ``NoIntactCheckpoint`` is what a resume raises when every checkpoint
-is damaged. The first two need TensorFlow, which is imported only when one of them is
+is damaged, ``WorldSizeChanged`` when the newest was written by a job of another
+number of workers. The first two need TensorFlow, which is imported only when one of them is
 first used, so the pure helpers (``adaptd.client.schedule``, ``costs``, ``link``,
 ``files``, ``ranks``) import without it.
 """
@@ -15,9 +16,14 @@ if TYPE_CHECKING:
     from adaptd.client.callback import AdaptiveCheckpointCallback
     from adaptd.client.checkpointer import AdaptiveCheckpointer
 
-from adaptd.client.intact import NoIntactCheckpoint
+from adaptd.client.intact import NoIntactCheckpoint, WorldSizeChanged
 
-__all__ = ["AdaptiveCheckpointCallback", "AdaptiveCheckpointer", "NoIntactCheckpoint"]
+__all__ = [
+    "AdaptiveCheckpointCallback",
+    "AdaptiveCheckpointer",
+    "NoIntactCheckpoint",
+    "WorldSizeChanged",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -22,10 +22,14 @@ run, naming each checkpoint found and what is wrong with it.
 
 from __future__ import annotations
 
+import logging
 import os
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+log = logging.getLogger("adaptd.client")
 
 #: Longest reason kept per damaged checkpoint (reports and the Hello field).
 _MAX_WHY = 400
@@ -61,6 +65,12 @@ class NoIntactCheckpoint(RuntimeError):
         )
 
 
+class WorldSizeChanged(RuntimeError):
+    """The newest checkpoint was written by a job of another number of ranks (the
+    message names both and what to do; :func:`adaptd.rank_parts.world_changed`).
+    Raised by ``restore_or_initialize()`` instead of an inexact resume."""
+
+
 @dataclass(frozen=True, slots=True)
 class Resume:
     """What :func:`restore_newest_intact` did: the checkpoint restored (None: none
@@ -74,7 +84,17 @@ class Resume:
         if not self.skipped:
             return ""
         skipped = "; ".join(str(d) for d in self.skipped)
-        return f"skipped damaged {skipped}; resumed from {Path(self.restored or '').name}"
+        where = f"resumed from {Path(self.restored).name}" if self.restored else "started afresh"
+        return f"skipped damaged {skipped}; {where}"
+
+
+def warn_skipped(resume: Resume, directory: str | os.PathLike[str]) -> None:
+    """Log and warn (``RuntimeWarning``) the newer checkpoints ``resume`` skipped."""
+    if not resume.skipped:
+        return
+    text = f"adaptd: the newest checkpoint in {directory} is not usable: {resume.describe()}"
+    log.warning("%s", text)
+    warnings.warn(text, RuntimeWarning, stacklevel=3)
 
 
 def restore_newest_intact(

@@ -65,6 +65,8 @@ def render(report: object) -> str:
         lines += [f"FAIL: {p.message}" for p in report.problems]
         return "\n".join(lines) + "\n"
     step = f", step {report.step}" if report.step is not None else ""
+    if report.world_size > 1:
+        step += f", {report.parts} of {report.world_size} rank parts"
     summary = (
         f"{report.prefix}: {report.tensors_read}/{report.tensors} tensors read, "
         f"{_size(report.data_bytes)} in {report.shards} shard(s){step} "
