@@ -18,7 +18,7 @@ import pytest
 
 tf = pytest.importorskip("tensorflow")
 
-from adaptd.client import AdaptiveCheckpointer, resume_notes  # noqa: E402
+from adaptd.client import AdaptiveCheckpointer, intact, resume_notes  # noqa: E402
 from adaptd.tiers.replica import Replica  # noqa: E402
 
 pytestmark = pytest.mark.tf
@@ -180,6 +180,7 @@ class _AgreedRestore:
         self.directory, self.choice, self.restore_from = directory, choice, restore_from
         self.rank, self.world_size = 1, 2
         self.confirmed: list[int] = []
+        self.offerable = intact.Resume(None)  # nothing skipped
 
     def agree(self):
         return self.choice
@@ -189,6 +190,16 @@ class _AgreedRestore:
 
     def confirm(self, step: int, error: str = "") -> None:
         self.confirmed.append(step)
+
+
+class _Part:
+    """This rank's own part (client/rank_state.RankPart): which step it restored."""
+
+    def __init__(self) -> None:
+        self.restored: list[int] = []
+
+    def restore(self, step: int) -> None:
+        self.restored.append(step)
 
 
 class _State:
@@ -205,9 +216,9 @@ def test_an_agreed_resume_says_the_rank_the_tier_and_the_agreement(tmp_path, cap
 
     d = tmp_path / "rank1"
     pulled = RestoreChoice(step=40, source={0: "local", 1: "pull"})
-    state = _State()
-    done = restore_agreed(_AgreedRestore(d, pulled, "s3://b/j"), state, tidy=False)
-    assert done.start == 40 and state.restored == [f"{d}/ckpt-40"]
+    state, part = _State(), _Part()
+    done = restore_agreed(_AgreedRestore(d, pulled, "s3://b/j"), state, part, tidy=False)
+    assert done.start == 40 and state.restored == [f"{d}/ckpt-40"] and part.restored == [40]
     (line,) = said(capsys)
     assert re.fullmatch(
         rf"adaptd: rank 1/2 resumed from step 40 \(ckpt-40, {SECONDS}, restore_from "
@@ -215,10 +226,10 @@ def test_an_agreed_resume_says_the_rank_the_tier_and_the_agreement(tmp_path, cap
         line,
     ), line
     local = RestoreChoice(step=40, source={0: "local", 1: "local"})
-    restore_agreed(_AgreedRestore(d, local, None), _State(), tidy=False)
+    restore_agreed(_AgreedRestore(d, local, None), _State(), _Part(), tidy=False)
     assert said(capsys)[0].endswith(f"durable tier: {d}); the step the job's 2 ranks agreed on")
     nothing = _AgreedRestore(d, RestoreChoice(step=None), None)
-    assert restore_agreed(nothing, _State(), tidy=False).start == 0
+    assert restore_agreed(nothing, _State(), _Part(), tidy=False).start == 0
     assert nothing.confirmed == [0]
     assert said(capsys) == [
         f"adaptd: rank 1/2 starting at step 0: no checkpoint to resume from in {d}"
