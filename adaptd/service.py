@@ -211,7 +211,7 @@ class Service:
             )
         except StoreError as exc:
             raise ServiceError(f"daemon.db_path: {exc}") from None
-        self.learned = Learned(self.store, gpu_mtbf_s=cfg.gpu_mtbf_s)
+        self.learned = Learned(self.store, gpu_mtbf_s=cfg.gpu_mtbf_s, host_gpus=self._host_gpus)
         from adaptd.telemetry.sampler import Sampler
 
         self.sampler = self._sampler or Sampler.default(interval=cfg.sample_interval_s)
@@ -289,6 +289,11 @@ class Service:
         jobs = self._jobs_text()
         self.notifier.ready(f"serving {self.daemon.socket_path}; {jobs}")
         self._status_text = jobs
+
+    def _host_gpus(self) -> int | None:
+        """The GPUs NVML shows on this host now; None when it shows none."""
+        n = len(self.sampler.latest().gpus) if self.sampler is not None else 0
+        return n or None
 
     def _status_extra(self) -> dict[str, Any]:
         """What ``adaptd status`` shows besides the jobs: telemetry, and the fleet."""
