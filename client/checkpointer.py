@@ -212,8 +212,8 @@ class AdaptiveCheckpointer:
             storage_options=self._storage_options,
         )
         self.pulled, self.resume = done.pulled, done.resume
-        if self.pulled is not None and self.pulled.step is not None:
-            self._reopen_manager()  # the manager read the state file while it was empty
+        if self.resume.skipped or (self.pulled is not None and self.pulled.step is not None):
+            self._reopen_manager()  # the manager read the state file before it changed
         if self.resume.skipped:
             text = f"adaptd: the newest checkpoint in {self.directory} is damaged: " + (
                 self.resume.describe()

@@ -14,6 +14,13 @@ case; so does the hook:
    reads it, so a flipped byte fails the restore (``DataLossError``) and the next
    older candidate is tried.
 
+After a resume that skipped damaged checkpoints, :func:`set_aside` moves their files
+into ``damaged/`` in the directory (the previous resume's leftovers there are removed:
+one set is kept, for a look at what went wrong) and drops them from the ``checkpoint``
+state file; otherwise they stayed in the directory for ever and the
+``CheckpointManager`` counted them among its ``max_to_keep``, deleting intact ones
+first.
+
 A checkpoint that does not match the model (a wrong or renamed variable) is not
 damage: that error is raised as it is, since an older checkpoint would not match
 either. Only when no candidate is intact does :class:`NoIntactCheckpoint` stop the
@@ -22,13 +29,19 @@ run, naming each checkpoint found and what is wrong with it.
 
 from __future__ import annotations
 
+import logging
 import os
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 #: Longest reason kept per damaged checkpoint (reports and the Hello field).
 _MAX_WHY = 400
+#: Where :func:`set_aside` moves damaged checkpoints, inside the checkpoint directory.
+DAMAGED_DIR = "damaged"
+
+log = logging.getLogger("adaptd.client")
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,3 +121,53 @@ def restore_newest_intact(
     if skipped:
         raise NoIntactCheckpoint(directory, skipped)
     return Resume(None)
+
+
+def set_aside(directory: str | os.PathLike[str], resume: Resume) -> list[Path]:
+    """Move the checkpoints ``resume`` skipped into ``directory/damaged/`` and drop
+    them from the state file, which then names the restored one as latest; returns
+    the files moved. Logged; a file that cannot be moved is logged and left (it then
+    still costs disk space, nothing else: the state file no longer lists it)."""
+    if not resume.skipped or resume.restored is None:
+        return []
+    import tensorflow as tf
+
+    d = Path(directory)
+    aside = d / DAMAGED_DIR
+    names = {s.name for s in resume.skipped}
+    moved: list[Path] = []
+    try:
+        if aside.is_dir():
+            shutil.rmtree(aside)  # the previous resume's: one set is kept
+        aside.mkdir()
+        for name in sorted(names):
+            for f in sorted((*d.glob(f"{name}.index"), *d.glob(f"{name}.data-*"))):
+                moved.append(Path(shutil.move(str(f), str(aside / f.name))))
+    except OSError as exc:
+        log.warning("could not move the damaged checkpoints %s aside: %s", sorted(names), exc)
+    state = tf.train.get_checkpoint_state(str(d))
+    if state is not None:
+        kept = [
+            (p, t)
+            for p, t in zip(
+                state.all_model_checkpoint_paths,
+                [*state.all_model_checkpoint_timestamps]
+                or [None] * len(state.all_model_checkpoint_paths),
+                strict=True,
+            )
+            if Path(p).name not in names
+        ]
+        tf.compat.v1.train.update_checkpoint_state(
+            str(d),
+            resume.restored,
+            all_model_checkpoint_paths=[p for p, _ in kept],
+            all_model_checkpoint_timestamps=[t for _, t in kept] if kept and kept[0][1] else None,
+            last_preserved_timestamp=state.last_preserved_timestamp or None,
+        )
+    log.warning(
+        "moved the damaged checkpoint(s) %s to %s and out of the state file: %s",
+        ", ".join(sorted(names)),
+        aside,
+        ", ".join(p.name for p in moved) or "no file was left to move",
+    )
+    return moved

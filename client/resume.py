@@ -84,6 +84,7 @@ def restore_alone(
     if restore_from is not None:
         pulled = remote.pull_if_empty(directory, restore_from, storage_options=storage_options)
     resume = intact.restore_newest_intact(directory, state.restore)
+    intact.set_aside(directory, resume)
     if not resume.restored:
         return Resumed(0, None, resume, pulled)
     start = state.restored_step(resume.restored)
