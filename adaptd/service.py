@@ -62,6 +62,7 @@ from adaptd.logfmt import logfmt
 from adaptd.metrics import Metrics, MetricsError, MetricsServer
 from adaptd.registry import Registry
 from adaptd.registry_view import RegistryView
+from adaptd.relay_auth import RelayKey
 from adaptd.sdnotify import Notifier
 from adaptd.server import Daemon
 from adaptd.snapshot import Snapshot, StorageSample
@@ -143,6 +144,16 @@ def set_permissions(cfg: Config, daemon: Daemon, admin_gid: int | None) -> None:
         raise ServiceError(
             f"daemon.socket_mode/socket_group: cannot set {exc.filename}: {exc.strerror}"
         ) from None
+
+
+def relay_key(cfg: Config) -> RelayKey | None:
+    """The key of ``daemon.relay_key_file`` (None when unset); raises :class:`ServiceError`."""
+    if cfg.relay_key_file is None:
+        return None
+    try:
+        return RelayKey.load(cfg.relay_key_file)
+    except ValueError as exc:
+        raise ServiceError(f"daemon.relay_key_file: {exc}") from None
 
 
 class Service:
@@ -260,6 +271,7 @@ class Service:
                 status_extra=self._status_extra,
                 replication_source=replicator.status if replicator is not None else None,
                 admin_group_id=admin_gid(cfg.admin_group),
+                relay_key=relay_key(cfg),
             )
             self.daemon = Daemon(parts=parts)
             # Bind under a private umask: the socket files exist with no group/other
