@@ -128,7 +128,8 @@ class FleetAgent:
             old = self._wants.get(job)
             if old is not None and old.target == target and old.cap == cap:
                 return
-            self._wants[job] = Want(target, cap, max(0.0, at_risk_gpu_s), max(1, gpus), self.wall())
+            risk, gpus = max(0.0, at_risk_gpu_s), max(1, gpus)
+            self._wants[job] = Want(target, cap, risk, gpus, self.clock())
         self._wake_up()
 
     def release(self, job: str) -> None:
@@ -257,7 +258,7 @@ class FleetAgent:
             wants = dict(self._wants)
             to_publish = dict(self._to_publish)
         assert self._table is not None
-        state = self._table.sync(wants, self.wall())
+        state = self._table.sync(wants, self.clock())  # one clock per daemon: monotonic
         for model, record in to_publish.items():
             publish(s, record)
             with self._lock:

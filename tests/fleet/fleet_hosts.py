@@ -1,0 +1,212 @@
+"""Hosts of the fleet tests: a real ``adaptd serve`` each (its own socket, state, config
+and, when asked, NVML fixture or wall clock) with a stand-in job (plan_job.py) that
+saves to a target every host shares, and the checks the fleet matrix makes on them:
+how many wrote at once, whether every save reached its daemon, when a daemon is back.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from adaptd import admin
+from adaptd.spawn import stop_daemon, wait_for_path
+from adaptd.store import Store
+from adaptd.telemetry.storage import existing_ancestor, mount_of, parse_mountinfo
+
+HERE = Path(__file__).parent
+PLAN_JOB = HERE / "plan_job.py"
+SERVE_NVML = HERE / "serve_nvml.py"
+SHARED = "test://shared-export"
+# a save every 100 steps of 20 ms: 2 s, time enough for the daemon to sample the job's
+# storage target before its first save is due
+POLICY = "io_aware:inner=fixed:steps=100,max_defer=10"
+SAVE_S = 0.6
+TTL_S = 3
+
+
+def mountpoint_of(path: Path) -> str:
+    mounts = parse_mountinfo(Path("/proc/self/mountinfo").read_text())
+    mount = mount_of(existing_ancestor(str(path)), mounts)
+    assert mount is not None
+    return mount.mountpoint
+
+
+def faketime(offset: str) -> list[str]:
+    """A command prefix that runs a program with its wall clock ``offset`` off (e.g.
+    ``"+30s"``; libfaketime, Debian ``faketime``): another host's clock. The monotonic
+    clock is left alone, as a host's is its own."""
+    exe = shutil.which("faketime")
+    if exe is None:
+        pytest.skip("needs faketime (Debian faketime; scripts/install-test-deps.sh installs it)")
+    return [exe, "-f", offset]
+
+
+class Host:
+    """One daemon and, unless ``job=False``, its job's process.
+
+    ``etcd``: the endpoints; ``ckpt``: the shared folder the jobs save under; ``cap``:
+    the fleet-wide cap on the shared target; ``fleet``: more ``[fleet]`` lines (TLS);
+    ``clock``: a command prefix for the daemon (:func:`faketime`); ``nvml``: an NVML
+    fixture for the daemon's telemetry (tests/fixtures/nvml); ``env``: the daemon's.
+    """
+
+    def __init__(
+        self,
+        root: Path,
+        name: str,
+        etcd: str | Sequence[str],
+        ckpt: Path,
+        policy: str = POLICY,
+        *,
+        cap: int = 1,
+        fleet: str = "",
+        clock: Sequence[str] = (),
+        nvml: str | None = None,
+        env: dict[str, str] | None = None,
+        job: bool = True,
+        save_s: float = SAVE_S,
+    ) -> None:
+        self.name = name
+        self.dir = root / name
+        self.dir.mkdir(exist_ok=True)
+        self.socket = self.dir / "adaptd.sock"
+        self.ckpt = ckpt
+        self.save_s = save_s
+        urls = [etcd] if isinstance(etcd, str) else list(etcd)
+        shared = mountpoint_of(ckpt)
+        self.config = self.dir / "adaptd.toml"
+        self.config.write_text(
+            f"[daemon]\nstate_dir = {json.dumps(str(self.dir))}\n"
+            f'[metrics]\nlisten = "off"\n'
+            f"[policy]\ndefault = {json.dumps(policy)}\n"
+            f'[storage."shared"]\npath = {json.dumps(shared)}\nmax_concurrent_saves = {cap}\n'
+            f"[fleet]\netcd = {json.dumps(urls)}\nhost = {json.dumps(name)}\n"
+            f"lease_ttl_s = {TTL_S}\ncall_timeout_s = 0.5\n{fleet}"
+            f"[fleet.shared]\n{json.dumps(shared)} = {json.dumps(SHARED)}\n"
+        )
+        self.command = [*clock, sys.executable]
+        self.command += [str(SERVE_NVML), nvml] if nvml else ["-m", "adaptd.cli", "serve"]
+        self.command += ["--socket", str(self.socket), "--config", str(self.config)]
+        self.env = {**os.environ, **(env or {})}
+        self.log = open(self.dir / "daemon.log", "ab")  # noqa: SIM115 - closed in stop()
+        self.daemon = self.start_daemon()
+        self.saves: queue.Queue[dict] = queue.Queue()
+        self.all_saves: list[dict] = []
+        self.job: subprocess.Popen | None = None
+        if job:
+            self.start_job()
+
+    def start_daemon(self) -> subprocess.Popen:
+        for stale in (self.socket, admin.admin_path(self.socket)):
+            stale.unlink(missing_ok=True)
+        proc = subprocess.Popen(self.command, stdout=self.log, stderr=self.log, env=self.env)
+        wait_for_path(self.socket, proc, 30.0)
+        return proc
+
+    def start_job(self) -> None:
+        self.job = subprocess.Popen(
+            [sys.executable, str(PLAN_JOB), f"ipc://{self.socket}", f"job-{self.name}",
+             str(self.ckpt / self.name), str(self.save_s)],
+            stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        threading.Thread(target=self._read, args=(self.job,), daemon=True).start()
+
+    def _read(self, job: subprocess.Popen) -> None:
+        assert job.stdout is not None
+        for line in job.stdout:
+            save = {**json.loads(line), "host": self.name}
+            self.all_saves.append(save)
+            self.saves.put(save)
+
+    def next_saves(self, n: int, timeout_s: float) -> list[dict]:
+        out, end = [], time.monotonic() + timeout_s
+        while len(out) < n:
+            try:
+                out.append(self.saves.get(timeout=max(0.01, end - time.monotonic())))
+            except queue.Empty:
+                got = f"{self.name}: {len(out)} of {n} saves in {timeout_s}s"
+                raise TimeoutError(got) from None
+        return out
+
+    def status(self, timeout_s: float = 10) -> admin.StatusReply:
+        reply = admin.request(self.socket, admin.StatusRequest(), timeout_s=timeout_s)
+        assert isinstance(reply, admin.StatusReply)
+        return reply
+
+    def fleet(self) -> dict:
+        telemetry = self.status().telemetry
+        assert telemetry is not None
+        return telemetry["fleet"]
+
+    def wait_fleet(self, pred: Callable[[dict], Any], timeout_s: float = 20) -> dict:
+        end = time.monotonic() + timeout_s
+        while True:
+            f = self.fleet()
+            if pred(f):
+                return f
+            assert time.monotonic() < end, f"{self.name}: fleet status never matched: {f}"
+            time.sleep(0.1)  # polling the daemon's admin socket (no event to wait on)
+
+    def history(self) -> set[int]:
+        """The steps of the saves the daemon wrote to its state database (read-only)."""
+        with Store.open(self.dir / "adaptd.sqlite3", readonly=True) as db:
+            return {r.step for r in db.saves(f"job-{self.name}") if r.ok}
+
+    def signal(self, sig: signal.Signals, *, job: bool = False) -> None:
+        """Send ``sig`` to the daemon (and its job: the whole host)."""
+        self.daemon.send_signal(sig)
+        if job and self.job is not None:
+            self.job.send_signal(sig)
+
+    def kill(self) -> None:
+        """SIGKILL the host: daemon and job."""
+        for proc in (self.daemon, self.job):
+            if proc is not None:
+                proc.kill()
+                proc.wait()
+
+    def stop(self) -> None:
+        for sig_cont in (self.daemon, self.job):
+            if sig_cont is not None and sig_cont.poll() is None:
+                sig_cont.send_signal(signal.SIGCONT)
+        if self.job is not None:
+            self.job.kill()
+            self.job.wait()
+        stop_daemon(self.daemon)
+        self.log.close()
+
+
+def max_writers(saves: Iterable[dict]) -> int:
+    """The most saves in flight at one moment (``start``/``end`` on one monotonic clock)."""
+    edges = sorted(
+        [(s["start"], 1) for s in saves] + [(s["end"], -1) for s in saves],
+        key=lambda e: (e[0], e[1]),  # an end before a start at the same instant
+    )
+    now = peak = 0
+    for _, d in edges:
+        now += d
+        peak = max(peak, now)
+    return peak
+
+
+def unreported(host: Host, settle_s: float = 5.0) -> set[int]:
+    """Saves the job finished that never reached its daemon's history (waits up to
+    ``settle_s`` for the daemon's next flushes)."""
+    done = {s["save"] for s in host.all_saves}
+    end = time.monotonic() + settle_s
+    while (missing := done - host.history()) and time.monotonic() < end:
+        time.sleep(0.2)  # the daemon flushes every tick; nothing to wait on from here
+    return missing

@@ -1,0 +1,244 @@
+"""The fleet fault matrix (issue 26): real ``adaptd serve`` daemons as hosts (each with a
+stand-in job saving to one target every host shares, fleet-wide cap of one write) and
+a real etcd, under each fault. Each cell checks and prints (run with ``-s``):
+
+- ``writers``: the most saves in flight at once across the fleet (the cap is 1);
+- ``unreported``: saves a live job finished that never reached its daemon's history;
+- ``free_s`` / ``back_s``: when the slot was free again, when every daemon was back in
+  the fleet (all hosts listed, up), from the fault's end.
+
+docs/reliability.md has the table of outcomes; ``FLEET_BACK_S`` is the bound stated
+there. Times on the 2-core VM, with other tests running.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import local_etcd
+import pytest
+from fleet_helpers import settings
+from fleet_hosts import SHARED, TTL_S, Host, faketime, max_writers, unreported
+
+from adaptd.fleet.agent import FleetAgent
+
+pytestmark = pytest.mark.slow
+
+#: Every daemon is back in the fleet within this many seconds of etcd answering again
+#: (or of its own restart): a failed round's retry (1 s) + a new session and
+#: registration + a status poll, with room for a loaded machine.
+FLEET_BACK_S = 10.0
+HOLDER = ["host-a/job-host-a"]
+
+
+def report(cell: str, **figures: object) -> None:
+    shown = " ".join(
+        f"{k}={v:.2f}" if isinstance(v, float) else f"{k}={v}" for k, v in figures.items()
+    )
+    print(f"\nMATRIX {cell}: {shown}")
+
+
+@contextlib.contextmanager
+def fleet(
+    root: Path, etcd: str | Sequence[str], names=("host-a", "host-b"), **kw
+) -> Iterator[list[Host]]:
+    ckpt = root / "ckpt"
+    ckpt.mkdir(exist_ok=True)
+    hosts: list[Host] = []
+    try:
+        for n in names:
+            hosts.append(Host(root, n, etcd, ckpt, **kw.get(n, {})))
+        for h in hosts:
+            h.wait_fleet(lambda f: f["up"] and len(f["hosts"]) == len(names), 30)
+        yield hosts
+    finally:
+        for h in hosts:
+            h.stop()
+
+
+def back(hosts: list[Host], since: float, timeout_s: float = 30.0) -> float:
+    """Seconds from ``since`` until every host shows every host, up."""
+    for h in hosts:
+        h.wait_fleet(lambda f: f["up"] and len(f["hosts"]) == len(hosts), timeout_s)
+    return time.monotonic() - since
+
+
+def holders(host: Host) -> list[str]:
+    return host.fleet()["targets"].get(SHARED, {}).get("holders", [])
+
+
+def test_the_holder_sigkilled_frees_the_slot_within_the_ttl(own_etcd, hosts_root) -> None:
+    with fleet(hosts_root, own_etcd.url) as (a, b):
+        b.wait_fleet(lambda f: f["targets"].get(SHARED, {}).get("holders") == HOLDER, 60)
+        a.kill()  # the host dies: daemon and job
+        t0 = time.monotonic()
+        b.wait_fleet(lambda f: f["targets"].get(SHARED, {}).get("holders") != HOLDER, 15)
+        free_s = time.monotonic() - t0
+        b.next_saves(1, 30)
+        a.daemon = a.start_daemon()  # the host comes back
+        t1 = time.monotonic()
+        a.start_job()
+        back_s = back([a, b], t1)
+        a.next_saves(1, 60)
+        b.next_saves(1, 30)
+        writers = max_writers(a.all_saves + b.all_saves)
+        lost = unreported(b)
+    report("holder-sigkill", writers=writers, unreported=len(lost), free_s=free_s, back_s=back_s)
+    assert writers <= 1 and not lost
+    assert free_s <= TTL_S + 1.5 and back_s <= FLEET_BACK_S
+
+
+def test_the_holder_frozen_past_its_lease_does_not_write_on_it_after(own_etcd, hosts_root) -> None:
+    """SIGSTOP the holder's host (daemon and job) for twice the lease TTL: the other host
+    takes the slot; once resumed, the frozen host starts no save on the lease it lost."""
+    with fleet(hosts_root, own_etcd.url) as (a, b):
+        b.wait_fleet(lambda f: f["targets"].get(SHARED, {}).get("holders") == HOLDER, 60)
+        a.signal(signal.SIGSTOP, job=True)
+        frozen = time.monotonic()
+        b.wait_fleet(lambda f: "host-a" not in f["hosts"], 3 * TTL_S)
+        free_s = time.monotonic() - frozen
+        b_during = b.next_saves(1, 30)
+        while time.monotonic() - frozen < 2 * TTL_S:
+            time.sleep(0.05)  # frozen for twice the TTL, by design
+        a.signal(signal.SIGCONT, job=True)
+        resumed = time.monotonic()
+        back_s = back([a, b], resumed)
+        a.next_saves(2, 60)
+        b.next_saves(1, 30)
+        saves = a.all_saves + b.all_saves
+        new_a = [s for s in a.all_saves if s["start"] > resumed]
+        fenced = max_writers([*new_a, *(s for s in b.all_saves if s["end"] > resumed)])
+        in_flight = [s for s in a.all_saves if s["start"] < frozen < s["end"]]
+        writers = max_writers(saves)
+        lost = unreported(a) | unreported(b)
+    report("holder-sigstop", writers=writers, after_resume=fenced, frozen_writes=len(in_flight),
+           unreported=len(lost), free_s=free_s, back_s=back_s,
+           b_saved_meanwhile=len(b_during))  # fmt: skip
+    assert fenced <= 1 and not lost and back_s <= FLEET_BACK_S
+    # a write already in flight when its host froze ends after it resumes (nothing in
+    # adaptd can stop it; docs/reliability.md): the only overlap there may be
+    assert writers <= 1 + len(in_flight)
+
+
+def test_etcd_wiped_under_running_daemons(own_etcd, hosts_root) -> None:
+    """etcd comes back empty (its data directory gone): no key, lease or revision of
+    before. The daemons notice their leases are gone and register again."""
+    with fleet(hosts_root, own_etcd.url) as (a, b):
+        a.next_saves(1, 60)
+        b.next_saves(1, 60)
+        own_etcd.wipe()
+        t0 = time.monotonic()
+        back_s = back([a, b], t0)
+        assert set(own_etcd.keys("/adaptd/members/")) == {
+            "/adaptd/members/host-a",
+            "/adaptd/members/host-b",
+        }
+        after = time.monotonic()
+        a.next_saves(2, 60)
+        b.next_saves(2, 60)
+        rejoins = a.fleet()["rejoins"] + b.fleet()["rejoins"]
+        writers_after = max_writers([s for s in a.all_saves + b.all_saves if s["start"] > after])
+        writers = max_writers(a.all_saves + b.all_saves)
+        lost = unreported(a) | unreported(b)
+    report("etcd-wiped", writers=writers, writers_after=writers_after, unreported=len(lost),
+           back_s=back_s, rejoins=rejoins)  # fmt: skip
+    assert writers_after <= 1 and not lost and back_s <= FLEET_BACK_S and rejoins >= 2
+
+
+def test_a_three_member_etcd_losing_one_member_then_a_second(hosts_root) -> None:
+    """One member down: the daemons go on through the others (quorum holds). A second
+    down: no quorum, etcd answers nothing; the daemons decide locally. The members come
+    back: every daemon is back in the fleet."""
+    try:
+        ctx = local_etcd.cluster(hosts_root / "etcd")
+        members = ctx.__enter__()
+    except local_etcd.EtcdMissing as exc:
+        pytest.skip(str(exc))
+    try:
+        urls = [m.url for m in members]
+        with fleet(hosts_root, urls) as (a, b):
+            a.next_saves(1, 60)
+            members[0].kill()
+            one_down = time.monotonic()
+            a.next_saves(2, 60)
+            b.next_saves(2, 60)
+            one = [s for s in a.all_saves + b.all_saves if s["start"] > one_down]
+            errors_one = a.fleet()["up"] and b.fleet()["up"]
+            members[1].kill()
+            two_down = time.monotonic()
+            a.wait_fleet(lambda f: not f["up"], 15)
+            local_s = time.monotonic() - two_down
+            a.next_saves(1, 60)  # saves go on, decided locally
+            b.next_saves(1, 60)
+            members[0].start()
+            members[1].start()
+            t0 = time.monotonic()
+            back_s = back([a, b], t0)
+            after = time.monotonic()
+            a.next_saves(1, 60)
+            b.next_saves(1, 60)
+            writers_one = max_writers(one)
+            writers_after = max_writers(
+                [s for s in a.all_saves + b.all_saves if s["start"] > after]
+            )
+            writers = max_writers(a.all_saves + b.all_saves)
+            lost = unreported(a) | unreported(b)
+    finally:
+        ctx.__exit__(None, None, None)
+    report("etcd-3-members", writers_one_down=writers_one, up_with_one_down=errors_one,
+           local_s=local_s, writers=writers, writers_after=writers_after,
+           unreported=len(lost), back_s=back_s)  # fmt: skip
+    assert errors_one and writers_one <= 1  # one member down: nothing visible
+    assert local_s <= 5.0 + 1.0  # the documented fall-back bound (plus a status poll)
+    assert writers_after <= 1 and not lost and back_s <= FLEET_BACK_S
+
+
+def test_two_hosts_whose_clocks_are_30_s_apart(own_etcd, hosts_root) -> None:
+    """host-b's wall clock runs 30 s ahead (libfaketime; its monotonic clock is its
+    own). Claims stamp wall-clock times and the queue is ordered by work at risk at
+    a moment; both hosts must still agree on who is next."""
+    skew = {"host-b": {"clock": faketime("+30s")}}
+    with fleet(hosts_root, own_etcd.url, **skew) as (a, b):
+        start = time.monotonic()
+        a.next_saves(4, 90)
+        b.next_saves(4, 90)
+        took = time.monotonic() - start
+        writers = max_writers(a.all_saves + b.all_saves)
+        lost = unreported(a) | unreported(b)
+        grants = a.fleet()["grants"] + b.fleet()["grants"]
+    report("clocks-30s-apart", writers=writers, unreported=len(lost), seconds_for_4_each=took,
+           grants=grants)  # fmt: skip
+    assert writers <= 1 and not lost and grants >= 8
+
+
+def test_a_free_slot_goes_at_once_whatever_the_hosts_clocks(own_etcd) -> None:
+    """The queue for a slot is ordered by work at risk, which grows while a job waits.
+    Measured on each owner's wall clock, hosts 30 s apart each put the other first
+    when their jobs' GPU counts differ, and both waited while the slot was free (26 s
+    here before the fix). host-b's wall clock is injected 30 s ahead."""
+    url = own_etcd.url
+    target = "nfs://10.0.4.20/export/ckpt"
+    c = FleetAgent(settings(url, "host-c"), poll_s=0.2).start()
+    a = FleetAgent(settings(url, "host-a"), poll_s=0.2).start()
+    b = FleetAgent(settings(url, "host-b"), poll_s=0.2, wall=lambda: time.time() + 30).start()
+    try:
+        c.want("jc", target, cap=1, at_risk_gpu_s=1e6, gpus=8)
+        c.wait_for(lambda v: "jc" in v.granted, 10)
+        a.want("ja", target, cap=1, at_risk_gpu_s=100, gpus=8)
+        b.want("jb", target, cap=1, at_risk_gpu_s=300, gpus=1)
+        a.wait_for(lambda v: "ja" in v.waiting, 10)
+        b.wait_for(lambda v: "jb" in v.waiting, 10)
+        c.release("jc")
+        t0 = time.monotonic()
+        b.wait_for(lambda v: "jb" in v.granted, 20)  # more at risk: first, and at once
+        granted_s = time.monotonic() - t0
+        assert "ja" in a.view().waiting
+    finally:
+        for agent in (a, b, c):
+            agent.stop()
+    report("clocks-30s-apart-queue", granted_s=granted_s)
+    assert granted_s < 2.0  # a watch's wake-up, not the clocks' offset
