@@ -61,6 +61,8 @@ class Host:
     the fleet-wide cap on the shared target; ``fleet``: more ``[fleet]`` lines (TLS);
     ``clock``: a command prefix for the daemon (:func:`faketime`); ``nvml``: an NVML
     fixture for the daemon's telemetry (tests/fixtures/nvml); ``env``: the daemon's.
+    ``wait=False`` only starts the daemon's process: call :meth:`ready`, then
+    :meth:`start_job` (many hosts start at once).
     """
 
     def __init__(
@@ -78,6 +80,7 @@ class Host:
         env: dict[str, str] | None = None,
         job: bool = True,
         save_s: float = SAVE_S,
+        wait: bool = True,
     ) -> None:
         self.name = name
         self.dir = root / name
@@ -102,19 +105,29 @@ class Host:
         self.command += ["--socket", str(self.socket), "--config", str(self.config)]
         self.env = {**os.environ, **(env or {})}
         self.log = open(self.dir / "daemon.log", "ab")  # noqa: SIM115 - closed in stop()
-        self.daemon = self.start_daemon()
         self.saves: queue.Queue[dict] = queue.Queue()
         self.all_saves: list[dict] = []
         self.job: subprocess.Popen | None = None
-        if job:
-            self.start_job()
+        self.daemon = self.launch()
+        if wait:
+            self.ready()
+            if job:
+                self.start_job()
 
-    def start_daemon(self) -> subprocess.Popen:
+    def launch(self) -> subprocess.Popen:
+        """Start the daemon's process (:meth:`ready` waits until it listens)."""
         for stale in (self.socket, admin.admin_path(self.socket)):
             stale.unlink(missing_ok=True)
-        proc = subprocess.Popen(self.command, stdout=self.log, stderr=self.log, env=self.env)
-        wait_for_path(self.socket, proc, 30.0)
-        return proc
+        return subprocess.Popen(self.command, stdout=self.log, stderr=self.log, env=self.env)
+
+    def ready(self) -> None:
+        wait_for_path(self.socket, self.daemon, 60.0)
+
+    def start_daemon(self) -> subprocess.Popen:
+        """Start the daemon again (after a kill) and wait until it listens."""
+        self.daemon = self.launch()
+        self.ready()
+        return self.daemon
 
     def start_job(self) -> None:
         self.job = subprocess.Popen(
@@ -179,14 +192,20 @@ class Host:
                 proc.wait()
 
     def stop(self) -> None:
-        for sig_cont in (self.daemon, self.job):
-            if sig_cont is not None and sig_cont.poll() is None:
-                sig_cont.send_signal(signal.SIGCONT)
+        self.begin_stop()
+        stop_daemon(self.daemon)
+        self.log.close()
+
+    def begin_stop(self) -> None:
+        """Kill the job and send the daemon SIGTERM (:meth:`stop` then waits for it)."""
+        for proc in (self.daemon, self.job):
+            if proc is not None and proc.poll() is None:
+                proc.send_signal(signal.SIGCONT)
         if self.job is not None:
             self.job.kill()
             self.job.wait()
-        stop_daemon(self.daemon)
-        self.log.close()
+        if self.daemon.poll() is None:
+            self.daemon.send_signal(signal.SIGTERM)
 
 
 def max_writers(saves: Iterable[dict]) -> int:
