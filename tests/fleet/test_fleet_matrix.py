@@ -179,7 +179,10 @@ def test_a_three_member_etcd_losing_one_member_then_a_second(hosts_root) -> None
             a.next_saves(2, 60)
             b.next_saves(2, 60)
             one = [s for s in a.all_saves + b.all_saves if s["start"] > one_down]
-            errors_one = a.fleet()["up"] and b.fleet()["up"]
+            # the member killed may have been the leader: an election (1-3 s on the
+            # loaded VM) during which etcd answers nothing; then the daemons are there
+            up_one = a.fleet()["up"] and b.fleet()["up"]
+            back_one_s = back([a, b], one_down)
             members[1].kill()
             two_down = time.monotonic()
             a.wait_fleet(lambda f: not f["up"], 15)
@@ -201,10 +204,11 @@ def test_a_three_member_etcd_losing_one_member_then_a_second(hosts_root) -> None
             lost = unreported(a) | unreported(b)
     finally:
         ctx.__exit__(None, None, None)
-    report("etcd-3-members", writers_one_down=writers_one, up_with_one_down=errors_one,
+    report("etcd-3-members", writers_one_down=writers_one, up_at_once=up_one,
+           back_one_s=back_one_s,
            local_s=local_s, writers=writers, writers_after=writers_after,
            unreported=len(lost), back_s=back_s)  # fmt: skip
-    assert errors_one and writers_one <= 1  # one member down: nothing visible
+    assert writers_one <= 1 and back_one_s <= FLEET_BACK_S  # one member down
     assert local_s <= 5.0 + 1.0  # the documented fall-back bound (plus a status poll)
     assert writers_after <= 1 and not lost and back_s <= FLEET_BACK_S
 
@@ -212,19 +216,19 @@ def test_a_three_member_etcd_losing_one_member_then_a_second(hosts_root) -> None
 def test_two_hosts_whose_clocks_are_30_s_apart(own_etcd, hosts_root) -> None:
     """host-b's wall clock runs 30 s ahead (libfaketime; its monotonic clock is its
     own). Claims stamp wall-clock times and the queue is ordered by work at risk at
-    a moment; both hosts must still agree on who is next."""
+    a moment; both hosts must still agree on who is next, and keep their leases."""
     skew = {"host-b": {"clock": faketime("+30s")}}
     with fleet(hosts_root, own_etcd.url, **skew) as (a, b):
         start = time.monotonic()
-        a.next_saves(4, 90)
-        b.next_saves(4, 90)
+        a.next_saves(3, 90)
+        b.next_saves(3, 90)
         took = time.monotonic() - start
         writers = max_writers(a.all_saves + b.all_saves)
         lost = unreported(a) | unreported(b)
         grants = a.fleet()["grants"] + b.fleet()["grants"]
-    report("clocks-30s-apart", writers=writers, unreported=len(lost), seconds_for_4_each=took,
+    report("clocks-30s-apart", writers=writers, unreported=len(lost), seconds_for_3_each=took,
            grants=grants)  # fmt: skip
-    assert writers <= 1 and not lost and grants >= 8
+    assert writers <= 1 and not lost and grants >= 6
 
 
 def test_a_free_slot_goes_at_once_whatever_the_hosts_clocks(own_etcd) -> None:
