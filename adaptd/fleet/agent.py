@@ -92,7 +92,8 @@ class FleetAgent:
         on_grant: Callable[[], None] | None = None,
     ) -> None:
         """``on_grant`` is called (from the agent's thread) when a job of this host was
-        just granted a slot: the daemon decides again at once instead of at its tick."""
+        just granted a slot, or lost one (its lease expired): the daemon decides again at
+        once instead of at its tick."""
         if not 0 < poll_s <= settings.lease_ttl_s / 3:
             raise ValueError(
                 f"fleet: poll_s must be > 0 and at most a third of the lease TTL "
@@ -222,7 +223,17 @@ class FleetAgent:
         """One round (the thread's body; tests may drive it directly)."""
         now = self.clock()
         try:
-            view = self._round(now)
+            try:
+                view = self._round(now)
+            except LeaseLost as exc:
+                # etcd answered: it is there, only the lease is gone (it expired while this
+                # process was stopped, or etcd was wiped). Open a new session in this round
+                # instead of deciding locally meanwhile: a grant of the old lease is void,
+                # and a local decision would let its job write beside the new holder.
+                self._drop_session()
+                log.warning(logfmt("fleet_lease_lost", host=self.settings.host, error=str(exc),
+                                   held=",".join(sorted(self._view.granted)) or None))  # fmt: skip
+                view = self._round(now)
         except LeaseLost as exc:
             self._drop_session()
             view = self._down(now, f"lease lost: {exc}")
@@ -324,7 +335,8 @@ class FleetAgent:
 
     def _set(self, view: FleetView) -> None:
         with self._changed:
-            new = view.granted - self._view.granted
+            # a new grant, or a grant gone (its lease lost): the daemon decides again now
+            new = view.granted ^ self._view.granted
             self._view = view
             self._changed.notify_all()
         if new and self.on_grant is not None:
