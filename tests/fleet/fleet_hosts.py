@@ -109,6 +109,7 @@ class Host:
         self.log = open(self.dir / "daemon.log", "ab")  # noqa: SIM115 - closed in stop()
         self.saves: queue.Queue[dict] = queue.Queue()
         self.all_saves: list[dict] = []
+        self.plans: list[dict] = []  # the plans the job received, in order
         self.job: subprocess.Popen | None = None
         self.daemon = self.launch()
         if wait:
@@ -142,9 +143,12 @@ class Host:
     def _read(self, job: subprocess.Popen) -> None:
         assert job.stdout is not None
         for line in job.stdout:
-            save = {**json.loads(line), "host": self.name}
-            self.all_saves.append(save)
-            self.saves.put(save)
+            record = {**json.loads(line), "host": self.name}
+            if "plan" in record:
+                self.plans.append(record)
+                continue
+            self.all_saves.append(record)
+            self.saves.put(record)
 
     def next_saves(self, n: int, timeout_s: float) -> list[dict]:
         out, end = [], time.monotonic() + timeout_s
