@@ -15,9 +15,14 @@ if TYPE_CHECKING:
     from adaptd.client.callback import AdaptiveCheckpointCallback
     from adaptd.client.checkpointer import AdaptiveCheckpointer
 
-from adaptd.client.intact import NoIntactCheckpoint
+from adaptd.client.intact import ForeignStateFile, NoIntactCheckpoint
 
-__all__ = ["AdaptiveCheckpointCallback", "AdaptiveCheckpointer", "NoIntactCheckpoint"]
+__all__ = [
+    "AdaptiveCheckpointCallback",
+    "AdaptiveCheckpointer",
+    "ForeignStateFile",
+    "NoIntactCheckpoint",
+]
 
 
 def __getattr__(name: str) -> Any:

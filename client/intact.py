@@ -29,6 +29,7 @@ run, naming each checkpoint found and what is wrong with it.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -74,6 +75,27 @@ class NoIntactCheckpoint(RuntimeError):
         )
 
 
+class ForeignStateFile(ValueError):
+    """The directory's ``checkpoint`` state file names a checkpoint outside the
+    directory (written by another tool, or copied from another run's directory).
+
+    Raised by ``restore_or_initialize()`` before anything is loaded or written:
+    TensorFlow would restore another run's state from there, and the
+    ``CheckpointManager`` would delete the oldest listed checkpoints there when it
+    rotates. Fix the state file (or remove it: the newest checkpoint in the directory
+    is then restored), then start again; nothing was changed.
+    """
+
+    def __init__(self, directory: str | os.PathLike[str], field: str, path: str) -> None:
+        self.directory, self.field, self.path = str(directory), field, path
+        super().__init__(
+            f"{os.path.join(self.directory, 'checkpoint')}: {field} is {path!r}, outside "
+            f"{self.directory}; refused (a resume would load another run's checkpoint, and "
+            "saving would delete checkpoints there). Fix or remove that state file: the "
+            "checkpoints in the directory are untouched"
+        )
+
+
 @dataclass(frozen=True, slots=True)
 class Resume:
     """What :func:`restore_newest_intact` did: the checkpoint restored (None: none
@@ -97,12 +119,19 @@ def restore_newest_intact(
 
     ``restore`` loads the state (it raises for a checkpoint that does not match the
     state; that error is not caught). Raises :class:`NoIntactCheckpoint` when there
-    are checkpoints but none is intact.
+    are checkpoints but none is intact, :class:`ForeignStateFile` when the state file
+    names a checkpoint outside ``directory``.
     """
     import tensorflow as tf
 
+    from adaptd.checkpoint_files import STATE_FILE, state_file_outside
     from adaptd.client import verify
 
+    state = Path(directory) / STATE_FILE
+    with contextlib.suppress(OSError):  # unreadable: verify's notes say so
+        outside = state_file_outside(directory, state.read_text(errors="replace"))
+        if outside is not None:
+            raise ForeignStateFile(directory, *outside)
     skipped: list[Damaged] = []
     for prefix in verify.candidates(directory):
         report = verify.verify(prefix, read_tensors=False)
