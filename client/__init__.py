@@ -2,7 +2,7 @@
 
 ``AdaptiveCheckpointer`` for custom loops, ``AdaptiveCheckpointCallback`` for
 ``model.fit``; ``NoIntactCheckpoint`` is what a resume raises when every checkpoint
-is damaged. The first two need TensorFlow, which is imported only when one of them is
+is damaged, ``ForeignStateFile`` when the directory's state file points outside it. The first two need TensorFlow, which is imported only when one of them is
 first used, so the pure helpers (``adaptd.client.schedule``, ``costs``, ``link``,
 ``files``, ``ranks``) import without it.
 """
