@@ -2,8 +2,9 @@
 
 ``AdaptiveCheckpointer`` for custom loops, ``AdaptiveCheckpointCallback`` for
 ``model.fit``; ``NoIntactCheckpoint`` is what a resume raises when every checkpoint
-is damaged, ``ForeignStateFile`` when the directory's state file points outside it. The first two need TensorFlow, which is imported only when one of them is
-first used, so the pure helpers (``adaptd.client.schedule``, ``costs``, ``link``,
+is damaged, ``ForeignStateFile`` when the directory's state file points outside it.
+The first two need TensorFlow, which is imported only when one of them is first
+used, so the pure helpers (``adaptd.client.schedule``, ``costs``, ``link``,
 ``files``, ``ranks``) import without it.
 """
 

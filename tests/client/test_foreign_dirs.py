@@ -18,8 +18,13 @@ import pytest
 
 tf = pytest.importorskip("tensorflow")
 
-from adaptd.client import AdaptiveCheckpointer, ForeignStateFile, NoIntactCheckpoint  # noqa: E402
-from adaptd.client import files, verify  # noqa: E402
+from adaptd.client import (  # noqa: E402
+    AdaptiveCheckpointer,
+    ForeignStateFile,
+    NoIntactCheckpoint,
+    files,
+    verify,
+)
 
 pytestmark = pytest.mark.tf
 
