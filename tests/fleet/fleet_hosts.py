@@ -6,10 +6,10 @@ how many wrote at once, whether every save reached its daemon, when a daemon is 
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import queue
-import shutil
 import signal
 import subprocess
 import sys
@@ -44,16 +44,18 @@ def mountpoint_of(path: Path) -> str:
     return mount.mountpoint
 
 
-def faketime(offset: str) -> list[str]:
-    """A command prefix that runs a program with its wall clock ``offset`` off (e.g.
+def faketime(offset: str) -> dict[str, str]:
+    """The environment that runs a program with its wall clock ``offset`` off (e.g.
     ``"+30s"``; libfaketime, Debian ``faketime``): another host's clock. The monotonic
-    clock is left alone, as a host's is its own."""
-    exe = shutil.which("faketime")
-    if exe is None:
-        pytest.skip("needs faketime (Debian faketime; scripts/install-test-deps.sh installs it)")
-    # without DONT_FAKE_MONOTONIC libfaketime offsets the monotonic clock too, and timed
-    # waits then overshoot by the offset: the daemon's lease lapsed under it
-    return ["env", "DONT_FAKE_MONOTONIC=1", exe, "-f", offset]
+    clock is left alone, as a host's is its own: without ``DONT_FAKE_MONOTONIC``
+    libfaketime offsets it too, and timed waits then overshoot by the offset (the
+    daemon's lease lapsed under it). The library is preloaded into the daemon itself,
+    not run through the ``faketime`` program, which forks: signals sent to it did not
+    reach the daemon (leaked daemons)."""
+    found = sorted(glob.glob("/usr/lib/*/faketime/libfaketime.so.1"))
+    if not found:
+        pytest.skip("needs libfaketime (Debian faketime; scripts/install-test-deps.sh installs it)")
+    return {"LD_PRELOAD": found[0], "FAKETIME": offset, "DONT_FAKE_MONOTONIC": "1"}
 
 
 class Host:
@@ -61,8 +63,8 @@ class Host:
 
     ``etcd``: the endpoints; ``ckpt``: the shared folder the jobs save under; ``cap``:
     the fleet-wide cap on the shared target; ``fleet``: more ``[fleet]`` lines (TLS);
-    ``clock``: a command prefix for the daemon (:func:`faketime`); ``nvml``: an NVML
-    fixture for the daemon's telemetry (tests/fixtures/nvml); ``env``: the daemon's.
+    ``nvml``: an NVML fixture for the daemon's telemetry (tests/fixtures/nvml); ``env``:
+    more of the daemon's environment (:func:`faketime`: another wall clock).
     ``wait=False`` only starts the daemon's process: call :meth:`ready`, then
     :meth:`start_job` (many hosts start at once).
     """
@@ -77,7 +79,6 @@ class Host:
         *,
         cap: int = 1,
         fleet: str = "",
-        clock: Sequence[str] = (),
         nvml: str | None = None,
         env: dict[str, str] | None = None,
         job: bool = True,
@@ -102,7 +103,7 @@ class Host:
             f"lease_ttl_s = {TTL_S}\ncall_timeout_s = 0.5\n{fleet}"
             f"[fleet.shared]\n{json.dumps(shared)} = {json.dumps(SHARED)}\n"
         )
-        self.command = [*clock, sys.executable]
+        self.command = [sys.executable]
         self.command += [str(SERVE_NVML), nvml] if nvml else ["-m", "adaptd.cli", "serve"]
         self.command += ["--socket", str(self.socket), "--config", str(self.config)]
         self.env = {**os.environ, **(env or {})}

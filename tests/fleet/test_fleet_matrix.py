@@ -226,7 +226,7 @@ def test_two_hosts_whose_clocks_are_30_s_apart(own_etcd, hosts_root) -> None:
     """host-b's wall clock runs 30 s ahead (libfaketime; its monotonic clock is its
     own). Claims stamp wall-clock times and the queue is ordered by work at risk at
     a moment; both hosts must still agree on who is next, and keep their leases."""
-    skew = {"host-b": {"clock": faketime("+30s")}}
+    skew = {"host-b": {"env": faketime("+30s")}}
     with fleet(hosts_root, own_etcd.url, **skew) as (a, b):
         start = time.monotonic()
         a.next_saves(2, 90)
