@@ -149,7 +149,12 @@ class JobSettings(msgspec.Struct, frozen=True):
 # ------------------------------------------------------------------ replies
 
 
-class Reply(msgspec.Struct, frozen=True, kw_only=True, tag_field="op", forbid_unknown_fields=True):
+class Reply(msgspec.Struct, frozen=True, kw_only=True, tag_field="op"):
+    """A reply ignores fields it does not know: a newer daemon's reply carries fields
+    this command never shows, and it must still read the rest (a command and a daemon
+    one release apart talk). Requests stay strict: an older daemon must not drop an
+    option it does not know and answer as if it had done what was asked."""
+
     v: int = ADMIN_VERSION
 
 

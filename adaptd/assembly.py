@@ -26,6 +26,7 @@ from adaptd.job_handler import RESEND_AFTER_S, JobHandler
 from adaptd.job_ops import JobOps
 from adaptd.planner import REPLAN_TOLERANCE, Planner
 from adaptd.registry import Registry
+from adaptd.relay_auth import RelayKey
 from adaptd.settings import ConfiguredSettings, OperatorSettings
 from adaptd.snapshot import Snapshot
 from adaptd.stats import DaemonStats
@@ -86,6 +87,7 @@ def parts(
     replication_source: ReplicationSource | None = None,
     admin_group_id: int | None = None,
     history_source: HistorySource | None = None,
+    relay_key: RelayKey | None = None,
     resend_after_s: float = RESEND_AFTER_S,
     tick_interval_s: float = TICK_INTERVAL_S,
     replan_tolerance: float = REPLAN_TOLERANCE,
@@ -117,7 +119,7 @@ def parts(
         replan_tolerance=replan_tolerance,
         agreements=agreements,
     )
-    ops = JobOps(planner=planner, registry=registry)
+    ops = JobOps(planner=planner, registry=registry, relay_key=relay_key)
     drains = Drains(registry=registry, save_now=planner.save_now, reply=transport.send_admin)
     status = StatusView(
         registry=registry,

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from adaptd.snapshot import JobState
@@ -350,6 +350,9 @@ class JobTracker:
         #: multi-host job whose plan another host's daemon decides: that daemon counts
         #: the job's failure, once (docs/multiworker.md).
         self.counts_failures = True
+        #: The GPUs of this job that the shared posterior counts (:mod:`adaptd.gpu_claims`;
+        #: set by the daemon from its host's GPU count, else the claim).
+        self.exposure_gpus: Callable[[], int] = lambda: self.gpus
         self._cost_step: int | None = None  # the save the newest cost observation is of
         self.step = start_step
         self.time = 0.0
@@ -399,7 +402,7 @@ class JobTracker:
         if self._watch_time is not None and time > self._watch_time:
             self._last_accrued = time - self._watch_time
             if self.counts_failures:
-                self.failure_rate.observe(self._last_accrued * self.gpus)
+                self.failure_rate.observe(self._last_accrued * self.exposure_gpus())
         self._watch_time = time if self._watch_time is None else max(self._watch_time, time)
         self.time = max(self.time, time)
         self.step = max(self.step, step)
@@ -464,7 +467,7 @@ class JobTracker:
         """
         self._restores.add(max(0.0, restore_s))
         self.restore_s = self._restores.value
-        retract = min(max(0.0, restore_s), self._last_accrued) * self.gpus
+        retract = min(max(0.0, restore_s), self._last_accrued) * self.exposure_gpus()
         if retract > 0 and self.counts_failures:
             self.failure_rate.gpu_seconds = max(0.0, self.failure_rate.gpu_seconds - retract)
         self._last_accrued = 0.0
@@ -477,7 +480,7 @@ class JobTracker:
         if self.counts_failures:
             self.failure_rate.failure()
             if self._watch_time is not None and time > self._watch_time:
-                self.failure_rate.observe((time - self._watch_time) * self.gpus)
+                self.failure_rate.observe((time - self._watch_time) * self.exposure_gpus())
         self._watch_time = None
         self._last_accrued = 0.0
         self.save_in_flight = False

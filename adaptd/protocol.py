@@ -249,6 +249,7 @@ class Request(Message, frozen=True, tag="request"):
     spec: Text = ""  # set_policy: the policy spec
     reason: Text = ""
     origin: Text = ""  # the host the operator typed it on
+    auth: Text = ""  # the signature of the daemon it was typed at (adaptd.relay_auth)
 
 
 # ------------------------------------------------------------------ daemon -> client
@@ -331,6 +332,7 @@ class Relay(Message, frozen=True, tag="relay"):
     spec: Text = ""
     reason: Text = ""
     origin: Text = ""
+    auth: Text = ""  # signed by this daemon (adaptd.relay_auth); the rank copies it
 
 
 # ------------------------------------------------------------------ rank <-> rank

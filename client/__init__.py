@@ -3,8 +3,9 @@
 ``AdaptiveCheckpointer`` for custom loops, ``AdaptiveCheckpointCallback`` for
 ``model.fit``; ``NoIntactCheckpoint`` is what a resume raises when every checkpoint
 is damaged, ``WorldSizeChanged`` when the newest was written by a job of another
-number of workers. The first two need TensorFlow, which is imported only when one of them is
-first used, so the pure helpers (``adaptd.client.schedule``, ``costs``, ``link``,
+number of workers, ``ForeignStateFile`` when the directory's state file points outside
+it. The first two need TensorFlow, which is imported only when one of them is first
+used, so the pure helpers (``adaptd.client.schedule``, ``costs``, ``link``,
 ``files``, ``ranks``) import without it.
 """
 
@@ -16,11 +17,12 @@ if TYPE_CHECKING:
     from adaptd.client.callback import AdaptiveCheckpointCallback
     from adaptd.client.checkpointer import AdaptiveCheckpointer
 
-from adaptd.client.intact import NoIntactCheckpoint, WorldSizeChanged
+from adaptd.client.intact import ForeignStateFile, NoIntactCheckpoint, WorldSizeChanged
 
 __all__ = [
     "AdaptiveCheckpointCallback",
     "AdaptiveCheckpointer",
+    "ForeignStateFile",
     "NoIntactCheckpoint",
     "WorldSizeChanged",
 ]

@@ -225,8 +225,8 @@ class AdaptiveCheckpointer(HookViews):
             part=self._part,
         )
         self.pulled, self.resume = done.pulled, done.resume
-        if self.pulled is not None and self.pulled.step is not None:
-            self._reopen_manager()  # the manager read the state file while it was empty
+        if self.resume.skipped or (self.pulled is not None and self.pulled.step is not None):
+            self._reopen_manager()  # the manager read the state file before it changed
         intact.warn_skipped(self.resume, self.directory)
         self._start(done.start, done.restore_s)
         self._session.await_welcome(self._n, self._store_due)

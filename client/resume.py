@@ -96,6 +96,7 @@ def restore_alone(
         pulled = remote.pull_if_empty(directory, restore_from, storage_options=storage_options)
     refuse_other_world(directory, 1)
     resume = intact.restore_newest_intact(directory, state.restore)
+    intact.set_aside(directory, resume)
     if not resume.restored:
         why = pulled.reason if pulled is not None else ""
         resume_notes.say(resume_notes.fresh(directory=str(directory), restore_from=restore_from,

@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from adaptd import rank_parts
-from adaptd.checkpoint_files import DATA_SHARD, STATE_FILE, state_file_path
+from adaptd.checkpoint_files import DATA_SHARD, STATE_FILE, state_file_outside, state_file_path
 from adaptd.client.sstable import crc32c, read_index
 
 __all__ = [
@@ -202,6 +202,13 @@ def _state_file_names(directory: Path, notes: list[str]) -> Path | None:
     named_path = state_file_path(text)
     if named_path is None:
         notes.append("the checkpoint state file names no model_checkpoint_path")
+        return None
+    outside = state_file_outside(directory, text)
+    if outside is not None:
+        notes.append(
+            f"the checkpoint state file's {outside[0]} is {outside[1]!r}, outside the "
+            "directory: ignored (written by another tool, or copied from elsewhere)"
+        )
         return None
     named = Path(named_path)
     return named if named.is_absolute() else directory / named

@@ -19,6 +19,7 @@ from typing import Any
 import msgspec
 
 from adaptd import tables
+from adaptd.commands._operator import seconds
 from adaptd.tables import Table, number
 
 HELP = "show the daemon's jobs, plans and telemetry"
@@ -30,7 +31,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--timeout",
         metavar="SECONDS",
-        type=float,
+        type=seconds,
         default=3.0,
         help="give up when the daemon does not answer within this long (default: 3)",
     )

@@ -163,7 +163,7 @@ def parse_fleet(
             call_deadline_s=max(2.5, 2.5 * _number(table, "call_timeout_s", 1.0)),
         )
     except ValueError as exc:
-        raise ValueError(str(exc).replace("fleet: ", "fleet.", 1)) from None
+        raise ValueError(_dotted(str(exc))) from None
     slots = int(_number(table, "slots", 2, integer=True))
     if slots < 1:
         raise ValueError(f"fleet.slots: must be >= 1, got {slots}")
@@ -209,3 +209,16 @@ def _number(t: Mapping[str, Any], key: str, default: float, *, integer: bool = F
         kind = "an integer" if integer else "a number"
         raise ValueError(f"fleet.{key}: must be {kind}, got {v!r}")
     return float(v)
+
+
+def _dotted(message: str) -> str:
+    """A :class:`FleetSettings` message as ``fleet.KEY: ...`` (the config's errors name the
+    key, then say what is wrong): ``fleet: lease_ttl_s must be ...`` named the whole
+    sentence as the key. A message about no one key stays ``fleet: ...``."""
+    head, _, rest = message.partition(": ")
+    key, _, tail = rest.partition(" ")
+    if head != "fleet" or key not in KEYS:
+        return message
+    if tail.startswith(("must", "(")):  # "lease_ttl_s must be ...": the key said once
+        return f"fleet.{key}: {tail}"
+    return f"fleet.{key}: {rest}"

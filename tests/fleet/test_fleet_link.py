@@ -204,7 +204,7 @@ def test_a_full_fleet_section(tmp_path):
         ({"etcd": "e:2379"}, "fleet.etcd"),
         ({"etcd": ["http://e:2379"], "slots": 0}, "fleet.slots"),
         ({"etcd": ["http://e:2379"], "lease_ttl_s": "10"}, "fleet.lease_ttl_s"),
-        ({"etcd": ["http://e:2379"], "user": "u"}, "fleet.user and password"),
+        ({"etcd": ["http://e:2379"], "user": "u"}, "fleet.user: user and password"),
         ({"etcd": ["http://e:2379"], "ca_file": "/nonexistent"}, "fleet.ca_file"),
         ({"etcd": ["http://e:2379"], "shared": {"rel": "x"}}, "fleet.shared"),
         (
