@@ -86,6 +86,20 @@ def fake_daemon(ipc_endpoint: str) -> Iterator[FakeDaemon]:
     d.close()
 
 
+def connected(session, daemon: FakeDaemon) -> None:
+    """Until ``session``'s link takes sends, then its Hello reached ``daemon``.
+
+    ``wait_connected`` sees the daemon's side of the handshake; the hook's DEALER
+    (``IMMEDIATE``) refuses sends until its own side has made the pipe, a moment
+    later on a loaded machine: so say hello until a send is taken."""
+    daemon.wait_connected()
+    deadline = time.monotonic() + 10
+    while not session.send_hello(time.perf_counter()):
+        assert time.monotonic() < deadline, "the link never connected"
+        time.sleep(0.005)  # the pipe is being made: nothing to wait on from here
+    daemon.wait_for(protocol.Hello)
+
+
 def welcome(job: str, rank: int = 0) -> protocol.Welcome:
     return protocol.Welcome(v=protocol.VERSION, job=job, rank=rank, daemon_version="test")
 

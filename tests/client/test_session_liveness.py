@@ -24,7 +24,7 @@ from adaptd.client.session import DaemonSession, HelloFacts
 from adaptd.estimators import JobTracker
 from adaptd.policy import parse
 
-from .conftest import FakeDaemon, welcome
+from .conftest import FakeDaemon, connected, welcome
 
 JOB = "keepalive"
 
@@ -69,10 +69,8 @@ def test_the_job_plan_goes_again_only_to_a_welcome_that_answers_a_hello(
     fake_daemon: FakeDaemon,
 ) -> None:
     session = _session(fake_daemon.endpoint)
-    fake_daemon.wait_connected()
     try:
-        session.send_hello(time.perf_counter())  # the first may be refused while connecting
-        fake_daemon.wait_for(protocol.Hello)
+        connected(session, fake_daemon)
         assert {type(m) for m in _quiet(fake_daemon)} <= {protocol.Hello}  # start()'s, if sent
         session.job_plan = protocol.JobPlan(
             v=protocol.VERSION, job=JOB, rank=0, at_step=5, next_step=10, every_steps=10

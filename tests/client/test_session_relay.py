@@ -24,7 +24,7 @@ from adaptd.client.session import DaemonSession, HelloFacts
 from adaptd.estimators import JobTracker
 from adaptd.policy import parse
 
-from .conftest import FakeDaemon, welcome
+from .conftest import FakeDaemon, connected, welcome
 
 JOB = "relay"
 TIMEOUT_S = 2.0
@@ -62,16 +62,6 @@ def session_of(endpoint: str) -> tuple[DaemonSession, Chief]:
     now = time.perf_counter()
     session.start(HelloFacts(0, 0, 0, ""), JobTracker(JOB), StepClock(0, now), now)
     return session, chief
-
-
-def connected(session: DaemonSession, daemon: FakeDaemon) -> None:
-    """Until the link takes sends (``IMMEDIATE``: refused while the pipe is being made)."""
-    daemon.wait_connected()
-    deadline = time.monotonic() + 10
-    while not session.send_hello(time.perf_counter()):
-        assert time.monotonic() < deadline, "the link never connected"
-        time.sleep(0.005)  # the pipe is being made: nothing to wait on from here
-    daemon.wait_for(protocol.Hello)
 
 
 def welcomed(session: DaemonSession, daemon: FakeDaemon) -> float:
