@@ -290,7 +290,9 @@ class _Run:
 
     def fail(self) -> None:
         """A failure at ``self.t``: lose the work since the newest surviving checkpoint
-        (or, covered, the step in progress), restart."""
+        (or, covered, the step in progress), restart. The tracker hears the failure as
+        the daemon sees it come back: a host failure if it lost its local tier, also to a
+        failure during the restart; covered if it resumes from a save just in time."""
         self.report()
         self.failures += 1
         at = self.t
@@ -309,8 +311,8 @@ class _Run:
             self.restart += self.next_fail - self.t
             self.t = self.next_fail
             self.failures += 1
-            if self.kinds.next()[0] == "host":
-                self.local = None
+            if self.kinds.next()[0] == "host":  # the job will come back elsewhere
+                self.local, kind = None, "host"
             self.next_fail = self.clock.next()
         self.lost += (self.pos - step) * self.st
         if self.classed:

@@ -107,9 +107,13 @@ def test_a_host_failure_restarts_from_the_newest_durable_save() -> None:
 
 def test_a_host_failure_during_a_restart_in_place_sends_it_to_durable_storage() -> None:
     # the restart from local 12 (11.5 to 13.5) fails at 12.5: from durable 8, 8 s more
-    result, _ = worked([11.5, 12.5], [("process", False), ("host", False)])
+    result, run = worked([11.5, 12.5], [("process", False), ("host", False)])
     assert result == RunResult(49.25, 20.0, 17.5, 2.75, 9.0, 0.0, saves=10, failures=2,
                                local_saves=6)  # fmt: skip
+    # the daemon sees the job come back elsewhere: one host failure (the second, during
+    # the restart, it cannot see)
+    classes = run.tracker.failure_classes
+    assert (classes.host.failures, classes.process.failures) == (1, 0)
 
 
 def test_a_covered_failure_loses_the_step_in_progress_and_the_save_just_in_time() -> None:
