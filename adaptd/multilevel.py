@@ -50,6 +50,7 @@ __all__ = [
     "interval_for",
     "optimal_every",
     "plan",
+    "start_every",
     "waste",
 ]
 
@@ -203,17 +204,32 @@ def optimal_every(local: Tier, durable: Tier, rates: Rates) -> float:
     return math.sqrt(num / den)
 
 
+def start_every(local: Tier, durable: Tier, rates: Rates, max_every: int) -> int:
+    """Where :func:`best_every` starts: the whole k nearest D°/τ°, the real optimum of the
+    floored intervals apart (τ° = max(√(2δ₁/λ_p), L₁), D° = max(√(2δ₂/λ_h), L₂)); the
+    most allowed without host failures. Needs λ_p > 0."""
+    if rates.host <= 0:
+        return max_every
+    tau0 = max(math.sqrt(2.0 * max(local.save_cost_s, 1e-9) / rates.process), local.latency_s)
+    d0 = max(math.sqrt(2.0 * max(durable.save_cost_s, 1e-9) / rates.host), durable.latency_s)
+    return min(max(1, round(d0 / tau0)), max_every)
+
+
 def best_every(
-    local: Tier, durable: Tier, rates: Rates, max_every: int = MAX_DURABLE_EVERY
+    local: Tier,
+    durable: Tier,
+    rates: Rates,
+    max_every: int = MAX_DURABLE_EVERY,
+    start: int | None = None,
 ) -> tuple[int, float, float]:
     """(k, W, τ_k) of the least :func:`waste` over the k of 1 … ``max_every``, each at
     its :func:`interval_for`.
 
     W is jointly convex in the local and the durable interval (τ, D = kτ) and the floors
     bound each on its own (τ ≥ L₁, D ≥ L₂), so the least waste along the rays D = kτ
-    falls and then rises with k: a descent from the k nearest the real optimum of the
-    floored intervals, D°/τ°, finds it in a few steps (tests hold it to the whole
-    search). Ties keep the smaller k.
+    falls and then rises with k: a descent from ``start`` (default
+    :func:`start_every`, next to the optimum) finds it in a few steps, from any start
+    (tests hold it to the whole search). Ties keep the smaller k.
     """
     if max_every < 1:
         raise ValueError(f"max_every must be >= 1, got {max_every}")
@@ -222,13 +238,8 @@ def best_every(
         tau = interval_for(k, local, durable, rates)
         return waste(tau, k, local, durable, rates), tau
 
-    tau0 = max(math.sqrt(2.0 * max(local.save_cost_s, 1e-9) / rates.process), local.latency_s)
-    d0 = durable.latency_s
-    if rates.host > 0:
-        d0 = max(d0, math.sqrt(2.0 * max(durable.save_cost_s, 1e-9) / rates.host))
-        start = round(d0 / tau0)
-    else:
-        start = max_every
+    if start is None:
+        start = start_every(local, durable, rates, max_every)
     k = min(max(1, start), max_every)
     w, tau = at(k)
     for step in (-1, 1):
@@ -325,5 +336,5 @@ def _two_reason(
 
 
 def _ordinal(n: int) -> str:
-    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    suffix = "th" if 11 <= n % 100 <= 13 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
     return f"{n}{suffix}"

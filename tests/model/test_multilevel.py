@@ -193,3 +193,103 @@ def test_a_plan_is_a_frozen_record() -> None:
     assert TierPlan(60.0, None, 0.1, "why").durable_interval_s == 60.0
     with pytest.raises(AttributeError):
         p.interval_s = 1.0  # type: ignore[misc]
+
+
+# ------------------------------------------------------------------ found by make mutants
+
+
+@pytest.mark.parametrize(
+    ("local", "durable", "rates", "top", "start"),
+    [
+        # A: D* = √(2·50·25000) = 1581.1, τ* = √(2·2·1000) = 63.25: 25
+        (*A, 100, 25),
+        # B: D* = √(2·30·20000) = 1095.4, τ* = √(2·1·2000) = 63.25: 17.32 → 17
+        (*CASES[1][:3], 100, 17),
+        # C: τ° = L₁ = 100: 15.8 → 16; D: D° = L₂ = 3000: 47.4 → 47
+        (*CASES[2][:3], 100, 16),
+        (*CASES[3][:3], 100, 47),
+        (*A, 10, 10),  # capped
+        (Tier(2.0), Tier(50.0), Rates(1e-3, 0.0), 100, 100),  # no host failures: the most
+        (Tier(50.0), Tier(1.0), Rates(1e-4, 1e-2), 100, 1),  # at least one
+        # saves under a second: τ* = √40 = 6.325, D* = √1e7 = 3162.3 and √1e5 = 316.2
+        (Tier(0.02), Tier(50.0), Rates(1e-3, 1e-5), 1000, 500),
+        (Tier(0.02), Tier(0.5), Rates(1e-3, 1e-5), 1000, 50),
+    ],
+)
+def test_the_descent_starts_next_to_the_floored_real_optimum(local, durable, rates, top, start):
+    from adaptd.multilevel import start_every
+
+    assert start_every(local, durable, rates, top) == start
+
+
+def test_the_descent_reaches_the_least_waste_from_any_start_and_keeps_the_smaller_k_on_ties():
+    rng = random.Random(9)
+    for _ in range(200):
+        e = lambda a, b: 10 ** rng.uniform(a, b)  # noqa: E731
+        local, durable = Tier(e(-3, 1.5), e(-2, 2), e(0, 3)), Tier(e(-1, 3), e(-1, 3.5), e(0, 3))
+        rates = Rates(e(-7, -2), e(-8, -2))
+        least = min(waste(interval_for(j, local, durable, rates), j, local, durable, rates)
+                    for j in range(1, 41))  # fmt: skip
+        for start in (1, rng.randint(1, 40), 40, 99):
+            assert best_every(local, durable, rates, 40, start=start)[1] <= least * (1 + 1e-12)
+    # δ₁ = 1, δ₂ = 6, λ_p = λ_h: W(2) = W(3) exactly (δ₁λ_h = δ₂λ_p/(2·3)); 2 from anywhere
+    tie = (Tier(1.0), Tier(6.0), Rates(1 / 1024, 1 / 1024))
+    w2, w3 = (waste(interval_for(k, *tie), k, *tie) for k in (2, 3))
+    assert w2 == w3
+    assert [best_every(*tie, start=s)[0] for s in (None, 1, 2, 3, 10)] == [2] * 5
+
+
+def test_durations_and_ordinals_in_reasons() -> None:
+    from adaptd.multilevel import _duration, _ordinal
+
+    assert [_duration(x) for x in (119.0, 120.0, 7199.0, 7200.0)] == [
+        "119 s", "2 min", "120 min", "2 h",
+    ]  # fmt: skip
+    assert [_ordinal(n) for n in (1, 2, 3, 4, 10, 11, 12, 13, 20, 21, 22, 111, 121)] == [
+        "1st", "2nd", "3rd", "4th", "10th", "11th", "12th", "13th", "20th", "21st", "22nd",
+        "111th", "121st",
+    ]  # fmt: skip
+    got = plan(Tier(50.0), Rates.of(None, 1000.0, coverage=0.5), Tier(2.0))
+    assert got.reason == (
+        "one tier: every 6.91 min (δ=50 s); uncovered failures: process never, host every "
+        "33.3 min (50% covered just in time) → waste 22.4%"
+    )
+
+
+def test_covered_failures_and_latencies_count_for_the_single_tier_too() -> None:
+    # the covered constant is in the single tier's reported waste ...
+    base = plan(Tier(50.0), Rates(0.0, 1e-3))
+    covered = plan(Tier(50.0), Rates(0.0, 1e-3, covered=1e-3, covered_cost_s=40.0))
+    assert covered.waste == pytest.approx(base.waste + 0.04, rel=1e-12)
+    # ... and in its comparison with two tiers (case E: two tiers by 0.0338, not by 0.04)
+    e = (Tier(10.0, 0.0, 600.0), Rates(1e-4, 1e-4, covered=1e-4, covered_cost_s=200.0))
+    assert plan(*e, Tier(10.0)).durable_every == 1
+    # a durable latency of 400 s costs the single tier λ·L₂, two tiers only λ_h·L₂:
+    # 0.0632 + 2e-4·1000 = 0.263 against 0.0894 + 1e-4·1000 = 0.189
+    assert plan(Tier(10.0, 400.0, 600.0), Rates(1e-4, 1e-4), Tier(10.0)).durable_every == 1
+
+
+def test_the_smallest_figures_and_bounds() -> None:
+    # both saves free: the cost floors at Daly's 1e-6 s, τ = √(2e-6/2e-3)
+    free = interval_for(1, Tier(0.0), Tier(0.0), Rates(1e-3, 1e-3))
+    assert free == pytest.approx(math.sqrt(1e-3), rel=1e-12)
+    assert plan(Tier(50.0, 0.0, 600.0), Rates(1e-3, 0.0), Tier(2.0), max_every=1).durable_every == 1
+
+
+@pytest.mark.parametrize(
+    ("rates", "message"),
+    [
+        (lambda: Rates(1e-3, -1.0), "host rate must be a finite number >= 0, got -1.0"),
+        (lambda: Rates(1e-3, 0.0, covered=math.nan), "covered rate must be a finite number"),
+        (lambda: Rates(1e-3, 0.0, covered_cost_s=-1.0), "covered_cost_s must be a finite number"),
+    ],
+)
+def test_each_rate_is_named(rates, message) -> None:
+    with pytest.raises(ValueError, match=f"^{message}"):
+        rates()
+    with pytest.raises(ValueError) as err:
+        Rates(0.0, 0.0)
+    assert str(err.value) == (
+        "no uncovered failures (process and host rates both 0): the interval would be "
+        "infinite; plan for at least a small share of uncovered failures"
+    )
