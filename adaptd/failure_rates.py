@@ -114,16 +114,20 @@ class FailureRate:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> FailureRate:
         """Rebuild from :meth:`to_dict`; raises :class:`ValueError` on a foreign dict."""
-        if data.get("version") != LEARNED_VERSION:
-            raise ValueError(
-                f"failure-rate record has version {data.get('version')!r}, "
-                f"expected {LEARNED_VERSION}; discard it to start from the prior"
-            )
+        _check_version(data, "failure-rate", "the prior")
         return cls(
             prior_gpu_mtbf_s=float(data["prior_gpu_mtbf_s"]),
             prior_failures=float(data["prior_failures"]),
             failures=float(data["failures"]),
             gpu_seconds=float(data["gpu_seconds"]),
+        )
+
+
+def _check_version(data: Mapping[str, Any], record: str, prior: str) -> None:
+    if data.get("version") != LEARNED_VERSION:
+        raise ValueError(
+            f"{record} record has version {data.get('version')!r}, "
+            f"expected {LEARNED_VERSION}; discard it to start from {prior}"
         )
 
 
@@ -234,11 +238,7 @@ class FailureClasses:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> FailureClasses:
         """Rebuild from :meth:`to_dict`; raises :class:`ValueError` on a foreign dict."""
-        if data.get("version") != LEARNED_VERSION:
-            raise ValueError(
-                f"failure-class record has version {data.get('version')!r}, "
-                f"expected {LEARNED_VERSION}; discard it to start from the priors"
-            )
+        _check_version(data, "failure-class", "the priors")
         return cls(
             process=FailureRate.from_dict(data["process"]),
             host=FailureRate.from_dict(data["host"]),

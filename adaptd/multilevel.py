@@ -60,14 +60,9 @@ __all__ = [
 MAX_DURABLE_EVERY = 100
 
 
-def _check(name: str, value: float) -> None:
+def _check_rate(name: str, value: float) -> None:
     if not (value >= 0 and math.isfinite(value)):
-        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
-
-
-def _check_positive(name: str, value: float) -> None:
-    if not (value > 0 and math.isfinite(value)):
-        raise ValueError(f"{name} must be a positive finite number of seconds, got {value!r}")
+        raise ValueError(f"{name} must be a finite number >= 0 per second, got {value!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,9 +79,9 @@ class Tier:
     restart_s: float = 0.0
 
     def __post_init__(self) -> None:
-        _check("save_cost_s", self.save_cost_s)
-        _check("latency_s", self.latency_s)
-        _check("restart_s", self.restart_s)
+        model.check_non_negative("save_cost_s", self.save_cost_s)
+        model.check_non_negative("latency_s", self.latency_s)
+        model.check_non_negative("restart_s", self.restart_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,10 +101,10 @@ class Rates:
     covered_cost_s: float = 0.0
 
     def __post_init__(self) -> None:
-        _check("process rate", self.process)
-        _check("host rate", self.host)
-        _check("covered rate", self.covered)
-        _check("covered_cost_s", self.covered_cost_s)
+        _check_rate("process rate", self.process)
+        _check_rate("host rate", self.host)
+        _check_rate("covered rate", self.covered)
+        model.check_non_negative("covered_cost_s", self.covered_cost_s)
         if not self.process + self.host > 0:
             raise ValueError(
                 "no uncovered failures (process and host rates both 0): the interval would "
@@ -129,11 +124,11 @@ class Rates:
         simulator draws them): λ = (1 − coverage)/M for each class."""
         if not 0 <= coverage < 1:
             raise ValueError(f"coverage must be a share in [0, 1), got {coverage!r}")
-        _check_positive("host_mtbf_s", host_mtbf_s)
+        model.check_positive("host_mtbf_s", host_mtbf_s)
         total = 1.0 / host_mtbf_s
         process = 0.0
         if process_mtbf_s is not None:
-            _check_positive("process_mtbf_s", process_mtbf_s)
+            model.check_positive("process_mtbf_s", process_mtbf_s)
             process = 1.0 / process_mtbf_s
             total += process
         keep = 1.0 - coverage
@@ -182,7 +177,7 @@ def interval_for(every: int, local: Tier, durable: Tier, rates: Rates) -> float:
 
 def waste(interval_s: float, every: int, local: Tier, durable: Tier, rates: Rates) -> float:
     """W(τ, k), the first-order expected waste per unit time (module doc)."""
-    _check_positive("interval_s", interval_s)
+    model.check_positive("interval_s", interval_s)
     if every < 1:
         raise ValueError(f"durable every must be >= 1 local saves, got {every}")
     tau = interval_s

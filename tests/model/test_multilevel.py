@@ -147,10 +147,10 @@ def test_rates_of_mtbfs_and_coverage() -> None:
 @pytest.mark.parametrize(
     ("call", "message"),
     [
-        (lambda: Tier(-1.0), "save_cost_s must be a finite number >= 0, got -1.0"),
-        (lambda: Tier(1.0, math.inf), "latency_s must be a finite number >= 0, got inf"),
-        (lambda: Tier(1.0, 0.0, -2.0), "restart_s must be a finite number >= 0, got -2.0"),
-        (lambda: Rates(-1e-3, 1e-3), "process rate must be a finite number >= 0"),
+        (lambda: Tier(-1.0), "save_cost_s must be >= 0 seconds, got -1.0"),
+        (lambda: Tier(1.0, math.inf), "latency_s must be >= 0 seconds, got inf"),
+        (lambda: Tier(1.0, 0.0, -2.0), "restart_s must be >= 0 seconds, got -2.0"),
+        (lambda: Rates(-1e-3, 1e-3), "process rate must be a finite number >= 0 per second"),
         (lambda: Rates(0.0, 0.0), "no uncovered failures"),
         (lambda: Rates(1e-3, 0.0, covered=-1.0), "covered rate"),
         (lambda: Rates.of(1000.0, 1000.0, coverage=1.0), r"coverage must be a share in \[0, 1\)"),
@@ -279,9 +279,9 @@ def test_the_smallest_figures_and_bounds() -> None:
 @pytest.mark.parametrize(
     ("rates", "message"),
     [
-        (lambda: Rates(1e-3, -1.0), "host rate must be a finite number >= 0, got -1.0"),
+        (lambda: Rates(1e-3, -1.0), "host rate must be a finite number >= 0 per second, got -1.0"),
         (lambda: Rates(1e-3, 0.0, covered=math.nan), "covered rate must be a finite number"),
-        (lambda: Rates(1e-3, 0.0, covered_cost_s=-1.0), "covered_cost_s must be a finite number"),
+        (lambda: Rates(1e-3, 0.0, covered_cost_s=-1.0), "covered_cost_s must be >= 0 seconds, got -1.0"),
     ],
 )
 def test_each_rate_is_named(rates, message) -> None:
