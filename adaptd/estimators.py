@@ -240,6 +240,11 @@ def extra_time_from_util(util_before: float, util_during: float, in_flight_s: fl
     return max(0.0, 1.0 - util_during / util_before) * in_flight_s
 
 
+def _check_tier(tier: str) -> None:
+    if tier not in ("durable", "local"):
+        raise ValueError(f'tier must be "durable" or "local", got {tier!r}')
+
+
 #: The local tier's figures in a JobState, and their keys in :meth:`JobTracker.learned`.
 _LOCAL_FIELDS = ("local_save_cost_s", "local_latency_s", "local_restore_s")
 _LOCAL_KEYS = ("local_save_costs_s", "local_latencies_s", "local_restores_s")
@@ -370,8 +375,7 @@ class JobTracker:
         L₁ are learned apart, and which makes nothing durable). Raises
         :class:`ValueError` for another tier.
         """
-        if tier not in ("durable", "local"):
-            raise ValueError(f'save tier must be "durable" or "local", got {tier!r}')
+        _check_tier(tier)
         self.time = max(self.time, time)
         self.save_in_flight = False
         if self.last_save_step is None or step > self.last_save_step:
@@ -407,8 +411,10 @@ class JobTracker:
         from a save of ``tier`` ("durable", or "local": a restart in place, R₁).
 
         The down time is not exposure: whatever the last step report counted of it
-        is taken back from the failure-rate posterior.
+        is taken back from the failure-rate posterior. Raises :class:`ValueError` for
+        another tier.
         """
+        _check_tier(tier)
         if tier == "local":
             self._local[2].add(max(0.0, restore_s))
         else:
@@ -448,7 +454,10 @@ class JobTracker:
     def on_resume(self, time: float, step: int, tier: str | None = None) -> None:
         """A new incarnation starts from checkpoint ``step`` at ``time`` (hello), from
         the ``tier`` it was restored from when known ("durable": that step is durable,
-        e.g. a just-in-time save made durable; "local")."""
+        e.g. a just-in-time save made durable; "local"). Raises :class:`ValueError` for
+        another tier."""
+        if tier is not None:
+            _check_tier(tier)
         self.start_step = step
         self.step = step
         self.time = max(self.time, time)

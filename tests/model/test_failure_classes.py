@@ -139,8 +139,13 @@ def test_local_saves_teach_the_local_figures_and_make_nothing_durable() -> None:
     t.on_restart(300.0)
     s = t.state()
     assert (s.local_restore_s, s.restore_s) == (40.0, 300.0)
-    with pytest.raises(ValueError, match='save tier must be "durable" or "local", got \'tape\''):
-        t.on_save_report(31.0, 300, blocking_s=1.0, durable_s=1.0, tier="tape")
+    for call in (
+        lambda: t.on_save_report(31.0, 300, blocking_s=1.0, durable_s=1.0, tier="tape"),
+        lambda: t.on_restart(5.0, tier="tape"),
+        lambda: t.on_resume(32.0, 300, tier="tape"),
+    ):
+        with pytest.raises(ValueError, match=r'^tier must be "durable" or "local", got \'tape\'$'):
+            call()
     # what the local tier taught comes back after a daemon restart
     u = JobTracker("j", local_tier=True)
     u.load_learned(json.loads(json.dumps(t.learned())))
@@ -212,4 +217,52 @@ def test_job_state_defaults_keep_one_tier() -> None:
         None,
         0,
         0.0,
+    )
+
+
+# ------------------------------------------------------------------ found by make mutants
+
+
+def test_one_gpu_and_fractions_of_a_second_count_whole() -> None:
+    c = FailureClasses()
+    c.observe(0.5, gpus=1)
+    c.observe(10.0, gpus=0)  # no GPU known: counted as one
+    assert (c.process.gpu_seconds, c.host.gpu_seconds) == (10.5, 10.5)
+    assert c.host_mtbf_s(1) == c.host.gpu_mtbf_s == c.host_mtbf_s(0)
+    c.retract(0.25, gpus=1)
+    assert (c.process.gpu_seconds, c.host.gpu_seconds) == (10.25, 10.25)
+
+
+def test_every_count_round_trips_and_a_foreign_record_is_named() -> None:
+    c = FailureClasses(covered=2.0, uncovered=3.0, prior_uncovered=0.5)
+    back = FailureClasses.from_dict(json.loads(json.dumps(c.to_dict())))
+    assert (back.covered, back.uncovered, back.prior_uncovered) == (2.0, 3.0, 0.5)
+    with pytest.raises(ValueError) as err:
+        FailureClasses.from_dict({"version": 99})
+    assert str(err.value) == (
+        "failure-class record has version 99, expected 1; discard it to start from the priors"
+    )
+
+
+def test_a_restart_in_place_is_learned_as_it_was_and_others_exposure_is_left_alone() -> None:
+    t = JobTracker("j", local_tier=True)
+    t.on_restart(0.5, tier="local")
+    assert t.state().local_restore_s == 0.5
+    # a job whose failures another daemon counts takes nothing back from a shared rate
+    shared = FailureRate(gpu_seconds=1000.0)
+    classes = FailureClasses()
+    classes.observe(100.0, gpus=1)
+    u = JobTracker("k", failure_rate=shared, failure_classes=classes)
+    u.counts_failures = False
+    u.on_steps(0.0, 0, 0, 0.0)
+    u.on_steps(50.0, 50, 50, 1.0)
+    u.on_restart(40.0)
+    assert (shared.gpu_seconds, classes.process.gpu_seconds) == (1000.0, 100.0)
+
+
+def test_a_foreign_failure_rate_record_is_named() -> None:
+    with pytest.raises(ValueError) as err:
+        FailureRate.from_dict({"version": 2})
+    assert str(err.value) == (
+        "failure-rate record has version 2, expected 1; discard it to start from the prior"
     )

@@ -281,7 +281,10 @@ def test_the_smallest_figures_and_bounds() -> None:
     [
         (lambda: Rates(1e-3, -1.0), "host rate must be a finite number >= 0 per second, got -1.0"),
         (lambda: Rates(1e-3, 0.0, covered=math.nan), "covered rate must be a finite number"),
-        (lambda: Rates(1e-3, 0.0, covered_cost_s=-1.0), "covered_cost_s must be >= 0 seconds, got -1.0"),
+        (
+            lambda: Rates(1e-3, 0.0, covered_cost_s=-1.0),
+            "covered_cost_s must be >= 0 seconds, got -1.0",
+        ),
     ],
 )
 def test_each_rate_is_named(rates, message) -> None:
