@@ -6,6 +6,7 @@ with a tolerance narrow enough to see the mistakes a broken engine would make.""
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import replace
 
 import pytest
@@ -33,21 +34,39 @@ def case(steps: int = 15000, **failures) -> sim.Scenario:
     )
 
 
-def test_one_class_and_every_save_durable_is_the_one_tier_form() -> None:
-    """With host failures only, every save to both tiers and no slow-down from the
-    local write, a save is one save of blocking b₁ + b₂ durable b₁ + L₂ after its call:
-    the one-tier closed form, start and end included."""
-    s = case(process_share=0.0)
-    s = replace(s, local=replace(s.local, slowdown=0.0))
+@pytest.mark.parametrize(
+    ("step_time_s", "first_step_s", "share"),
+    [(1.0, None, 0.0), (0.5, 30.5, 0.0), (2.0, 2.0, 0.0), (1.0, None, 1.0), (0.5, 30.5, 0.6)],
+)
+def test_one_class_and_every_save_durable_is_the_one_tier_form(
+    step_time_s, first_step_s, share
+) -> None:
+    """With every save to both tiers and no slow-down from the local write, a save is one
+    save of blocking b₁ + b₂ durable b₁ + L₂ after its call: with host failures only, the
+    one-tier closed form, start and end included (whole steps of any length, a first step
+    of each incarnation 30 s longer). So it is with process failures too when the local
+    copy completes with the durable one (L₁ = 15.5: b₂ + L₁ = b₁ + L₂) and a restart in
+    place takes as long: every restart then comes back from the same save in the same time."""
+    s = replace(case(process_share=share), step_time_s=step_time_s, first_step_s=first_step_s)
+    local = {"slowdown": 0.0}
+    if share:
+        local.update(latency_s=15.5, restore_s=s.restore_s)
+    s = replace(s, local=replace(s.local, **local))
     single = replace(s, local=None, blocking_s=5.5, latency_s=20.5)
     assert single.save_cost_s == s.save_cost_s + s.local.save_cost_s
-    for every in (30, 45, 200):
+    for every in (60, 90, 400, s.steps // 2):  # the last: one save, at the middle
         assert theory_tiers.expected_wall_s(s, every, 1) == pytest.approx(
             theory.expected_wall_s(single, every), rel=1e-11
         )
         cycle = theory_tiers.steady_state(s, every, 1)
-        assert cycle.goodput == pytest.approx(every / theory.cycle_s(single, every), rel=1e-12)
-        assert cycle.kept_s == every  # a durable save completes every interval
+        tau = every * step_time_s
+        assert cycle.goodput == pytest.approx(tau / theory.cycle_s(single, every), rel=1e-12)
+        assert cycle.kept_s == pytest.approx(tau, rel=1e-12)  # a durable save every interval
+        # the steady state's start is the one-tier run's first cycle: a warm-up, an interval
+        assert theory_tiers.steady_wall_s(s, every, 1) == pytest.approx(
+            cycle.first_wall_s + (s.steps * step_time_s - cycle.first_kept_s) / cycle.goodput
+        )
+        assert cycle.first_kept_s == pytest.approx(tau, rel=1e-12)
 
 
 def test_the_steady_state_is_the_whole_runs_rate() -> None:
@@ -83,10 +102,29 @@ def test_the_closed_form_refuses_what_it_does_not_model() -> None:
             theory_tiers.steady_state(other, 60, 5)
     with pytest.raises(ValueError, match="outlasts an interval of 10 steps"):
         theory_tiers.steady_state(s, 10, 5)  # a 20 s durable write, saves every 10 s
+    # at the bounds: a local copy complete exactly as the next save is due is in time
+    # (every 10 s: a local segment of 10.5 s, a durable one of 10.5 + 5 = 15.5 s)
+    sync = sim.from_dict(
+        {
+            "job": {"steps": 1000, "step_time_s": 1.0},
+            "checkpoint": {"blocking_s": 5.0, "latency_s": 10.5,
+                           "local": {"blocking_s": 0.5, "latency_s": 10.5}},
+            "failures": {"mtbf_gpu_hours": 1.0, "process_share": 0.5},
+        }
+    )  # fmt: skip
+    theory_tiers.steady_state(sync, 10, 2)  # a1 = 10.5 = t1, c1 = 15.5 = t2, c2 = 11 < 15.5
+    late = replace(sync, local=replace(sync.local, latency_s=10.75))
+    with pytest.raises(ValueError, match=re.escape("local copy 10.75 s after a 10.5 s segment")):
+        theory_tiers.steady_state(late, 10, 2)
+    durable = replace(sync, latency_s=15.0)  # c2 = 0.5 + 15 = 15.5 = t2: in time
+    theory_tiers.steady_state(durable, 10, 2)
+    with pytest.raises(ValueError, match=re.escape("durable 15.75 s after a 15.5 s one")):
+        theory_tiers.steady_state(replace(sync, latency_s=15.25), 10, 2)
     with pytest.raises(ValueError, match="must be >= 1"):
         theory_tiers.steady_state(s, 60, 0)
     with pytest.raises(ValueError, match="saves nothing"):
-        theory_tiers.expected_wall_s(case(steps=50), 60, 5)
+        theory_tiers.expected_wall_s(case(steps=60), 60, 5)
+    theory_tiers.expected_wall_s(case(steps=61), 60, 5)  # one save
 
 
 @pytest.mark.slow
