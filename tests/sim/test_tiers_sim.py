@@ -398,3 +398,28 @@ def test_the_oracles_decisions_say_what_they_are() -> None:
     one = Oracle(Daly(save_cost_s=8.0, mtbf_s=1e6), step_time_s=1.0)
     tau = one.daly.decide(Snapshot(time=0.0), replace(job, step_time_s=1.0)).interval_s
     assert one.decide(Snapshot(time=0.0), job).every_steps == math.ceil(tau)
+
+
+def test_two_writes_at_once_slow_compute_by_their_sum_until_each_ends() -> None:
+    """(Found by make mutants: in the engine a write's end is always an event, so only the
+    closed form's last segment asks for a time past one write's end with another running.)"""
+    from adaptd.sim.inflight import Write, Writes
+
+    w = Writes()
+    w.add(Write("durable", 8, 4.0, 0.25, 2.0, 4.0))
+    w.add(Write("local", 8, 2.0, 0.5, 0.5, 1.0))
+    assert [x.tier for x in w.items] == ["local", "durable"]  # soonest end first
+    # half-second steps: 1 step by 2 s (a quarter of the pace), 3 more by 4 s, then 2/s
+    assert w.time_to(0.0, 5.0, 0.5) == 4.5
+    assert w.time_to(0.0, 1.0, 0.5) == 2.0 and w.time_to(2.0, 3.0, 0.5) == 4.0
+    assert w.lost(0.0, 5.0) == 0.5 * 2.0 + 0.25 * 4.0
+    assert w.lost(2.0, 3.0) == 0.25  # the local write has ended
+    assert [w.slowdown(t) for t in (1.0, 2.0, 4.0)] == [0.75, 0.25, 0.0]
+    assert [w.durable_at(t) for t in (3.0, 4.0)] == [True, False]
+    assert (w.busy_until(("local",)), w.busy_until(("durable",)), w.busy_until(())) == (
+        2.0, 4.0, None,
+    )  # fmt: skip
+    assert bool(w) and w.next_end() == 2.0
+    assert w.pop().tier == "local" and w.busy_until(("local",)) is None
+    w.clear()
+    assert not w and w.next_end() is None and w.slowdown(0.0) == 0.0
