@@ -1,42 +1,57 @@
 # The two set-up commands of the README: `make demo` and `make test`.
-# Both create (or update) .venv and install the project into it first; `make test`
-# also installs the programs the suite runs (scripts/test-deps.txt), root or
-# passwordless sudo permitting: elsewhere the tests that need them skip and say what
-# to install. TEST_DEPS=--required makes a missing program an error (CI: .ci/run).
-PYTHON    ?= python3
-VENV      ?= .venv
-BIN       := $(VENV)/bin
-STAMP     := $(VENV)/.installed
-TEST_DEPS ?=
+# Each creates (or updates) .venv and installs into it what it runs, and no more:
+# `make demo` the project with TensorFlow (what `adaptd demo` imports), `make test` the
+# test toolchain too (the dev extra: pytest, moto, atheris, ruff, mutmut ...) and the
+# programs the suite runs (scripts/test-deps.txt), root or passwordless sudo permitting:
+# elsewhere the tests that need them skip and say what to install. Each install has its
+# own stamp; the test install is a superset of the demo's, so it stamps both.
+# TEST_DEPS=--required makes a missing program an error (CI: .ci/run).
+PYTHON     ?= python3
+VENV       ?= .venv
+BIN        := $(VENV)/bin
+DEMO_STAMP := $(VENV)/.installed-demo
+TEST_STAMP := $(VENV)/.installed-test
+TEST_DEPS  ?=
+# setuptools tells every editable install of a package-dir layout that folders named like
+# the package may shadow it ("Editable installation.", an InformationOnly notice, not a
+# problem of the metadata); only that notice is filtered, every other warning shows.
+PIP_INSTALL := PYTHONWARNINGS='ignore:Editable installation' $(BIN)/python -m pip install --quiet
 
 .PHONY: demo test test-deps lint bench clean venv
 
-venv: $(STAMP)
+# What the helper sessions and `make lint`/`bench`/`mutants` use: the full (test) install.
+venv: $(TEST_STAMP)
 
-$(STAMP): pyproject.toml
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[tensorflow,dev]'
-	touch $(STAMP)
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(PIP_INSTALL) --upgrade pip
 
-demo: $(STAMP)
+$(DEMO_STAMP): pyproject.toml | $(BIN)/python
+	$(PIP_INSTALL) -e '.[tensorflow]'
+	touch $@
+
+$(TEST_STAMP): pyproject.toml | $(BIN)/python
+	$(PIP_INSTALL) -e '.[tensorflow,dev]'
+	touch $@ $(DEMO_STAMP)
+
+demo: $(DEMO_STAMP)
 	$(BIN)/adaptd demo
 
 # Quick when everything is there: a `command -v` per program, no apt-get.
 test-deps:
 	@bash scripts/install-test-deps.sh $(TEST_DEPS)
 
-test: $(STAMP) test-deps
+test: $(TEST_STAMP) test-deps
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
-lint: $(STAMP)
+lint: $(TEST_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
 # save_storm takes 2-4 minutes and needs root or FUSE permissions (scripts/slowfs.py);
 # fleet_storm (8 daemons + 8 TF jobs, etcd) about 8 minutes, and etcd (scripts/install-test-deps.sh).
-bench: $(STAMP)
+bench: $(TEST_STAMP)
 	$(BIN)/python benchmarks/hook_cost.py
 	$(BIN)/python benchmarks/save_stall.py
 	$(BIN)/python benchmarks/save_storm.py
@@ -45,7 +60,7 @@ bench: $(STAMP)
 # Mutation score of the pure core (docs/testing.md): over an hour on 2 cores, not part of
 # `make test`. AREAS="model policies" runs some areas; MUTANTS_ARGS="--survivors" re-tests survivors.
 .PHONY: mutants
-mutants: $(STAMP)
+mutants: $(TEST_STAMP)
 	nice -n 19 $(BIN)/python scripts/mutants.py $(MUTANTS_ARGS) $(AREAS)
 
 clean:

@@ -7,8 +7,9 @@ msgspec structs over msgpack, tagged by ``op``, strictly validated like the job
 protocol (:mod:`adaptd.protocol`) but versioned on their own.
 
 :func:`request` is the client side used by every operator command (``status``,
-``save-now``, ``drain``, ``set-policy``, ``pause``/``resume``): one REQ socket per
-call, a deadline, never a hang. The daemon's side is :mod:`adaptd.admin_handler`.
+``history``, ``save-now``, ``drain``, ``set-policy``, ``pause``/``resume``): one REQ
+socket per call, a deadline, never a hang. The daemon's side is
+:mod:`adaptd.admin_handler`.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from adaptd.protocol import MAX_MESSAGE_BYTES, JobId, Text
 
 __all__ = [
     "ADMIN_VERSION",
+    "MAX_HISTORY",
     "MAX_REQUEST_BYTES",
     "AdminError",
     "AnyReply",
@@ -34,6 +36,9 @@ __all__ = [
     "DrainReply",
     "DrainRequest",
     "ErrorReply",
+    "HistoryReply",
+    "HistoryRequest",
+    "HistorySave",
     "JobInfo",
     "JobSettings",
     "PauseReply",
@@ -64,6 +69,8 @@ ADMIN_VERSION = 1
 MAX_REQUEST_BYTES = MAX_MESSAGE_BYTES
 #: Longest drain an operator may ask for (a day); the decoder refuses NaN and inf too.
 MAX_DRAIN_S = 86_400.0
+#: Most saves one ``history`` reply lists (the newest ones).
+MAX_HISTORY = 10_000
 
 
 class Request(
@@ -97,10 +104,13 @@ class DrainRequest(Request, frozen=True, tag="drain"):
 
 class SetPolicyRequest(Request, frozen=True, tag="set_policy"):
     """Give a known job a new policy ``spec`` (parsed by :func:`adaptd.policy.parse`);
-    its new plan is pushed to its ranks at once."""
+    its new plan is pushed to its ranks at once. ``clear`` (with no ``spec``) takes the
+    operator's policy back: the job gets what it would have without one (the config's
+    ``[jobs]`` policy, else its own spec, else the daemon's default)."""
 
     job: JobId
-    spec: Text
+    spec: Text = ""
+    clear: bool = False
 
 
 class PauseRequest(Request, frozen=True, tag="pause"):
@@ -111,7 +121,18 @@ class PauseRequest(Request, frozen=True, tag="pause"):
     paused: bool = True
 
 
-AnyRequest = t.Union[StatusRequest, SaveNowRequest, DrainRequest, SetPolicyRequest, PauseRequest]  # noqa: UP007
+class HistoryRequest(Request, frozen=True, tag="history"):
+    """One job's saves, oldest first: the newest ``limit`` of those that ended at or
+    after ``since`` (Unix seconds; ``None``: all the daemon keeps)."""
+
+    job: JobId
+    since: t.Annotated[float, msgspec.Meta(ge=0)] | None = None
+    limit: t.Annotated[int, msgspec.Meta(ge=1, le=MAX_HISTORY)] = 100
+
+
+AnyRequest = t.Union[  # noqa: UP007
+    StatusRequest, SaveNowRequest, DrainRequest, SetPolicyRequest, PauseRequest, HistoryRequest
+]
 
 
 class JobSettings(msgspec.Struct, frozen=True):
@@ -128,7 +149,12 @@ class JobSettings(msgspec.Struct, frozen=True):
 # ------------------------------------------------------------------ replies
 
 
-class Reply(msgspec.Struct, frozen=True, kw_only=True, tag_field="op", forbid_unknown_fields=True):
+class Reply(msgspec.Struct, frozen=True, kw_only=True, tag_field="op"):
+    """A reply ignores fields it does not know: a newer daemon's reply carries fields
+    this command never shows, and it must still read the rest (a command and a daemon
+    one release apart talk). Requests stay strict: an older daemon must not drop an
+    option it does not know and answer as if it had done what was asked."""
+
     v: int = ADMIN_VERSION
 
 
@@ -303,11 +329,36 @@ class DrainReply(Reply, frozen=True, tag="drain"):
 
 class SetPolicyReply(Reply, frozen=True, tag="set_policy"):
     job: str
-    policy: str
+    policy: str  # the spec in force now ("" for a job not running here)
     previous: str
     plan_seq: int  # the plan pushed with the new policy (0: the job has no live ranks)
     #: the job is decided on another host: the request was relayed to it (who decides)
     relayed_to: str = ""
+    #: ``clear``: the operator's policy taken back (``previous``; "" when none was set),
+    #: and where the one in force now comes from ("config", "job", "default")
+    cleared: bool = False
+    source: str = ""
+
+
+class HistorySave(msgspec.Struct, frozen=True):
+    """One rank's save as the daemon's state database keeps it (times: Unix seconds)."""
+
+    ended: float  # when it was reported durable (or failed)
+    step: int
+    rank: int
+    reason: str
+    ok: bool
+    blocking_s: float
+    durable_s: float
+    bytes: int
+    extra_step_s: float = 0.0
+    error: str = ""
+
+
+class HistoryReply(Reply, frozen=True, tag="history"):
+    job: str
+    saves: list[HistorySave]  # oldest first; the newest ``limit`` when ``more``
+    more: bool = False  # older saves in the window were left out (the request's limit)
 
 
 class PauseReply(Reply, frozen=True, tag="pause"):
@@ -323,7 +374,7 @@ class ErrorReply(Reply, frozen=True, tag="error"):
 
 
 AnyReply = t.Union[  # noqa: UP007
-    StatusReply, SaveNowReply, DrainReply, SetPolicyReply, PauseReply, ErrorReply
+    StatusReply, SaveNowReply, DrainReply, SetPolicyReply, PauseReply, HistoryReply, ErrorReply
 ]
 
 _encoder = msgspec.msgpack.Encoder()

@@ -3,9 +3,9 @@
 :class:`AdminHandler` takes one operator message (frames from the admin ROUTER),
 checks the caller (:meth:`AdminHandler.allowed`: root, the daemon's own user, or a
 member of ``daemon.admin_group``, read from the connection's kernel credentials),
-decodes the request (:mod:`adaptd.admin`) and answers it: ``status``, ``save-now``,
-``set-policy``, ``pause``/``resume`` at once, ``drain`` when the drain ends
-(:mod:`adaptd.drains`). A refusal is an :class:`~adaptd.admin.ErrorReply` with a
+decodes the request (:mod:`adaptd.admin`) and answers it: ``status``, ``history``,
+``save-now``, ``set-policy``, ``pause``/``resume`` at once, ``drain`` when the drain
+ends (:mod:`adaptd.drains`). A refusal is an :class:`~adaptd.admin.ErrorReply` with a
 code, counted as ``admin_<code>``. An action on a job whose plan another host's
 daemon decides is relayed there through the job's rank (:mod:`adaptd.job_ops`).
 """
@@ -29,17 +29,23 @@ from adaptd.jobs import Job, PeerCred
 from adaptd.logfmt import logfmt
 from adaptd.planner import Planner
 from adaptd.policy import PolicyError
+from adaptd.records import SaveRecord
 from adaptd.registry import Registry
 from adaptd.stats import DaemonStats
 from adaptd.status_view import StatusView
 from adaptd.transport import DaemonError, Transport, peer_cred
 
-__all__ = ["MAX_DRAIN_S", "AdminHandler", "admin_gid"]
+__all__ = ["MAX_DRAIN_S", "AdminHandler", "HistorySource", "admin_gid"]
 
 log = logging.getLogger("adaptd.server")
 
 #: The longest drain an operator may ask for.
 MAX_DRAIN_S = 86_400
+
+#: A job's saves for ``adaptd history``: ``(job, since, limit)`` -> the newest ``limit``
+#: that ended at or after ``since`` (Unix seconds, ``None``: all), oldest first (the
+#: state database's, :meth:`adaptd.store.Store.saves`).
+HistorySource = Callable[[str, "float | None", int], Sequence[SaveRecord]]
 
 
 def admin_gid(group: str | None) -> int | None:
@@ -72,6 +78,7 @@ class AdminHandler:
         clock: Callable[[], float],
         admin_gid: int | None = None,
         ops: JobOps | None = None,
+        history: HistorySource | None = None,
     ) -> None:
         self.registry = registry
         self.ops = ops if ops is not None else JobOps(planner=planner, registry=registry)
@@ -84,6 +91,7 @@ class AdminHandler:
         self.emit = emit
         self.clock = clock
         self.admin_gid = admin_gid
+        self.history = history
 
     def on_frames(self, parts: list[zmq.Frame]) -> None:
         """One message from the admin socket: check, decode, answer (or defer: drain)."""
@@ -154,6 +162,8 @@ class AdminHandler:
             return self._pause(req, now)
         if isinstance(req, admin.SaveNowRequest):
             return self._save_now(req, now)
+        if isinstance(req, admin.HistoryRequest):
+            return self._history(req)
         raise admin.AdminError("invalid", f"unsupported request {type(req).__name__}")
 
     # ------------------------------------------------------------------ requests
@@ -207,6 +217,10 @@ class AdminHandler:
         return job
 
     def _set_policy(self, req: admin.SetPolicyRequest, now: float) -> admin.SetPolicyReply:
+        if req.clear or not req.spec:
+            if not req.clear or req.spec:
+                raise admin.AdminError("invalid", "set-policy: give a policy spec or clear")
+            return self._clear_policy(req.job, now)
         job = self._known_job(req.job)
         if not job.decides:
             try:
@@ -234,6 +248,58 @@ class AdminHandler:
             )
         )
         return admin.SetPolicyReply(job=job.id, policy=req.spec, previous=previous, plan_seq=seq)
+
+    def _clear_policy(self, job_id: str, now: float) -> admin.SetPolicyReply:
+        """``set-policy --clear``: the operator's policy taken back (here, where the job is
+        decided; a job decided on another host is cleared there)."""
+        job = self.registry.jobs.get(job_id)
+        if job is None:
+            if job_id not in self.settings:
+                self._known_job(job_id)  # raises unknown_job
+            before, after = self.settings.clear_policy(job_id, now)
+            cleared, spec, source, seq = before if before != after else None, after or "", "", 0
+        elif not job.decides:
+            decider = job.agreed.decided_by if job.agreed is not None else ""
+            raise admin.AdminError(
+                "not_deciding",
+                f"job {job_id!r} is decided by {decider or 'its chief (rank 0)'}'s daemon: "
+                f"run `adaptd set-policy --job {job_id} --clear` on that host",
+            )
+        else:
+            cleared, spec, source, seq = self.planner.clear_policy(job, now)
+        log.info(logfmt("operator_action", action="clear_policy", job=job_id,
+                        cleared=cleared, policy=spec or None, source=source or None,
+                        plan_seq=seq))  # fmt: skip
+        return admin.SetPolicyReply(job=job_id, policy=spec, previous=cleared or "",
+                                    plan_seq=seq, cleared=cleared is not None,
+                                    source=source)  # fmt: skip
+
+    def _history(self, req: admin.HistoryRequest) -> admin.HistoryReply:
+        """``adaptd history``: the job's saves from the state database."""
+        if self.history is None:
+            raise admin.AdminError(
+                "no_history", "this daemon keeps no save history (it runs without a state "
+                "database); `adaptd serve` keeps one in daemon.state_dir"
+            )  # fmt: skip
+        rows = list(self.history(req.job, req.since, req.limit + 1))  # one more: are there?
+        if not rows and req.job not in self.registry.jobs:
+            known = ", ".join(sorted(j.id for j in self.registry)[:20]) or "none"
+            window = " since then" if req.since is not None else ""
+            raise admin.AdminError(
+                "unknown_job",
+                f"job {req.job!r}: no saves in this daemon's history{window}, and no such job "
+                f"here now (jobs here: {known})",
+            )
+        more = len(rows) > req.limit
+        saves = [
+            admin.HistorySave(
+                ended=r.ended, step=r.step, rank=r.rank, reason=r.reason, ok=r.ok,
+                blocking_s=r.blocking_s, durable_s=r.durable_s, bytes=r.bytes,
+                extra_step_s=r.extra_step_s, error=r.error,
+            )
+            for r in rows[-req.limit :]
+        ]  # fmt: skip
+        return admin.HistoryReply(job=req.job, saves=saves, more=more)
 
     def _pause(self, req: admin.PauseRequest, now: float) -> admin.PauseReply:
         if req.job is not None:

@@ -40,6 +40,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
 from adaptd import protocol as p
+from adaptd.rank_parts import world_changed
 from adaptd.snapshot import Decision
 
 #: Default lead of a proposal, in wall time: the round's messages (a few round trips)
@@ -220,6 +221,13 @@ class RestoreChoice:
 def choose_restore(offers: Mapping[int, p.RestoreOffer], world_size: int) -> RestoreChoice:
     """The newest step every rank ``0..world_size-1`` has locally or can pull.
 
+    A step counts only where it is complete for the job (its replicated part and every
+    rank's part, :mod:`adaptd.rank_parts`); the offers say so. An error instead of a
+    choice when a newer checkpoint was written by a job of another number of ranks
+    (its ranks' own state cannot be handed to these), and when no step is readable by
+    every rank while some step is whole across their directories (its parts are
+    spread over hosts) or held by some rank only. Nothing anywhere: a fresh start.
+
     Raises ValueError when an offer is missing (the caller waits for all first).
     """
     missing = [r for r in range(world_size) if r not in offers]
@@ -228,18 +236,55 @@ def choose_restore(offers: Mapping[int, p.RestoreOffer], world_size: int) -> Res
     ranks = range(world_size)
     local = {r: set(offers[r].local) for r in ranks}
     reachable = {r: local[r] | set(offers[r].pullable) for r in ranks}
-    if not any(reachable[r] for r in ranks):
-        return RestoreChoice(step=None)
     common = set.intersection(*(reachable[r] for r in ranks))
-    if not common:
+    step = max(common) if common else None
+    other = _newest_other_world(offers)
+    if other is not None and (step is None or other[0] > step):
+        return RestoreChoice(step=None, error=other[1])
+    if step is None:
+        spread = _spread(offers, world_size)
+        if spread is not None:
+            return RestoreChoice(step=None, error=spread)
+        if not any(reachable[r] for r in ranks):
+            return RestoreChoice(step=None)
         newest = max(max(reachable[r]) for r in ranks if reachable[r])
         lacking = [r for r in ranks if newest not in reachable[r]]
         return RestoreChoice(step=None, error=_no_common(offers, lacking, newest))
-    step = max(common)
     return RestoreChoice(
         step=step,
         source={r: "local" if step in local[r] else "pull" for r in ranks},
         newer={r: tuple(sorted(s for s in local[r] if s > step)) for r in ranks},
+    )
+
+
+def _newest_other_world(offers: Mapping[int, p.RestoreOffer]) -> tuple[int, str] | None:
+    """The newest step written by a job of another world size, and the refusal."""
+    best: tuple[int, p.RestoreOffer] | None = None
+    for offer in offers.values():
+        if offer.other_world and (best is None or max(offer.other_world) > best[0]):
+            best = (max(offer.other_world), offer)
+    if best is None:
+        return None
+    step, offer = best
+    where = offer.directory or offer.url or f"rank {offer.rank}'s directory"
+    return step, world_changed(step, where, offer.other_world_size, len(offers))
+
+
+def _spread(offers: Mapping[int, p.RestoreOffer], world_size: int) -> str | None:
+    """The refusal when some step is whole across the ranks' directories but not in
+    one place each rank reads (no shared storage: each rank's part is on its host)."""
+    replicated = set().union(*(set(o.replicated) for o in offers.values()))
+    whole = replicated.intersection(*(set(offers[r].own) for r in range(world_size)))
+    if not whole:
+        return None
+    step = max(whole)
+    holders = [r for r in sorted(offers) if step in offers[r].replicated]
+    return (
+        f"step {step} is whole across the job's ranks (its replicated part in the "
+        f"directory of rank(s) {_ranks(holders)}, each rank's own part in its own "
+        "directory), but no rank can read all of it in one place. Give every rank the "
+        "same checkpoint directory (shared storage), so that every rank's part and the "
+        "replicated part are side by side (docs/multiworker.md)"
     )
 
 

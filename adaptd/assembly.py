@@ -19,13 +19,14 @@ from dataclasses import dataclass
 from adaptd import events as ev
 from adaptd import policy as policy_mod
 from adaptd.admin import JobSettings
-from adaptd.admin_handler import AdminHandler
+from adaptd.admin_handler import AdminHandler, HistorySource
 from adaptd.drains import Drains
 from adaptd.job_agreement import Agreements
 from adaptd.job_handler import RESEND_AFTER_S, JobHandler
 from adaptd.job_ops import JobOps
 from adaptd.planner import REPLAN_TOLERANCE, Planner
 from adaptd.registry import Registry
+from adaptd.relay_auth import RelayKey
 from adaptd.settings import ConfiguredSettings, OperatorSettings
 from adaptd.snapshot import Snapshot
 from adaptd.stats import DaemonStats
@@ -85,6 +86,8 @@ def parts(
     status_extra: StatusExtra | None = None,
     replication_source: ReplicationSource | None = None,
     admin_group_id: int | None = None,
+    history_source: HistorySource | None = None,
+    relay_key: RelayKey | None = None,
     resend_after_s: float = RESEND_AFTER_S,
     tick_interval_s: float = TICK_INTERVAL_S,
     replan_tolerance: float = REPLAN_TOLERANCE,
@@ -95,7 +98,8 @@ def parts(
     ``registry`` must emit through ``events`` (``Registry(emit=events)``), so the
     sinks see the registry's events and the daemon's own in one order.
     ``default_spec`` is parsed here (:class:`~adaptd.policy.PolicyError` if a plugin
-    went missing since it was validated).
+    went missing since it was validated). ``history_source``: the saves ``adaptd
+    history`` shows (``None``: a daemon without a state database refuses it).
     """
     stats = transport.stats
     policies = policy_mod.PolicyCache()
@@ -115,7 +119,7 @@ def parts(
         replan_tolerance=replan_tolerance,
         agreements=agreements,
     )
-    ops = JobOps(planner=planner, registry=registry)
+    ops = JobOps(planner=planner, registry=registry, relay_key=relay_key)
     drains = Drains(registry=registry, save_now=planner.save_now, reply=transport.send_admin)
     status = StatusView(
         registry=registry,
@@ -158,6 +162,7 @@ def parts(
             clock=clock,
             admin_gid=admin_group_id,
             ops=ops,
+            history=history_source,
         ),
         status=status,
         stats=stats,

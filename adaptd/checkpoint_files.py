@@ -21,6 +21,7 @@ __all__ = [
     "DATA_SHARD",
     "STATE_FILE",
     "checkpoint_bytes",
+    "state_file_outside",
     "state_file_path",
     "state_file_step",
     "state_file_text",
@@ -34,6 +35,9 @@ CHECKPOINT_FILE = re.compile(r"^ckpt-(\d+)\.(index|data-(\d{5})-of-(\d{5}))$")
 DATA_SHARD = re.compile(r"\.data-(\d{5})-of-(\d{5})$")
 
 _MODEL_PATH = re.compile(r'^model_checkpoint_path:\s*"((?:[^"\\]|\\.)*)"', re.M)
+_ANY_PATH = re.compile(
+    r'^(model_checkpoint_path|all_model_checkpoint_paths):\s*"((?:[^"\\]|\\.)*)"', re.M
+)
 _NUMBERED = re.compile(r"^ckpt-(\d+)$")
 
 
@@ -70,3 +74,20 @@ def checkpoint_bytes(prefix: str | os.PathLike[str]) -> int:
         with contextlib.suppress(OSError):
             total += os.stat(name).st_size
     return total
+
+
+def state_file_outside(directory: str | os.PathLike[str], text: str) -> tuple[str, str] | None:
+    """The first ``(field, path)`` of a state file's text that names a checkpoint outside
+    ``directory`` (an absolute path elsewhere, ``..``, a symlinked folder), else ``None``.
+
+    TensorFlow follows such a path: ``restore`` would load another run's checkpoint,
+    and the ``CheckpointManager`` deletes the oldest listed checkpoints when it rotates,
+    wherever they are. A state file written by another tool, or copied from another
+    directory, must therefore be refused, not followed."""
+    root = os.path.realpath(directory)
+    for m in _ANY_PATH.finditer(text):
+        path = m.group(2).encode().decode("unicode_escape")
+        full = os.path.realpath(os.path.join(root, path))
+        if os.path.dirname(full) != root:
+            return m.group(1), path
+    return None

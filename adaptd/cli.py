@@ -2,13 +2,17 @@
 
 Subcommands live in :mod:`adaptd.commands`, imported lazily so a quick command
 stays quick. Errors a user can fix (bad flags, bad config, no daemon) print one
-clear line and exit non-zero; they never show a traceback.
+clear line and exit non-zero; they never show a traceback. A command whose output pipe
+closes early (``adaptd status | head -1``) stops quietly with the status a shell gives a
+program killed by SIGPIPE (141), as ``cat`` would.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import select
 import sys
 from collections.abc import Sequence
 from types import ModuleType
@@ -16,6 +20,7 @@ from types import ModuleType
 from adaptd import __version__
 
 __all__ = [
+    "BROKEN_PIPE_STATUS",
     "COMMANDS",
     "UsageError",
     "build_parser",
@@ -26,6 +31,7 @@ __all__ = [
 COMMANDS: dict[str, str] = {
     "serve": "serve",
     "status": "status",
+    "history": "history",
     "save-now": "save_now",
     "drain": "drain",
     "set-policy": "set_policy",
@@ -38,6 +44,11 @@ COMMANDS: dict[str, str] = {
     "policies": "policies",
     "demo": "demo",
 }
+
+
+#: Exit status when the reader of stdout went away: 128 + SIGPIPE, what a shell reports
+#: for a program the signal killed (Python ignores SIGPIPE, so it is set by hand).
+BROKEN_PIPE_STATUS = 141
 
 
 class UsageError(Exception):
@@ -79,6 +90,34 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one ``adaptd`` command; returns its exit status."""
+    try:
+        try:
+            return _main(argv)
+        finally:  # what is still buffered goes now, while a closed pipe can be caught
+            sys.stdout.flush()
+    except BrokenPipeError:
+        if not _stdout_gone():  # another pipe or socket broke: that is an error to show
+            raise
+        # Nothing more can be shown, and Python's flush at exit would fail again with a
+        # traceback: point stdout at /dev/null and stop.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return BROKEN_PIPE_STATUS
+
+
+def _stdout_gone() -> bool:
+    """Whether stdout is a pipe (or socket) whose reader went away (POLLERR/POLLHUP)."""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(ev & (select.POLLERR | select.POLLHUP) for _, ev in poller.poll(0))
+    except (OSError, ValueError):  # no real file behind stdout (a test's capture)
+        return False
+
+
+def _main(argv: Sequence[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     # The command name first: only its module is imported and adds its arguments.
     name = next((a for a in argv if not a.startswith("-")), None)

@@ -164,6 +164,7 @@ class Config:
     curve_secret_key: Path | None
     curve_client_keys: Path | None
     admin_group: str | None
+    relay_key_file: Path | None  # signs operator requests relayed to other hosts
     socket_mode: int
     socket_group: str | None
     admin_socket: Path

@@ -126,6 +126,11 @@ SETTINGS: dict[str, tuple[Setting, ...]] = {
                 "daemon's user (checked per request from the caller's credentials); the "
                 "admin socket is given this group, so set `admin_socket_mode = \"0660\"` too",
                 "—"),
+        Setting("relay_key_file", path, None,
+                "a secret file, the same on every host (`head -c 32 /dev/urandom`, mode 0600): "
+                "`set-policy`, `pause` and `resume` typed on a host that does not decide a "
+                "multi-host job are relayed to the deciding host signed with it; without it "
+                "they must be typed on that host (docs/multiworker.md)", "—", show=show_path),
         Setting("socket_mode", mode, 0o660, "who may connect a job", '`"0660"`',
                 show=show_mode),
         Setting("socket_group", name, None,

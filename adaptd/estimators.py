@@ -30,7 +30,7 @@ the time in, so it is deterministic and testable.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from adaptd.failure_rates import (
@@ -279,6 +279,9 @@ class JobTracker:
         #: multi-host job whose plan another host's daemon decides: that daemon counts
         #: the job's failure, once (docs/multiworker.md).
         self.counts_failures = True
+        #: The GPUs of this job that the shared posterior counts (:mod:`adaptd.gpu_claims`;
+        #: set by the daemon from its host's GPU count, else the claim).
+        self.exposure_gpus: Callable[[], int] = lambda: self.gpus
         #: The job saves to a local tier beside durable storage (two tiers, issue 24).
         self.local_tier = local_tier
         #: Process and host failure rates and the covered share, when learned.
@@ -334,9 +337,10 @@ class JobTracker:
         if self._watch_time is not None and time > self._watch_time:
             self._last_accrued = time - self._watch_time
             if self.counts_failures:
-                self.failure_rate.observe(self._last_accrued * self.gpus)
+                gpus = self.exposure_gpus()
+                self.failure_rate.observe(self._last_accrued * gpus)
                 if self.failure_classes is not None:
-                    self.failure_classes.observe(self._last_accrued, self.gpus)
+                    self.failure_classes.observe(self._last_accrued, gpus)
         self._watch_time = time if self._watch_time is None else max(self._watch_time, time)
         self.time = max(self.time, time)
         self.step = max(self.step, step)
@@ -422,10 +426,11 @@ class JobTracker:
             self.restore_s = self._restores.value
         down = min(max(0.0, restore_s), self._last_accrued)
         if down > 0 and self.counts_failures:
+            gpus = self.exposure_gpus()
             rate = self.failure_rate
-            rate.gpu_seconds = max(0.0, rate.gpu_seconds - down * self.gpus)
+            rate.gpu_seconds = max(0.0, rate.gpu_seconds - down * gpus)
             if self.failure_classes is not None:
-                self.failure_classes.retract(down, self.gpus)
+                self.failure_classes.retract(down, gpus)
         self._last_accrued = 0.0
 
     def on_failure(self, time: float, kind: str | None = None, covered: bool = False) -> None:
@@ -444,9 +449,10 @@ class JobTracker:
             if classes is not None:
                 classes.failure(kind, covered)
             if self._watch_time is not None and time > self._watch_time:
-                self.failure_rate.observe((time - self._watch_time) * self.gpus)
+                gpus = self.exposure_gpus()
+                self.failure_rate.observe((time - self._watch_time) * gpus)
                 if classes is not None:
-                    classes.observe(time - self._watch_time, self.gpus)
+                    classes.observe(time - self._watch_time, gpus)
         self._watch_time = None
         self._last_accrued = 0.0
         self.save_in_flight = False

@@ -9,7 +9,10 @@ plan, an urgent save) into rounds of the job's :class:`~adaptd.job_rounds.JobRou
 
 - a proposal goes to every live rank, once every rank of the job has said hello in
   this run (a rank the daemon has not heard of yet could not acknowledge, and would
-  miss the change: after a daemon restart, the ranks come back one by one);
+  miss the change: after a daemon restart, the ranks come back one by one), or once
+  ``timeout_s`` passed since the first of them did: a rank that died while the daemon
+  was down never comes back, and must not hold the job's rounds for ever (it learns
+  the plan when it does come: see the next point);
 - each :class:`~adaptd.protocol.Ack` is recorded; the round is decided when every
   live rank answered, one refused (it had passed the step: the wish is proposed
   again further ahead), a rank left (it is not waited for) or it timed out (checked
@@ -86,6 +89,8 @@ class Agreements:
         """A rank said hello: it takes part in the round in flight, and the job's plan is
         proposed again so that it learns it (see :meth:`JobRounds.rejoin`)."""
         rounds = self.rounds(job)
+        if rounds.first_hello is None:
+            rounds.first_hello = now
         if rounds.open is not None:
             self.send(rank, rounds.open.proposal, now)
         rounds.rejoin(job.plan)
@@ -120,7 +125,7 @@ class Agreements:
         rounds = self.rounds(job)
         if job.state != "active" or rounds.open is not None:
             return
-        if len(job.joined) < job.world_size:
+        if len(job.joined) < job.world_size and not self._stop_waiting(job, rounds, now):
             return  # a rank not heard of yet would miss the change
         live = job.live_ranks()
         steps = {r.rank: r.step for r in live}
@@ -143,6 +148,20 @@ class Agreements:
                 ranks=len(live),
             )
         )
+
+    def _stop_waiting(self, job: Job, rounds: JobRounds, now: float) -> bool:
+        """Whether the rounds go on without the ranks that have not said hello in this
+        run: ``timeout_s`` after the first did (a bound on a live rank's return after a
+        daemon restart, which it notices within seconds). Logged once per count."""
+        since = rounds.first_hello
+        if since is None or now - since < self.timeout_s:
+            return False
+        if rounds.went_on_with != len(job.joined):
+            rounds.went_on_with = len(job.joined)
+            log.warning(logfmt("round_without_ranks", job=job.id,
+                               missing=job.world_size - len(job.joined),
+                               waited_s=round(now - since, 1)))  # fmt: skip
+        return True
 
     def _decided(self, job: Job, decision: p.Decide | None, now: float) -> None:
         if decision is None:

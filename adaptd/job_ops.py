@@ -14,8 +14,12 @@ its chief (rank 0). :class:`JobOps` does an action where it belongs:
   agree on (:class:`~adaptd.protocol.JobPlan`).
 
 A Request is accepted only from a rank of the job it names (the job handler checks
-the connection), so a job's processes can ask for their own job only: what its
-owner could do with the job's own settings anyway.
+the connection), so a job's processes can ask for their own job only. ``save_now`` a
+job could ask of itself anyway; ``set_policy``, ``pause`` and ``resume`` override what
+the operator set, so they must carry the signature of the daemon they were typed at
+(:mod:`adaptd.relay_auth`, ``daemon.relay_key_file``): a rank cannot make one up.
+Without a key they are not relayed at all: the operator is told to type them on the
+deciding host.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from adaptd.logfmt import logfmt
 from adaptd.planner import Planner
 from adaptd.policy import PolicyError
 from adaptd.registry import Registry
+from adaptd.relay_auth import NEEDS_SIGNATURE, RelayKey
 
 __all__ = ["JobOps", "NoRankToRelay"]
 
@@ -42,11 +47,15 @@ class NoRankToRelay(Exception):
 class JobOps:
     """The operator's actions on one job (used by the admin and the job handler)."""
 
-    def __init__(self, *, planner: Planner, registry: Registry) -> None:
+    def __init__(
+        self, *, planner: Planner, registry: Registry, relay_key: RelayKey | None = None
+    ) -> None:
         self.planner = planner
         self.settings = planner.settings
         self.registry = registry
         self.hostname = registry.hostname
+        #: Signs the operator's requests relayed from here, checks those relayed here.
+        self.relay_key = relay_key
 
     # ------------------------------------------------------------------ on this host
 
@@ -79,19 +88,24 @@ class JobOps:
         job's chief"). Raises :class:`NoRankToRelay` when no rank of the job is live here."""
         rank = _relay_rank(job)
         decider = job.agreed.decided_by if job.agreed is not None else ""
+        where = f"{decider or 'its chief (rank 0)'}'s daemon"
         if rank is None:
             raise NoRankToRelay(
-                f"job {job.id!r} is decided by {decider or 'its chief (rank 0)'}'s daemon and "
-                "has no live rank on this host to carry the request there: run the command "
-                "on that host"
+                f"job {job.id!r} is decided by {where} and has no live rank on this host to "
+                "carry the request there: run the command on that host"
             )
+        if op in NEEDS_SIGNATURE and self.relay_key is None:
+            raise NoRankToRelay(
+                f"job {job.id!r} is decided by {where}; {op} is relayed there only signed, and "
+                "this daemon has no daemon.relay_key_file: run the command on that host, or "
+                "give every host's daemon the same relay key (docs/multiworker.md)"
+            )
+        spec, reason, origin = spec[: p.MAX_TEXT], reason[: p.MAX_TEXT], self.hostname[: p.MAX_TEXT]
+        auth = ""
+        if self.relay_key is not None and op in NEEDS_SIGNATURE:
+            auth = self.relay_key.sign(job.id, op, spec, reason, origin)
         msg = p.Relay(
-            v=p.VERSION,
-            job=job.id,
-            op=op,
-            spec=spec[: p.MAX_TEXT],
-            reason=reason[: p.MAX_TEXT],
-            origin=self.hostname[: p.MAX_TEXT],
+            v=p.VERSION, job=job.id, op=op, spec=spec, reason=reason, origin=origin, auth=auth
         )
         self.planner.send(rank, msg, now)
         log.info(logfmt("relayed", job=job.id, op=op, spec=spec or None, rank=rank.rank,
@@ -106,6 +120,16 @@ class JobOps:
                 f"job {job.id!r}: this daemon does not decide the job's plan (its chief, rank 0, "
                 "is on another host); a request goes to the chief's daemon"
             )
+        if msg.op in NEEDS_SIGNATURE:
+            why = (
+                self.relay_key.check(job.id, msg.op, msg.spec, msg.reason, msg.origin, msg.auth)
+                if self.relay_key is not None
+                else "this daemon has no daemon.relay_key_file to check its signature"
+            )
+            if why:
+                log.warning(logfmt("request_refused", job=job.id, op=msg.op, via_rank=msg.rank,
+                                   origin=msg.origin or "?", why=why))  # fmt: skip
+                return f"{msg.op} for job {job.id!r} refused: {why}; only an operator may ask it"
         detail: dict[str, object] = {}
         if msg.op == "set_policy":
             try:

@@ -91,6 +91,12 @@ class JobRounds:
         self.aborted = 0
         #: The step the agreed plan is in force from.
         self.agreed_from: int | None = None
+        #: When the first rank of this run said hello (set by the daemon): ranks not
+        #: heard of by ``timeout_s`` later are no longer waited for (they may never come).
+        self.first_hello: float | None = None
+        #: How many ranks had said hello when the rounds went on without the others
+        #: (logged once per count).
+        self.went_on_with: int | None = None
 
     # ------------------------------------------------------------------ wishes
 

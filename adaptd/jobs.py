@@ -97,6 +97,7 @@ class Job:
     incarnation: int = 1
     policy_spec: str = ""
     policy: Policy | None = None
+    asked_spec: str = ""  # the spec a rank's hello asked for ("": the daemon's choice)
     plan: Decision | None = None  # the plan the ranks were last sent
     plan_seq: int = 0
     latest: Decision | None = None  # the newest decision (may equal the plan's grid)

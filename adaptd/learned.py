@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from adaptd.estimators import FailureRate, JobTracker
+from adaptd.gpu_claims import vouched_gpus
 from adaptd.logfmt import logfmt
 from adaptd.protocol import Hello
 from adaptd.store import GLOBAL, Store, job_scope
@@ -34,12 +35,22 @@ class Learned:
     """The learned parameters of one daemon, restored from ``store`` and written back to it.
 
     ``gpu_mtbf_s`` is the configured prior: what was observed carries over a restart,
-    the prior is the config's (it may have changed).
+    the prior is the config's (it may have changed). ``host_gpus``: the host's GPU
+    count now (None: unknown), see :meth:`tracker_for`.
     """
 
-    def __init__(self, store: Store, *, gpu_mtbf_s: float) -> None:
+    def __init__(
+        self,
+        store: Store,
+        *,
+        gpu_mtbf_s: float,
+        host_gpus: Callable[[], int | None] = lambda: None,
+    ) -> None:
         self.store = store
         self.gpu_mtbf_s = gpu_mtbf_s
+        #: The host's GPU count now (None: unknown), which bounds what a job's claim
+        #: counts in the shared posterior (:mod:`adaptd.gpu_claims`).
+        self.host_gpus = host_gpus
         self.failure_rate = FailureRate(prior_gpu_mtbf_s=gpu_mtbf_s)
         data = store.param(GLOBAL, FAILURE_RATE_KEY)
         if data is None:
@@ -60,7 +71,9 @@ class Learned:
 
     def tracker_for(self, msg: Hello) -> JobTracker:
         """A new job's tracker: the host's shared failure rate, the configured GPU
-        MTBF prior, and what the store learned about this job before a restart."""
+        MTBF prior, and what the store learned about this job before a restart. The
+        posterior counts at most the GPUs the host can vouch for
+        (:func:`~adaptd.gpu_claims.vouched_gpus`), whatever the job claims."""
         tracker = JobTracker(
             msg.job,
             world_size=msg.world_size,
@@ -69,6 +82,10 @@ class Learned:
             state_bytes=msg.state_bytes or None,
             gpu_mtbf_s=self.gpu_mtbf_s,
             failure_rate=self.failure_rate,
+        )
+        spans_hosts = msg.agreement == "coordination"
+        tracker.exposure_gpus = lambda: vouched_gpus(
+            tracker.gpus, tracker.world_size, host_gpus=self.host_gpus(), spans_hosts=spans_hosts
         )
         data = self.store.param(job_scope(msg.job), LEARNED_KEY)
         if data is not None:

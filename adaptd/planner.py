@@ -100,6 +100,8 @@ class Planner:
         """Give a job its policy at hello, if it has none yet: the operator's setting,
         else the spec the rank ``asked`` for, else the daemon's default. Returns why
         the asked spec was refused (the rank is told), else ``None``."""
+        if asked:
+            job.asked_spec = asked
         configured = self.settings.policy(job.id)
         if job.policy is None and configured is not None:
             job.policy = self.policies.get(configured)  # parsed when it was set
@@ -127,6 +129,29 @@ class Planner:
         job.policy, job.policy_spec = policy, spec
         self.settings.change(job.id, now, policy=spec)
         return previous, self.replan(job, now)
+
+    def clear_policy(self, job: Job, now: float) -> tuple[str | None, str, str, int]:
+        """Take back an operator's policy: the job gets the config's for it, else the
+        spec its ranks asked for, else the daemon's default (as at a first hello).
+        Returns ``(operator's spec taken back or None when none was set, spec now,
+        where it comes from: "config", "job" or "default", plan seq)``."""
+        before, configured = self.settings.clear_policy(job.id, now)
+        cleared = before if before != configured else None
+        spec, source, policy = self._unset_policy(job, configured)
+        if cleared is None and spec == job.policy_spec:
+            return None, spec, source, 0  # nothing to take back
+        job.policy, job.policy_spec = policy, spec
+        return cleared, spec, source, self.replan(job, now)
+
+    def _unset_policy(self, job: Job, configured: str | None) -> tuple[str, str, Policy]:
+        """The job's policy when no operator set one: ``(spec, source, policy)``."""
+        for spec, source in ((configured, "config"), (job.asked_spec, "job")):
+            if spec:
+                try:
+                    return spec, source, self.policies.get(spec)
+                except PolicyError:
+                    continue  # refused at hello already: the default took over then too
+        return self.default_spec, "default", self.default_policy
 
     # ------------------------------------------------------------------ decisions
 

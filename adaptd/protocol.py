@@ -249,6 +249,7 @@ class Request(Message, frozen=True, tag="request"):
     spec: Text = ""  # set_policy: the policy spec
     reason: Text = ""
     origin: Text = ""  # the host the operator typed it on
+    auth: Text = ""  # the signature of the daemon it was typed at (adaptd.relay_auth)
 
 
 # ------------------------------------------------------------------ daemon -> client
@@ -331,6 +332,7 @@ class Relay(Message, frozen=True, tag="relay"):
     spec: Text = ""
     reason: Text = ""
     origin: Text = ""
+    auth: Text = ""  # signed by this daemon (adaptd.relay_auth); the rank copies it
 
 
 # ------------------------------------------------------------------ rank <-> rank
@@ -341,8 +343,15 @@ _Steps = _t.Annotated[list[Count], msgspec.Meta(max_length=MAX_OFFERED)]
 
 
 class RestoreOffer(Message, frozen=True, tag="restore_offer"):
-    """The checkpoints one rank could restore, newest first: ``local`` are complete in
-    its ``directory``, ``pullable`` are at its durable destination ``url``."""
+    """The checkpoints one rank could restore, newest first: ``local`` are complete for
+    the job (the replicated part and every rank's part, written by a job of this world
+    size) in its ``directory``, ``pullable`` are so at its durable destination ``url``.
+
+    For the choice's messages (:func:`adaptd.agreement.choose_restore`): ``replicated``
+    are the steps whose replicated part is whole in its directory and ``own`` those
+    whose part of this rank is, whatever the others'; ``other_world`` the complete steps
+    written by a job of another number of ranks (``other_world_size``, the newest's).
+    """
 
     job: JobId
     rank: Count
@@ -351,6 +360,10 @@ class RestoreOffer(Message, frozen=True, tag="restore_offer"):
     directory: Text = ""
     url: Text = ""
     host: Text = ""
+    replicated: _Steps = []
+    own: _Steps = []
+    other_world: _Steps = []
+    other_world_size: Count = 0
 
 
 class Restored(Message, frozen=True, tag="restored"):

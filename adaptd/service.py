@@ -60,8 +60,10 @@ from adaptd.fleet.part import FleetPart
 from adaptd.learned import FAILURE_RATE_KEY, LEARNED_KEY, Learned
 from adaptd.logfmt import logfmt
 from adaptd.metrics import Metrics, MetricsError, MetricsServer
+from adaptd.records import SaveRecord
 from adaptd.registry import Registry
 from adaptd.registry_view import RegistryView
+from adaptd.relay_auth import RelayKey
 from adaptd.sdnotify import Notifier
 from adaptd.server import Daemon
 from adaptd.snapshot import Snapshot, StorageSample
@@ -145,6 +147,16 @@ def set_permissions(cfg: Config, daemon: Daemon, admin_gid: int | None) -> None:
         ) from None
 
 
+def relay_key(cfg: Config) -> RelayKey | None:
+    """The key of ``daemon.relay_key_file`` (None when unset); raises :class:`ServiceError`."""
+    if cfg.relay_key_file is None:
+        return None
+    try:
+        return RelayKey.load(cfg.relay_key_file)
+    except ValueError as exc:
+        raise ServiceError(f"daemon.relay_key_file: {exc}") from None
+
+
 class Service:
     """Everything ``adaptd serve`` runs, wired together. :meth:`open`, :meth:`serve`,
     :meth:`close` (or :meth:`run`, which does all three)."""
@@ -211,7 +223,7 @@ class Service:
             )
         except StoreError as exc:
             raise ServiceError(f"daemon.db_path: {exc}") from None
-        self.learned = Learned(self.store, gpu_mtbf_s=cfg.gpu_mtbf_s)
+        self.learned = Learned(self.store, gpu_mtbf_s=cfg.gpu_mtbf_s, host_gpus=self._host_gpus)
         from adaptd.telemetry.sampler import Sampler
 
         self.sampler = self._sampler or Sampler.default(interval=cfg.sample_interval_s)
@@ -260,6 +272,8 @@ class Service:
                 status_extra=self._status_extra,
                 replication_source=replicator.status if replicator is not None else None,
                 admin_group_id=admin_gid(cfg.admin_group),
+                history_source=self._history,
+                relay_key=relay_key(cfg),
             )
             self.daemon = Daemon(parts=parts)
             # Bind under a private umask: the socket files exist with no group/other
@@ -290,6 +304,11 @@ class Service:
         self.notifier.ready(f"serving {self.daemon.socket_path}; {jobs}")
         self._status_text = jobs
 
+    def _host_gpus(self) -> int | None:
+        """The GPUs NVML shows on this host now; None when it shows none."""
+        n = len(self.sampler.latest().gpus) if self.sampler is not None else 0
+        return n or None
+
     def _status_extra(self) -> dict[str, Any]:
         """What ``adaptd status`` shows besides the jobs: telemetry, and the fleet."""
         from adaptd.telemetry import report
@@ -298,6 +317,12 @@ class Service:
         if self.fleet is not None:
             out["fleet"] = self.fleet.status()
         return out
+
+    def _history(self, job: str, since: float | None, limit: int) -> list[SaveRecord]:
+        """``adaptd history``: the job's saves from the state database (queued rows
+        flushed first, so a save reported a moment ago is there)."""
+        assert self.store is not None
+        return self.store.saves(job, since=since, limit=limit)
 
     def _initial_settings(self) -> dict[str, admin.JobSettings]:
         """Exact-id ``[jobs."ID"]`` entries of the config (merged with the globs that

@@ -103,6 +103,17 @@ class OperatorSettings:
         self.emit(ev.JobSettingsChanged(now, job_id, new.policy, new.paused))
         return new
 
+    def clear_policy(self, job_id: str, now: float) -> tuple[str | None, str | None]:
+        """Take back the policy an operator set for ``job_id``: the config's for the job
+        (if it names one) is in force again. Returns the policy setting ``(before,
+        after)``; emits :class:`~adaptd.events.JobSettingsChanged` only when it changed."""
+        before = self.policy(job_id)
+        configured = self.configured(job_id) if self.configured is not None else None
+        after = configured.policy if configured is not None else None
+        if before != after:
+            self.change(job_id, now, policy=after)
+        return before, after
+
     def _adopt(self, job_id: str, setting: JobSettings) -> None:
         if setting.policy is not None:
             try:

@@ -145,6 +145,14 @@ def _lock_writer(path: Path, owner: str) -> int:
         ) from None
 
 
+def _rollback(conn: sqlite3.Connection) -> None:
+    """Roll back the open transaction, if SQLite has not already: on a full disk it
+    rolls back by itself, and a second ROLLBACK would raise "no transaction is
+    active" in place of the error that says what happened."""
+    if conn.in_transaction:
+        conn.execute("ROLLBACK")
+
+
 def default_path() -> Path:
     """``adaptd.sqlite3`` in :func:`adaptd.paths.state_dir`."""
     return paths.state_dir() / "adaptd.sqlite3"
@@ -312,8 +320,8 @@ class Store:
     def flush(self) -> int:
         """Write everything queued in one transaction; returns the rows written.
 
-        Never raises for a database fault: it is logged, counted in
-        :attr:`write_errors` and the batch stays queued (0 is returned).
+        Never raises for a database or disk fault (a full disk): it is logged with its
+        own error, counted in :attr:`write_errors`; the batch stays queued (0 returned).
         """
         with self._lock:
             if self.readonly or self._conn is None:
@@ -336,9 +344,9 @@ class Store:
                         self._prune(now)
                     self._conn.execute("COMMIT")
                 except BaseException:
-                    self._conn.execute("ROLLBACK")
+                    _rollback(self._conn)
                     raise
-            except sqlite3.Error as exc:
+            except (sqlite3.Error, OSError) as exc:
                 self.write_errors += 1
                 self.last_error = str(exc)
                 log.warning("%s: could not write %d rows (%s); will retry", self.path, n, exc)
@@ -395,7 +403,7 @@ class Store:
                 out = self._prune(now)
                 self._conn.execute("COMMIT")
             except BaseException:
-                self._conn.execute("ROLLBACK")
+                _rollback(self._conn)
                 raise
             self._last_prune = now
             self._since_prune = 0

@@ -41,6 +41,31 @@ def number(value: float | int | None, unit: str = "", digits: int = 3) -> str:
     return f"{text}{unit}"
 
 
+def size(n: float | None, unit: str = "") -> str:
+    """Bytes in binary units: ``1.5GiB``, ``12.0MiB``, ``3.1KiB``, ``512B`` (``unit``
+    appended: ``/s``); ``None`` is ``-``."""
+    if n is None:
+        return "-"
+    for name, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.1f}{name}{unit}"
+    return f"{n:.0f}B{unit}"
+
+
+def duration(seconds: float | None) -> str:
+    """A span in the unit a reader takes in at once: ``850ms``, ``2.14s``, ``3.5min``,
+    ``1.2h`` (:func:`number`'s 3 significant digits); ``None`` is ``-``."""
+    if seconds is None:
+        return "-"
+    if seconds < 1:
+        return number(seconds * 1000, "ms")
+    if seconds < 120:
+        return number(seconds, "s")
+    if seconds < 7200:
+        return number(seconds / 60, "min", digits=2)
+    return number(seconds / 3600, "h", digits=2)
+
+
 @dataclass(frozen=True)
 class Table:
     """A header and rows of cell strings; ``numeric`` names the columns (by index) to

@@ -2,8 +2,10 @@
 
 ``AdaptiveCheckpointer`` for custom loops, ``AdaptiveCheckpointCallback`` for
 ``model.fit``; ``NoIntactCheckpoint`` is what a resume raises when every checkpoint
-is damaged. The first two need TensorFlow, which is imported only when one of them is
-first used, so the pure helpers (``adaptd.client.schedule``, ``costs``, ``link``,
+is damaged, ``WorldSizeChanged`` when the newest was written by a job of another
+number of workers, ``ForeignStateFile`` when the directory's state file points outside
+it. The first two need TensorFlow, which is imported only when one of them is first
+used, so the pure helpers (``adaptd.client.schedule``, ``costs``, ``link``,
 ``files``, ``ranks``) import without it.
 """
 
@@ -15,9 +17,15 @@ if TYPE_CHECKING:
     from adaptd.client.callback import AdaptiveCheckpointCallback
     from adaptd.client.checkpointer import AdaptiveCheckpointer
 
-from adaptd.client.intact import NoIntactCheckpoint
+from adaptd.client.intact import ForeignStateFile, NoIntactCheckpoint, WorldSizeChanged
 
-__all__ = ["AdaptiveCheckpointCallback", "AdaptiveCheckpointer", "NoIntactCheckpoint"]
+__all__ = [
+    "AdaptiveCheckpointCallback",
+    "AdaptiveCheckpointer",
+    "ForeignStateFile",
+    "NoIntactCheckpoint",
+    "WorldSizeChanged",
+]
 
 
 def __getattr__(name: str) -> Any:

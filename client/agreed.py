@@ -130,6 +130,7 @@ class Coordinated:
             spec=msg.spec,
             reason=msg.reason,
             origin=msg.origin,
+            auth=msg.auth,
         )
         log.info("operator request %s from host %s: to the job's chief", msg.op, msg.origin)
         if self.deciding:

@@ -14,6 +14,7 @@ import msgspec
 import tensorflow as tf
 
 from adaptd import protocol
+from adaptd.client import distributed_input
 from adaptd.client.state import RESERVED
 from adaptd.client.writer import AUTO, WriterNice, WriterPriority
 from adaptd.config import did_you_mean
@@ -81,6 +82,8 @@ def _check_trackables(trackables: Mapping[str, Any], options: tuple[str, ...]) -
     for key, value in trackables.items():
         if key in RESERVED:
             raise ValueError(f"the checkpoint key {key!r} is reserved by adaptd; rename it")
+        if distributed_input.is_distributed(value):
+            continue  # made checkpointable (or refused, saying why) when the state is built
         if not isinstance(value, tf.__internal__.tracking.Trackable):
             hint = did_you_mean(key, options)
             if hint:  # a misspelt option, not state: say which one was meant
@@ -90,7 +93,8 @@ def _check_trackables(trackables: Mapping[str, Any], options: tuple[str, ...]) -
                 )
             raise ValueError(
                 f"{key}= must be a TensorFlow trackable (model, optimizer, tf.Variable, "
-                f"tf.data iterator, tf.random.Generator, ...), got {type(value).__name__}"
+                f"tf.data iterator, tf.distribute iterator, tf.random.Generator, ...), got "
+                f"{type(value).__name__}"
             )
 
 

@@ -20,18 +20,17 @@ import inspect
 import logging
 import os
 import signal
-import warnings
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from time import perf_counter
 from typing import Any
 
 import tensorflow as tf
 
-from adaptd import protocol
-from adaptd.client import hook_parts, intact, remote, resume
+from adaptd.client import hook_parts, intact, remote, resume, resume_notes
 from adaptd.client.costs import Baseline, StepClock
-from adaptd.client.schedule import NEVER, Due
+from adaptd.client.hook_views import HookViews
+from adaptd.client.schedule import NEVER
 from adaptd.client.session import WELCOME_WAIT_S, HelloFacts
 from adaptd.client.sigterm import SigtermHandler
 from adaptd.client.state import SEEDS_KEY, STEP_KEY
@@ -50,7 +49,7 @@ FINAL_SAVE_REASON = "end of run"
 DEFAULT_WRITER_NICE: WriterNice = AUTO
 
 
-class AdaptiveCheckpointer:
+class AdaptiveCheckpointer(HookViews):
     """Saves ``trackables`` asynchronously at the steps the daemon (or the embedded
     policy) plans, and reports what each save cost.
 
@@ -92,11 +91,18 @@ class AdaptiveCheckpointer:
             exception) saves the current step when the run advanced since its last
             save, so even a run shorter than the first planned interval leaves a
             checkpoint (as the Keras callback saves at the end of ``fit``). Default on.
+        per_rank: keywords of trackables that differ between the ranks of a
+            multi-worker job, beside those that do by their kind (data iterators,
+            generators made outside the strategy's scope): each rank saves and
+            restores its own (see :mod:`adaptd.client.per_rank`).
         **trackables: what to checkpoint (``model=``, ``optimizer=``,
-            ``data_iterator=``, ``rng=``, any ``tf`` trackable).
+            ``data_iterator=``, ``rng=``, any ``tf`` trackable, or a ``tf.distribute``
+            iterator).
 
     Raises:
-        ValueError: an argument is invalid (the message names it and the value).
+        ValueError: an argument is invalid (the message names it and the value), or
+            an input cannot be resumed exactly (``UnsupportedInput``: the message
+            names what is supported).
         PolicyError: ``policy`` does not parse.
     """
 
@@ -121,6 +127,7 @@ class AdaptiveCheckpointer:
         curve_server_key: str | os.PathLike[str] | None = None,
         curve_client_key: str | os.PathLike[str] | None = None,
         save_on_close: bool = True,
+        per_rank: Collection[str] = (),
         **trackables: Any,
     ) -> None:
         built = hook_parts.parts(
@@ -139,6 +146,7 @@ class AdaptiveCheckpointer:
             storage_options=storage_options,
             curve_server_key=curve_server_key,
             curve_client_key=curve_client_key,
+            per_rank_keys=per_rank,
             trackables=trackables,
             manager=lambda: self.manager,
             options=_OPTIONS,
@@ -157,7 +165,7 @@ class AdaptiveCheckpointer:
         self._save_on_close = bool(save_on_close)
         self._state, self._writer, self._link = built.state, built.writer, built.link
         self._schedule, self._authority = built.schedule, built.authority
-        self._saves, self._session = built.saves, built.session
+        self._saves, self._session, self._part = built.saves, built.session, built.part
         self.checkpoint = self._state.checkpoint
         self._reopen_manager()
         self._sigterm = SigtermHandler(self._on_sigterm) if handle_sigterm else None
@@ -191,15 +199,19 @@ class AdaptiveCheckpointer:
         directory without checkpoints, first pulls the newest verified checkpoint from
         there (a destination that cannot be read is a warning and a fresh start; the
         pull's time counts into ``restore_s``). Each checkpoint, newest first, gets
-        ``adaptd verify``'s quick check before it is restored; a damaged one is
-        skipped with a warning naming it and why, the next older one is restored, and
-        the daemon is told (see :mod:`adaptd.client.intact`; :attr:`resume` holds
-        what happened). Call once, before the first :meth:`step`.
+        ``adaptd verify``'s quick check before it is restored; a damaged one (in a
+        multi-worker job, also one that lacks a rank's part) is skipped with a warning
+        naming it and why, the next older one is restored, and the daemon is told (see
+        :mod:`adaptd.client.intact`; :attr:`resume` holds what happened). Call once,
+        before the first :meth:`step`.
 
         Raises:
             RuntimeError: called twice or after :meth:`step`.
             NoIntactCheckpoint: there are checkpoints, but every one is damaged (the
                 message names each and what is wrong).
+            WorldSizeChanged: the newest checkpoint was written by a job of another
+                number of workers (in a multi-worker job: ``RestoreAgreementError``
+                with the same message), so no rank's own state could be restored exactly.
             AssertionError: (TensorFlow's) the checkpoint does not match the state.
         """
         if self._started:
@@ -210,16 +222,12 @@ class AdaptiveCheckpointer:
             self._state,
             restore_from=self.restore_from,
             storage_options=self._storage_options,
+            part=self._part,
         )
         self.pulled, self.resume = done.pulled, done.resume
-        if self.pulled is not None and self.pulled.step is not None:
-            self._reopen_manager()  # the manager read the state file while it was empty
-        if self.resume.skipped:
-            text = f"adaptd: the newest checkpoint in {self.directory} is damaged: " + (
-                self.resume.describe()
-            )
-            log.warning("%s", text)
-            warnings.warn(text, RuntimeWarning, stacklevel=2)
+        if self.resume.skipped or (self.pulled is not None and self.pulled.step is not None):
+            self._reopen_manager()  # the manager read the state file before it changed
+        intact.warn_skipped(self.resume, self.directory)
         self._start(done.start, done.restore_s)
         self._session.await_welcome(self._n, self._store_due)
         return done.start
@@ -227,7 +235,8 @@ class AdaptiveCheckpointer:
     def step(self, steps: int = 1) -> None:
         """Call once per finished training step (``steps``: how many finished since
         the previous call, e.g. ``steps_per_execution``). Costs well under a
-        microsecond unless a save is due or the socket's poll time has come."""
+        microsecond unless a save is due or the socket's poll time has come.
+        Raises RuntimeError before :meth:`restore_or_initialize` (it names the call)."""
         now = perf_counter()
         dt = now - self._last
         self._last = now
@@ -243,12 +252,13 @@ class AdaptiveCheckpointer:
     def save(self, reason: str = "requested") -> None:
         """Save the current step now (asynchronously), unless it is already saved.
 
-        For a final save before :meth:`close`. Raises RuntimeError after close().
+        For a final save before :meth:`close`. Raises RuntimeError before
+        :meth:`restore_or_initialize` and after close().
         """
         if self._closed:
             raise RuntimeError("save() after close(): the checkpointer is closed")
         if not self._started:
-            self._start(0, None)
+            raise resume_notes.not_restored("save()", self.directory)
         n = self._n
         if self._schedule.last_saved_step != n:
             self._save(n, reason)
@@ -278,50 +288,6 @@ class AdaptiveCheckpointer:
         else:  # the state may be that of a half-done step: not saved
             self._finish(300.0, goodbye=f"exception: {exc_type.__name__}")
 
-    @property
-    def step_count(self) -> int:
-        """Completed steps (the global step)."""
-        return self._n
-
-    @property
-    def writer_nice(self) -> int | None:
-        """The nice value applied to TF's async-save thread (None: its creator's)."""
-        return self._writer.nice
-
-    @property
-    def save_in_flight(self) -> bool:
-        """True while a save's background write has not ended."""
-        return self._saves.in_flight
-
-    @property
-    def mode(self) -> str:
-        """``"daemon"`` when the daemon's plan is in force, else ``"embedded"``."""
-        return self._schedule.source
-
-    @property
-    def next_save(self) -> Due | None:
-        """The step the next save is planned at, and why."""
-        return self._schedule.next_due()
-
-    @property
-    def latest_checkpoint(self) -> str | None:
-        return self.manager.latest_checkpoint
-
-    @property
-    def history(self) -> list[protocol.SaveReport]:
-        """Every finished save, as sent to the daemon (failed ones too)."""
-        return self._saves.history
-
-    @property
-    def failed_saves(self) -> int:
-        return self._saves.failed
-
-    @property
-    def stats(self) -> dict[str, int]:
-        """Counters: messages sent, dropped (no daemon), bad frames received, failed saves."""
-        saves = {"saves": len(self.history), "failed_saves": self.failed_saves}
-        return {**self._session.counters(), **saves}
-
     # ------------------------------------------------------------------ start
 
     def _reopen_manager(self) -> None:
@@ -335,7 +301,7 @@ class AdaptiveCheckpointer:
         self.resumed_from = start
         self.restore_s = restore_s
         self._n = start
-        self.state_bytes = self._state.nbytes()
+        self.state_bytes = self._state.nbytes() + (self._part.nbytes() if self._part else 0)
         self._tracker, gpus = hook_parts.tracker(
             self.job, self.world_size, start, self.state_bytes, restore_s
         )
@@ -366,8 +332,7 @@ class AdaptiveCheckpointer:
             if self._closed:
                 self._due, self._tick_at = NEVER, _INF
                 return
-            self._start(0, None)
-            self._n = n
+            raise resume_notes.not_restored("step()", self.directory)
         if now >= self._tick_at:
             self._tick(n, now)
         if self._preempt is not None and not self._authority.preempt(n):

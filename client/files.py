@@ -15,6 +15,7 @@ from __future__ import annotations
 import glob
 import logging
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -25,6 +26,12 @@ __all__ = ["checkpoint_bytes", "orphans", "remove_checkpoint", "remove_orphans"]
 log = logging.getLogger("adaptd.client")
 
 
+#: TensorFlow's temporary names: a checkpoint's ``<prefix>-N_temp/`` folder, the state
+#: file's ``checkpoint.tmp<hex>``. Nothing else is a leftover of ours: any other file
+#: with ``_temp`` in its name (``notes_temp.txt``) is somebody's, and was deleted.
+_ORPHAN = re.compile(r"^(.+-\d+_temp|checkpoint\.tmp[0-9a-f]+)$")
+
+
 def orphans(directory: str | os.PathLike[str]) -> list[Path]:
     """Temporary files and folders of interrupted writes in ``directory``."""
     root = Path(directory)
@@ -32,8 +39,8 @@ def orphans(directory: str | os.PathLike[str]) -> list[Path]:
         return []
     found = []
     for entry in root.iterdir():
-        name = entry.name
-        if "_temp" in name or name.startswith("checkpoint.tmp"):
+        m = _ORPHAN.match(entry.name)
+        if m and (entry.name.startswith("checkpoint.tmp") or entry.is_dir()):
             found.append(entry)
     return sorted(found)
 

@@ -19,12 +19,13 @@ from typing import Any
 import tensorflow as tf
 
 from adaptd import paths
-from adaptd.client import arguments, coordination, ranks
+from adaptd.client import arguments, coordination, per_rank, ranks
 from adaptd.client.agreed import Coordinated, ViaDaemon
 from adaptd.client.agreement import Agreement
 from adaptd.client.authority import Authority, Solo
 from adaptd.client.daemon_rounds import DaemonRounds
 from adaptd.client.link import DaemonLink
+from adaptd.client.rank_state import RankPart
 from adaptd.client.saves import Saves
 from adaptd.client.schedule import SaveSchedule
 from adaptd.client.scratch import Scratch
@@ -49,6 +50,7 @@ class HookParts:
     authority: Authority
     saves: Saves
     session: DaemonSession
+    part: RankPart | None  # this rank's own part of each save (a multi-worker rank)
 
 
 def parts(
@@ -68,6 +70,7 @@ def parts(
     storage_options: Mapping[str, Any] | None,
     curve_server_key: str | os.PathLike[str] | None,
     curve_client_key: str | os.PathLike[str] | None,
+    per_rank_keys: Any,
     trackables: Mapping[str, Any],
     manager: Callable[[], tf.train.CheckpointManager],
     options: Iterable[str],
@@ -85,8 +88,10 @@ def parts(
     A job of one rank follows its own plans (:class:`~adaptd.client.authority.Solo`);
     a job of several agrees in-band under ``tf.distribute`` (a coordination service
     runs in this process) and through the daemon otherwise
-    (:mod:`adaptd.client.agreed`). Under ``tf.distribute`` a rank other than the
-    chief writes its copies to host-local scratch.
+    (:mod:`adaptd.client.agreed`). Under ``tf.distribute`` the state is split
+    (:mod:`adaptd.client.per_rank`): the replicated state, which a rank other than the
+    chief writes to host-local scratch, and the rank's own part, which every rank
+    writes into the job's directory (:mod:`adaptd.client.rank_state`).
 
     Raises:
         ValueError: an argument is invalid (the message names it and the value).
@@ -110,7 +115,16 @@ def parts(
     rank, world_size = ranks.resolve(rank, world_size)
     parsed = parse(policy if policy is not None else DEFAULT_SPEC)
     endpoint = paths.endpoint(socket)
-    state = CheckpointState(trackables)
+    marked = per_rank.check_names(per_rank_keys, trackables)
+    prepared = per_rank.prepared(trackables)  # a tf.distribute iterator made saveable
+    coordinated = world_size > 1 and coordination.service_configured()
+    part = None
+    if coordinated:
+        replicated, own = per_rank.split(prepared, marked)
+        part = RankPart(own, rank=rank, world_size=world_size, directory=path, keep=max_to_keep)
+        state = CheckpointState(replicated)
+    else:
+        state = CheckpointState(prepared)
     writer = Writer(state.checkpoint, writer_nice)
     path.mkdir(parents=True, exist_ok=True)
     link = DaemonLink(
@@ -122,7 +136,7 @@ def parts(
     schedule = SaveSchedule()
     authority: Authority = Solo(schedule)
     scratch = None
-    if world_size > 1 and coordination.service_configured():
+    if coordinated:
         store = coordination.Coordination(rank, world_size)
         host = _socket.gethostname()
         agreement = Agreement(
@@ -133,7 +147,7 @@ def parts(
         scratch = Scratch(job, rank) if rank else None
     elif world_size > 1:
         authority = ViaDaemon(schedule, DaemonRounds(job, rank), link, position=position, pump=pump)
-    saves = Saves(state, manager, writer, path, job=job, rank=rank, scratch=scratch)
+    saves = Saves(state, manager, writer, path, job=job, rank=rank, scratch=scratch, part=part)
     session = DaemonSession(
         link,
         schedule,
@@ -157,7 +171,7 @@ def parts(
     )
     return HookParts(
         path, rank, world_size, parsed, endpoint, state, writer, link, schedule, authority,
-        saves, session,
+        saves, session, part,
     )  # fmt: skip
 
 

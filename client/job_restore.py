@@ -10,10 +10,14 @@ A rank that lacks it locally pulls it; then each rank says how its restore went
 stops every rank with the same clear error instead of leaving the others to hang in
 their first collective. Every wait is bounded.
 
-Under ``MultiWorkerMirroredStrategy`` the state is the same on every worker and only
-the chief writes to the checkpoint directory; a worker that sees the chief's
-directory (shared storage) restores from it, a worker on a host where that directory
-is empty pulls from the destination, or, without one, stops with a message saying so.
+Under ``MultiWorkerMirroredStrategy`` the replicated state is the same on every
+worker and only the chief writes it; every rank writes its own part (its data
+position) beside it. A step counts only where it is complete for the job and was
+written by a job of this many ranks (:mod:`adaptd.client.job_steps`): a worker that
+sees the job's directory (shared storage) restores from it, a worker on a host where
+that directory is empty pulls from the destination, or, without one, every rank stops
+with a message saying so; a newer step of another number of ranks stops every rank
+with a message naming both (:func:`adaptd.rank_parts.world_changed`).
 """
 
 from __future__ import annotations
@@ -27,9 +31,8 @@ from typing import Any
 
 from adaptd import agreement as rules
 from adaptd import protocol as p
-from adaptd.checkpoint_files import CHECKPOINT_FILE
+from adaptd.client import job_steps
 from adaptd.client.kv import Keys, Store
-from adaptd.client.verify import complete
 
 log = logging.getLogger("adaptd.client")
 
@@ -45,37 +48,6 @@ class RestoreAgreementError(RuntimeError):
     to do); raised on every rank, so none starts alone."""
 
 
-def local_steps(directory: str | os.PathLike[str]) -> list[int]:
-    """Steps ``ckpt-N`` whose files are complete in ``directory``, newest first."""
-    root = Path(directory)
-    if not root.is_dir():
-        return []
-    steps = []
-    for entry in root.iterdir():
-        m = CHECKPOINT_FILE.match(entry.name)
-        if m and m.group(2) == "index" and complete(root / f"ckpt-{m.group(1)}"):
-            steps.append(int(m.group(1)))
-    return sorted(steps, reverse=True)
-
-
-def pullable_steps(url: str | None, storage_options: Mapping[str, Any] | None = None) -> list[int]:
-    """Steps at the durable destination ``url``, newest first; [] without one or when
-    it cannot be read (a warning: the others' offers may still make a choice)."""
-    if not url:
-        return []
-    from adaptd.tiers.replica import Replica, TierError, is_storage_error
-
-    try:
-        return sorted(Replica(url, storage_options=storage_options).steps(), reverse=True)
-    except TierError as exc:
-        log.warning("cannot list the checkpoints at %s: %s", url, exc)
-    except Exception as exc:
-        if not is_storage_error(exc):
-            raise
-        log.warning("cannot list the checkpoints at %s: %s: %s", url, type(exc).__name__, exc)
-    return []
-
-
 class JobRestore:
     """One rank's part of the restore agreement (one session's keys).
 
@@ -88,6 +60,8 @@ class JobRestore:
         storage_options: fsspec options for it.
         host: this host's name (for messages).
         offer_timeout_s, restore_timeout_s: bounds on the two waits.
+        check: the quick check of one local checkpoint (default
+            :func:`~adaptd.client.job_steps.quick_check`).
     """
 
     def __init__(
@@ -104,6 +78,7 @@ class JobRestore:
         host: str = "",
         offer_timeout_s: float = OFFER_TIMEOUT_S,
         restore_timeout_s: float = RESTORE_TIMEOUT_S,
+        check: job_steps.Check = job_steps.quick_check,
     ) -> None:
         self.store = store
         self.keys = keys
@@ -116,8 +91,11 @@ class JobRestore:
         self.host = host
         self._offer_timeout_s = float(offer_timeout_s)
         self._restore_timeout_s = float(restore_timeout_s)
+        self._check = check
         #: Every rank's offer, once :meth:`agree` returned.
         self.offers: dict[int, p.RestoreOffer] = {}
+        #: This rank's directory as it offered it (the steps skipped, and why).
+        self.offerable = job_steps.Offerable()
 
     def agree(self) -> rules.RestoreChoice:
         """Offer this rank's steps, read every rank's, and choose.
@@ -127,15 +105,25 @@ class JobRestore:
                 complete for the whole job while some rank has checkpoints.
             CoordinationError: the store stopped answering.
         """
+        mine = job_steps.local_offer(self.directory, self.rank, self.world_size, self._check)
+        remote = job_steps.pullable(self.restore_from, self.world_size, self._storage_options)
+        self.offerable = mine
+        other, other_size = mine.other_world, mine.other_world_size
+        if remote.other_world and (not other or max(remote.other_world) > max(other)):
+            other, other_size = remote.other_world, remote.other_world_size
         offer = p.RestoreOffer(
             v=p.VERSION,
             job=self.job,
             rank=self.rank,
-            local=local_steps(self.directory)[: p.MAX_OFFERED],
-            pullable=pullable_steps(self.restore_from, self._storage_options)[: p.MAX_OFFERED],
+            local=mine.local,
+            pullable=remote.steps,
             directory=str(self.directory)[: p.MAX_TEXT],
             url=(self.restore_from or "")[: p.MAX_TEXT],
             host=self.host[: p.MAX_TEXT],
+            replicated=mine.replicated,
+            own=mine.own,
+            other_world=other,
+            other_world_size=other_size,
         )
         self.store.put(self.keys.offer(self.rank), p.encode_json(offer))
         self.offers = self._gather(self.keys.offer, p.RestoreOffer, self._offer_timeout_s, "offer")
@@ -248,9 +236,4 @@ class JobRestore:
         return out
 
 
-__all__ = [
-    "JobRestore",
-    "RestoreAgreementError",
-    "local_steps",
-    "pullable_steps",
-]
+__all__ = ["JobRestore", "RestoreAgreementError"]

@@ -7,9 +7,12 @@ records its outcome (time until durable, bytes, errors), and turns the outcome i
 :class:`~adaptd.protocol.SaveReport` on the training thread, so every report, log line
 and plan change happens there.
 
-A worker of a multi-worker job that is not the chief writes its (required) part of
-each save to host-local scratch (:class:`~adaptd.client.scratch.Scratch`), never to
-the shared directory, and the scratch copy is removed once its write ended.
+In a multi-worker job, every rank also writes its own part of each save (its data
+position and other per-rank state, :class:`~adaptd.client.rank_state.RankPart`) into
+the job's directory; the save is whole for this rank when both writes ended well. A
+worker that is not the chief writes its (required) copy of the replicated state to
+host-local scratch (:class:`~adaptd.client.scratch.Scratch`), never to the shared
+directory, and the scratch copy is removed once its write ended.
 """
 
 from __future__ import annotations
@@ -26,7 +29,9 @@ import tensorflow as tf
 
 from adaptd import protocol
 from adaptd.client import files
+from adaptd.client.async_writes import clear_async_error, wait_for_write
 from adaptd.client.costs import Baseline, SaveWindow, StepClock
+from adaptd.client.rank_state import RankPart
 from adaptd.client.scratch import Scratch
 from adaptd.client.state import CheckpointState
 from adaptd.client.writer import Writer
@@ -44,6 +49,7 @@ class Pending:
         "error",
         "finished_at",
         "nbytes",
+        "part",
         "path",
         "reason",
         "started_at",
@@ -63,6 +69,7 @@ class Pending:
         self.finished_at: float | None = None  # set by the watcher when TF's thread is done
         self.error = ""
         self.nbytes = 0
+        self.part = False  # this rank's own part is being written too
         self.done = threading.Event()
 
     def written(self, save_path: str) -> None:  # TF calls this after a successful write
@@ -80,6 +87,7 @@ class Saves:
         job, rank: who saves (for the reports).
         scratch: where this rank's copies go instead of ``directory`` (a worker that
             is not the chief of a mirrored job), or None.
+        part: this rank's own part of each save (a rank of a multi-worker job), or None.
     """
 
     def __init__(
@@ -92,6 +100,7 @@ class Saves:
         job: str,
         rank: int,
         scratch: Scratch | None = None,
+        part: RankPart | None = None,
     ) -> None:
         self.state = state
         self._manager = manager
@@ -100,6 +109,7 @@ class Saves:
         self.job = job
         self.rank = rank
         self.scratch = scratch
+        self.part = part
         self.pending: Pending | None = None
         #: Every finished save, as sent to the daemon (failed ones too).
         self.history: list[protocol.SaveReport] = []
@@ -149,6 +159,9 @@ class Saves:
         )
         try:
             self.state.before_save(n)
+            if self.part is not None:  # first: its marker must precede the chief's write
+                self.part.start(n)
+                pending.part = True
             options = tf.train.CheckpointOptions(
                 enable_async=True, experimental_write_callbacks=[pending.written]
             )
@@ -160,8 +173,11 @@ class Saves:
         except Exception as exc:  # reported, never raised into the training loop
             pending.error = f"{type(exc).__name__}: {exc}"
             clear_async_error(self.state.checkpoint)
-            pending.finished_at = perf_counter()
-            pending.done.set()
+            if not pending.part:  # nothing is being written: done now
+                pending.finished_at = perf_counter()
+                pending.done.set()
+                if self.part is not None:
+                    self.part.abandon(n)
         t1 = perf_counter()
         pending.blocking_s = t1 - t0
         pending.window = SaveWindow(baseline, n, t1)
@@ -189,7 +205,6 @@ class Saves:
                 wait_for_write(ckpt)
             except Exception as exc:
                 pending.error = f"{type(exc).__name__}: {exc}"
-            pending.finished_at = perf_counter()
             err = clear_async_error(ckpt)
             if err is not None:
                 pending.error = f"{type(err).__name__}: {err}"
@@ -199,6 +214,11 @@ class Saves:
                 files.remove_checkpoint(pending.path)
             else:
                 pending.nbytes = files.checkpoint_bytes(pending.path)
+            if pending.part and self.part is not None:  # a failed part fails the save
+                part_error, part_bytes = self.part.finish()
+                pending.error = "; ".join(e for e in (pending.error, part_error) if e)
+                pending.nbytes += part_bytes
+            pending.finished_at = perf_counter()
             if self.scratch is not None:  # it served the collectives; the chief's is the job's
                 self.scratch.discard(pending.path)
             pending.done.set()
@@ -276,32 +296,4 @@ class Saves:
         return report
 
 
-def wait_for_write(ckpt: tf.train.Checkpoint) -> None:
-    """Wait until TF's async thread has finished the write it was given.
-
-    ``checkpoint.sync()`` (``queue.join()``) never returns once TF's own atexit hook
-    has run: it ends the thread by queueing ``False``, which is never marked done.
-    So wait for the queue to drain *or* the thread to end, whichever comes first.
-    """
-    helper = getattr(ckpt, "_async_checkpointer_impl", None)
-    q = getattr(helper, "_queue", None)
-    thread = getattr(helper, "_async_save_thread", None)
-    if q is None or thread is None or not hasattr(q, "all_tasks_done"):
-        ckpt.sync()
-        return
-    with q.all_tasks_done:
-        while q.unfinished_tasks and thread.is_alive():
-            q.all_tasks_done.wait(0.1)
-
-
-def clear_async_error(ckpt: tf.train.Checkpoint) -> BaseException | None:
-    """Take the error TF's async thread stored, so it is reported once by us instead of
-    being raised into the next save (or at interpreter exit)."""
-    helper = getattr(ckpt, "_async_checkpointer_impl", None)
-    err = getattr(helper, "_async_error", None)
-    if err is not None:
-        helper._async_error = None
-    return err
-
-
-__all__ = ["Pending", "Saves", "clear_async_error", "wait_for_write"]
+__all__ = ["Pending", "Saves"]

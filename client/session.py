@@ -106,6 +106,10 @@ class DaemonSession:
         #: The newest plan the job's ranks agreed on, as told to this daemon (told
         #: again when the daemon welcomes us: it may have restarted).
         self.job_plan: protocol.JobPlan | None = None
+        #: Requests relayed from other hosts that went to this daemon within the time
+        #: its death could go unnoticed (:meth:`_unconfirmed_window`): redone by the
+        #: embedded policy if it turns out dead, sent again if it restarted.
+        self._relayed: list[tuple[float, protocol.Request]] = []
 
     @property
     def endpoint(self) -> str:
@@ -205,12 +209,12 @@ class DaemonSession:
         for out in self.authority.outbox():
             self.forward(out, n, now)
         if self.daemon_mode and not link.alive(now):
-            self._lost(now, f"no message for {link.timeout_s:g}s")
+            self._lost(now, f"no message for {link.timeout_s:g}s", n)
         elif not link.welcomed:
             if now >= self._hello_at:
                 self.send_hello(now)
             if not self._warned and now >= self._deadline_at:
-                self._lost(now, f"no answer within {link.timeout_s:g}s")
+                self._lost(now, f"no answer within {link.timeout_s:g}s", n)
         if now >= self._report_at:
             self._report_at = now + self._report_s
             self.report_steps(n, now, in_flight, slowest)
@@ -286,10 +290,22 @@ class DaemonSession:
         it can be (:meth:`embedded_request`)."""
         if isinstance(msg, protocol.JobPlan):
             self.job_plan = msg
-        elif isinstance(msg, protocol.Request) and not self.daemon_mode:
-            self.embedded_request(msg, n)
-            return
+        elif isinstance(msg, protocol.Request):
+            if not self.daemon_mode:
+                self.embedded_request(msg, n)
+                return
+            window = self._unconfirmed_window()
+            self._relayed = [(t, r) for t, r in self._relayed if now - t < window]
+            self._relayed.append((now, msg))
         self.link.send(msg, now)
+
+    def _unconfirmed_window(self) -> float:
+        """How long a dead daemon can still look alive to this rank (see
+        :mod:`adaptd.client.link`): a request relayed to it within that time may have
+        died with it. The daemon does not acknowledge requests, so each is kept that
+        long; a request it did take may then be done twice (a second save, the same
+        policy again): at least once, never lost."""
+        return self.link.timeout_s + protocol.KEEPALIVE_S + self._report_s
 
     def embedded_request(self, msg: protocol.Request, n: int) -> None:
         """An operator's request from host ``msg.origin`` while this daemon is away:
@@ -336,6 +352,9 @@ class DaemonSession:
             # would be answered by another Welcome, and so on.
             if self._hello_unanswered and self.job_plan is not None:
                 self.link.send(self.job_plan, now)
+            if self._hello_unanswered:  # a restarted daemon refused what it got before
+                for _, request in self._relayed:
+                    self.link.send(request, now)
             self._hello_unanswered = False
             if not self.daemon_mode:
                 self.daemon_mode = True
@@ -362,11 +381,14 @@ class DaemonSession:
         else:  # the agreement's records (Propose, Decide, Relay)
             self.authority.message(msg, n, now)
 
-    def _lost(self, now: float, why: str) -> None:
+    def _lost(self, now: float, why: str, n: int) -> None:
         self.daemon_mode = False
         self._fell_back = True
         self.link.forget()
         self.schedule.daemon_lost()
+        relayed, self._relayed = self._relayed, []
+        for _, request in relayed:  # they may have died with the daemon
+            self.embedded_request(request, n)
         text = (
             f"adaptd: no daemon at {self.endpoint} ({why}); deciding in-process with "
             f"policy {self.policy_label!r} until it answers"

@@ -21,7 +21,10 @@ log = logging.getLogger("adaptd.client")
 #: Checkpoint keys the hook adds next to the user's trackables.
 STEP_KEY = "adaptd_global_step"
 SEEDS_KEY = "adaptd_keras_seeds"
-RESERVED = frozenset({STEP_KEY, SEEDS_KEY, "save_counter"})
+#: Keys of a rank's own part (:mod:`adaptd.client.rank_state`): whose part it is.
+RANK_KEY = "adaptd_rank"
+WORLD_KEY = "adaptd_world_size"
+RESERVED = frozenset({STEP_KEY, SEEDS_KEY, RANK_KEY, WORLD_KEY, "save_counter"})
 
 
 class CheckpointState:
@@ -62,18 +65,7 @@ class CheckpointState:
 
     def nbytes(self) -> int:
         """Bytes of the variables in the state (each counted once)."""
-        total = 0
-        seen: set[int] = set()
-        for obj in tf.train.TrackableView(self.checkpoint).descendants():
-            shape, dtype = getattr(obj, "shape", None), getattr(obj, "dtype", None)
-            if shape is None or dtype is None or not hasattr(obj, "assign") or id(obj) in seen:
-                continue
-            seen.add(id(obj))
-            try:
-                total += int(tf.TensorShape(shape).num_elements() or 0) * tf.as_dtype(dtype).size
-            except (TypeError, ValueError):
-                continue
-        return total
+        return nbytes_of(self.checkpoint)
 
     def _drop_seeds_missing_from(self, path: str) -> None:
         """Keras creates its global seed generator lazily, so an older checkpoint may
@@ -88,10 +80,35 @@ class CheckpointState:
                 del seeds[key]
 
 
+def nbytes_of(checkpoint: tf.train.Checkpoint) -> int:
+    """Bytes of the variables ``checkpoint`` reaches (each counted once)."""
+    total = 0
+    seen: set[int] = set()
+    for obj in tf.train.TrackableView(checkpoint).descendants():
+        shape, dtype = getattr(obj, "shape", None), getattr(obj, "dtype", None)
+        if shape is None or dtype is None or not hasattr(obj, "assign") or id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        try:
+            total += int(tf.TensorShape(shape).num_elements() or 0) * tf.as_dtype(dtype).size
+        except (TypeError, ValueError):
+            continue
+    return total
+
+
 def number_of(path: str) -> int:
     """The N of a checkpoint prefix ``.../ckpt-N`` (0 when it has none)."""
     tail = path.rsplit("-", 1)[-1]
     return int(tail) if tail.isdigit() else 0
 
 
-__all__ = ["RESERVED", "SEEDS_KEY", "STEP_KEY", "CheckpointState", "number_of"]
+__all__ = [
+    "RANK_KEY",
+    "RESERVED",
+    "SEEDS_KEY",
+    "STEP_KEY",
+    "WORLD_KEY",
+    "CheckpointState",
+    "nbytes_of",
+    "number_of",
+]

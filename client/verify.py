@@ -21,7 +21,10 @@ What is checked, in order, each failure naming what is wrong:
    in a shard are found here;
 4. the object graph (``_CHECKPOINTABLE_OBJECT_GRAPH``) of an object-based
    checkpoint names only tensors that are present, so ``Checkpoint.restore``
-   finds everything it will look for.
+   finds everything it will look for;
+5. for a step of a multi-worker job (``ckpt-N`` with per-rank parts beside it,
+   :mod:`adaptd.rank_parts`), every rank's part is there and passes 1-4 too: a
+   step missing one rank's part is not complete for the job (``missing_part``).
 
 :func:`verify` never raises for a bad checkpoint: it returns a :class:`Report`
 whose ``problems`` say what is wrong. It needs TensorFlow (``adaptd[tensorflow]``).
@@ -42,13 +45,15 @@ import re
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
-from adaptd.checkpoint_files import DATA_SHARD, STATE_FILE, state_file_path
+from adaptd import rank_parts
+from adaptd.checkpoint_files import DATA_SHARD, STATE_FILE, state_file_outside, state_file_path
 from adaptd.client.sstable import crc32c, read_index
 
 __all__ = [
     "CORRUPTED",
+    "MISSING_PART",
     "MISSING_SHARD",
     "MISSING_TENSOR",
     "NO_CHECKPOINT",
@@ -73,9 +78,11 @@ OVERSIZED = "oversized"
 CORRUPTED = "corrupted"
 UNREADABLE_TENSOR = "unreadable_tensor"
 MISSING_TENSOR = "missing_tensor"
+MISSING_PART = "missing_part"
 
 _OBJECT_GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
 _NUMBERED = re.compile(r"-(\d+)$")
+_STEP_NAME = re.compile(r"ckpt-(\d+)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +108,8 @@ class Report:
     shards: int = 0
     step: int | None = None  # adaptd's global step, when the checkpoint has it
     seconds: float = 0.0
+    world_size: int = 1  # ranks whose parts the step has (1: none, one process)
+    parts: int = 0  # rank parts checked
 
     @property
     def ok(self) -> bool:
@@ -167,6 +176,8 @@ def find(path: str | os.PathLike[str]) -> tuple[Path | None, list[str]]:
         )
     numbered = []
     for index in p.glob("*.index"):
+        if rank_parts.part_of(index.name):
+            continue  # a rank's part: verified with its step
         prefix = index.with_suffix("")
         m = _NUMBERED.search(prefix.name)
         if m and complete(prefix):
@@ -191,6 +202,13 @@ def _state_file_names(directory: Path, notes: list[str]) -> Path | None:
     named_path = state_file_path(text)
     if named_path is None:
         notes.append("the checkpoint state file names no model_checkpoint_path")
+        return None
+    outside = state_file_outside(directory, text)
+    if outside is not None:
+        notes.append(
+            f"the checkpoint state file's {outside[0]} is {outside[1]!r}, outside the "
+            "directory: ignored (written by another tool, or copied from elsewhere)"
+        )
         return None
     named = Path(named_path)
     return named if named.is_absolute() else directory / named
@@ -224,6 +242,8 @@ def candidates(directory: str | os.PathLike[str]) -> list[Path]:
     named = _state_file_names(d, [])
     found: dict[Path, tuple[int, str]] = {}  # prefix -> (number, name before it)
     for f in (*d.glob("*.index"), *d.glob("*.data-*-of-*")):
+        if rank_parts.part_of(f.name):
+            continue  # a rank's part of a step, not a checkpoint of its own
         prefix = _prefix_of(f)
         m = _NUMBERED.search(prefix.name)
         if m:
@@ -238,12 +258,15 @@ def candidates(directory: str | os.PathLike[str]) -> list[Path]:
     return sorted(found, key=lambda p: found[p], reverse=True)
 
 
-def verify(path: str | os.PathLike[str], *, read_tensors: bool = True) -> Report:
+def verify(
+    path: str | os.PathLike[str], *, read_tensors: bool = True, parts: bool = True
+) -> Report:
     """Check the checkpoint ``path`` means (see :func:`find`); never raises for a bad
     or missing checkpoint, only for an unexpected fault of TensorFlow itself.
 
     ``read_tensors=False`` skips reading every tensor in full (step 3 then reads only
     the object graph and the step): the quick check of the module docstring.
+    ``parts=False`` checks only that checkpoint, not the ranks' parts of its step.
     """
     t0 = time.perf_counter()
     prefix, notes = find(path)
@@ -257,25 +280,71 @@ def verify(path: str | os.PathLike[str], *, read_tensors: bool = True) -> Report
         )
         acc.add(NO_CHECKPOINT, where)
         return Report(str(path), None, tuple(acc.problems), tuple(acc.notes))
-
-    index = Path(f"{prefix}.index")
-    index_bytes = index.stat().st_size
-    entries, num_shards = _check_index(index, acc)
-    shard_sizes, bad_shards = _check_shards(prefix, entries, num_shards, acc)
-    tensors, read, step = _read_tensors(prefix, entries, bad_shards, acc, read_tensors)
+    one = _bundle(prefix, acc, read_tensors)
+    world, checked = 1, 0
+    step_name = _STEP_NAME.fullmatch(prefix.name)
+    if parts and step_name:
+        world, checked, more = _check_parts(prefix, int(step_name[1]), acc, read_tensors)
+        one = _Bundle(*(a + b for a, b in zip(one[:5], more[:5], strict=True)), step=one.step)
     return Report(
         path=str(path),
         prefix=str(prefix),
         problems=tuple(acc.problems),
         notes=tuple(acc.notes),
-        tensors=tensors,
-        tensors_read=read,
-        data_bytes=sum(shard_sizes.values()),
-        index_bytes=index_bytes,
-        shards=num_shards or len(shard_sizes),
-        step=step,
+        tensors=one.tensors,
+        tensors_read=one.read,
+        data_bytes=one.data_bytes,
+        index_bytes=one.index_bytes,
+        shards=one.shards,
+        step=one.step,
         seconds=time.perf_counter() - t0,
+        world_size=world,
+        parts=checked,
     )
+
+
+class _Bundle(NamedTuple):
+    """What one checkpoint (a replicated part, or a rank's part) held."""
+
+    tensors: int = 0
+    read: int = 0
+    data_bytes: int = 0
+    index_bytes: int = 0
+    shards: int = 0
+    step: int | None = None
+
+
+def _bundle(prefix: Path, acc: _Acc, read_tensors: bool) -> _Bundle:
+    """Steps 1-4 for one checkpoint."""
+    index = Path(f"{prefix}.index")
+    index_bytes = index.stat().st_size
+    entries, num_shards = _check_index(index, acc)
+    shard_sizes, bad_shards = _check_shards(prefix, entries, num_shards, acc)
+    tensors, read, step = _read_tensors(prefix, entries, bad_shards, acc, read_tensors)
+    shards = num_shards or len(shard_sizes)
+    return _Bundle(tensors, read, sum(shard_sizes.values()), index_bytes, shards, step)
+
+
+def _check_parts(
+    prefix: Path, step: int, acc: _Acc, read_tensors: bool
+) -> tuple[int, int, _Bundle]:
+    """Step 5: every rank's part of ``step`` (``prefix`` is its replicated part);
+    ``(world size, parts checked, their sums)``."""
+    names = rank_parts.listing(prefix.parent)
+    st = rank_parts.status(names, step)
+    if st.world == 1:
+        return 1, 0, _Bundle()
+    if st.missing:
+        acc.add(MISSING_PART, st.why)
+    total = _Bundle()
+    for rank in st.parts:
+        part = prefix.parent / rank_parts.part_name(step, rank, st.world)
+        sub = _Acc()
+        got = _bundle(part, sub, read_tensors)
+        acc.problems += [Problem(x.kind, f"{part.name}: {x.message}") for x in sub.problems]
+        acc.notes += [f"{part.name}: {n}" for n in sub.notes]
+        total = _Bundle(*(a + b for a, b in zip(total[:5], got[:5], strict=True)))
+    return st.world, len(st.parts), total
 
 
 def _check_index(index: Path, acc: _Acc) -> tuple[dict[str, Any] | None, int | None]:

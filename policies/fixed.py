@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from adaptd.policy import PolicyError, next_multiple, steps_for_seconds
+from adaptd.policies.interval import due_step, steps_ceil
+from adaptd.policy import PolicyError, next_multiple
 from adaptd.snapshot import Decision, JobState, Snapshot
 
 __all__ = [
@@ -17,8 +18,14 @@ class Fixed:
     """Save every ``steps`` steps, or every ``seconds`` seconds (converted to steps
     with the job's measured step time). Exactly one of the two must be set.
 
-    Saves fall on the grid of multiples of the interval, so every rank of a job,
-    and a resumed run, agree on the steps.
+    ``steps``: saves fall on the multiples of ``steps``, so every rank of a job, and a
+    resumed run, agree on them. ``seconds``: the whole number of steps covering
+    ``seconds`` at the measured step time changes with it, so a grid of its multiples
+    would move under the job at every plan (from 97 steps to 100, the next multiple of
+    100 can be 3 steps after the last save); the grid counts instead from the job's
+    newest save (or the step it resumed from), which every rank reads the same, as the
+    interval policies' does (:mod:`adaptd.policies.interval`). Saves stay ``seconds``
+    apart at the step time measured when each is planned, however it varies.
     """
 
     steps: int | None = None
@@ -38,21 +45,24 @@ class Fixed:
     def decide(self, snapshot: Snapshot, job: JobState) -> Decision:
         if self.steps is not None:
             every = self.steps
-            reason = f"every {every} steps"
-        else:
-            every = steps_for_seconds(self.seconds, job.step_time_s)  # type: ignore[arg-type]
-            if every is None:
-                return Decision(
-                    next_step=None,
-                    reason=f"every {self.seconds:g}s: waiting for a step-time measurement",
-                    policy="fixed",
-                )
-            reason = f"every {self.seconds:g}s ≈ {every} steps at {job.step_time_s:.3g}s/step"
-        interval_s = every * job.step_time_s if job.step_time_s else None
+            return Decision(
+                next_step=next_multiple(job.step, every),
+                every_steps=every,
+                reason=f"every {every} steps",
+                policy="fixed",
+                interval_s=every * job.step_time_s if job.step_time_s else None,
+            )
+        every = steps_ceil(self.seconds, job.step_time_s)  # type: ignore[arg-type]
+        if every is None:
+            return Decision(
+                next_step=None,
+                reason=f"every {self.seconds:g}s: waiting for a step-time measurement",
+                policy="fixed",
+            )
         return Decision(
-            next_step=next_multiple(job.step, every),
+            next_step=due_step(job, every),
             every_steps=every,
-            reason=reason,
+            reason=f"every {self.seconds:g}s ≈ {every} steps at {job.step_time_s:.3g}s/step",
             policy="fixed",
-            interval_s=interval_s,
+            interval_s=every * job.step_time_s,  # type: ignore[operator]
         )

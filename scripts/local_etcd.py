@@ -11,6 +11,11 @@ the roles docs/fleet.md tells operators to create)::
     with running(tmp_dir) as etcd:
         ...                                # etcd.url is http://127.0.0.1:PORT
 
+It can also serve TLS (:class:`Tls`: ``https://`` with a CA and a server certificate,
+optionally requiring client certificates), start as one member of a cluster
+(:func:`cluster`: three members on loopback) and be wiped (:meth:`Etcd.wipe`: killed,
+its data directory emptied, started again as a new, empty cluster).
+
 Not part of the installed package: the daemon never starts an etcd.
 """
 
@@ -22,11 +27,13 @@ import json
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +42,7 @@ from adaptd.fleet.keys import KeySpace, range_end
 #: Seconds for etcd to answer /health after a (re)start.
 START_DEADLINE_S = 30.0
 ROOT_PASSWORD = "root-secret"
+MISSING = "needs etcd (Debian etcd-server; scripts/install-test-deps.sh installs it)"
 
 
 class EtcdMissing(RuntimeError):
@@ -47,45 +55,126 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-class Etcd:
-    """One single-member etcd cluster on loopback."""
+@dataclass(frozen=True)
+class Tls:
+    """The files of an etcd serving TLS: its CA (what clients trust), its certificate
+    and key (for 127.0.0.1), and whether clients must show a certificate of that CA."""
 
-    def __init__(self, data_dir: Path, log: Path) -> None:
+    ca_file: Path
+    cert_file: Path
+    key_file: Path
+    client_cert_auth: bool = False
+    #: a client certificate and key of the same CA (for ``client_cert_auth``)
+    client_cert: Path | None = None
+    client_key: Path | None = None
+
+    def context(self) -> ssl.SSLContext:
+        ctx = ssl.create_default_context(cafile=str(self.ca_file))
+        if self.client_cert is not None and self.client_key is not None:
+            ctx.load_cert_chain(str(self.client_cert), str(self.client_key))
+        return ctx
+
+
+def make_tls(folder: Path, *, client_cert_auth: bool = False) -> Tls:
+    """A throw-away CA, a server certificate for 127.0.0.1 and a client certificate, made
+    with the ``openssl`` program (EC P-256, valid a day) in ``folder``."""
+    exe = shutil.which("openssl")
+    if exe is None:
+        raise EtcdMissing("needs openssl (Debian openssl) to make test certificates")
+    folder.mkdir(parents=True, exist_ok=True)
+    key = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+
+    def run(*args: str) -> None:
+        subprocess.run([exe, *args], check=True, capture_output=True, cwd=folder)
+
+    run("req", "-x509", *key, "-keyout", "ca.key", "-out", "ca.pem", "-days", "1",
+        "-subj", "/CN=adaptd-test-ca")  # fmt: skip
+    # etcd's gateway calls its own gRPC server with the server's certificate, so with
+    # --client-cert-auth that one must be good for client use too
+    for who, usage in (("server", "serverAuth,clientAuth"), ("client", "clientAuth")):
+        run("req", *key, "-keyout", f"{who}.key", "-out", f"{who}.csr",
+            "-subj", f"/CN=adaptd-test-{who}")  # fmt: skip
+        (folder / f"{who}.ext").write_text(
+            f"subjectAltName=IP:127.0.0.1\nextendedKeyUsage={usage}\n"
+        )
+        run("x509", "-req", "-in", f"{who}.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+            "-CAcreateserial", "-out", f"{who}.pem", "-days", "1",
+            "-extfile", f"{who}.ext")  # fmt: skip
+    return Tls(
+        folder / "ca.pem",
+        folder / "server.pem",
+        folder / "server.key",
+        client_cert_auth=client_cert_auth,
+        client_cert=folder / "client.pem",
+        client_key=folder / "client.key",
+    )
+
+
+class Etcd:
+    """One etcd member on loopback: a single-member cluster unless :func:`cluster`
+    makes it one of several (``name``, ``initial_cluster``)."""
+
+    def __init__(
+        self,
+        data_dir: Path,
+        log: Path,
+        *,
+        name: str = "adaptd-test",
+        tls: Tls | None = None,
+    ) -> None:
         self.data_dir = data_dir
         self.log = log
+        self.name = name
+        self.tls = tls
         self.client_port = _free_port()
         self.peer_port = _free_port()
+        self.initial_cluster = f"{name}={self.peer_url}"
+        self.cluster_state = "new"
         self.proc: subprocess.Popen | None = None
         self.token: str | None = None
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.client_port}"
+        scheme = "https" if self.tls is not None else "http"
+        return f"{scheme}://127.0.0.1:{self.client_port}"
+
+    @property
+    def peer_url(self) -> str:
+        return f"http://127.0.0.1:{self.peer_port}"
 
     def start(self) -> Etcd:
         exe = shutil.which("etcd")
         if exe is None:
-            raise EtcdMissing(
-                "needs etcd (Debian etcd-server; scripts/install-test-deps.sh installs it)"
-            )
-        peer = f"http://127.0.0.1:{self.peer_port}"
+            raise EtcdMissing(MISSING)
+        self.spawn(exe)
+        return self.wait_healthy()
+
+    def spawn(self, exe: str) -> None:
+        """Start the process (:meth:`start` also waits until it answers)."""
+        peer = self.peer_url
+        args = [
+            exe,
+            f"--name={self.name}",
+            f"--data-dir={self.data_dir}",
+            f"--listen-client-urls={self.url}",
+            f"--advertise-client-urls={self.url}",
+            f"--listen-peer-urls={peer}",
+            f"--initial-advertise-peer-urls={peer}",
+            f"--initial-cluster={self.initial_cluster}",
+            f"--initial-cluster-state={self.cluster_state}",
+            "--logger=zap",
+            "--log-level=warn",
+        ]
+        if self.tls is not None:
+            args += [f"--cert-file={self.tls.cert_file}", f"--key-file={self.tls.key_file}"]
+            if self.tls.client_cert_auth:
+                args += ["--client-cert-auth", f"--trusted-ca-file={self.tls.ca_file}"]
         with open(self.log, "ab") as out:
-            self.proc = subprocess.Popen(
-                [
-                    exe,
-                    "--name=adaptd-test",
-                    f"--data-dir={self.data_dir}",
-                    f"--listen-client-urls={self.url}",
-                    f"--advertise-client-urls={self.url}",
-                    f"--listen-peer-urls={peer}",
-                    f"--initial-advertise-peer-urls={peer}",
-                    f"--initial-cluster=adaptd-test={peer}",
-                    "--logger=zap",
-                    "--log-level=warn",
-                ],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-            )
+            self.proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
+
+    def wait_healthy(self) -> Etcd:
+        """Wait until the member answers /health (raises, with its log, if it does not)."""
+        assert self.proc is not None
         deadline = time.monotonic() + START_DEADLINE_S
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -102,10 +191,22 @@ class Etcd:
 
     def healthy(self) -> bool:
         try:
-            with urllib.request.urlopen(self.url + "/health", timeout=1.0) as r:
+            with self._open(urllib.request.Request(self.url + "/health"), 1.0) as r:
                 return json.loads(r.read()).get("health") == "true"
         except (OSError, ValueError):
             return False
+
+    def _open(self, req: urllib.request.Request, timeout: float) -> Any:
+        if self.tls is None:
+            return urllib.request.urlopen(req, timeout=timeout)
+        return urllib.request.urlopen(req, timeout=timeout, context=self.tls.context())
+
+    def wipe(self) -> None:
+        """Kill, empty the data directory, start again: a new cluster that knows no key,
+        no lease and no revision of the old one (an operator restoring nothing)."""
+        self.kill()
+        shutil.rmtree(self.data_dir, ignore_errors=True)
+        self.start()
 
     def kill(self) -> None:
         """SIGKILL: etcd vanishes mid-run (its data stays for :meth:`start`)."""
@@ -135,7 +236,7 @@ class Etcd:
             method="POST",
         )
         try:
-            with urllib.request.urlopen(req, timeout=5.0) as r:
+            with self._open(req, 5.0) as r:
                 return json.loads(r.read())
         except urllib.error.HTTPError as exc:
             raise RuntimeError(f"etcd {path}: {exc.read()!r}") from None
@@ -175,11 +276,33 @@ def _b64(text: str) -> str:
 
 
 @contextlib.contextmanager
-def running(tmp: Path) -> Iterator[Etcd]:
+def running(tmp: Path, tls: Tls | None = None) -> Iterator[Etcd]:
     """A started :class:`Etcd` with its data under ``tmp``, killed at the end."""
     tmp.mkdir(parents=True, exist_ok=True)
-    server = Etcd(tmp / "data", tmp / "etcd.log")
+    server = Etcd(tmp / "data", tmp / "etcd.log", tls=tls)
     try:
         yield server.start()
     finally:
         server.kill()
+
+
+@contextlib.contextmanager
+def cluster(tmp: Path, members: int = 3) -> Iterator[list[Etcd]]:
+    """``members`` etcd members on loopback forming one cluster (started together, as a
+    cluster must be: each waits for a quorum), killed at the end."""
+    exe = shutil.which("etcd")
+    if exe is None:
+        raise EtcdMissing(MISSING)
+    tmp.mkdir(parents=True, exist_ok=True)
+    nodes = [Etcd(tmp / f"m{i}", tmp / f"m{i}.log", name=f"m{i}") for i in range(members)]
+    initial = ",".join(f"{n.name}={n.peer_url}" for n in nodes)
+    try:
+        for n in nodes:
+            n.initial_cluster = initial
+            n.spawn(exe)
+        for n in nodes:
+            n.wait_healthy()
+        yield nodes
+    finally:
+        for n in nodes:
+            n.kill()

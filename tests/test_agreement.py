@@ -19,9 +19,9 @@ def ack(rank: int, step: int, ok: bool, round: int = 3) -> p.Ack:
     return p.Ack(v=V, job="j", rank=rank, round=round, step=step, ok=ok)
 
 
-def offer(rank: int, local=(), pullable=(), host: str = "") -> p.RestoreOffer:
+def offer(rank: int, local=(), pullable=(), host: str = "", **parts) -> p.RestoreOffer:
     return p.RestoreOffer(
-        v=V, job="j", rank=rank, local=list(local), pullable=list(pullable), host=host
+        v=V, job="j", rank=rank, local=list(local), pullable=list(pullable), host=host, **parts
     )
 
 
@@ -158,6 +158,42 @@ def test_restore_without_a_common_step_is_an_error_naming_the_ranks() -> None:
     assert choice.step is None
     assert "rank(s) 1 cannot get step 30" in choice.error
     assert "rank 1 (b): nothing" in choice.error and "restore_from" in choice.error
+
+
+def test_restore_refuses_a_newer_step_of_another_world_size_naming_both() -> None:
+    old = {"other_world": [40], "other_world_size": 2, "directory": "/ck"}
+    offers = {r: offer(r, [30, 20], **old) for r in range(3)}
+    choice = rules.choose_restore(offers, 3)
+    assert choice.step is None
+    assert "ckpt-40 in /ck was written by 2 worker(s); this job has 3 worker(s)" in choice.error
+    # nothing of this size either: still the refusal, not a fresh start
+    assert "2 worker(s)" in rules.choose_restore({0: offer(0, **old), 1: offer(1)}, 2).error
+
+
+def test_restore_ignores_an_older_step_of_another_world_size() -> None:
+    offers = {r: offer(r, [30], other_world=[20], other_world_size=2) for r in range(3)}
+    choice = rules.choose_restore(offers, 3)
+    assert choice.step == 30 and not choice.error
+
+
+def test_restore_refuses_a_step_whose_parts_are_spread_over_hosts() -> None:
+    # no shared storage: the replicated part on rank 0's host, each part on its own
+    offers = {
+        0: offer(0, replicated=[20, 10], own=[20, 10]),
+        1: offer(1, own=[20, 10]),
+        2: offer(2, own=[10]),
+    }
+    choice = rules.choose_restore(offers, 3)
+    assert choice.step is None
+    assert "step 10 is whole across the job's ranks" in choice.error
+    assert "rank(s) 0" in choice.error and "shared storage" in choice.error
+
+
+def test_restore_of_steps_no_rank_holds_whole_is_a_fresh_start() -> None:
+    # a first save cut short: the replicated part and rank 0's part, nothing else
+    offers = {0: offer(0, replicated=[10], own=[10]), 1: offer(1)}
+    choice = rules.choose_restore(offers, 2)
+    assert choice.step is None and not choice.error
 
 
 def test_restore_waits_for_every_offer() -> None:

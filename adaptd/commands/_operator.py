@@ -7,9 +7,22 @@ that does not answer) it prints one line naming the socket and exits 1, never ha
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 
 import msgspec
+
+
+def seconds(text: str) -> float:
+    """An argparse type: a number of seconds > 0 (a negative or NaN deadline made the
+    wait for the daemon's answer endless, or crashed)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds > 0, got {text!r}")
+    return value
 
 
 def add_socket_args(parser: argparse.ArgumentParser, timeout: float = 3.0) -> None:
@@ -18,7 +31,7 @@ def add_socket_args(parser: argparse.ArgumentParser, timeout: float = 3.0) -> No
     parser.add_argument(
         "--answer-timeout",
         metavar="SECONDS",
-        type=float,
+        type=seconds,
         default=timeout,
         dest="answer_timeout",
         help=f"give up when the daemon does not answer within this long (default: {timeout:g})",

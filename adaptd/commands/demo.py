@@ -99,62 +99,84 @@ def _run_job(
     started = time.monotonic()
     with open(workdir / "job.log", "a") as log:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True, env=env)
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            try:
-                ev = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            kind = ev.get("event")
-            if kind == "start":
-                phase.resumed_from = ev["step"]
-                ui.start(ev["step"], args.steps)
-            elif kind == "progress":
-                phase.last_step = ev["step"]
-                ui.progress(ev["step"], ev.get("loss"))
-                # kill part-way, but only once a save is durable: a crash before the
-                # first save would just restart from scratch, which shows nothing
-                if (
-                    kill_at is not None
-                    and ev["step"] >= kill_at
-                    and phase.killed_at is None
-                    and phase.last_durable > 0
-                ):
-                    proc.send_signal(signal.SIGKILL)
-                    phase.killed_at = ev["step"]
-                    ui.line(f"[bold red]SIGKILL[/] the job at step {ev['step']}")
-            elif kind == "plan":
-                phase.plans.append(ev)
-                ui.line(
-                    f"[cyan]plan[/]  ({ev['mode']}) next save at step {ev['next_step']}: "
-                    f"{ev['reason']}"
-                )
-            elif kind == "save":
-                phase.saves.append(ev)
-                if ev["ok"]:
-                    phase.last_durable = max(phase.last_durable, ev["step"])
-                    blocked, durable = ev["blocking_s"] * 1e3, ev["durable_s"] * 1e3
-                    ui.line(
-                        f"[green]save[/]  step {ev['step']:>5}: blocked {blocked:6.1f} ms,"
-                        f" durable {durable:7.1f} ms, {ev['bytes'] / 1e6:6.2f} MB"
-                    )
-                else:
-                    ui.line(f"[red]save failed[/] at step {ev['step']}: {ev['error']}")
-            elif kind == "done":
-                phase.final = ev
-        phase.exit_code = proc.wait()
+        try:
+            _follow(proc, phase, args, kill_at, ui)
+            phase.exit_code = proc.wait()
+        finally:  # the demo stopped early (its output pipe closed, ^C): so does the job
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
     phase.wall_s = time.monotonic() - started
     ui.stop()
     return phase
+
+
+def _follow(
+    proc: subprocess.Popen, phase: Phase, args: argparse.Namespace, kill_at: int | None, ui
+) -> None:
+    """Show the job's events as they come, and kill it at ``kill_at``."""
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        try:
+            ev = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        kind = ev.get("event")
+        if kind == "start":
+            phase.resumed_from = ev["step"]
+            ui.start(ev["step"], args.steps)
+        elif kind == "progress":
+            phase.last_step = ev["step"]
+            ui.progress(ev["step"], ev.get("loss"))
+            # kill part-way, but only once a save is durable: a crash before the
+            # first save would just restart from scratch, which shows nothing
+            if (
+                kill_at is not None
+                and ev["step"] >= kill_at
+                and phase.killed_at is None
+                and phase.last_durable > 0
+            ):
+                proc.send_signal(signal.SIGKILL)
+                phase.killed_at = ev["step"]
+                ui.line(f"[bold red]SIGKILL[/] the job at step {ev['step']}")
+        elif kind == "plan":
+            phase.plans.append(ev)
+            ui.line(
+                f"[cyan]plan[/]  ({ev['mode']}) next save at step {ev['next_step']}: {ev['reason']}"
+            )
+        elif kind == "save":
+            phase.saves.append(ev)
+            if ev["ok"]:
+                phase.last_durable = max(phase.last_durable, ev["step"])
+                blocked, durable = ev["blocking_s"] * 1e3, ev["durable_s"] * 1e3
+                ui.line(
+                    f"[green]save[/]  step {ev['step']:>5}: blocked {blocked:6.1f} ms,"
+                    f" durable {durable:7.1f} ms, {ev['bytes'] / 1e6:6.2f} MB"
+                )
+            else:
+                ui.line(f"[red]save failed[/] at step {ev['step']}: {ev['error']}")
+        elif kind == "done":
+            phase.final = ev
+
+
+def _console(stderr: bool):
+    """A rich console whose closed output pipe ends the command as every command's does
+    (:func:`adaptd.cli.main`: quietly, status 141) instead of rich's own exit 1."""
+    from rich.console import Console
+
+    class _Console(Console):
+        def on_broken_pipe(self) -> None:
+            self.quiet = True
+            raise BrokenPipeError
+
+    return _Console(stderr=stderr, highlight=False)
 
 
 class _Ui:
     """Progress bar and log lines (rich when on a terminal, plain lines otherwise)."""
 
     def __init__(self, quiet: bool) -> None:
-        from rich.console import Console
-
-        self.console = Console(stderr=quiet, highlight=False)
+        self.console = _console(stderr=quiet)
         self.quiet = quiet
         self.progress_bar = None
         self.task = None

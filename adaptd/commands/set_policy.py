@@ -1,9 +1,12 @@
-"""``adaptd set-policy --job J SPEC``: change a running job's policy.
+"""``adaptd set-policy --job J SPEC``: change a running job's policy; ``--clear`` takes it back.
 
 The spec is checked here first (:func:`adaptd.policy.parse`, so a typo fails without
 a daemon round trip) and again by the daemon, which pushes the new plan to the
 job's ranks at once. The setting outlives the job's restarts and, when the daemon
 persists settings (``adaptd serve`` with a state database), the daemon's.
+``--clear`` returns the job to the policy it would have without an operator's: the
+config's ``[jobs]`` policy for it, else the spec its ranks asked for, else the daemon's
+default; the new plan is pushed at once too.
 """
 
 from __future__ import annotations
@@ -12,12 +15,27 @@ import argparse
 
 from adaptd.commands import _operator
 
-HELP = "change a running job's policy (the new plan reaches it at once)"
+HELP = "change a running job's policy, or --clear it (the new plan reaches it at once)"
+
+#: Where a job's policy comes from once an operator's is cleared (SetPolicyReply.source).
+SOURCES = {
+    "config": "the config's [jobs] entry for it",
+    "job": "the spec its ranks asked for",
+    "default": "the daemon's default",
+}
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--job", metavar="JOB", required=True, help="the job id")
-    parser.add_argument("spec", metavar="SPEC", help="a policy spec, e.g. 'fixed:steps=500'")
+    parser.add_argument(
+        "spec", metavar="SPEC", nargs="?", help="a policy spec, e.g. 'fixed:steps=500'"
+    )
+    parser.add_argument(
+        "--clear",
+        action="store_true",
+        help="take back the policy an operator set: the job gets the config's, its own or "
+        "the daemon's default again",
+    )
     _operator.add_socket_args(parser)
 
 
@@ -26,20 +44,41 @@ def run(args: argparse.Namespace) -> int:
     from adaptd import policy as policy_mod
     from adaptd.cli import UsageError
 
-    try:
-        policy_mod.parse(args.spec)
-    except policy_mod.PolicyError as exc:
-        raise UsageError(f"policy spec {args.spec!r}: {exc}") from None
-    req = admin.SetPolicyRequest(job=args.job, spec=args.spec)
+    if args.clear == (args.spec is not None):
+        raise UsageError("give a policy SPEC or --clear (one of them)")
+    if args.spec is not None:
+        try:
+            policy_mod.parse(args.spec)
+        except policy_mod.PolicyError as exc:
+            raise UsageError(f"policy spec {args.spec!r}: {exc}") from None
+    req = admin.SetPolicyRequest(job=args.job, spec=args.spec or "", clear=args.clear)
     reply = _operator.ask("set-policy", args, req, args.answer_timeout)
     if reply is None:
         return 1
     assert isinstance(reply, admin.SetPolicyReply)
     if args.json:
         _operator.print_json(reply)
+    elif args.clear:
+        print(_cleared(reply))
     elif reply.relayed_to:
         print(f"{reply.job}: policy {reply.policy} relayed to {reply.relayed_to}, which decides it")
     else:
-        pushed = f"plan {reply.plan_seq} pushed" if reply.plan_seq else "no live ranks to tell yet"
-        print(f"{reply.job}: policy {reply.policy} (was {reply.previous}); {pushed}")
+        print(f"{reply.job}: policy {reply.policy} (was {reply.previous}); {_pushed(reply)}")
     return 0
+
+
+def _pushed(reply) -> str:
+    return f"plan {reply.plan_seq} pushed" if reply.plan_seq else "no live ranks to tell yet"
+
+
+def _cleared(reply) -> str:
+    """What ``--clear`` changed, or that there was nothing to clear."""
+    now = f"policy {reply.policy} ({SOURCES.get(reply.source, reply.source)})"
+    if not reply.cleared:
+        text = f"nothing to clear: {reply.job} has no policy set by an operator"
+        return text + (f"; its {now}" if reply.source else "")
+    text = f"{reply.job}: operator's policy {reply.previous} cleared"
+    if not reply.source:  # a job not running here: only its setting changed
+        then = f"; the config's {reply.policy} applies when it returns" if reply.policy else ""
+        return text + then
+    return f"{text}; now {now}; {_pushed(reply)}"

@@ -19,6 +19,7 @@ from typing import Any
 import msgspec
 
 from adaptd import tables
+from adaptd.commands._operator import seconds
 from adaptd.tables import Table, number
 
 HELP = "show the daemon's jobs, plans and telemetry"
@@ -30,7 +31,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--timeout",
         metavar="SECONDS",
-        type=float,
+        type=seconds,
         default=3.0,
         help="give up when the daemon does not answer within this long (default: 3)",
     )
@@ -173,15 +174,6 @@ def _agreement(j: Any) -> str:
     return text
 
 
-def _bytes(n: float | None, unit: str = "") -> str:
-    if n is None:
-        return "-"
-    for name, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= scale:
-            return f"{n / scale:.1f}{name}{unit}"
-    return f"{n:.0f}B{unit}"
-
-
 def _replication(reply: object) -> list[tables.Part]:
     """One row per job and destination, then each failing one's last error."""
     rows = getattr(reply, "replication", None)
@@ -199,9 +191,9 @@ def _replication(reply: object) -> list[tables.Part]:
                 number(r.last_step),
                 number(r.uploading_step) + (" (yielding)" if r.yielding else ""),
                 number(r.pending_step),
-                _bytes(r.pending_bytes),
+                tables.size(r.pending_bytes),
                 f"{r.seconds_behind:.0f}s",
-                _bytes(rate if rate is not None else r.last_throughput_bytes_s, "/s"),
+                tables.size(rate if rate is not None else r.last_throughput_bytes_s, "/s"),
                 str(r.uploads),
                 str(r.failures),
                 str(r.skipped),

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from adaptd.cli import UsageError
@@ -28,6 +29,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # TensorFlow's C++ start-up errors say nothing about a checkpoint (on a host without
+    # a GPU: "failed call to cuInit: ... CUDA error"); TF_CPP_MIN_LOG_LEVEL shows them.
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     try:
         from adaptd.client import verify
     except ImportError as exc:
@@ -61,6 +65,8 @@ def render(report: object) -> str:
         lines += [f"FAIL: {p.message}" for p in report.problems]
         return "\n".join(lines) + "\n"
     step = f", step {report.step}" if report.step is not None else ""
+    if report.world_size > 1:
+        step += f", {report.parts} of {report.world_size} rank parts"
     summary = (
         f"{report.prefix}: {report.tensors_read}/{report.tensors} tensors read, "
         f"{_size(report.data_bytes)} in {report.shards} shard(s){step} "

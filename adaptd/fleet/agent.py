@@ -92,7 +92,8 @@ class FleetAgent:
         on_grant: Callable[[], None] | None = None,
     ) -> None:
         """``on_grant`` is called (from the agent's thread) when a job of this host was
-        just granted a slot: the daemon decides again at once instead of at its tick."""
+        just granted a slot, or lost one (its lease expired): the daemon decides again at
+        once instead of at its tick."""
         if not 0 < poll_s <= settings.lease_ttl_s / 3:
             raise ValueError(
                 f"fleet: poll_s must be > 0 and at most a third of the lease TTL "
@@ -128,7 +129,8 @@ class FleetAgent:
             old = self._wants.get(job)
             if old is not None and old.target == target and old.cap == cap:
                 return
-            self._wants[job] = Want(target, cap, max(0.0, at_risk_gpu_s), max(1, gpus), self.wall())
+            risk, gpus = max(0.0, at_risk_gpu_s), max(1, gpus)
+            self._wants[job] = Want(target, cap, risk, gpus, self.clock())
         self._wake_up()
 
     def release(self, job: str) -> None:
@@ -221,7 +223,17 @@ class FleetAgent:
         """One round (the thread's body; tests may drive it directly)."""
         now = self.clock()
         try:
-            view = self._round(now)
+            try:
+                view = self._round(now)
+            except LeaseLost as exc:
+                # etcd answered: it is there, only the lease is gone (it expired while this
+                # process was stopped, or etcd was wiped). Open a new session in this round
+                # instead of deciding locally meanwhile: a grant of the old lease is void,
+                # and a local decision would let its job write beside the new holder.
+                self._drop_session()
+                log.warning(logfmt("fleet_lease_lost", host=self.settings.host, error=str(exc),
+                                   held=",".join(sorted(self._view.granted)) or None))  # fmt: skip
+                view = self._round(now)
         except LeaseLost as exc:
             self._drop_session()
             view = self._down(now, f"lease lost: {exc}")
@@ -257,7 +269,7 @@ class FleetAgent:
             wants = dict(self._wants)
             to_publish = dict(self._to_publish)
         assert self._table is not None
-        state = self._table.sync(wants, self.wall())
+        state = self._table.sync(wants, self.clock())  # one clock per daemon: monotonic
         for model, record in to_publish.items():
             publish(s, record)
             with self._lock:
@@ -323,7 +335,8 @@ class FleetAgent:
 
     def _set(self, view: FleetView) -> None:
         with self._changed:
-            new = view.granted - self._view.granted
+            # a new grant, or a grant gone (its lease lost): the daemon decides again now
+            new = view.granted ^ self._view.granted
             self._view = view
             self._changed.notify_all()
         if new and self.on_grant is not None:

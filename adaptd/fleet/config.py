@@ -34,6 +34,8 @@ from types import MappingProxyType
 from typing import Any
 
 from adaptd.fleet.session import FleetSettings
+from adaptd.fleet.targets import not_a_mount_point, read_mounts
+from adaptd.telemetry.storage import Mount
 
 ETCD_ENV = "ADAPTD_ETCD"
 KEYS = (
@@ -111,10 +113,13 @@ def parse_fleet(
     *,
     endpoints: Sequence[str] = (),
     hostname: str | None = None,
+    mounts: Sequence[Mount] | None = None,
 ) -> FleetConfig | None:
     """Validate ``[fleet]`` (``table``: the parsed TOML table or ``None``); ``endpoints``
-    (from the command line or environment) replace its ``etcd``. Raises
-    :class:`ValueError` whose message starts with the dotted key at fault."""
+    (from the command line or environment) replace its ``etcd``. Every ``[fleet.shared]``
+    path must be a mount point of ``mounts`` (default: this host's mount table,
+    :func:`~adaptd.fleet.targets.read_mounts`). Raises :class:`ValueError` whose
+    message starts with the dotted key at fault."""
     if table is None:
         table = {}
     if not isinstance(table, Mapping):
@@ -158,7 +163,7 @@ def parse_fleet(
             call_deadline_s=max(2.5, 2.5 * _number(table, "call_timeout_s", 1.0)),
         )
     except ValueError as exc:
-        raise ValueError(str(exc).replace("fleet: ", "fleet.", 1)) from None
+        raise ValueError(_dotted(str(exc))) from None
     slots = int(_number(table, "slots", 2, integer=True))
     if slots < 1:
         raise ValueError(f"fleet.slots: must be >= 1, got {slots}")
@@ -170,6 +175,12 @@ def parse_fleet(
         raise ValueError(
             'fleet.shared: must map absolute paths to names, e.g. "/mnt/bucket" = "gcs://b"'
         )
+    if shared:
+        table_of_mounts = read_mounts() if mounts is None else mounts
+        for path in shared:
+            why = not_a_mount_point(path, table_of_mounts, resolve=mounts is None)
+            if why is not None:
+                raise ValueError(f"fleet.shared: {why}")
     return FleetConfig(settings=settings, slots=slots, shared=MappingProxyType(dict(shared)))
 
 
@@ -198,3 +209,16 @@ def _number(t: Mapping[str, Any], key: str, default: float, *, integer: bool = F
         kind = "an integer" if integer else "a number"
         raise ValueError(f"fleet.{key}: must be {kind}, got {v!r}")
     return float(v)
+
+
+def _dotted(message: str) -> str:
+    """A :class:`FleetSettings` message as ``fleet.KEY: ...`` (the config's errors name the
+    key, then say what is wrong): ``fleet: lease_ttl_s must be ...`` named the whole
+    sentence as the key. A message about no one key stays ``fleet: ...``."""
+    head, _, rest = message.partition(": ")
+    key, _, tail = rest.partition(" ")
+    if head != "fleet" or key not in KEYS:
+        return message
+    if tail.startswith(("must", "(")):  # "lease_ttl_s must be ...": the key said once
+        return f"fleet.{key}: {tail}"
+    return f"fleet.{key}: {rest}"

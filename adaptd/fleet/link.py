@@ -8,8 +8,9 @@ blocks on etcd:
   policies read: on each storage target the fleet shares, ``fleet_slots`` (the cap)
   and ``fleet_holding`` (this host's jobs holding a slot); on the snapshot,
   :class:`~adaptd.snapshot.FleetSample` (hosts up, the fitted Weibull shape). While
-  the view is not usable (etcd away or stale), nothing is added: policies decide
-  locally, as on a host without a fleet.
+  etcd is away nothing is added: policies decide locally, as on a host without a
+  fleet. A view that is up but stale (this process was stopped: its lease may have
+  lapsed) holds every shared-target save until the agent's next round.
 - :meth:`FleetLink.wishes` (the daemon's tick) asks the agent for a slot for each job
   whose latest decision waits for one (``fleet-wait``, set by ``io_aware``), and gives
   back wishes that no longer wait and grants no save used within ``grant_timeout_s``.
@@ -198,7 +199,15 @@ class FleetLink:
         self.knowledge.observe(snapshot)
         view = self.usable(snapshot.time if snapshot.time else None)
         if view is None:
-            return snapshot
+            last = self.agent.view()
+            if not last.up:
+                return snapshot  # etcd away: decide locally
+            # Up, but not refreshed: the agent had no failure, so this process was
+            # stopped or starved since its last round, and its grants may have lapsed
+            # with its lease. Saves to shared targets wait for the agent's next round
+            # (fencing: a daemon resumed after SIGSTOP sent its job "save now" on a
+            # grant of the lost lease, beside the new holder's write).
+            view = dataclasses.replace(last, granted=frozenset())
         caps = caps or {}
         storage = []
         for st in snapshot.storage:

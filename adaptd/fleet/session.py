@@ -363,7 +363,7 @@ class EtcdSession:
             try:
                 out = client.post(client.get_url(path), json=payload)
             except (gw.ConnectionFailedError, gw.ConnectionTimeoutError) as exc:
-                errors.append(f"{self.settings.endpoints[index]}: {type(exc).__name__}")
+                errors.append(f"{self.settings.endpoints[index]}: {type(exc).__name__}{_tls(exc)}")
                 continue
             except (requests.RequestException, ValueError) as exc:  # a reply cut short or garbled
                 errors.append(f"{self.settings.endpoints[index]}: {exc!r}"[:200])
@@ -395,6 +395,19 @@ class EtcdSession:
         )
 
 
+def _tls(exc: Exception) -> str:
+    """What to fix when a connection failed on TLS (etcd3gw keeps requests' words)."""
+    text = str(getattr(exc, "detail_text", "") or exc)
+    if "CERTIFICATE_VERIFY_FAILED" in text:
+        return " (TLS: etcd's certificate is not signed by [fleet] ca_file, or ca_file is unset)"
+    if "BAD_CERTIFICATE" in text or "CERTIFICATE_REQUIRED" in text:
+        return (
+            " (TLS: etcd refused this client: set [fleet] cert_file and key_file to a "
+            "certificate its --trusted-ca-file signed)"
+        )
+    return ""
+
+
 def _etcd3gw_client(url: str, settings: FleetSettings) -> Any:
     import etcd3gw
 
@@ -403,11 +416,33 @@ def _etcd3gw_client(url: str, settings: FleetSettings) -> Any:
         host=parts.hostname or "localhost",
         port=parts.port or (443 if parts.scheme == "https" else 2379),
         protocol=parts.scheme,
-        ca_cert=settings.ca_file,
-        cert_cert=settings.cert_file,
-        cert_key=settings.key_file,
         timeout=settings.call_timeout_s,
+        session=_tls_session(settings),
     )
+
+
+def _tls_session(settings: FleetSettings) -> Any:
+    """A ``requests`` session that verifies etcd with ``ca_file`` and shows
+    ``cert_file``/``key_file``. ``requests`` lets ``$REQUESTS_CA_BUNDLE`` (or
+    ``$CURL_CA_BUNDLE``), set on many hosts to the system's bundle, override a
+    session's CA, and the system's bundle does not hold a private etcd CA: every call
+    then failed certificate verification (found by tests/fleet/test_fleet_matrix.py's
+    TLS cell). The configured CA wins here; without one, ``requests`` decides as usual."""
+    import requests
+
+    class Session(requests.Session):
+        def merge_environment_settings(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+            out = super().merge_environment_settings(*args, **kwargs)
+            if settings.ca_file is not None:
+                out["verify"] = settings.ca_file
+            return out
+
+    session = Session()
+    if settings.ca_file is not None:
+        session.verify = settings.ca_file
+    if settings.cert_file is not None and settings.key_file is not None:
+        session.cert = (settings.cert_file, settings.key_file)
+    return session
 
 
 def _b64(text: str | bytes) -> str:

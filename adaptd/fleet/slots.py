@@ -47,8 +47,10 @@ class Claim:
     """One job's wish for (or hold on) a write slot on ``target``.
 
     ``at_risk_gpu_s`` is the job's work at risk (GPU-seconds since its last durable
-    save) at wall-clock time ``stamped``; while it waits that grows at ``gpus`` per
-    second (:meth:`risk_at`), so the record need not be rewritten as time passes.
+    save) at time ``stamped``; while it waits that grows at ``gpus`` per second
+    (:meth:`risk_at`), so the record need not be rewritten as time passes. A daemon
+    reads ``stamped`` as the time it first saw the claim, on its own monotonic clock
+    (:meth:`SlotTable.read`): hosts' wall clocks may differ by any amount.
     """
 
     host: str
@@ -193,13 +195,15 @@ class SlotTable:
         self.session = session
         self.keys = session.keys
         self.host = session.settings.host
+        #: When this daemon first saw each claim (its monotonic clock), by claim.
+        self._first_seen: dict[tuple[str, str, str, int], float] = {}
 
     def sync(self, wants: Mapping[str, Want], wall: float) -> SlotsState:
         """One round: release claims no job wants, queue new wishes, take the slots
-        this host's waiters may take. ``wall``: the wall-clock time (claims compare
-        work at risk across hosts)."""
+        this host's waiters may take. ``wall``: now on this daemon's monotonic clock,
+        the clock of its wants' stamps (claims compare work at risk across hosts)."""
         grants = conflicts = 0
-        claims, seen = self.read()
+        claims, seen = self.read(wall)
         for c in [c for c in claims if c.host == self.host]:
             w = wants.get(c.job)
             if w is None or w.target != c.target:
@@ -227,7 +231,7 @@ class SlotTable:
                 elif mine is None:
                     key = self.keys.claim(self.host, w.target, job)
                     self.session.put(key, me.record(), leased=True)
-                claims, seen = self.read()
+                claims, seen = self.read(wall)
                 if retry:
                     break
             if not retry:
@@ -258,10 +262,27 @@ class SlotTable:
             if c.host == self.host:
                 self.session.delete(self.keys.claim(self.host, c.target, c.job))
 
-    def read(self) -> tuple[list[Claim], int]:
-        """Every claim in the fleet, and the revision to compare against when acting on them."""
+    def read(self, now: float | None = None) -> tuple[list[Claim], int]:
+        """Every claim in the fleet, and the revision to compare against when acting on them.
+
+        With ``now`` (this daemon's monotonic clock), each claim's ``stamped`` is when
+        this daemon first saw it, so the growth of work at risk is measured on one
+        clock. The owners' stamps came from their wall clocks: with hosts' clocks 30 s
+        apart, each daemon put the other's claim behind its own (or ahead), both waited
+        for the other, and a free slot stayed unused for 26 s
+        (tests/fleet/test_fleet_matrix.py). Daemons see a claim within a poll of each
+        other, so they now agree on the order up to that.
+        """
         entries = self.session.get_prefix(self.keys.claims)
-        return parse_claims(entries, self.keys), newest_revision(entries)
+        claims = parse_claims(entries, self.keys)
+        if now is not None:
+            first: dict[tuple[str, str, str, int], float] = {}
+            for i, c in enumerate(claims):
+                key = (c.host, c.target, c.job, c.create_revision)
+                first[key] = self._first_seen.get(key, now)
+                claims[i] = replace(c, stamped=first[key])
+            self._first_seen = first
+        return claims, newest_revision(entries)
 
     def _state(
         self,

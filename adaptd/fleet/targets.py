@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import os
 import posixpath
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -80,6 +80,32 @@ def declared_target(path: str, declared: Mapping[str, str]) -> SharedTarget | No
         if inside and (best is None or len(root) > best[0]):
             best = (len(root), name)
     return SharedTarget(best[1], "declared") if best else None
+
+
+def not_a_mount_point(path: str, mounts: Sequence[Mount], *, resolve: bool = True) -> str | None:
+    """Why ``[fleet.shared]`` cannot use ``path``; ``None`` when it is a mount point.
+
+    Write slots are per mount: the sampler reports each mount as one target and the
+    fleet names a target by the declared path equal to its mount point, so a folder
+    inside a mount (or a symlink's name) would be silently ignored. An unreadable
+    mount table (``mounts`` empty) says nothing against a path. ``resolve``: follow
+    symlinks first (tests replaying another host's mount table pass False).
+    """
+    text = posixpath.normpath(path)
+    if not mounts or any(m.mountpoint == text for m in mounts):
+        return None
+    real = os.path.realpath(text) if resolve else text
+    if any(m.mountpoint == real for m in mounts):
+        return f"{path!r} is a symlink to the mount point {real!r}: declare {real!r}"
+    mount = mount_of(real, mounts)
+    if mount is None:  # a mount table without "/": nothing to name
+        return f"{path!r} is not a mount point"
+    what = f"{mount.fstype} {mount.source}".strip()
+    return (
+        f"{path!r} is not a mount point but a folder inside the mount {mount.mountpoint!r} "
+        f"({what}); write slots are per mount: declare {mount.mountpoint!r} "
+        "(or mount the folder on its own)"
+    )
 
 
 def shared_target(

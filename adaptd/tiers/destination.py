@@ -5,8 +5,11 @@ replaces an older pending one) and what was replicated; ``max_concurrent`` worke
 threads take uploads in the order of the pure :func:`next_upload` (the job waiting
 longest first, ties round-robin) and share one :class:`~adaptd.tiers.throttle.Throttle`.
 A failed upload is retried after :func:`retry_delay`; a checkpoint deleted locally
-before it was uploaded is skipped. Everything that touches the destination happens
-in its own workers, so a slow destination holds up nobody else.
+before it was uploaded is skipped. A step of a multi-worker job waits until every
+rank's part is in the staging directory (a rank may finish its write after the one
+that reported; :mod:`adaptd.rank_parts`), checked again after each retry delay, and is
+skipped with the reason after :data:`WAIT_FOR_PARTS` checks. Everything that touches
+the destination happens in its own workers, so a slow destination holds up nobody else.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from adaptd import rank_parts
 from adaptd.admin import ReplicationInfo
 from adaptd.config import Destination
 from adaptd.logfmt import logfmt
@@ -32,6 +36,7 @@ __all__ = [
     "RETRY_MAX_S",
     "TAKE_PIECE",
     "THROUGHPUT_WINDOW_S",
+    "WAIT_FOR_PARTS",
     "DestinationQueue",
     "Pending",
     "SlotGate",
@@ -51,6 +56,8 @@ RETRY_MAX_S = 300.0
 THROUGHPUT_WINDOW_S = 5.0
 #: Throttle.take is asked for at most this much at a time, so a stop is prompt.
 TAKE_PIECE = 256 * 1024
+#: Checks (after 2, 4, 8 ... s) of a step that lacks a rank's part before it is skipped.
+WAIT_FOR_PARTS = 8
 
 
 #: ``slot_gate(destination, job, stopping)``: a context manager held around one upload
@@ -288,6 +295,10 @@ class DestinationQueue:
         if not index.exists():
             self._skipped(item, st, missing_reason(st.staging, st.saves_to))
             return
+        whole = rank_parts.status(rank_parts.listing(st.staging), step)
+        if not whole.complete:
+            self._incomplete(item, st, whole.why)
+            return
         try:
             replica = Replica(st.url, storage_options=self.dest.storage_options)
             remote = replica.latest()
@@ -440,6 +451,34 @@ class DestinationQueue:
             st.skipped += 1
             st.waiting = {s: t for s, t in st.waiting.items() if s > item.step}
 
+    def _incomplete(self, item: Pending, st: _JobState, why: str) -> None:
+        """A step not complete for the job yet: checked again later (not a failure of
+        the destination), skipped after :data:`WAIT_FOR_PARTS` checks."""
+        attempts = item.attempts + 1
+        if attempts > WAIT_FOR_PARTS:
+            self._skipped(item, st, f"{why} (still, after {WAIT_FOR_PARTS} checks)")
+            return
+        delay = retry_delay(attempts)
+        log.info(
+            logfmt(
+                "replicate_waiting",
+                destination=self.dest.name,
+                job=item.job,
+                step=item.step,
+                attempt=attempts,
+                retry_in_s=delay,
+                reason=why,
+            )
+        )
+        self._retry(item, st, attempts, delay)
+
+    def _retry(self, item: Pending, st: _JobState, attempts: int, delay: float) -> None:
+        """Queue ``item`` again after ``delay`` seconds (its ``attempts``-th); a newer
+        checkpoint queued meanwhile wins."""
+        with self._cond:
+            retry = replace(item, attempts=attempts, not_before=self.clock() + delay)
+            st.pending = retry if st.pending is None else merge(retry, st.pending)
+
     def _interrupted(self, item: Pending, st: _JobState) -> None:
         log.info(
             logfmt(
@@ -469,9 +508,7 @@ class DestinationQueue:
             st.failures += 1
             st.last_error = error
             st.last_error_at = self.wall()
-            retry = replace(item, attempts=attempts, not_before=self.clock() + delay)
-            # a newer checkpoint queued meanwhile wins; otherwise this step is retried
-            st.pending = retry if st.pending is None else merge(retry, st.pending)
+        self._retry(item, st, attempts, delay)
 
     # -- status
 
@@ -484,44 +521,43 @@ class DestinationQueue:
 
     def status(self) -> list[ReplicationInfo]:
         now, wall = self.clock(), self.wall()
-        out = []
         with self._cond:
-            for job, st in sorted(self._jobs.items()):
-                up, p = st.upload, st.pending
-                behind = wall - min(st.waiting.values()) if st.waiting else 0.0
-                rate = None
-                if up is not None and now > up.started:
-                    rate = up.sent / (now - up.started)
-                out.append(
-                    ReplicationInfo(
-                        destination=self.dest.name,
-                        job=job,
-                        url=st.url,
-                        last_step=st.last_step,
-                        uploading_step=up.step if up is not None else None,
-                        pending_step=p.step if p is not None else None,
-                        pending_uploads=(up is not None) + (p is not None),
-                        pending_bytes=(max(0, up.nbytes - up.sent) if up else 0)
-                        + (p.nbytes if p else 0),
-                        seconds_behind=max(0.0, behind),
-                        throughput_bytes_s=rate,
-                        last_throughput_bytes_s=st.last_rate,
-                        uploaded_bytes=st.uploaded_bytes,
-                        uploads=st.uploads,
-                        failures=st.failures,
-                        skipped=st.skipped,
-                        yields=st.yields,
-                        yielding=bool(up and up.yielding),
-                        last_error=st.last_error,
-                        last_error_age_s=None
-                        if st.last_error_at is None or not st.last_error
-                        else max(0.0, wall - st.last_error_at),
-                        next_retry_s=max(0.0, p.not_before - now)
-                        if p is not None and p.attempts
-                        else None,
-                    )
-                )
-        return out
+            return [
+                _row(self.dest.name, job, st, now, wall) for job, st in sorted(self._jobs.items())
+            ]
+
+
+def _row(destination: str, job: str, st: _JobState, now: float, wall: float) -> ReplicationInfo:
+    """What ``adaptd status`` shows of one job at one destination (``now``: monotonic)."""
+    up, p = st.upload, st.pending
+    behind = wall - min(st.waiting.values()) if st.waiting else 0.0
+    rate = None
+    if up is not None and now > up.started:
+        rate = up.sent / (now - up.started)
+    return ReplicationInfo(
+        destination=destination,
+        job=job,
+        url=st.url,
+        last_step=st.last_step,
+        uploading_step=up.step if up is not None else None,
+        pending_step=p.step if p is not None else None,
+        pending_uploads=(up is not None) + (p is not None),
+        pending_bytes=(max(0, up.nbytes - up.sent) if up else 0) + (p.nbytes if p else 0),
+        seconds_behind=max(0.0, behind),
+        throughput_bytes_s=rate,
+        last_throughput_bytes_s=st.last_rate,
+        uploaded_bytes=st.uploaded_bytes,
+        uploads=st.uploads,
+        failures=st.failures,
+        skipped=st.skipped,
+        yields=st.yields,
+        yielding=bool(up and up.yielding),
+        last_error=st.last_error,
+        last_error_age_s=None
+        if st.last_error_at is None or not st.last_error
+        else max(0.0, wall - st.last_error_at),
+        next_retry_s=max(0.0, p.not_before - now) if p is not None and p.attempts else None,
+    )
 
 
 class _Gate:

@@ -3,6 +3,7 @@
 ::
 
     ckpt-<step>.index, ckpt-<step>.data-00000-of-0000N   TF's files, same names as locally
+    ckpt-<step>.rank-RRRRR-of-WWWWW.index, .data-...     each rank's own part (adaptd.rank_parts)
     ckpt-<step>.manifest.json   written last for that step: sizes and sha256 of every file
     LATEST                      {"step": N, ...}: replaced in one piece, never moved back
     .ckpt-<step>.upload.json    an upload's journal (files complete at the destination)
@@ -10,7 +11,9 @@
 
 :class:`Manifest` is what a reader trusts; :func:`local_files` is what an upload
 sends. Shared by :mod:`.replica` (the folder), :mod:`.upload` (the write path) and
-:mod:`.restore`.
+:mod:`.restore`. A step of a multi-worker job is its replicated part and every rank's
+part (:mod:`adaptd.rank_parts`): only a step complete for the job is uploaded, and a
+manifest that lists less is refused, so a step is never restored half.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from adaptd.checkpoint_files import CHECKPOINT_FILE
+from adaptd import rank_parts
 
 __all__ = [
     "ABANDONED_AFTER_S",
@@ -32,6 +35,7 @@ __all__ = [
     "PART_FILE",
     "SHA256_HEX",
     "FileEntry",
+    "IncompleteStep",
     "Manifest",
     "TierError",
     "fsync_dir",
@@ -59,6 +63,10 @@ class TierError(Exception):
 
     The message names the URL and the file or step at fault, and what to do.
     """
+
+
+class IncompleteStep(FileNotFoundError):
+    """A local step lacks a rank's part (it may still be written): not to be uploaded."""
 
 
 @dataclass(frozen=True)
@@ -123,12 +131,15 @@ class Manifest:
         problems = []
         if m.step != step:
             problems.append(f"it is for step {m.step}")
-        if not files or not any(f.name.endswith(".index") for f in files):
+        names = {f.name for f in files}
+        if f"ckpt-{step}.index" not in names:
             problems.append("it lists no .index file")
         for f in files:
-            match = CHECKPOINT_FILE.match(f.name)
-            if not match or int(match.group(1)) != step:
+            if rank_parts.step_of(f.name) != step or f.name.endswith(f".{rank_parts.PENDING}"):
                 problems.append(f"{f.name!r} is not a file of ckpt-{step}")
+        whole = rank_parts.status(names, step)
+        if not problems and not whole.complete:
+            problems.append(whole.why)
             if f.size < 0 or not SHA256_HEX.match(f.sha256):
                 problems.append(f"{f.name!r} has a bad size or sha256")
         if m.bytes != sum(f.size for f in files):
@@ -151,12 +162,14 @@ def part_name(name: str) -> str:
 
 
 def local_files(local_dir: str | os.PathLike[str], step: int) -> list[Path]:
-    """The files of checkpoint ``ckpt-<step>`` in ``local_dir``: data shards, then the index.
+    """The files of checkpoint ``ckpt-<step>`` in ``local_dir`` (its replicated part and
+    every rank's part): data shards, then the indexes.
 
-    TensorFlow writes the index only once the data shards are merged into place, so an
-    existing index means the checkpoint is final.
+    TensorFlow writes an index only once its data shards are merged into place, so an
+    existing index means that part is final.
 
     Raises:
+        IncompleteStep: a rank's part of the step is not there (being written, or lost).
         FileNotFoundError: the index or one of the shards it needs is not there (not
             written yet, or deleted by the CheckpointManager's ``max_to_keep``).
     """
@@ -166,20 +179,17 @@ def local_files(local_dir: str | os.PathLike[str], step: int) -> list[Path]:
         raise FileNotFoundError(
             f"{index}: no such checkpoint index (not finalised by TensorFlow yet, or deleted)"
         )
-    data: list[Path] = []
-    shards: set[int] = set()
-    prefix = f"ckpt-{step}.data-"
-    for entry in root.iterdir():
-        match = CHECKPOINT_FILE.match(entry.name)
-        if entry.name.startswith(prefix) and match:
-            data.append(entry)
-            shards.add(int(match.group(4)))
-    if not data or len(shards) != 1 or len(data) != shards.pop():
+    names = rank_parts.listing(root)
+    whole = rank_parts.status(names, step)
+    if not whole.replicated:
+        data = sorted(n for n in names if n.startswith(f"ckpt-{step}.data-"))
         raise FileNotFoundError(
             f"{root}: ckpt-{step} has an index but an incomplete set of data shards "
-            f"({sorted(p.name for p in data)}); it is being deleted or was damaged"
+            f"({data}); it is being deleted or was damaged"
         )
-    return [*sorted(data), index]
+    if not whole.complete:
+        raise IncompleteStep(f"{root}: {whole.why}")
+    return [root / name for name in rank_parts.files_of(names, step)]
 
 
 #: A step older than LATEST whose files have no manifest and were not written for this
@@ -188,9 +198,11 @@ ABANDONED_AFTER_S = 3600.0
 
 
 def step_of(name: str) -> int | None:
-    """The step a file of the folder belongs to (checkpoint file, manifest, journal or
-    partial file), or ``None``."""
-    for pattern in (CHECKPOINT_FILE, MANIFEST_FILE, JOURNAL_FILE):
+    """The step a file of the folder belongs to (checkpoint file, a rank's part, manifest,
+    journal or partial file), or ``None``."""
+    if (step := rank_parts.step_of(name)) is not None:
+        return step
+    for pattern in (MANIFEST_FILE, JOURNAL_FILE):
         if m := pattern.match(name):
             return int(m.group(1))
     if m := PART_FILE.match(name):

@@ -53,8 +53,9 @@ from pathlib import Path
 from typing import Any
 
 from adaptd import events as ev
+from adaptd import rank_parts
 from adaptd.admin import ReplicationInfo
-from adaptd.checkpoint_files import STATE_FILE, checkpoint_bytes
+from adaptd.checkpoint_files import STATE_FILE
 from adaptd.checkpoint_files import state_file_step as parse_state_file
 from adaptd.config import JOB_PLACEHOLDER, Config
 from adaptd.logfmt import logfmt
@@ -93,14 +94,19 @@ STOP_TIMEOUT_S = 10.0
 def newest_local_step(staging: Path) -> int | None:
     """The newest finished checkpoint in ``staging``: the one TF's ``checkpoint`` state
     file names (TF writes that file only after the checkpoint's files are complete),
-    provided its index is there."""
+    provided its index is there; in a multi-worker job's directory, the newest step
+    up to that one that is complete for the job (every rank's part there too)."""
     try:
         step = parse_state_file((staging / STATE_FILE).read_text(errors="replace"))
     except OSError:
         return None
     if step is None or not (staging / f"ckpt-{step}.index").exists():
         return None
-    return step
+    names = rank_parts.listing(staging)
+    for s in rank_parts.steps(names):
+        if s <= step and rank_parts.status(names, s).complete:
+            return s
+    return step  # not whole: the upload says why
 
 
 def jobs_in_staging(template: str, pattern: str) -> list[str]:
@@ -242,7 +248,7 @@ class Replicator:
         if found is None:
             return
         staging, dests = found
-        nbytes = checkpoint_bytes(staging / f"ckpt-{step}")
+        nbytes = rank_parts.step_bytes(staging, step)
         if nbytes == 0:
             log.warning(
                 logfmt(
@@ -313,7 +319,7 @@ class Replicator:
                     why="uploaded unless the destination has it",
                 )
             )
-            nbytes = checkpoint_bytes(staging / f"ckpt-{local}")
+            nbytes = rank_parts.step_bytes(staging, local)
             q.add(job, staging, local, saved=saved, nbytes=nbytes)
 
     # -- yielding

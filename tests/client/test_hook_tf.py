@@ -510,12 +510,14 @@ def test_policy_object_runs_locally_but_honours_save_now(tmp_path, fake_daemon: 
     ckptr.close()
 
 
-def test_step_without_restore_starts_fresh_and_explicit_saves(tmp_path):
+def test_explicit_saves_between_steps(tmp_path):
+    """(``step()`` before ``restore_or_initialize()`` raises: tests/client/test_resume_notes.py)"""
     v = tf.Variable(0.0)
     with AdaptiveCheckpointer(
         tmp_path / "ck", job="fresh", policy="fixed:steps=1000", socket=nodaemon(tmp_path),
         daemon_timeout=0.2, handle_sigterm=False, v=v,
     ) as ckptr:  # fmt: skip
+        assert ckptr.restore_or_initialize() == 0
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
             for _ in range(3):

@@ -146,3 +146,38 @@ def test_the_fallback_is_reported_to_the_daemon_in_hello(ckpts, tmp_path, ipc_en
         ckptr.close()
     finally:
         daemon.close()
+
+
+def test_a_skipped_damaged_checkpoint_is_moved_aside_and_retention_keeps_good_ones(
+    ckpts: Path, tmp_path: Path, caplog
+) -> None:
+    """Issue 26: the damaged ckpt-35 stayed in the directory and in the state file, so
+    the CheckpointManager counted it among the ``max_to_keep`` and deleted good ones
+    before it. It is moved to ``damaged/`` (logged), out of the state file, and the
+    next saves rotate only intact checkpoints."""
+    truncate(ckpts, 35)
+    socket = f"ipc://{tmp_path}/none.sock"
+    with caplog.at_level("WARNING", logger="adaptd.client"):
+        ckptr, start, _ = resume(ckpts, socket)
+    try:
+        assert start == 28
+        assert not list(ckpts.glob("ckpt-35.*"))  # out of the directory...
+        aside = sorted(p.name for p in (ckpts / "damaged").iterdir())
+        assert aside == ["ckpt-35.data-00000-of-00001", "ckpt-35.index"]  # ...kept aside
+        assert "ckpt-35" in caplog.text and "damaged" in caplog.text
+        state = tf.train.get_checkpoint_state(str(ckpts))
+        listed = [Path(p).name for p in state.all_model_checkpoint_paths]
+        assert "ckpt-35" not in listed and Path(state.model_checkpoint_path).name == "ckpt-28"
+        v = ckptr.checkpoint.v
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            for _ in range(6):  # three steps a call: saves at 37 and 43, never 35 again
+                v.assign_add(tf.ones([SIZE]))
+                ckptr.step(3)
+    finally:
+        ckptr.close()
+    kept = sorted(int(p.name[5:-6]) for p in ckpts.glob("ckpt-*.index"))
+    assert kept == [28, 37, 43], kept  # the three newest intact ones (max_to_keep=3)
+    again, start, texts = resume(ckpts, socket)
+    again.close()
+    assert start == 43 and texts == []

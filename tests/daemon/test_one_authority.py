@@ -28,16 +28,22 @@ from adaptd.assembly import parts as build_parts
 from adaptd.commands.status import render
 from adaptd.estimators import FailureRate, JobTracker
 from adaptd.registry import Registry
+from adaptd.relay_auth import RelayKey
 from adaptd.server import Daemon
 from adaptd.snapshot import GpuSample, Snapshot
 from adaptd.transport import Transport
 
 V = p.VERSION
+#: The relay key both hosts share (daemon.relay_key_file).
+FLEET_SECRET = b"the fleet's shared relay secret"
 
 
 @contextlib.contextmanager
 def host(
-    sock: Path, name: str, snapshot_source: Callable[[], Snapshot] | None = None
+    sock: Path,
+    name: str,
+    snapshot_source: Callable[[], Snapshot] | None = None,
+    relay_key: RelayKey | None = None,
 ) -> Iterator[tuple[Daemon, EventLog, FailureRate]]:
     """A daemon on host ``name`` whose jobs share one failure rate, as ``adaptd serve``'s do."""
     sink = EventLog()
@@ -49,10 +55,15 @@ def host(
                           failure_rate=rate)  # fmt: skip
 
     registry = Registry(emit=events, hostname=name, tracker_factory=tracker)
-    extra = {} if snapshot_source is None else {"snapshot_source": snapshot_source}
+    extra: dict = {} if snapshot_source is None else {"snapshot_source": snapshot_source}
     d = Daemon(
         parts=build_parts(
-            Transport(sock), events=events, registry=registry, default_spec=PINNED, **extra
+            Transport(sock),
+            events=events,
+            registry=registry,
+            default_spec=PINNED,
+            relay_key=relay_key,
+            **extra,
         )
     ).start()
     try:
@@ -80,8 +91,8 @@ def two_hosts(short_dir: Path):
     (short_dir / "a").mkdir()
     (short_dir / "b").mkdir()
     with (
-        host(short_dir / "a" / "d.sock", "host-a") as a,
-        host(short_dir / "b" / "d.sock", "host-b") as b,
+        host(short_dir / "a" / "d.sock", "host-a", relay_key=RelayKey(FLEET_SECRET)) as a,
+        host(short_dir / "b" / "d.sock", "host-b", relay_key=RelayKey(FLEET_SECRET)) as b,
     ):
         yield a, b
 
@@ -130,9 +141,9 @@ def test_the_chiefs_daemon_decides_the_other_shows_its_plan_and_relays_requests(
             admin.request(b.socket_path, admin.SetPolicyRequest(job="mw", spec="nope"))
         assert bad.value.code == "bad_policy"
 
-        # ... the chief hands it to A, which applies it as if typed there
+        # ... the chief hands it to A (signed by B), which applies it as if typed there
         chief.send(p.Request(v=V, job="mw", rank=0, op="set_policy", spec="fixed:steps=7",
-                             origin="host-b"))  # fmt: skip
+                             origin="host-b", auth=relay.auth))  # fmt: skip
         plan = chief.expect(p.Plan)
         assert plan.every_steps == 7 and plan.policy == "fixed"
         assert job_info(a).policy == "fixed:steps=7" and a.job_settings["mw"].policy
@@ -143,11 +154,12 @@ def test_the_chiefs_daemon_decides_the_other_shows_its_plan_and_relays_requests(
         assert worker.expect(p.Relay).op == "save_now"
         reply = admin.request(b.socket_path, admin.PauseRequest(job="mw", paused=True))
         assert reply.relayed == ["mw"] and reply.jobs == []
-        assert worker.expect(p.Relay).op == "pause" and not job_info(b).paused
+        pause = worker.expect(p.Relay)
+        assert pause.op == "pause" and pause.auth and not job_info(b).paused
         worker.send(p.Request(v=V, job="mw", rank=1, op="save_now", origin="host-b"))
         error = worker.expect(p.Error)
         assert error.code == "refused" and "does not decide" in error.message
-        chief.send(p.Request(v=V, job="mw", rank=0, op="pause", origin="host-b"))
+        chief.send(p.Request(v=V, job="mw", rank=0, op="pause", origin="host-b", auth=pause.auth))
         assert chief.expect(p.Plan).next_step is None and job_info(a).paused
     finally:
         chief.close()

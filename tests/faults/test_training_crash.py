@@ -112,8 +112,16 @@ def test_sigkill_at_20_seeded_points_then_resume_is_bit_identical(
         child.kill()
         assert child.wait() == -signal.SIGKILL, f"kill {i} at {line!r}: the job had ended"
         lines = child.log.lines
-        # it resumed from the newest checkpoint the state file named before it started
+        # it resumed from the newest checkpoint the state file named before it started,
+        # and said so once (client/resume_notes.py)
         assert lines[0] == f"start {prev_latest or 0}", (i, lines[:3])
+        said = (
+            f"adaptd: resumed from step {prev_latest} (ckpt-{prev_latest}, "
+            if prev_latest
+            else f"adaptd: starting at step 0: no checkpoint to resume from in {ckpt}"
+        )
+        resume = [n for n in child.log.notes if n.startswith(("adaptd: resumed", "adaptd: start"))]
+        assert len(resume) == 1 and resume[0].startswith(said), child.log.notes
         latest, listed = state(ckpt)
         saved = [int(m.group(1)) for ln in lines if (m := re.fullmatch(r"saved (\d+) ok=True", ln))]
         reported = max([reported, *saved])

@@ -45,20 +45,32 @@ NATIVE_LOG = re.compile(
 )
 
 
+#: The hook's own line to its user on stderr (``adaptd: resumed from step 40 ...``,
+#: client/resume_notes.py), said once per run before the job prints ``start N``.
+NOTE = "adaptd: "
+
+
 class JobLog(LogWatch):
     """A job's output without TensorFlow's C++ log lines, which come on stderr when
     they like (a failed ``cuInit`` on a host without a GPU, whatever TF_CPP_MIN_LOG_LEVEL
-    says) and are not the job's to parse; they are kept apart in ``native``."""
+    says) and are not the job's to parse; they are kept apart in ``native``, and the
+    hook's notes to its user (:data:`NOTE`) in ``notes``."""
 
     def __init__(self, stream, deadline_s: float = 30.0) -> None:  # type: ignore[no-untyped-def]
         self.native: list[str] = []
+        self.notes: list[str] = []
         super().__init__(stream, deadline_s)
 
     def _read(self, stream) -> None:  # type: ignore[no-untyped-def]
         for raw in iter(stream.readline, b""):
             line = raw.decode(errors="replace").rstrip("\n")
             with self._cond:
-                (self.native if NATIVE_LOG.match(line) else self.lines).append(line)
+                if NATIVE_LOG.match(line):
+                    self.native.append(line)
+                elif line.startswith(NOTE):
+                    self.notes.append(line)
+                else:
+                    self.lines.append(line)
                 self._cond.notify_all()
 
 

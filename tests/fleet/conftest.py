@@ -3,6 +3,7 @@
 - ``etcd``: one server for the test session; each test gets its own key prefix
   (``fleet_prefix``), so tests never see each other's keys;
 - ``own_etcd``: a server of the test's own (tests that kill, stop or restart it);
+- ``hosts_root``: a short folder for daemons' sockets (fleet_hosts.py's ``Host``);
 - ``auth_etcd``: a server of the test module's own with authentication on: a ``root`` user,
   and a user and role per host (``host-a``, ``host-b``) that may write only that
   host's keys (the roles docs/fleet.md tells operators to create).
@@ -11,6 +12,8 @@
 from __future__ import annotations
 
 import itertools
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -46,3 +49,10 @@ def auth_etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Etcd]:
 def fleet_prefix() -> str:
     """A key prefix of the test's own on the shared server."""
     return f"/adaptd-test-{next(_prefixes)}/"
+
+
+@pytest.fixture
+def hosts_root() -> Iterator[Path]:
+    d = Path(tempfile.mkdtemp(prefix="adf-", dir="/tmp"))  # ipc paths stay short
+    yield d
+    shutil.rmtree(d, ignore_errors=True)

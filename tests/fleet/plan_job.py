@@ -7,7 +7,8 @@ step every ~20 ms, reporting steps about every 100 ms as the hook batches them. 
 saves when a step reaches the plan's next save (or the grid after it) or on SaveNow:
 the "write" lasts SAVE_S seconds while steps go on with ``save_in_flight``, then a
 SaveReport goes out. Prints ``{"save": STEP, "start": t, "end": t}`` (monotonic
-seconds, the machine's clock) per save, so a test compares saves across processes.
+seconds, the machine's clock) per save, so a test compares saves across processes,
+and ``{"plan": NEXT_STEP, "every": N, "t": t}`` per plan received.
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ def main() -> None:
             msg = p.decode_daemon(sock.recv())
             if isinstance(msg, p.Plan):
                 plan = msg
+                print(json.dumps({"plan": msg.next_step, "every": msg.every_steps,
+                                  "t": time.monotonic()}), flush=True)  # fmt: skip
             elif isinstance(msg, p.SaveNow):
                 urgent = True
         step += 1

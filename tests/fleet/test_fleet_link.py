@@ -187,12 +187,13 @@ def test_a_full_fleet_section(tmp_path):
             "password_file": str(pw),
             "lease_ttl_s": 15,
             "slots": 3,
-            "shared": {"/mnt/bucket": "gcs://b"},
-        }
+            "shared": {"/scratch": "gcs://b"},
+        },
+        mounts=mounts(),  # /scratch is a mount point there (tests/fleet/test_shared_mounts.py)
     )
     assert cfg is not None
     assert cfg.settings.password == "s3cret" and cfg.settings.lease_ttl_s == 15
-    assert cfg.slots == 3 and dict(cfg.shared) == {"/mnt/bucket": "gcs://b"}
+    assert cfg.slots == 3 and dict(cfg.shared) == {"/scratch": "gcs://b"}
 
 
 @pytest.mark.parametrize(
@@ -203,7 +204,7 @@ def test_a_full_fleet_section(tmp_path):
         ({"etcd": "e:2379"}, "fleet.etcd"),
         ({"etcd": ["http://e:2379"], "slots": 0}, "fleet.slots"),
         ({"etcd": ["http://e:2379"], "lease_ttl_s": "10"}, "fleet.lease_ttl_s"),
-        ({"etcd": ["http://e:2379"], "user": "u"}, "fleet.user and password"),
+        ({"etcd": ["http://e:2379"], "user": "u"}, "fleet.user: user and password"),
         ({"etcd": ["http://e:2379"], "ca_file": "/nonexistent"}, "fleet.ca_file"),
         ({"etcd": ["http://e:2379"], "shared": {"rel": "x"}}, "fleet.shared"),
         (

@@ -78,8 +78,10 @@ def test_a_stopped_etcd_is_a_partition_the_member_rides_out(own_etcd: Etcd):
 @pytest.mark.slow
 def test_a_lost_lease_is_replaced_without_a_restart(own_etcd: Etcd):
     """The member's lease is revoked behind its back (as when etcd expired it during a
-    partition): its next keepalive sees the loss, it re-registers under a new lease and
-    takes the slot again for the job that still wants it."""
+    partition, or while the daemon was stopped): its next keepalive sees the loss, and
+    in the same round it re-registers under a new lease and takes the slot again for
+    the job that still wants it. etcd answered, so the view never turns down (a down
+    view would let the daemon decide locally meanwhile)."""
     a = FleetAgent(settings(own_etcd.url, "host-a", PREFIX, lease_ttl_s=3), poll_s=0.2)
     a.want("ja", T, cap=1, at_risk_gpu_s=500, gpus=8)
     first = a.poll_once()
@@ -88,8 +90,6 @@ def test_a_lost_lease_is_replaced_without_a_restart(own_etcd: Etcd):
     own_etcd.call("lease/revoke", {"ID": lease})
     assert holders(own_etcd, PREFIX) == []
     a._next_keepalive = 0.0  # renew at the next round instead of within TTL/3
-    lost = a.poll_once()
-    assert not lost.up and "lease lost" in lost.reason
     back = a.poll_once()
     assert back.up and "ja" in back.granted and back.rejoins == 1
     assert holders(own_etcd, PREFIX) == [("host-a", T, "ja")]

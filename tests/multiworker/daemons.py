@@ -5,6 +5,8 @@ non-chief: one agreed save, then every worker stops)."""
 from __future__ import annotations
 
 import contextlib
+import json
+import os
 import signal
 import subprocess
 import time
@@ -25,13 +27,24 @@ JOB = "mw"
 def serve(root: Path, name: str, policy: str) -> subprocess.Popen:
     """``adaptd serve`` of host ``name``: socket ``root/name/d.sock``, its state beside
     it, its log ``root/daemon-<name>.log`` (appended to: a restart keeps the first
-    run's lines). A socket file left by a killed daemon is removed first."""
+    run's lines). A socket file left by a killed daemon is removed first. Every host
+    has the same relay key (``root/relay.key``), so an operator's set-policy, pause and
+    resume typed on any host are relayed signed to the deciding one."""
     (root / name).mkdir(exist_ok=True)
     sock = root / name / "d.sock"
     for stale in (sock, paths.admin_socket_path(sock)):
         stale.unlink(missing_ok=True)
+    key = root / "relay.key"
+    if not key.exists():
+        key.write_bytes(os.urandom(32))
+        key.chmod(0o600)
+    config = root / name / "adaptd.toml"
+    config.write_text(
+        f"[daemon]\nstate_dir = {json.dumps(str(root / name / 'state'))}\n"
+        f'relay_key_file = {json.dumps(str(key))}\n[metrics]\nlisten = "off"\n'
+    )
     with open(root / f"daemon-{name}.log", "ab") as log:
-        return start_daemon(sock, ["--policy", policy], log=log)
+        return start_daemon(sock, ["--policy", policy, "--config", str(config)], log=log)
 
 
 @contextlib.contextmanager

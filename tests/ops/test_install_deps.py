@@ -108,7 +108,7 @@ def test_without_root_or_sudo_it_says_what_to_install(machine) -> None:
     assert r.returncode == 0  # make test goes on; the tests that need them skip
     assert machine.calls() == []
     assert "not root, and no passwordless sudo" in r.stderr
-    assert "apt-get install systemd prometheus fuse3 etcd-server" in r.stderr
+    assert "apt-get install systemd prometheus fuse3 etcd-server faketime openssl" in r.stderr
     strict = machine.run("--required")  # CI
     assert strict.returncode == 1 and "not root" in strict.stderr
 
@@ -121,7 +121,8 @@ def test_passwordless_sudo_is_used(machine) -> None:
     assert calls[0] == "sudo -n true"  # asked first whether sudo needs no password
     assert [c for c in calls if c.startswith("apt-get")] == [
         "apt-get update -qq",
-        "apt-get install -y -qq --no-install-recommends systemd prometheus fuse3 etcd-server",
+        "apt-get install -y -qq --no-install-recommends systemd prometheus fuse3 etcd-server "
+        "faketime openssl",
     ]
     assert calls.count("sudo -n apt-get update -qq") == 1 and "installed" in r.stderr
 

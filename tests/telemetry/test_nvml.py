@@ -225,3 +225,64 @@ def test_close_shuts_nvml_down_once() -> None:
     gpus.close()
     assert fake.calls.count("nvmlShutdown") == 1
     assert fake.calls.count("nvmlEventSetFree") == 1
+
+
+# ------------------------------------------------- recorded on real hardware (an H200)
+
+
+@pytest.mark.parametrize(
+    ("name", "util", "power_w", "pids"),
+    [("h200_1gpu_busy", 0.98, 690.065, (459,)), ("h200_1gpu_idle", 0.0, 131.066, ())],
+)
+def test_a_real_h200_recording_samples_as_the_driver_answered(
+    name: str, util: float, power_w: float, pids: tuple[int, ...], caplog
+) -> None:
+    """Recorded by scripts/record_nvml_fixture.py on a lent H200 host (driver 580.159.04),
+    busy with a PyTorch matmul loop and idle: the sampler reads real answers as such,
+    including the one query Hopper does not support (page retirement)."""
+    rec = raw(name)
+    assert "synthetic" not in rec["recorded"] and rec["recorded"]["host"]
+    dev = rec["devices"][0]
+    with caplog.at_level(logging.INFO, logger="adaptd.telemetry.nvml"):
+        gpus = nvml.open(fixture(name))
+        (g,) = gpus.sample()
+    assert g == GpuSample(
+        index=0,
+        uuid=dev["nvmlDeviceGetUUID"],
+        name="NVIDIA H200",
+        util_sm=util,
+        util_mem=dev["nvmlDeviceGetUtilizationRates"]["memory"] / 100,
+        mem_used_bytes=dev["nvmlDeviceGetMemoryInfo"]["used"],
+        mem_total_bytes=150754820096,
+        power_w=power_w,
+        temperature_c=float(dev["nvmlDeviceGetTemperature(0)"]),
+        sm_clock_mhz=dev["nvmlDeviceGetClockInfo(1)"],
+        throttle_reasons=dev["nvmlDeviceGetCurrentClocksEventReasons"],
+        ecc_corrected=0,
+        ecc_uncorrected=0,
+        retired_pages_pending=None,  # NVML_ERROR_NOT_SUPPORTED on Hopper: rows are remapped
+        remapped_rows_pending=False,
+        xid_events=(),
+        pids=pids,
+    )
+    assert gpus.driver_version == "580.159.04"
+    assert "driver 580.159.04" in caplog.text
+
+
+def test_the_real_h200_recording_agrees_with_the_synthetic_hopper_fixture() -> None:
+    """The synthetic H100 fixture was modelled on NVML's documentation; the real Hopper
+    recording bears out its choices of which queries a Hopper GPU answers (the README's
+    step 2: where they differ, the real answer wins)."""
+    real, synthetic = raw("h200_1gpu_busy")["devices"][0], raw("h100_8gpu")["devices"][0]
+    assert set(real) == set(synthetic)
+    for key, value in real.items():
+        if isinstance(value, dict) and "nvml_error" in value:
+            assert synthetic[key] == value, key
+    # the clock-event reason both show under load: SW power cap (bit 0x4)
+    assert real["nvmlDeviceGetCurrentClocksEventReasons"] == 4
+    fake = fixture("h200_1gpu_idle")
+    idle = nvml.open(fake)
+    assert idle.sample()[0].throttle_reasons == 0
+    assert fake.step() and fake.step()  # two seconds later the idle GPU clocked down
+    (g,) = idle.sample()
+    assert (g.sm_clock_mhz, g.throttle_reasons) == (435, 0x1)  # reason: GPU idle

@@ -90,7 +90,7 @@ def test_the_script_on_this_gpu_less_machine(tmp_path: Path) -> None:
 
 def test_every_fixture_says_where_it_came_from() -> None:
     """A shipped fixture is a recording by the recorder on a real host, or says it is
-    synthetic and what it was modelled on (today all of them are synthetic)."""
+    synthetic and what it was modelled on (the H200 ones are recordings)."""
     for path in sorted(FIXTURE_DIR.glob("*.json")):
         rec = load(path)["recorded"]
         if rec.get("synthetic") is True:
