@@ -19,17 +19,26 @@ the time in, so it is deterministic and testable.
 - M comes from :class:`FailureRate`, a Gamma–Poisson posterior on the per-GPU
   failure rate, shared by all the jobs on a host and fed by the failures and the
   GPU-seconds the trackers watch. Job M = per-GPU M ÷ the job's GPUs.
+- With a local tier (issue 24), the local saves' δ₁, L₁ and the restarts in place
+  (R₁) are learned apart from the durable figures, with the same estimates; and with
+  :class:`~adaptd.failure_rates.FailureClasses`, the job's process and host failure
+  rates and the share of failures a just-in-time save covered.
 - Everything learned exports to a plain JSON-able dict (:meth:`JobTracker.learned`,
   :meth:`FailureRate.to_dict`) for the daemon's store, and imports back.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from adaptd.failure_rates import (
+    LEARNED_VERSION,
+    PRIOR_GPU_MTBF_S,
+    FailureClasses,
+    FailureRate,
+)
 from adaptd.snapshot import JobState
 
 __all__ = [
@@ -42,10 +51,6 @@ __all__ = [
     "LevelEstimate",
     "extra_time_from_util",
 ]
-
-#: Prior mean time between interruptions per GPU: Llama 3's 54-day run saw 419
-#: unexpected interruptions on 16,384 GPUs, about 50,000 GPU-hours each.
-PRIOR_GPU_MTBF_S = 16_384 * 54 * 24 * 3600 / 419
 
 #: Saves remembered for the cost estimates.
 SAVE_WINDOW = 5
@@ -63,9 +68,6 @@ STEP_JUMP = 1.5
 #: A step this many times slower than the mean of the other steps of its batch is an
 #: outlier with a cause (a retrace, an eval, a compile), left out of the step time.
 STEP_OUTLIER = 3.0
-
-#: Version of the dicts :meth:`JobTracker.learned` and :meth:`FailureRate.to_dict` write.
-LEARNED_VERSION = 1
 
 
 class LevelEstimate:
@@ -226,91 +228,6 @@ class StepTime:
         self._level.load([] if value is None else [value])
 
 
-@dataclasses.dataclass
-class FailureRate:
-    """Gamma–Poisson posterior on failures per GPU-second.
-
-    Prior: Gamma(α₀, β₀) with α₀ = ``prior_failures`` pseudo-failures seen over
-    β₀ = α₀ · ``prior_gpu_mtbf_s`` GPU-seconds, i.e. the prior mean rate is
-    1/``prior_gpu_mtbf_s``. Observing ``n`` failures over ``E`` GPU-seconds gives
-    Gamma(α₀ + n, β₀ + E); :attr:`gpu_mtbf_s` is 1 / posterior-mean rate. A weak
-    prior (one pseudo-failure) lets a host's own history take over within a few
-    failures, while a quiet host slowly earns a longer MTBF.
-    """
-
-    prior_gpu_mtbf_s: float = PRIOR_GPU_MTBF_S
-    prior_failures: float = 1.0
-    failures: float = 0.0
-    gpu_seconds: float = 0.0
-
-    def __post_init__(self) -> None:
-        if not (self.prior_gpu_mtbf_s > 0 and math.isfinite(self.prior_gpu_mtbf_s)):
-            raise ValueError(f"prior_gpu_mtbf_s must be > 0 seconds, got {self.prior_gpu_mtbf_s!r}")
-        if not self.prior_failures > 0:
-            raise ValueError(f"prior_failures must be > 0, got {self.prior_failures!r}")
-        if self.failures < 0 or self.gpu_seconds < 0:
-            raise ValueError(
-                f"failures and gpu_seconds must be >= 0, got {self.failures}, {self.gpu_seconds}"
-            )
-
-    @property
-    def alpha(self) -> float:
-        return self.prior_failures + self.failures
-
-    @property
-    def beta(self) -> float:
-        return self.prior_failures * self.prior_gpu_mtbf_s + self.gpu_seconds
-
-    @property
-    def gpu_mtbf_s(self) -> float:
-        """Per-GPU MTBF in seconds (1 / posterior mean of the rate)."""
-        return self.beta / self.alpha
-
-    def observe(self, gpu_seconds: float) -> None:
-        """Add watched exposure (GPUs × seconds a job ran without failing)."""
-        if gpu_seconds > 0:
-            self.gpu_seconds += gpu_seconds
-
-    def failure(self, count: int = 1) -> None:
-        """Count ``count`` observed failures."""
-        if count < 0:
-            raise ValueError(f"failure count must be >= 0, got {count}")
-        self.failures += count
-
-    def credible_mtbf_s(self, q: float) -> float:
-        """The ``q`` quantile of the per-GPU MTBF posterior (e.g. 0.05 / 0.95)."""
-        from scipy.stats import gamma
-
-        if not 0 < q < 1:
-            raise ValueError(f"quantile must be in (0, 1), got {q}")
-        # MTBF = 1/rate, so its q quantile is 1 / the rate's (1-q) quantile
-        return 1.0 / float(gamma.ppf(1.0 - q, self.alpha, scale=1.0 / self.beta))
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "version": LEARNED_VERSION,
-            "prior_gpu_mtbf_s": self.prior_gpu_mtbf_s,
-            "prior_failures": self.prior_failures,
-            "failures": self.failures,
-            "gpu_seconds": self.gpu_seconds,
-        }
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> FailureRate:
-        """Rebuild from :meth:`to_dict`; raises :class:`ValueError` on a foreign dict."""
-        if data.get("version") != LEARNED_VERSION:
-            raise ValueError(
-                f"failure-rate record has version {data.get('version')!r}, "
-                f"expected {LEARNED_VERSION}; discard it to start from the prior"
-            )
-        return cls(
-            prior_gpu_mtbf_s=float(data["prior_gpu_mtbf_s"]),
-            prior_failures=float(data["prior_failures"]),
-            failures=float(data["failures"]),
-            gpu_seconds=float(data["gpu_seconds"]),
-        )
-
-
 def extra_time_from_util(util_before: float, util_during: float, in_flight_s: float) -> float:
     """Extra step time a write caused, seen from NVML: the utilisation it took away.
 
@@ -321,6 +238,16 @@ def extra_time_from_util(util_before: float, util_during: float, in_flight_s: fl
     if in_flight_s <= 0 or util_before <= 0:
         return 0.0
     return max(0.0, 1.0 - util_during / util_before) * in_flight_s
+
+
+def _check_tier(tier: str) -> None:
+    if tier not in ("durable", "local"):
+        raise ValueError(f'tier must be "durable" or "local", got {tier!r}')
+
+
+#: The local tier's figures in a JobState, and their keys in :meth:`JobTracker.learned`.
+_LOCAL_FIELDS = ("local_save_cost_s", "local_latency_s", "local_restore_s")
+_LOCAL_KEYS = ("local_save_costs_s", "local_latencies_s", "local_restores_s")
 
 
 class JobTracker:
@@ -336,6 +263,8 @@ class JobTracker:
         state_bytes: int | None = None,
         gpu_mtbf_s: float = PRIOR_GPU_MTBF_S,
         failure_rate: FailureRate | None = None,
+        local_tier: bool = False,
+        failure_classes: FailureClasses | None = None,
     ) -> None:
         if gpu_mtbf_s <= 0:
             raise ValueError(f"gpu_mtbf_s must be > 0, got {gpu_mtbf_s}")
@@ -353,6 +282,10 @@ class JobTracker:
         #: The GPUs of this job that the shared posterior counts (:mod:`adaptd.gpu_claims`;
         #: set by the daemon from its host's GPU count, else the claim).
         self.exposure_gpus: Callable[[], int] = lambda: self.gpus
+        #: The job saves to a local tier beside durable storage (two tiers, issue 24).
+        self.local_tier = local_tier
+        #: Process and host failure rates and the covered share, when learned.
+        self.failure_classes = failure_classes
         self._cost_step: int | None = None  # the save the newest cost observation is of
         self.step = start_step
         self.time = 0.0
@@ -360,6 +293,7 @@ class JobTracker:
         self.last_save_step: int | None = None
         self.last_save_time: float | None = None
         self.last_durable_step: int | None = None
+        self.last_durable_save_step: int | None = None  # newest requested durable
         self.save_in_flight = False
         self.saves = 0
         self.failed_saves = 0
@@ -367,6 +301,7 @@ class JobTracker:
         self._costs = LevelEstimate()
         self._latencies = LevelEstimate()
         self._restores = LevelEstimate()
+        self._local = (LevelEstimate(), LevelEstimate(), LevelEstimate())  # δ₁, L₁, R₁
         self.restore_s: float | None = None
         self.life_start: float | None = None  # first report of this incarnation
         self.last_failure_time: float | None = None
@@ -402,7 +337,10 @@ class JobTracker:
         if self._watch_time is not None and time > self._watch_time:
             self._last_accrued = time - self._watch_time
             if self.counts_failures:
-                self.failure_rate.observe(self._last_accrued * self.exposure_gpus())
+                gpus = self.exposure_gpus()
+                self.failure_rate.observe(self._last_accrued * gpus)
+                if self.failure_classes is not None:
+                    self.failure_classes.observe(self._last_accrued, gpus)
         self._watch_time = time if self._watch_time is None else max(self._watch_time, time)
         self.time = max(self.time, time)
         self.step = max(self.step, step)
@@ -410,11 +348,15 @@ class JobTracker:
         if count > 0:
             self._step_time.add(count, mean_s, max_s=max_s, max_steps=max_steps, warmup=warmup)
 
-    def on_save_requested(self, time: float, step: int) -> None:
+    def on_save_requested(self, time: float, step: int, durable: bool = True) -> None:
+        """A save of ``step`` was asked for; ``durable``: it goes to durable storage
+        (always with one tier; with two, every k-th)."""
         self.time = max(self.time, time)
         self.last_save_step = step
         self.last_save_time = time
         self.save_in_flight = True
+        if durable:
+            self.last_durable_save_step = step
 
     def on_save_report(
         self,
@@ -426,13 +368,18 @@ class JobTracker:
         extra_step_s: float = 0.0,
         ok: bool = True,
         gpu_sag_s: float | None = None,
+        tier: str = "durable",
     ) -> None:
         """A save finished (or failed). Only successful saves teach the cost model.
 
         δ = ``blocking_s`` + the extra step time the write caused: the hook's
         ``extra_step_s``, or ``gpu_sag_s`` (the same interference seen as NVML
         utilisation sag, see :func:`extra_time_from_util`) when that is larger.
+        ``tier``: "durable" (durable storage) or "local" (the local tier, whose δ₁ and
+        L₁ are learned apart, and which makes nothing durable). Raises
+        :class:`ValueError` for another tier.
         """
+        _check_tier(tier)
         self.time = max(self.time, time)
         self.save_in_flight = False
         if self.last_save_step is None or step > self.last_save_step:
@@ -442,8 +389,12 @@ class JobTracker:
             self.failed_saves += 1
             return
         self.saves += 1
-        self.last_durable_step = max(step, self.last_durable_step or 0)
         extra = max(extra_step_s, gpu_sag_s or 0.0)
+        if tier == "local":
+            self._local[0].add(blocking_s + extra)
+            self._local[1].add(max(durable_s, blocking_s))
+            return
+        self.last_durable_step = max(step, self.last_durable_step or 0)
         self._costs.add(blocking_s + extra)
         self._cost_step = step
         self._latencies.add(max(durable_s, blocking_s))
@@ -459,34 +410,60 @@ class JobTracker:
             self._latencies.raise_last(latency_s)
         return self._costs.raise_last(cost_s)
 
-    def on_restart(self, restore_s: float) -> None:
-        """The job is back after ``restore_s`` seconds away (vanished → first step).
+    def on_restart(self, restore_s: float, tier: str = "durable") -> None:
+        """The job is back after ``restore_s`` seconds away (vanished → first step),
+        from a save of ``tier`` ("durable", or "local": a restart in place, R₁).
 
         The down time is not exposure: whatever the last step report counted of it
-        is taken back from the failure-rate posterior.
+        is taken back from the failure-rate posterior. Raises :class:`ValueError` for
+        another tier.
         """
-        self._restores.add(max(0.0, restore_s))
-        self.restore_s = self._restores.value
-        retract = min(max(0.0, restore_s), self._last_accrued) * self.exposure_gpus()
-        if retract > 0 and self.counts_failures:
-            self.failure_rate.gpu_seconds = max(0.0, self.failure_rate.gpu_seconds - retract)
+        _check_tier(tier)
+        if tier == "local":
+            self._local[2].add(max(0.0, restore_s))
+        else:
+            self._restores.add(max(0.0, restore_s))
+            self.restore_s = self._restores.value
+        down = min(max(0.0, restore_s), self._last_accrued)
+        if down > 0 and self.counts_failures:
+            gpus = self.exposure_gpus()
+            rate = self.failure_rate
+            rate.gpu_seconds = max(0.0, rate.gpu_seconds - down * gpus)
+            if self.failure_classes is not None:
+                self.failure_classes.retract(down, gpus)
         self._last_accrued = 0.0
 
-    def on_failure(self, time: float) -> None:
+    def on_failure(self, time: float, kind: str | None = None, covered: bool = False) -> None:
         """The job failed: it vanished without a goodbye and came back (or will) from
-        an older step. Counts one failure and restarts the age clock."""
+        an older step. Counts one failure and restarts the age clock.
+
+        ``kind`` ("process": it came back on the same host with its local tier intact;
+        "host": elsewhere, or its local tier gone; None: not known) and ``covered`` (it
+        came back from a just-in-time save) teach the failure classes, when learned.
+        """
         self.failures += 1
         self.last_failure_time = time
         if self.counts_failures:
             self.failure_rate.failure()
+            classes = self.failure_classes
+            if classes is not None:
+                classes.failure(kind, covered)
             if self._watch_time is not None and time > self._watch_time:
-                self.failure_rate.observe((time - self._watch_time) * self.exposure_gpus())
+                gpus = self.exposure_gpus()
+                self.failure_rate.observe((time - self._watch_time) * gpus)
+                if classes is not None:
+                    classes.observe(time - self._watch_time, gpus)
         self._watch_time = None
         self._last_accrued = 0.0
         self.save_in_flight = False
 
-    def on_resume(self, time: float, step: int) -> None:
-        """A new incarnation starts from checkpoint ``step`` at ``time`` (hello)."""
+    def on_resume(self, time: float, step: int, tier: str | None = None) -> None:
+        """A new incarnation starts from checkpoint ``step`` at ``time`` (hello), from
+        the ``tier`` it was restored from when known ("durable": that step is durable,
+        e.g. a just-in-time save made durable; "local"). Raises :class:`ValueError` for
+        another tier."""
+        if tier is not None:
+            _check_tier(tier)
         self.start_step = step
         self.step = step
         self.time = max(self.time, time)
@@ -495,6 +472,10 @@ class JobTracker:
             value = getattr(self, name)
             if value is not None and value > step:
                 setattr(self, name, step)
+        if tier == "durable":
+            self.last_durable_step = step
+        # a durable copy asked for but not reported done was lost with the job
+        self.last_durable_save_step = self.last_durable_step
         self.last_save_time = None
         self.life_start = time
         self._watch_time = time
@@ -550,7 +531,14 @@ class JobTracker:
             "mtbf_s": self.mtbf_s,
             "time_since_failure_s": self.time_since_failure_s(),
             "state_bytes": self.state_bytes,
+            "last_durable_save_step": self.last_durable_save_step,
         }
+        if self.local_tier:
+            fields["local_tier"] = True
+            for name, level in zip(_LOCAL_FIELDS, self._local, strict=True):
+                fields[name] = level.value
+        if self.failure_classes is not None:
+            fields.update(self.failure_classes.fields(self.gpus))
         if overrides:
             fields.update(overrides)
         return JobState(**fields)  # one constructor call: the simulator calls this a lot
@@ -563,7 +551,7 @@ class JobTracker:
         The failure-rate posterior is not included: it belongs to the host (see
         :meth:`FailureRate.to_dict`).
         """
-        return {
+        out: dict[str, Any] = {
             "version": LEARNED_VERSION,
             "save_costs_s": self._costs.values(),
             "save_latencies_s": self._latencies.values(),
@@ -572,6 +560,11 @@ class JobTracker:
             "saves": self.saves,
             "failures": self.failures,
         }
+        if self.local_tier:
+            out.update(
+                {key: level.values() for key, level in zip(_LOCAL_KEYS, self._local, strict=True)}
+            )
+        return out
 
     def load_learned(self, data: Mapping[str, Any]) -> None:
         """Restore what :meth:`learned` exported (e.g. after a daemon restart).
@@ -588,6 +581,9 @@ class JobTracker:
         self._latencies.load(data.get("save_latencies_s", ()))
         self._restores.load(data.get("restores_s", ()))
         self.restore_s = self._restores.value
+        for key, level in zip(_LOCAL_KEYS, self._local, strict=True):
+            if key in data:
+                level.load(data[key])
         st = data.get("step_time_s")
         if st is not None:
             self._step_time.load(float(st))

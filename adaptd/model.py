@@ -22,6 +22,8 @@ from functools import lru_cache
 __all__ = [
     "HOUR",
     "async_floor",
+    "check_non_negative",
+    "check_positive",
     "daly_interval",
     "job_mtbf",
     "optimal_interval",
@@ -37,19 +39,21 @@ __all__ = [
 HOUR = 3600.0
 
 
-def _check_positive(name: str, value: float) -> None:
+def check_positive(name: str, value: float) -> None:
+    """Raise :class:`ValueError` naming ``name`` unless ``value`` is finite and > 0 (seconds)."""
     if not (value > 0 and math.isfinite(value)):
         raise ValueError(f"{name} must be a positive finite number of seconds, got {value!r}")
 
 
-def _check_non_negative(name: str, value: float) -> None:
+def check_non_negative(name: str, value: float) -> None:
+    """Raise :class:`ValueError` naming ``name`` unless ``value`` is finite and >= 0 (seconds)."""
     if not (value >= 0 and math.isfinite(value)):
         raise ValueError(f"{name} must be >= 0 seconds, got {value!r}")
 
 
 def job_mtbf(gpu_mtbf_s: float, gpus: int) -> float:
     """A job's MTBF: any of its GPUs failing interrupts it, so rates add up."""
-    _check_positive("gpu_mtbf_s", gpu_mtbf_s)
+    check_positive("gpu_mtbf_s", gpu_mtbf_s)
     if gpus < 1:
         raise ValueError(f"gpus must be >= 1, got {gpus}")
     return gpu_mtbf_s / gpus
@@ -60,8 +64,8 @@ def young_interval(save_cost_s: float, mtbf_s: float) -> float:
 
     Raises :class:`ValueError` for a negative cost or a non-positive MTBF.
     """
-    _check_non_negative("save_cost_s", save_cost_s)
-    _check_positive("mtbf_s", mtbf_s)
+    check_non_negative("save_cost_s", save_cost_s)
+    check_positive("mtbf_s", mtbf_s)
     return math.sqrt(2.0 * save_cost_s * mtbf_s)
 
 
@@ -71,8 +75,8 @@ def daly_interval(save_cost_s: float, mtbf_s: float) -> float:
     τ = √(2δM)·[1 + ⅓√(δ/2M) + (1/9)(δ/2M)] − δ for δ < 2M, else τ = M (saves so
     costly that the best one can do is one per expected failure).
     """
-    _check_non_negative("save_cost_s", save_cost_s)
-    _check_positive("mtbf_s", mtbf_s)
+    check_non_negative("save_cost_s", save_cost_s)
+    check_positive("mtbf_s", mtbf_s)
     if save_cost_s >= 2.0 * mtbf_s:
         return mtbf_s
     x = save_cost_s / (2.0 * mtbf_s)
@@ -112,13 +116,13 @@ def waste_fraction(
 
     Returns ``1 − τ/E`` in [0, 1]; 1.0 when the job would (numerically) never finish.
     """
-    _check_positive("interval_s", interval_s)
-    _check_non_negative("save_cost_s", save_cost_s)
-    _check_positive("mtbf_s", mtbf_s)
-    _check_non_negative("latency_s", latency_s)
-    _check_non_negative("restart_s", restart_s)
+    check_positive("interval_s", interval_s)
+    check_non_negative("save_cost_s", save_cost_s)
+    check_positive("mtbf_s", mtbf_s)
+    check_non_negative("latency_s", latency_s)
+    check_non_negative("restart_s", restart_s)
     b = save_cost_s if blocking_s is None else blocking_s
-    _check_non_negative("blocking_s", b)
+    check_non_negative("blocking_s", b)
     period = interval_s + save_cost_s
     exponent = (restart_s + interval_s + max(latency_s, b)) / mtbf_s
     if exponent > 700:
@@ -135,8 +139,8 @@ def waste_approx(
     restart_s: float = 0.0,
 ) -> float:
     """First-order waste per unit time, δ/τ + (τ/2 + L + R)/M: the figure to report."""
-    _check_positive("interval_s", interval_s)
-    _check_positive("mtbf_s", mtbf_s)
+    check_positive("interval_s", interval_s)
+    check_positive("mtbf_s", mtbf_s)
     return save_cost_s / interval_s + (interval_s / 2.0 + latency_s + restart_s) / mtbf_s
 
 
@@ -146,8 +150,8 @@ def optimal_interval(save_cost_s: float, mtbf_s: float) -> float:
     Daly's formula approximates this; tests compare the two. Uses a golden-section
     search on log τ, so it needs no scipy.
     """
-    _check_positive("save_cost_s", save_cost_s)
-    _check_positive("mtbf_s", mtbf_s)
+    check_positive("save_cost_s", save_cost_s)
+    check_positive("mtbf_s", mtbf_s)
 
     def cost(log_tau: float) -> float:
         tau = math.exp(log_tau)
@@ -180,7 +184,7 @@ def _golden(f, lo: float, hi: float, tol: float) -> float:  # type: ignore[no-un
 
 def weibull_scale(mean_s: float, shape: float) -> float:
     """The scale λ that gives a Weibull(shape) distribution the mean ``mean_s``."""
-    _check_positive("mean_s", mean_s)
+    check_positive("mean_s", mean_s)
     if not shape > 0:
         raise ValueError(f"weibull shape must be > 0, got {shape!r}")
     return mean_s / math.gamma(1.0 + 1.0 / shape)
@@ -264,10 +268,10 @@ def weibull_interval(
     Brent on log τ); inputs are rounded to 4 significant digits so that repeated
     decisions reuse the result. Raises :class:`ValueError` on invalid figures.
     """
-    _check_non_negative("age_s", age_s)
-    _check_positive("save_cost_s", save_cost_s)
-    _check_positive("mtbf_s", mtbf_s)
-    _check_non_negative("restart_s", restart_s)
+    check_non_negative("age_s", age_s)
+    check_positive("save_cost_s", save_cost_s)
+    check_positive("mtbf_s", mtbf_s)
+    check_non_negative("restart_s", restart_s)
     if not shape > 0:
         raise ValueError(f"weibull shape must be > 0, got {shape!r}")
     r = _round_sig

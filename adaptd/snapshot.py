@@ -161,6 +161,28 @@ class JobState:
     pids: tuple[int, ...] = ()
     urgent: str | None = None  # reason for an urgent save requested from outside
     paused: bool = False  # an operator holds the job's non-urgent saves (adaptd pause)
+    # Two tiers (issue 24; docs/model.md, "Two tiers"). local_tier False: every save goes
+    # to durable storage, and save_cost_s, save_latency_s and restore_s are its figures.
+    # True: saves go to a local tier (host memory, local disk) and some are made durable;
+    # the save_* and restore_s figures stay those of the durable tier, local_* the local's.
+    local_tier: bool = False
+    local_save_cost_s: float | None = None  # δ₁: blocking + extra step time, local save
+    local_latency_s: float | None = None  # L₁: until complete in the local tier
+    local_restore_s: float | None = None  # R₁: restart in place from the local tier
+    last_durable_save_step: int | None = None  # newest save made (or being made) durable
+    # Failure classes (issue 24) and just-in-time saves (issue 23). None: not learned;
+    # every failure is then taken for a lost host (mtbf_s), as with one tier.
+    process_mtbf_s: float | None = None  # the job's MTBF of failures the host survives
+    host_mtbf_s: float | None = None  # the job's MTBF of failures that lose the host
+    jit_coverage: float = 0.0  # share of failures a just-in-time save covers
+    jit_save_s: float | None = None  # what a just-in-time save takes (None: not measured)
+
+    @property
+    def durable_anchor(self) -> int:
+        """The newest save made durable in this incarnation, else the step it resumed
+        from: what :meth:`Decision.durable_at` counts a two-tier cadence from."""
+        d = self.last_durable_save_step
+        return d if d is not None else self.start_step
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,6 +194,10 @@ class Decision:
     repetition until a new decision). ``urgent``: save at the next step boundary,
     whatever the plan says. ``interval_s`` and ``waste`` are the policy's view of
     the interval in seconds and the expected waste fraction, for reporting.
+
+    Two tiers (issue 24): ``durable_every`` = k, every save goes to the local tier and
+    every k-th is also made durable (:meth:`durable_at` says which); ``None``: one
+    tier, every save durable (as before).
     """
 
     next_step: int | None
@@ -182,6 +208,7 @@ class Decision:
     interval_s: float | None = None
     waste: float | None = None
     tags: tuple[str, ...] = field(default=())
+    durable_every: int | None = None
 
     def due_after(self, step: int) -> int | None:
         """The first planned save step strictly after ``step``.
@@ -198,6 +225,22 @@ class Decision:
         k = (step - self.next_step) // self.every_steps + 1
         return self.next_step + k * self.every_steps
 
+    def durable_at(self, step: int, last_durable: int) -> bool:
+        """Whether the save at ``step`` is to be made durable, the newest save made
+        durable (or the step resumed from, when none was since) being ``last_durable``.
+
+        Every save is with one tier (``durable_every`` None), when urgent (a save forced
+        by a risk or an operator must survive the host) and without a grid. With two
+        tiers, a save is when at least k intervals of ``every_steps`` lie since
+        ``last_durable``: on the grid that is every k-th save, and a save deferred off
+        the grid (``io_aware``) still counts. Every rank, the hook and the daemon that
+        makes the copies agree on the saves and so on this answer, whatever plan
+        restated the grid in between.
+        """
+        if self.durable_every is None or self.urgent or not self.every_steps:
+            return True
+        return step - last_durable >= self.durable_every * self.every_steps
+
     def same_plan(self, other: Decision | None) -> bool:
         """True when ``other`` states the same plan: the same first save, grid and
         urgency (whatever its reason or figures). :func:`same_saves` also counts a plan
@@ -207,6 +250,7 @@ class Decision:
             and self.next_step == other.next_step
             and self.every_steps == other.every_steps
             and self.urgent == other.urgent
+            and self.durable_every == other.durable_every
         )
 
 
@@ -224,13 +268,14 @@ def same_saves(
     fraction of the old interval also count as the same: an optimal-interval policy
     re-fits its interval to every step-time report, and the waste curve is flat
     near its optimum (10 % off the interval costs well under 1 % more waste), so
-    re-planning for it would churn plans once a second for nothing.
+    re-planning for it would churn plans once a second for nothing. The durable
+    cadence of two tiers (``durable_every``) must match too, within the same fraction.
     """
     old = old if old is not None else Decision(next_step=None)
     new = new if new is not None else Decision(next_step=None)
     if old.same_plan(new):
         return True
-    if old.urgent != new.urgent:
+    if old.urgent != new.urgent or not _same_cadence(old, new, tolerance):
         return False
     old_next, new_next = old.due_after(step), new.due_after(step)
     if old.every_steps == new.every_steps and old_next == new_next:
@@ -241,3 +286,11 @@ def same_saves(
         return False
     slack = tolerance * old.every_steps
     return abs(new.every_steps - old.every_steps) <= slack and abs(new_next - old_next) <= slack
+
+
+def _same_cadence(old: Decision, new: Decision, tolerance: float) -> bool:
+    """Both plans make the same saves durable: one tier each, or k within ``tolerance``·k."""
+    a, b = old.durable_every, new.durable_every
+    if a is None or b is None:
+        return a is b
+    return abs(a - b) <= tolerance * a

@@ -36,6 +36,7 @@ from adaptd.policies.io_aware import IoAware
 from adaptd.policies.opportunistic import Opportunistic
 from adaptd.policies.phased import Phased
 from adaptd.policies.risk import Risk
+from adaptd.policies.tiers import Tiers
 from adaptd.policies.weibull import Weibull
 from adaptd.policies.young import Young
 from adaptd.policy import (
@@ -79,6 +80,7 @@ __all__ = [
     "Risk",
     "Snapshot",
     "StorageSample",
+    "Tiers",
     "Weibull",
     "Young",
     "available",

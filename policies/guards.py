@@ -4,6 +4,9 @@ Never lose more than ``max_lost_s`` of work (the plan is pulled in so that the
 gap between saves is at most that), and never save more often than the durable
 latency allows: at most one save is in flight, so saves come at least ``L``
 apart and none is planned before the one in flight is durable. Urgent saves pass.
+With two tiers (a plan with ``durable_every``) the floor is the local tier's latency:
+the next save goes there; the durable cadence's own floor is the inner policy's
+(:func:`adaptd.multilevel.interval_for`).
 """
 
 from __future__ import annotations
@@ -47,17 +50,18 @@ class Guards:
                 nxt = max(base + cap, job.step + 1)
                 every = min(every or cap, cap)
                 notes.append(f"capped: at most {self.max_lost_s:g}s of work at risk")
-        if self.latency_floor and nxt is not None and job.save_latency_s:
-            floor = steps_ceil(job.save_latency_s, job.step_time_s)
+        latency = job.save_latency_s if d.durable_every is None else job.local_latency_s
+        if self.latency_floor and nxt is not None and latency:
+            floor = steps_ceil(latency, job.step_time_s)
             if floor is not None:
                 earliest = base + floor
                 if job.save_in_flight and job.last_save_time is not None:
-                    left = job.save_latency_s - (job.time - job.last_save_time)
+                    left = latency - (job.time - job.last_save_time)
                     earliest = max(earliest, job.step + (steps_ceil(left, job.step_time_s) or 1))
                 if nxt < earliest:
                     nxt = earliest
                     every = max(every or floor, floor)
-                    notes.append(f"floored: a save takes {job.save_latency_s:.3g}s to be durable")
+                    notes.append(f"floored: a save takes {latency:.3g}s to be durable")
         if not notes:
             return d
         # the interval stated is the one asked for now: a cap shortens it

@@ -34,6 +34,9 @@ class IoAware:
     ``slot_lead_s`` (or overdue) whose job holds no slot is tagged ``fleet-wait``: the
     daemon then asks the fleet for one, early enough that an uncontended grant is there
     when the save is due.
+
+    With two tiers, a save that stays in the local tier (``Decision.durable_at``) does
+    not touch the storage target and is never deferred; the durable ones are.
     """
 
     inner: str | Policy = "daly"
@@ -62,6 +65,8 @@ class IoAware:
         d = self.policy.decide(snapshot, job)
         if d.urgent or d.next_step is None or not d.every_steps:
             return d
+        if not d.durable_at(d.next_step, job.durable_anchor):
+            return d  # a local save: the storage target is not involved
         due = anchor(job) + d.every_steps
         deadline = due + round(self.max_defer * d.every_steps)
         target = snapshot.storage_for(job.storage_target)

@@ -49,16 +49,25 @@ MUTMUT = Path(sys.executable).parent / "mutmut"
 # every surviving mutant), nor those that start a subprocess (the CLI, seconds each).
 AREAS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "model": (
-        ("adaptd/model.py",),
-        ("tests/model/test_model.py", "tests/policies/test_policies.py"),
+        ("adaptd/model.py", "adaptd/multilevel.py"),
+        (
+            "tests/model/test_model.py",
+            "tests/model/test_multilevel.py",
+            "tests/policies/test_policies.py",
+            "tests/policies/test_tiers_policy.py",
+        ),
     ),
-    "estimators": (("adaptd/estimators.py",), ("tests/model",)),
+    "estimators": (("adaptd/estimators.py", "adaptd/failure_rates.py"), ("tests/model",)),
     "sim": (
         (
             "adaptd/sim/engine.py",
             "adaptd/sim/runner.py",
             "adaptd/sim/scenario.py",
             "adaptd/sim/theory.py",
+            "adaptd/sim/theory_tiers.py",
+            "adaptd/sim/oracles.py",
+            "adaptd/sim/classes.py",
+            "adaptd/sim/inflight.py",
         ),
         ("tests/sim", "--deselect=tests/sim/test_sim.py::test_cli_json_contract"),
     ),
@@ -78,11 +87,17 @@ AREAS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
 # The modules scored, each with the area whose tree holds its mutants.
 MODULES = {
     "adaptd.model": "model",
+    "adaptd.multilevel": "model",
     "adaptd.estimators": "estimators",
+    "adaptd.failure_rates": "estimators",
     "adaptd.sim.engine": "sim",
     "adaptd.sim.runner": "sim",
     "adaptd.sim.scenario": "sim",
     "adaptd.sim.theory": "sim",
+    "adaptd.sim.theory_tiers": "sim",
+    "adaptd.sim.oracles": "sim",
+    "adaptd.sim.classes": "sim",
+    "adaptd.sim.inflight": "sim",
     "adaptd.policies": "policies",
     "adaptd.protocol": "protocol",
     "adaptd.agreement": "agreement",

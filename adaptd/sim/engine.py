@@ -23,8 +23,26 @@ count and a mean (the first report of an incarnation is that one slow step), sav
 requests and reports, and the restart ended by the first step report after the
 job came back (so the restart it learns includes the first step).
 
+Two tiers and just-in-time saves (issues 23, 24; scenarios with ``[checkpoint.local]``,
+``process_share``, ``peer_share``): a policy whose decision has ``durable_every`` saves
+every time to the local tier (its blocking, latency and slow-down) and, for the saves
+:meth:`~adaptd.snapshot.Decision.durable_at` names, also to durable storage: the
+durable call follows the local blocking, so such a save blocks b₁ + b₂ and its two
+writes run at once (their slow-downs add). A policy without ``durable_every`` saves to
+durable storage only, as with one tier. A failure is of the process class (the local
+tier survives: the job restarts from its newest surviving save, from the local tier in
+``[checkpoint.local] restore_s`` when that is the newest, else from durable storage) or
+of the host class (the local tier is lost: from the newest durable save, in
+``[checkpoint] restore_s``); a host failure during a restart in place sends it to
+durable storage. A covered failure (a survivor holds a replica) loses only the step in
+progress: the survivors spend ``jit_save_s`` saving the last completed step (overhead)
+to the local tier for a process failure with a local tier, else to durable storage, and
+the job restarts from it as above; a failure during that save makes the pair an
+uncovered failure (a host one if either was). :mod:`adaptd.sim.classes` draws the
+classes, :mod:`adaptd.sim.inflight` keeps the writes.
+
 Every second of wall time is accounted to exactly one of useful work, checkpoint
-overhead (blocking + slow-down), lost work, restart or warm-up.
+overhead (blocking + slow-down, and just-in-time saves), lost work, restart or warm-up.
 """
 
 from __future__ import annotations
@@ -35,9 +53,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from adaptd.estimators import FailureRate, JobTracker
+from adaptd.failure_rates import FailureClasses
 from adaptd.fleet.history import FleetHistory, draw_history, job_inputs
 from adaptd.model import HOUR
 from adaptd.policy import Policy
+from adaptd.sim.classes import FailureKinds
+from adaptd.sim.inflight import Write, Writes
 from adaptd.sim.scenario import Scenario
 from adaptd.snapshot import FleetSample, GpuSample, Snapshot, StorageSample
 
@@ -73,6 +94,8 @@ class RunResult:
     warmup_s: float  # the first steps' time beyond a normal step, once per incarnation
     saves: int
     failures: int
+    local_saves: int = 0  # of ``saves``, those that stayed in the local tier
+    jit_saves: int = 0  # just-in-time saves made after covered failures
 
     @property
     def goodput(self) -> float:
@@ -125,6 +148,7 @@ class _Run:
         self.s = scenario
         self.policy = policy
         self.clock = FailureClock(scenario, seed)
+        self.kinds = FailureKinds(scenario, seed)
         self.fleet: FleetSample | None = None
         rate = None
         if fleet is not None:  # the job starts from what its fleet learned (docs/simulator.md)
@@ -135,28 +159,37 @@ class _Run:
                 seed=FLEET_SEED + seed,
             )
             rate, self.fleet = job_inputs(record, FailureRate(), hosts=fleet.gpus // 8)
-        self.tracker = JobTracker(JOB, gpus=scenario.gpus, failure_rate=rate)
+        self.classed = scenario.classed  # tell the tracker classes, tiers (else as before)
+        self.tracker = JobTracker(
+            JOB,
+            gpus=scenario.gpus,
+            failure_rate=rate,
+            local_tier=scenario.local is not None,
+            failure_classes=FailureClasses() if self.classed else None,
+        )
         self.st = scenario.step_time_s
-        self.slow = scenario.slowdown
         self.warm = scenario.warmup_s
         self.warm_end = self.warm  # no progress before this: the first step's extra time
         self.warmup = 0.0
         self.t = 0.0
         self.pos = 0.0  # completed work, in steps
         self.durable = 0  # newest durable checkpoint (step)
-        self.write_end: float | None = None
-        self.write = (0, 0.0, 0.0)  # step, blocking_s, latency_s of the save in flight
+        self.local: int | None = None  # newest checkpoint in the local tier (None: none)
+        self.writes = Writes()
         self.overhead = self.lost = self.restart = 0.0
-        self.saves = self.failures = 0
+        self.saves = self.failures = self.local_saves = self.jit_saves = 0
         self.next_fail = self.clock.next()
         self.reported_step = 0
         self.run_wall = 0.0  # compute wall time since the last step report
         self.due = scenario.steps
+        self.due_kind = "single"  # of the save due: "single" (durable), "local", "both"
         self.first_report = True
         self.report_at: int | None = None  # the step of the report after the first one
         self.vanished_at: float | None = None
+        self.back_from = "durable"  # the tier the job restarted from
+        self.overrides = {"jit_save_s": scenario.jit_save_s} if scenario.peer_share else {}
         self._parts: dict[
-            tuple[bool, float], tuple[tuple[GpuSample, ...], tuple[StorageSample, ...]]
+            tuple[float, bool, float], tuple[tuple[GpuSample, ...], tuple[StorageSample, ...]]
         ] = {}
 
     # ---------------------------------------------------------------- progress
@@ -166,14 +199,7 @@ class _Run:
         if need <= 0:
             return self.t
         # a warm-up has no write in flight: a failure cancels it and nothing is due in it
-        t = max(self.t, self.warm_end)
-        we = self.write_end
-        if we is not None and we > t:
-            slow_steps = (we - t) * (1.0 - self.slow) / self.st
-            if slow_steps >= need:
-                return t + need * self.st / (1.0 - self.slow)
-            return we + (need - slow_steps) * self.st
-        return t + need * self.st
+        return self.writes.time_to(max(self.t, self.warm_end), need, self.st)
 
     def advance(self, t_new: float) -> None:
         dt = t_new - self.t
@@ -187,12 +213,9 @@ class _Run:
             dt -= warm
             if dt <= 0:
                 return
-        we = self.write_end
-        slow = 0.0
-        if we is not None and we > self.t:
-            slow = min(t_new, we) - self.t
-        self.overhead += self.slow * slow
-        self.pos += (dt - self.slow * slow) / self.st
+        lost = self.writes.lost(self.t, t_new)
+        self.overhead += lost
+        self.pos += (dt - lost) / self.st
         self.t = t_new
 
     # ---------------------------------------------------------------- tracker I/O
@@ -217,32 +240,30 @@ class _Run:
                 step,
                 count,
                 mean,
-                self.write_end is not None,
+                bool(self.writes),
                 max_s=max(mean, self.st + self.warm) if first else 0.0,
                 warmup=first,
             )
             self.reported_step = step
             self.run_wall = 0.0
             if self.vanished_at is not None:  # the daemon ends a restart at the first report
-                self.tracker.on_restart(self.t - self.vanished_at)
+                down = self.t - self.vanished_at
+                if self.classed:
+                    self.tracker.on_restart(down, tier=self.back_from)
+                else:
+                    self.tracker.on_restart(down)
                 self.vanished_at = None
 
     def decide(self) -> None:
         self.report()
-        writing = self.write_end is not None
+        slow = self.writes.slowdown(self.t)
+        writing = self.writes.durable_at(self.t)
         _, lf = self.s.factors(self.t)
-        key = (writing, lf)
+        key = (slow, writing, lf)
         parts = self._parts.get(key)
         if parts is None:  # the samples take few distinct values: build each once
             parts = self._parts[key] = (
-                (
-                    GpuSample(
-                        index=0,
-                        uuid="sim-gpu-0",
-                        util_sm=(1.0 - self.slow) if writing else 1.0,
-                        pids=(PID,),
-                    ),
-                ),
+                (GpuSample(index=0, uuid="sim-gpu-0", util_sm=1.0 - slow, pids=(PID,)),),
                 (
                     StorageSample(
                         target=TARGET,
@@ -255,75 +276,149 @@ class _Run:
                 ),
             )
         snap = Snapshot(time=self.t, gpus=parts[0], storage=parts[1], fleet=self.fleet)
-        job = self.tracker.state(time=self.t, storage_target=TARGET, pids=(PID,))
+        job = self.tracker.state(time=self.t, storage_target=TARGET, pids=(PID,), **self.overrides)
         d = self.policy.decide(snap, job)
         cur = int(self.pos + 1e-9)
         due = cur + 1 if d.urgent else d.due_after(cur)
         self.due = self.s.steps if due is None else min(due, self.s.steps)
+        if self.s.local is None or d.durable_every is None:
+            self.due_kind = "single"
+        else:
+            self.due_kind = "both" if d.durable_at(self.due, job.durable_anchor) else "local"
 
     # ---------------------------------------------------------------- events
 
     def fail(self) -> None:
-        """A failure at ``self.t``: lose the work since the durable checkpoint, restart."""
+        """A failure at ``self.t``: lose the work since the newest surviving checkpoint
+        (or, covered, the step in progress), restart. The tracker hears the failure as
+        the daemon sees it come back: a host failure if it lost its local tier, also to a
+        failure during the restart; covered if it resumes from a save just in time."""
         self.report()
         self.failures += 1
-        self.lost += (self.pos - self.durable) * self.st
-        self.write_end = None
-        self.tracker.on_failure(self.t)
-        self.vanished_at = self.t
+        at = self.t
+        kind, covered = self.kinds.next()
+        self.writes.clear()
         self.next_fail = self.clock.next()
-        while self.next_fail < self.t + self.s.restore_s:  # the restart fails too
+        if covered and self.t >= self.warm_end:  # in a warm-up there is nothing to save
+            kind, covered = self.save_just_in_time(kind)
+        if kind == "host":
+            self.local = None
+        self.vanished_at = at
+        while True:  # the restart, again each time a failure strikes it
+            step, restore_s, self.back_from = self.restart_point()
+            if self.next_fail >= self.t + restore_s:
+                break
             self.restart += self.next_fail - self.t
             self.t = self.next_fail
             self.failures += 1
+            if self.kinds.next()[0] == "host":  # the job will come back elsewhere
+                self.local, kind = None, "host"
             self.next_fail = self.clock.next()
-        self.restart += self.s.restore_s
-        self.t += self.s.restore_s
-        self.pos = float(self.durable)
-        self.reported_step = self.durable
+        self.lost += (self.pos - step) * self.st
+        if self.classed:
+            self.tracker.on_failure(at, kind, covered)
+        else:
+            self.tracker.on_failure(at)
+        self.restart += restore_s
+        self.t += restore_s
+        self.pos = float(step)
+        self.reported_step = step
         self.run_wall = 0.0
         self.warm_end = self.t + self.warm
-        self.tracker.on_resume(self.t, self.durable)  # the hello
+        if self.classed:  # the hello
+            self.tracker.on_resume(self.t, step, tier=self.back_from)
+        else:
+            self.tracker.on_resume(self.t, step)
         self.first_report = True
         self.report_at = None
         self.decide()
 
+    def restart_point(self) -> tuple[int, float, str]:
+        """(step, restart time, tier) of the newest checkpoint that survives."""
+        local = self.s.local
+        if local is not None and self.local is not None and self.local >= self.durable:
+            return self.local, local.restore_s, "local"
+        return self.durable, self.s.restore_s, "durable"
+
+    def save_just_in_time(self, kind: str) -> tuple[str, bool]:
+        """A survivor saves the last completed step; the step in progress is lost.
+        Returns the failure's (class, covered): a failure during the save leaves it
+        uncovered, of the host class if either failure was."""
+        done = math.floor(self.pos + 1e-9)
+        self.lost += (self.pos - done) * self.st
+        self.pos = float(done)
+        if self.next_fail < self.t + self.s.jit_save_s:
+            self.overhead += self.next_fail - self.t
+            self.t = self.next_fail
+            self.failures += 1
+            other, _ = self.kinds.next()
+            self.next_fail = self.clock.next()
+            return ("host" if "host" in (kind, other) else "process"), False
+        self.overhead += self.s.jit_save_s
+        self.t += self.s.jit_save_s
+        self.jit_saves += 1
+        if kind == "process" and self.s.local is not None:
+            self.local = done
+        else:
+            self.durable = done
+        return kind, True
+
     def start_save(self) -> None:
-        step = self.due
+        step, kind = self.due, self.due_kind
         self.pos = float(step)
         self.report()
         bf, lf = self.s.factors(self.t)
         blocking = self.s.blocking_s * bf
         latency = max(self.s.latency_s * lf, blocking)
-        self.tracker.on_save_requested(self.t, step)
-        if self.next_fail < self.t + blocking:
+        local = self.s.local
+        if kind == "single":
+            self.tracker.on_save_requested(self.t, step)
+            total = blocking
+        else:
+            self.tracker.on_save_requested(self.t, step, durable=kind == "both")
+            total = local.blocking_s + (blocking if kind == "both" else 0.0)
+        if self.next_fail < self.t + total:
             self.overhead += self.next_fail - self.t
             self.t = self.next_fail
             self.fail()
             return
         self.saves += 1
         call = self.t
-        self.overhead += blocking
-        self.t += blocking
-        self.write = (step, blocking, latency)
-        self.write_end = call + latency
-        if self.write_end <= self.t:
+        self.overhead += total
+        self.t += total
+        if kind == "single":
+            self.writes.add(Write("durable", step, call + latency, self.s.slowdown, blocking,
+                                  latency))  # fmt: skip
+        else:  # the local write runs once the loop is free: after both blockings
+            lag = blocking if kind == "both" else 0.0
+            self.writes.add(Write("local", step, call + lag + local.latency_s, local.slowdown,
+                                  local.blocking_s, local.latency_s))  # fmt: skip
+            if kind == "both":
+                self.writes.add(Write("durable", step, call + local.blocking_s + latency,
+                                      self.s.slowdown, blocking, latency))  # fmt: skip
+            else:
+                self.local_saves += 1
+        end = self.writes.next_end()
+        if end is not None and end <= self.t:
             self.finish_write()
         else:
             self.decide()
 
     def finish_write(self) -> None:
-        step, blocking, latency = self.write
-        self.write_end = None
-        self.durable = step
-        self.report()
-        self.tracker.on_save_report(
-            self.t,
-            step,
-            blocking_s=blocking,
-            durable_s=latency,
-            extra_step_s=self.slow * (latency - blocking),
-        )
+        """Every write that has ended by now is complete in its tier; then decide."""
+        while (end := self.writes.next_end()) is not None and end <= self.t:
+            w = self.writes.pop()
+            if w.tier == "local":
+                self.local = w.step if self.local is None else max(self.local, w.step)
+            else:
+                self.durable = w.step
+            self.report()
+            extra = w.slowdown * (w.latency_s - w.blocking_s)
+            figures = {"blocking_s": w.blocking_s, "durable_s": w.latency_s, "extra_step_s": extra}
+            if self.s.local is not None:
+                self.tracker.on_save_report(self.t, w.step, tier=w.tier, **figures)
+            else:
+                self.tracker.on_save_report(self.t, w.step, **figures)
         self.decide()
 
     def run(self) -> RunResult:
@@ -333,10 +428,15 @@ class _Run:
         while True:
             t_end = self.time_to(n)
             events = [(self.next_fail, 0), (t_end, 1)]
-            if self.write_end is not None:
-                events.append((self.write_end, 2))
+            end = self.writes.next_end()
+            if end is not None:
+                events.append((end, 2))
             t_due = self.time_to(self.due)
-            if self.due < n and (self.write_end is None or t_due >= self.write_end):
+            tiers = {"single": ("durable",), "local": ("local",)}.get(
+                self.due_kind, ("local", "durable")
+            )
+            busy = self.writes.busy_until(tiers)
+            if self.due < n and (busy is None or t_due >= busy):
                 events.append((t_due, 3))
             if self.first_report:
                 events.append((self.time_to(math.floor(self.pos + 1e-9) + 1), 4))
@@ -375,6 +475,8 @@ class _Run:
             warmup_s=self.warmup,
             saves=self.saves,
             failures=self.failures,
+            local_saves=self.local_saves,
+            jit_saves=self.jit_saves,
         )
 
 

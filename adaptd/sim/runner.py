@@ -9,15 +9,14 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import IO
 
 from adaptd.fleet.history import FleetHistory
-from adaptd.policies.daly import Daly
-from adaptd.policy import Policy, parse
+from adaptd.policy import Policy, PolicyError, parse
 from adaptd.sim.engine import RunResult, run
+from adaptd.sim.oracles import ORACLE, Oracle, oracle
 from adaptd.sim.scenario import Scenario
-from adaptd.snapshot import Decision, JobState, Snapshot
 
 __all__ = [
     "FIELDS",
@@ -27,10 +26,8 @@ __all__ = [
     "Summary",
     "compare",
     "resolve",
+    "setup",
 ]
-
-#: Spec of the policy that knows the scenario's true δ, M and step time in advance.
-ORACLE = "oracle"
 
 FIELDS = (
     "wall_s",
@@ -42,31 +39,27 @@ FIELDS = (
 )
 
 
-@dataclass(frozen=True)
-class Oracle:
-    """Daly with the scenario's true δ and M, counting its interval in steps of the
-    true step time: the reference the learning policies are measured against.
-
-    Without the true step time the oracle would plan with the tracker's estimate,
-    which a slow first step (a compile) distorts; it would then measure the
-    estimator, not the interval.
-    """
-
-    daly: Daly
-    step_time_s: float
-
-    def decide(self, snapshot: Snapshot, job: JobState) -> Decision:
-        return self.daly.decide(snapshot, replace(job, step_time_s=self.step_time_s))
+def setup(spec: str, scenario: Scenario) -> tuple[Policy, Scenario]:
+    """The policy for ``spec`` and the scenario its runs play: ``oracle[:tiers=1|2,
+    jit=on|off]`` is :func:`adaptd.sim.oracles.oracle` for ``scenario`` (``jit=off``
+    plays it without just-in-time saves); any other spec is parsed as usual.
+    Raises :class:`~adaptd.policy.PolicyError` for a bad spec or setting."""
+    name, _, rest = spec.strip().partition(":")
+    if name.strip() != ORACLE:
+        return parse(spec), scenario
+    settings: dict[str, str] = {}
+    for item in filter(None, (part.strip() for part in rest.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise PolicyError(f"oracle: setting {item!r} must look like key=value")
+        settings[key.strip()] = value.strip().lower()
+    return oracle(settings, scenario)
 
 
 def resolve(spec: str, scenario: Scenario) -> Policy:
-    """A policy for ``spec``; ``oracle`` is :class:`Oracle` for ``scenario``."""
-    if spec.strip() == ORACLE:
-        return Oracle(
-            Daly(save_cost_s=scenario.save_cost_s, mtbf_s=scenario.job_mtbf_s),
-            scenario.step_time_s,
-        )
-    return parse(spec)
+    """A policy for ``spec``; ``oracle`` is :class:`Oracle` for ``scenario`` (see
+    :func:`setup`, which also says what scenario an oracle's runs play)."""
+    return setup(spec, scenario)[0]
 
 
 @dataclass(frozen=True)
@@ -104,7 +97,8 @@ class Summary:
 def _run_one(
     scenario: Scenario, spec: str, seed: int, fleet: FleetHistory | None = None
 ) -> RunResult:
-    return run(scenario, resolve(spec, scenario), seed, fleet)
+    policy, world = setup(spec, scenario)
+    return run(world, policy, seed, fleet)
 
 
 def compare(
@@ -131,9 +125,10 @@ def compare(
     jobs = min(jobs or os.cpu_count() or 1, len(tasks))
     results: dict[tuple[int, int], RunResult] = {}
     if jobs <= 1:
-        policies = [resolve(spec, scenario) for spec in specs]
+        setups = [setup(spec, scenario) for spec in specs]
         for n, (i, _spec, seed) in enumerate(tasks, 1):
-            results[i, seed] = run(scenario, policies[i], seed, fleet)
+            policy, world = setups[i]
+            results[i, seed] = run(world, policy, seed, fleet)
             if progress is not None:
                 progress(n, len(tasks))
     else:

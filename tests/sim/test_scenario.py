@@ -241,7 +241,8 @@ def test_a_builtin_is_named_by_its_name() -> None:
     with pytest.raises(
         sim.ScenarioError,
         match=r"^scenario 'nope' is neither a file nor a built-in scenario \(built-in: "
-        r"llama3-16k, nfs-storm, seed-article, slow-first-step, weibull-fleet\)$",
+        r"llama3-16k, llama3-jit, llama3-tiers, nfs-storm, seed-article, slow-first-step, "
+        r"weibull-fleet\)$",
     ):
         sim.load("nope")
 

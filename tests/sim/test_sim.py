@@ -165,6 +165,8 @@ def test_bad_scenarios_name_the_field(change, message) -> None:
 def test_builtin_scenarios_load() -> None:
     assert sim.builtin_names() == [
         "llama3-16k",
+        "llama3-jit",
+        "llama3-tiers",
         "nfs-storm",
         "seed-article",
         "slow-first-step",
