@@ -2,7 +2,7 @@
 
 Three processes, so that what is measured is the daemon alone:
 
-- the **daemon**: the same :class:`adaptd.service.Service` that ``adaptd serve``
+- the **daemon**: the same :class:`adaptd.daemon.service.Service` that ``adaptd serve``
   runs (SQLite store, Prometheus endpoint on a loopback port, learned-parameter
   persistence, the telemetry sampler at 1 Hz), its sampler reading a fake 8-GPU
   NVML replayed from ``tests/fixtures/nvml/h100_8gpu.json`` (its process lists
@@ -53,8 +53,8 @@ def daemon_main(args: argparse.Namespace) -> int:
 
     from nvml_fixture import CALLS_KEPT, FixtureNvml
 
-    from adaptd import config
-    from adaptd.service import Service
+    from adaptd.config import loader as config
+    from adaptd.daemon.service import Service
     from adaptd.telemetry import nvml
     from adaptd.telemetry.host import Host
     from adaptd.telemetry.report import to_dict
@@ -110,7 +110,7 @@ def daemon_main(args: argparse.Namespace) -> int:
 def jobs_main(args: argparse.Namespace) -> int:
     import zmq
 
-    from adaptd import protocol as p
+    from adaptd.protocol import job as p
 
     ctx = zmq.Context()
     socks = []
@@ -170,7 +170,7 @@ def jobs_main(args: argparse.Namespace) -> int:
 def measure(args: argparse.Namespace) -> dict:
     import psutil
 
-    from adaptd.spawn import stop_daemon, wait_for_path
+    from adaptd.commands._spawn import stop_daemon, wait_for_path
 
     me = [sys.executable, str(Path(__file__).resolve())]
     with tempfile.TemporaryDirectory(prefix="adaptd-fp-") as d:

@@ -75,10 +75,11 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from adaptd import model, sim
-from adaptd.estimators import PRIOR_GPU_MTBF_S
+from adaptd import sim
+from adaptd.core import model
+from adaptd.core.estimators import PRIOR_GPU_MTBF_S
+from adaptd.core.policy import steps_for_seconds
 from adaptd.fleet.history import FleetHistory
-from adaptd.policy import steps_for_seconds
 from adaptd.sim import theory, theory_tiers
 from adaptd.sim.oracles import TierOracle
 from adaptd.sim.runner import ProgressBar, Summary, setup

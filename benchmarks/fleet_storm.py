@@ -209,7 +209,7 @@ def _config(root: Path, i: int, mount: Path, args: argparse.Namespace, etcd: str
 
 def run_mode(mode: str, args: argparse.Namespace, root: Path, mount: Path, backing: Path,
              etcd: str | None) -> dict:  # fmt: skip
-    from adaptd.spawn import running_daemon
+    from adaptd.commands._spawn import running_daemon
 
     work = root / mode
     logs = work / "logs"

@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     import tensorflow as tf
 
     from adaptd.client import AdaptiveCheckpointer
-    from adaptd.spawn import running_daemon
+    from adaptd.commands._spawn import running_daemon
 
     results = {}
     ranks = {"rank": 0, "world_size": args.world_size} if args.world_size > 1 else {}

@@ -45,7 +45,7 @@ def _measure(mb: int, rounds: int) -> dict:
     import tensorflow as tf
 
     from adaptd.client import AdaptiveCheckpointer
-    from adaptd.client.verify import verify
+    from adaptd.client.restore.verify import verify
 
     with tempfile.TemporaryDirectory(prefix="adaptd-restore-") as d:
         state = _state(mb)

@@ -352,7 +352,7 @@ def _daemon_config(root: Path, dest: str, local: Path, args: argparse.Namespace)
 
 def run_mode(mode: str, args: argparse.Namespace, root: Path, mount: Path, backing: Path) -> dict:
     """All storms of one mode; returns its per-save records."""
-    from adaptd.spawn import running_daemon
+    from adaptd.commands._spawn import running_daemon
 
     work = root / mode
     work.mkdir()

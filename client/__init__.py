@@ -5,7 +5,7 @@
 is damaged, ``WorldSizeChanged`` when the newest was written by a job of another
 number of workers, ``ForeignStateFile`` when the directory's state file points outside
 it. The first two need TensorFlow, which is imported only when one of them is first
-used, so the pure helpers (``adaptd.client.schedule``, ``costs``, ``link``,
+used, so the pure helpers (``adaptd.client.save.schedule``, ``costs``, ``link``,
 ``files``, ``ranks``) import without it.
 """
 
@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from adaptd.client.callback import AdaptiveCheckpointCallback
     from adaptd.client.checkpointer import AdaptiveCheckpointer
 
-from adaptd.client.intact import ForeignStateFile, NoIntactCheckpoint, WorldSizeChanged
+from adaptd.client.restore.intact import ForeignStateFile, NoIntactCheckpoint, WorldSizeChanged
 
 __all__ = [
     "AdaptiveCheckpointCallback",

@@ -13,12 +13,12 @@ from typing import Any
 import msgspec
 import tensorflow as tf
 
-from adaptd import protocol
-from adaptd.client import distributed_input
-from adaptd.client.state import RESERVED
-from adaptd.client.writer import AUTO, WriterNice, WriterPriority
-from adaptd.config import did_you_mean
-from adaptd.policy import Policy
+from adaptd.client.save import distributed_input
+from adaptd.client.save.state import RESERVED
+from adaptd.client.save.writer import AUTO, WriterNice, WriterPriority
+from adaptd.config.loader import did_you_mean
+from adaptd.core.policy import Policy
+from adaptd.protocol import job as protocol
 
 
 def check(

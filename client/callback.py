@@ -46,7 +46,7 @@ from typing import Any
 import keras
 
 from adaptd.client.checkpointer import AdaptiveCheckpointer
-from adaptd.policy import Policy
+from adaptd.core.policy import Policy
 
 log = logging.getLogger("adaptd.client")
 

@@ -1,10 +1,11 @@
 """The training-loop hook: :class:`AdaptiveCheckpointer`.
 
 It puts together the parts that each do one job: the checkpoint state
-(:mod:`~adaptd.client.state`), the save schedule (:mod:`~adaptd.client.schedule`), the
-saves and their watcher thread (:mod:`~adaptd.client.saves`), the session with the
-daemon and the embedded policy (:mod:`~adaptd.client.session`), whose plan the rank
-follows (:mod:`~adaptd.client.authority`) and SIGTERM (:mod:`~adaptd.client.sigterm`).
+(:mod:`~adaptd.client.save.state`), the save schedule (:mod:`~adaptd.client.save.schedule`), the
+saves and their watcher thread (:mod:`~adaptd.client.save.saves`), the session with the
+daemon and the embedded policy (:mod:`~adaptd.client.daemon.session`), whose plan the rank
+follows (:mod:`~adaptd.client.agreement.authority`) and SIGTERM
+(:mod:`~adaptd.client.save.sigterm`).
 What stays here is the per-step hot path and the order of things at a boundary.
 
 Threads: the training thread calls :meth:`step`; TensorFlow's async-checkpoint
@@ -27,16 +28,18 @@ from typing import Any
 
 import tensorflow as tf
 
-from adaptd.client import hook_parts, intact, remote, resume, resume_notes
-from adaptd.client.costs import Baseline, StepClock
+from adaptd.client import assembly as hook_parts
+from adaptd.client.daemon.session import WELCOME_WAIT_S, HelloFacts
 from adaptd.client.hook_views import HookViews
-from adaptd.client.schedule import NEVER
-from adaptd.client.session import WELCOME_WAIT_S, HelloFacts
-from adaptd.client.sigterm import SigtermHandler
-from adaptd.client.state import SEEDS_KEY, STEP_KEY
-from adaptd.client.writer import AUTO, WriterNice
-from adaptd.estimators import JobTracker
-from adaptd.policy import Policy, PolicyError
+from adaptd.client.restore import intact, remote, resume
+from adaptd.client.restore import notes as resume_notes
+from adaptd.client.save.costs import Baseline, StepClock
+from adaptd.client.save.schedule import NEVER
+from adaptd.client.save.sigterm import SigtermHandler
+from adaptd.client.save.state import SEEDS_KEY, STEP_KEY
+from adaptd.client.save.writer import AUTO, WriterNice
+from adaptd.core.estimators import JobTracker
+from adaptd.core.policy import Policy, PolicyError
 
 log = logging.getLogger("adaptd.client")
 
@@ -45,7 +48,7 @@ _INF = float("inf")
 FINAL_SAVE_REASON = "end of run"
 #: Default priority of TensorFlow's async-save thread (see ``writer_nice``): chosen
 #: before each save from the planned interval and the measured durable latency
-#: (:mod:`adaptd.client.writer`, measured in benchmarks/save_stall.py).
+#: (:mod:`adaptd.client.save.writer`, measured in benchmarks/save_stall.py).
 DEFAULT_WRITER_NICE: WriterNice = AUTO
 
 
@@ -59,15 +62,15 @@ class AdaptiveCheckpointer(HookViews):
         max_to_keep: checkpoints kept by the ``CheckpointManager`` (None: all).
         policy: a spec such as ``"fixed:steps=100"`` or a policy object; overrides
             the daemon's choice (sent in Hello) and drives the embedded fallback.
-            Default: the daemon's choice, and :data:`adaptd.policy.DEFAULT_SPEC`
+            Default: the daemon's choice, and :data:`adaptd.core.policy.DEFAULT_SPEC`
             embedded.
-        socket: daemon endpoint or socket path (default :func:`adaptd.paths.endpoint`).
+        socket: daemon endpoint or socket path (default :func:`adaptd.protocol.paths.endpoint`).
         curve_server_key, curve_client_key: for a ``tcp://`` socket, the daemon's public
             key file and this client's ``*.key_secret`` (default:
             ``$ADAPTD_CURVE_SERVER_KEY``/``$ADAPTD_CURVE_CLIENT_KEY``; see
-            :class:`adaptd.client.link.DaemonLink`).
+            :class:`adaptd.client.daemon.link.DaemonLink`).
         rank, world_size: this process's place in the job (default: environment,
-            see :mod:`adaptd.client.ranks`).
+            see :mod:`adaptd.client.agreement.ranks`).
         daemon_timeout: seconds of silence after a send before the daemon counts
             as gone (also how long to wait for the first Welcome).
         handle_sigterm: on SIGTERM save at the next step, wait until durable, then
@@ -79,13 +82,13 @@ class AdaptiveCheckpointer(HookViews):
             default): nice 19 while the measured time until durable is at most a
             quarter of the planned interval and the host is not overloaded, the
             training thread's own priority once it exceeds half of it (see
-            :mod:`adaptd.client.writer`); a :class:`~adaptd.client.writer.WriterPriority`:
+            :mod:`adaptd.client.save.writer`); a :class:`~adaptd.client.save.writer.WriterPriority`:
             the same rule with other settings; an int 0-19: that nice value always;
             ``None`` or 0: left alone. Linux per-thread nice; elsewhere nothing changes.
         restore_from: a durable destination (fsspec URL or path: the job's folder
             there, ``{job}`` is replaced by the job id) to pull the newest verified
             checkpoint from when ``directory`` has none, e.g. on a new host (default
-            ``$ADAPTD_RESTORE_FROM``; see :mod:`adaptd.client.remote`).
+            ``$ADAPTD_RESTORE_FROM``; see :mod:`adaptd.client.restore.remote`).
         storage_options: fsspec options for ``restore_from`` (e.g. ``endpoint_url``).
         save_on_close: :meth:`close` (and leaving a ``with`` block without an
             exception) saves the current step when the run advanced since its last
@@ -94,7 +97,7 @@ class AdaptiveCheckpointer(HookViews):
         per_rank: keywords of trackables that differ between the ranks of a
             multi-worker job, beside those that do by their kind (data iterators,
             generators made outside the strategy's scope): each rank saves and
-            restores its own (see :mod:`adaptd.client.per_rank`).
+            restores its own (see :mod:`adaptd.client.save.per_rank`).
         **trackables: what to checkpoint (``model=``, ``optimizer=``,
             ``data_iterator=``, ``rng=``, any ``tf`` trackable, or a ``tf.distribute``
             iterator).
@@ -202,7 +205,7 @@ class AdaptiveCheckpointer(HookViews):
         ``adaptd verify``'s quick check before it is restored; a damaged one (in a
         multi-worker job, also one that lacks a rank's part) is skipped with a warning
         naming it and why, the next older one is restored, and the daemon is told (see
-        :mod:`adaptd.client.intact`; :attr:`resume` holds what happened). Call once,
+        :mod:`adaptd.client.restore.intact`; :attr:`resume` holds what happened). Call once,
         before the first :meth:`step`.
 
         Raises:

@@ -9,16 +9,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from adaptd import protocol
-from adaptd.client.schedule import Due
+from adaptd.client.save.schedule import Due
+from adaptd.protocol import job as protocol
 
 if TYPE_CHECKING:
     import tensorflow as tf
 
-    from adaptd.client.saves import Saves
-    from adaptd.client.schedule import SaveSchedule
-    from adaptd.client.session import DaemonSession
-    from adaptd.client.writer import Writer
+    from adaptd.client.daemon.session import DaemonSession
+    from adaptd.client.save.saves import Saves
+    from adaptd.client.save.schedule import SaveSchedule
+    from adaptd.client.save.writer import Writer
 
 __all__ = ["HookViews"]
 

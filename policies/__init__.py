@@ -24,9 +24,29 @@ distribution. :class:`Policy` is the Protocol it satisfies; :func:`parse` turns 
 such as ``"fixed:steps=100"`` into a policy; :class:`AnyPolicy` composes several.
 Each built-in lives in its own module here, one small frozen dataclass each, and is
 registered in ``pyproject.toml``. (The same names stay importable from
-:mod:`adaptd.policy` and :mod:`adaptd.snapshot`, where they are defined.)
+:mod:`adaptd.core.policy` and :mod:`adaptd.core.snapshot`, where they are defined.)
 """
 
+from adaptd.core.policy import (
+    DEFAULT_SPEC,
+    AnyPolicy,
+    Policy,
+    PolicyError,
+    available,
+    earliest,
+    next_multiple,
+    parse,
+    steps_for_seconds,
+)
+from adaptd.core.snapshot import (
+    Decision,
+    GpuSample,
+    HostSample,
+    JobState,
+    Snapshot,
+    StorageSample,
+    same_saves,
+)
 from adaptd.policies.budget import Budget
 from adaptd.policies.daly import Daly
 from adaptd.policies.default import Default
@@ -39,26 +59,6 @@ from adaptd.policies.risk import Risk
 from adaptd.policies.tiers import Tiers
 from adaptd.policies.weibull import Weibull
 from adaptd.policies.young import Young
-from adaptd.policy import (
-    DEFAULT_SPEC,
-    AnyPolicy,
-    Policy,
-    PolicyError,
-    available,
-    earliest,
-    next_multiple,
-    parse,
-    steps_for_seconds,
-)
-from adaptd.snapshot import (
-    Decision,
-    GpuSample,
-    HostSample,
-    JobState,
-    Snapshot,
-    StorageSample,
-    same_saves,
-)
 
 __all__ = [
     "DEFAULT_SPEC",

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from adaptd import model
+from adaptd.core import model
+from adaptd.core.policy import PolicyError
+from adaptd.core.snapshot import Decision, JobState, Snapshot
 from adaptd.policies.interval import plan
-from adaptd.policy import PolicyError
-from adaptd.snapshot import Decision, JobState, Snapshot
 
 __all__ = [
     "PROBE_MTBF_FRACTION",

@@ -6,7 +6,7 @@ overridden by health and operator events (``risk``), inside the hard limits
 
 Where the daemon belongs to a fleet that has seen its failures come in bursts (the
 Weibull shape fitted to the fleet's failure times credibly below 1, see
-:class:`adaptd.snapshot.FleetSample`), the interval is the age-aware Weibull optimum
+:class:`adaptd.core.snapshot.FleetSample`), the interval is the age-aware Weibull optimum
 with that shape instead of Daly's: ``guards(io_aware(weibull:shape=k) + risk)``.
 
 Where the job has a local tier or some of its failures are covered by just-in-time saves
@@ -21,14 +21,14 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, field
 
+from adaptd.core.policy import AnyPolicy, Policy
+from adaptd.core.snapshot import Decision, JobState, Snapshot
 from adaptd.policies.daly import Daly
 from adaptd.policies.guards import Guards
 from adaptd.policies.io_aware import IoAware
 from adaptd.policies.risk import Risk
 from adaptd.policies.tiers import Tiers
 from adaptd.policies.weibull import Weibull
-from adaptd.policy import AnyPolicy, Policy
-from adaptd.snapshot import Decision, JobState, Snapshot
 
 __all__ = [
     "Default",

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from adaptd.core.policy import PolicyError, next_multiple
+from adaptd.core.snapshot import Decision, JobState, Snapshot
 from adaptd.policies.interval import due_step, steps_ceil
-from adaptd.policy import PolicyError, next_multiple
-from adaptd.snapshot import Decision, JobState, Snapshot
 
 __all__ = [
     "Fixed",

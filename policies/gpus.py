@@ -8,7 +8,7 @@ when either its job names or its pids say so.
 
 from __future__ import annotations
 
-from adaptd.snapshot import GpuSample, JobState, Snapshot
+from adaptd.core.snapshot import GpuSample, JobState, Snapshot
 
 __all__ = [
     "job_gpus",

@@ -6,7 +6,7 @@ latency allows: at most one save is in flight, so saves come at least ``L``
 apart and none is planned before the one in flight is durable. Urgent saves pass.
 With two tiers (a plan with ``durable_every``) the floor is the local tier's latency:
 the next save goes there; the durable cadence's own floor is the inner policy's
-(:func:`adaptd.multilevel.interval_for`).
+(:func:`adaptd.core.multilevel.interval_for`).
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+from adaptd.core.policy import Policy, PolicyError
+from adaptd.core.snapshot import Decision, JobState, Snapshot
 from adaptd.policies.interval import anchor, inner_policy, steps_ceil
-from adaptd.policy import Policy, PolicyError
-from adaptd.snapshot import Decision, JobState, Snapshot
 
 __all__ = [
     "Guards",

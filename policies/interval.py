@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import math
 
-from adaptd.policy import Policy, PolicyError, parse
-from adaptd.snapshot import Decision, JobState
+from adaptd.core.policy import Policy, PolicyError, parse
+from adaptd.core.snapshot import Decision, JobState
 
 __all__ = [
     "anchor",

@@ -7,9 +7,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+from adaptd.core.policy import Policy, PolicyError
+from adaptd.core.snapshot import Decision, JobState, Snapshot
 from adaptd.policies.interval import anchor, inner_policy, steps_ceil
-from adaptd.policy import Policy, PolicyError
-from adaptd.snapshot import Decision, JobState, Snapshot
 
 __all__ = [
     "IoAware",

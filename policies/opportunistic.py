@@ -10,10 +10,10 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+from adaptd.core.policy import Policy, PolicyError
+from adaptd.core.snapshot import Decision, JobState, Snapshot
 from adaptd.policies.gpus import job_gpus
 from adaptd.policies.interval import anchor, inner_policy
-from adaptd.policy import Policy, PolicyError
-from adaptd.snapshot import Decision, JobState, Snapshot
 
 __all__ = [
     "Opportunistic",

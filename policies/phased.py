@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from adaptd.policy import PolicyError, next_multiple
-from adaptd.snapshot import Decision, JobState, Snapshot
+from adaptd.core.policy import PolicyError, next_multiple
+from adaptd.core.snapshot import Decision, JobState, Snapshot
 
 __all__ = [
     "Phased",

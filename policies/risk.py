@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from adaptd.core.policy import PolicyError
+from adaptd.core.snapshot import Decision, GpuSample, JobState, Snapshot
 from adaptd.policies.gpus import job_gpus
 from adaptd.policies.interval import anchor, steps_ceil
-from adaptd.policy import PolicyError
-from adaptd.snapshot import Decision, GpuSample, JobState, Snapshot
 
 __all__ = [
     "Risk",

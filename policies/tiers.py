@@ -1,7 +1,7 @@
 """``tiers``: a cheap local save every τ and a durable copy of every k-th, chosen together
 (issue 24), for the failures no just-in-time save covers (issue 23).
 
-The schedule is :func:`adaptd.multilevel.plan`'s, from the job's figures: δ₂, L₂, R₂
+The schedule is :func:`adaptd.core.multilevel.plan`'s, from the job's figures: δ₂, L₂, R₂
 (``save_cost_s``, ``save_latency_s``, ``restore_s``: the durable tier), δ₁, L₁, R₁
 (``local_*``: the local tier, when the job has one), the job's process and host MTBFs
 (``process_mtbf_s``, ``host_mtbf_s``; unknown: every failure is taken for a lost host,
@@ -20,11 +20,11 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from adaptd import multilevel
+from adaptd.core import multilevel
+from adaptd.core.policy import PolicyError
+from adaptd.core.snapshot import Decision, JobState, Snapshot
 from adaptd.policies.daly import probe
 from adaptd.policies.interval import plan
-from adaptd.policy import PolicyError
-from adaptd.snapshot import Decision, JobState, Snapshot
 
 __all__ = [
     "MAX_COVERAGE",

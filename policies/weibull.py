@@ -4,18 +4,18 @@ Fleet studies (Schroeder & Gibson, DSN 2006) find a system's inter-failure times
 Weibull with shape 0.7-0.8: failures come in bursts, so the hazard is high right
 after a restart and falls as the job survives. The best interval is then short
 after a restart and grows later; there is no closed form, so it is minimised
-numerically (:func:`adaptd.model.weibull_interval`, scipy, imported lazily).
+numerically (:func:`adaptd.core.model.weibull_interval`, scipy, imported lazily).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from adaptd import model
+from adaptd.core import model
+from adaptd.core.policy import PolicyError
+from adaptd.core.snapshot import Decision, JobState, Snapshot
 from adaptd.policies.daly import check_settings, cost_figures, probe
 from adaptd.policies.interval import plan
-from adaptd.policy import PolicyError
-from adaptd.snapshot import Decision, JobState, Snapshot
 
 __all__ = [
     "Weibull",

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from adaptd import model
+from adaptd.core import model
+from adaptd.core.snapshot import Decision, JobState, Snapshot
 from adaptd.policies.daly import check_settings, cost_figures, probe
 from adaptd.policies.interval import plan
-from adaptd.snapshot import Decision, JobState, Snapshot
 
 __all__ = [
     "Young",

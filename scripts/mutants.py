@@ -49,7 +49,7 @@ MUTMUT = Path(sys.executable).parent / "mutmut"
 # every surviving mutant), nor those that start a subprocess (the CLI, seconds each).
 AREAS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "model": (
-        ("adaptd/model.py", "adaptd/multilevel.py"),
+        ("adaptd/core/model.py", "adaptd/core/multilevel.py"),
         (
             "tests/model/test_model.py",
             "tests/model/test_multilevel.py",
@@ -57,7 +57,7 @@ AREAS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
             "tests/policies/test_tiers_policy.py",
         ),
     ),
-    "estimators": (("adaptd/estimators.py", "adaptd/failure_rates.py"), ("tests/model",)),
+    "estimators": (("adaptd/core/estimators.py", "adaptd/core/failure_rates.py"), ("tests/model",)),
     "sim": (
         (
             "adaptd/sim/engine.py",
@@ -73,7 +73,7 @@ AREAS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     ),
     "policies": (("adaptd/policies/*",), ("tests/policies", "tests/test_policy_core.py")),
     "protocol": (
-        ("adaptd/protocol.py",),
+        ("adaptd/protocol/job.py",),
         # test_agreement: the rank records' JSON (encode_json, decode_rank)
         (
             "tests/test_protocol.py",
@@ -81,15 +81,15 @@ AREAS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
             "tests/test_agreement.py",
         ),
     ),
-    "agreement": (("adaptd/agreement.py",), ("tests/test_agreement.py",)),
+    "agreement": (("adaptd/core/agreement.py",), ("tests/test_agreement.py",)),
 }
 
 # The modules scored, each with the area whose tree holds its mutants.
 MODULES = {
-    "adaptd.model": "model",
-    "adaptd.multilevel": "model",
-    "adaptd.estimators": "estimators",
-    "adaptd.failure_rates": "estimators",
+    "adaptd.core.model": "model",
+    "adaptd.core.multilevel": "model",
+    "adaptd.core.estimators": "estimators",
+    "adaptd.core.failure_rates": "estimators",
     "adaptd.sim.engine": "sim",
     "adaptd.sim.runner": "sim",
     "adaptd.sim.scenario": "sim",
@@ -99,8 +99,8 @@ MODULES = {
     "adaptd.sim.classes": "sim",
     "adaptd.sim.inflight": "sim",
     "adaptd.policies": "policies",
-    "adaptd.protocol": "protocol",
-    "adaptd.agreement": "agreement",
+    "adaptd.protocol.job": "protocol",
+    "adaptd.core.agreement": "agreement",
 }
 
 # Where each part of the repository lives once installed (pyproject's package-dir).

@@ -19,7 +19,8 @@ import pytest
 import zmq
 from test_tables import reply as status_reply
 
-from adaptd import admin, cli
+from adaptd import cli
+from adaptd.protocol import admin
 
 
 def newer(reply: admin.Reply) -> bytes:

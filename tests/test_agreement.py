@@ -1,12 +1,12 @@
-"""The agreement rules (adaptd.agreement) and their records: tables of input -> outcome."""
+"""The agreement rules (adaptd.core.agreement) and their records: tables of input -> outcome."""
 
 from __future__ import annotations
 
 import pytest
 
-from adaptd import agreement as rules
-from adaptd import protocol as p
-from adaptd.snapshot import Decision
+from adaptd.core import agreement as rules
+from adaptd.core.snapshot import Decision
+from adaptd.protocol import job as p
 
 V = p.VERSION
 

@@ -1,13 +1,13 @@
-"""The daemon's agreement rounds for ranks without a runtime (adaptd.job_rounds)."""
+"""The daemon's agreement rounds for ranks without a runtime (adaptd.core.rounds)."""
 
 from __future__ import annotations
 
 import pytest
 
-from adaptd import agreement as rules
-from adaptd import protocol as p
-from adaptd.job_rounds import JobRounds
-from adaptd.snapshot import Decision
+from adaptd.core import agreement as rules
+from adaptd.core.rounds import JobRounds
+from adaptd.core.snapshot import Decision
+from adaptd.protocol import job as p
 
 
 def acks(rounds: JobRounds, prop: p.Propose, steps: dict[int, int], now: float = 1.0):

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from adaptd import paths
+from adaptd.protocol import paths
 
 
 @pytest.fixture(autouse=True)

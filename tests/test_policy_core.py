@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from adaptd.core.policy import AnyPolicy, PolicyError, available, earliest, next_multiple, parse
+from adaptd.core.snapshot import Decision, JobState, Snapshot
 from adaptd.policies import Fixed, Phased
-from adaptd.policy import AnyPolicy, PolicyError, available, earliest, next_multiple, parse
-from adaptd.snapshot import Decision, JobState, Snapshot
 
 SNAP = Snapshot(time=100.0)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from adaptd import protocol as p
+from adaptd.protocol import job as p
 
 
 @pytest.mark.parametrize(

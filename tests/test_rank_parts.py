@@ -1,11 +1,11 @@
-"""The per-rank part layout (adaptd/rank_parts.py): names, when a step is complete for
+"""The per-rank part layout (adaptd/checkpoints/rank_parts.py): names, when a step is complete for
 the job, which parts a rank may delete. Pure: tables of file names in, answers out."""
 
 from __future__ import annotations
 
 import pytest
 
-from adaptd import rank_parts as rp
+from adaptd.checkpoints import rank_parts as rp
 
 
 def bundle(prefix: str, shards: int = 1) -> set[str]:

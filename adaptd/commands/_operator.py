@@ -46,7 +46,7 @@ def add_target_args(parser: argparse.ArgumentParser, all_help: str) -> None:
 
 def ask(name: str, args: argparse.Namespace, req: object, timeout_s: float) -> object | None:
     """Send ``req``; on failure print ``adaptd NAME: message`` and return ``None``."""
-    from adaptd import admin, paths
+    from adaptd.protocol import admin, paths
 
     try:
         return admin.request(paths.socket_path(args.socket), req, timeout_s=timeout_s)  # type: ignore[arg-type]

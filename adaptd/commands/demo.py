@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from adaptd.cli import UsageError
-from adaptd.spawn import DaemonStartError, start_daemon, stop_daemon
+from adaptd.commands._spawn import DaemonStartError, start_daemon, stop_daemon
 
 HELP = "run a daemon and a small real TensorFlow job, with a crash and resume"
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import argparse
 
-from adaptd import tables
 from adaptd.commands import _operator
-from adaptd.tables import Table
+from adaptd.commands import _tables as tables
+from adaptd.commands._tables import Table
 
 HELP = "every job saves now; wait until all saves are durable"
 #: Extra seconds the command waits beyond --timeout for the daemon's reply.
@@ -33,8 +33,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from adaptd import admin
     from adaptd.cli import UsageError
+    from adaptd.protocol import admin
 
     if not 0 < args.timeout <= 86_400:
         raise UsageError(f"--timeout must be in (0, 86400] seconds, got {args.timeout:g}")
@@ -57,7 +57,7 @@ def render(reply: object) -> str:
 
 def parts(reply: object) -> list[tables.Part]:
     """One row per job (step saved, durable, seconds, why not), then the total."""
-    from adaptd import admin
+    from adaptd.protocol import admin
 
     assert isinstance(reply, admin.DrainReply)
     if not reply.jobs:

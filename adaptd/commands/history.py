@@ -19,9 +19,9 @@ from __future__ import annotations
 import argparse
 import time
 
-from adaptd import tables
 from adaptd.commands import _operator
-from adaptd.tables import Table
+from adaptd.commands import _tables as tables
+from adaptd.commands._tables import Table
 
 HELP = "show a job's saves (step, reason, blocked, durable, size, ok/error), newest last"
 
@@ -29,7 +29,7 @@ DEFAULT_LIMIT = 100
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    from adaptd.admin import MAX_HISTORY
+    from adaptd.protocol.admin import MAX_HISTORY
 
     parser.add_argument("job", metavar="JOB", help="the job id (as `adaptd status` shows it)")
     parser.add_argument(
@@ -49,9 +49,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from adaptd import admin
     from adaptd.cli import UsageError
     from adaptd.commands.report import parse_since
+    from adaptd.protocol import admin
 
     if not 1 <= args.limit <= admin.MAX_HISTORY:
         raise UsageError(f"--limit must be in [1, {admin.MAX_HISTORY}], got {args.limit}")
@@ -82,7 +82,7 @@ def _row(s, ranks: bool) -> tuple[str, ...]:
 def parts(reply: object, *, since: float | None = None, limit: int = DEFAULT_LIMIT) -> list:
     """The saves as a table (rank shown when more than one saved), the errors of the
     failed ones, and a line of totals."""
-    from adaptd import admin
+    from adaptd.protocol import admin
 
     assert isinstance(reply, admin.HistoryReply)
     window = f" since {_when(since)}" if since is not None else ""

@@ -21,7 +21,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, paused: bool = PAUSED) -> int:
-    from adaptd import admin
+    from adaptd.protocol import admin
 
     name = "pause" if paused else "resume"
     req = admin.PauseRequest(job=None if args.all else args.job, paused=paused)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from adaptd import policy
+from adaptd.core import policy
 
 HELP = "list installed policies and where they come from"
 

@@ -3,7 +3,7 @@
 Reads the daemon's state database read-only (safe beside a running daemon; no
 daemon needed at all). The database is ``--db``, else the one the config names
 (``daemon.db_path``), which is also where the slow-save line comes from
-(``metrics.slow_save_s``). Drawing is in :mod:`adaptd.report`.
+(``metrics.slow_save_s``). Drawing is in :mod:`adaptd.commands._report_figures`.
 """
 
 from __future__ import annotations
@@ -70,8 +70,9 @@ def parse_since(text: str, *, now: float | None = None) -> float:
 
 
 def run(args: argparse.Namespace) -> int:
-    from adaptd import config, report
-    from adaptd.store import Store, StoreError
+    from adaptd.commands import _report_figures as report
+    from adaptd.config import loader as config
+    from adaptd.state.store import Store, StoreError
 
     out = Path(args.out)
     if out.suffix.lower() not in report.FORMATS:

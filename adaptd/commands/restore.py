@@ -82,7 +82,7 @@ def parse_storage_options(items: list[str]) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from adaptd.client.remote import has_checkpoint
+    from adaptd.client.restore.remote import has_checkpoint
     from adaptd.tiers.replica import TierError
     from adaptd.tiers.restore import restore
 

@@ -24,7 +24,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from adaptd import admin
+    from adaptd.protocol import admin
 
     req = admin.SaveNowRequest(job=None if args.all else args.job, reason=args.reason)
     reply = _operator.ask("save-now", args, req, args.answer_timeout)

@@ -22,7 +22,7 @@ import json
 import logging
 import sys
 
-from adaptd import policy
+from adaptd.core import policy
 
 HELP = "run the daemon (one per host)"
 
@@ -92,8 +92,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from adaptd import config
-    from adaptd.service import Service, ServiceError
+    from adaptd.config import loader as config
+    from adaptd.daemon.service import Service, ServiceError
 
     try:
         cfg = config.load(args.config).with_overrides(

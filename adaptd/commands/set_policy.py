@@ -1,6 +1,6 @@
 """``adaptd set-policy --job J SPEC``: change a running job's policy; ``--clear`` takes it back.
 
-The spec is checked here first (:func:`adaptd.policy.parse`, so a typo fails without
+The spec is checked here first (:func:`adaptd.core.policy.parse`, so a typo fails without
 a daemon round trip) and again by the daemon, which pushes the new plan to the
 job's ranks at once. The setting outlives the job's restarts and, when the daemon
 persists settings (``adaptd serve`` with a state database), the daemon's.
@@ -40,9 +40,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from adaptd import admin
-    from adaptd import policy as policy_mod
     from adaptd.cli import UsageError
+    from adaptd.core import policy as policy_mod
+    from adaptd.protocol import admin
 
     if args.clear == (args.spec is not None):
         raise UsageError("give a policy SPEC or --clear (one of them)")

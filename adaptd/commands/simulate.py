@@ -15,9 +15,9 @@ from __future__ import annotations
 import argparse
 import json
 
-from adaptd import tables
 from adaptd.cli import UsageError
-from adaptd.tables import Table
+from adaptd.commands import _tables as tables
+from adaptd.commands._tables import Table
 
 HELP = "compare policies on failure scenarios"
 
@@ -45,7 +45,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from adaptd import sim
-    from adaptd.policy import PolicyError
+    from adaptd.core.policy import PolicyError
     from adaptd.sim.runner import ProgressBar
 
     if args.seeds < 1:

@@ -18,9 +18,9 @@ from typing import Any
 
 import msgspec
 
-from adaptd import tables
+from adaptd.commands import _tables as tables
 from adaptd.commands._operator import seconds
-from adaptd.tables import Table, number
+from adaptd.commands._tables import Table, number
 
 HELP = "show the daemon's jobs, plans and telemetry"
 
@@ -38,7 +38,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from adaptd import admin, paths
+    from adaptd.protocol import admin, paths
 
     try:
         reply = admin.request(
@@ -67,8 +67,8 @@ def render(reply: object) -> str:
 
 def parts(reply: object) -> list[tables.Part]:
     """The daemon's header, the job table, each plan's reason, the replication table,
-    the host's telemetry: tables and text for :func:`adaptd.tables.emit`."""
-    from adaptd import admin
+    the host's telemetry: tables and text for :func:`adaptd.commands._tables.emit`."""
+    from adaptd.protocol import admin
 
     assert isinstance(reply, admin.StatusReply)
     d = reply.daemon

@@ -3,7 +3,7 @@
 For users' CI and for operators after an incident: exit 0 when the checkpoint's
 index parses, every data shard has the size the index expects and every tensor
 reads back with a matching checksum; exit 1 with one line per problem otherwise
-(including "no checkpoint found"). The work is in :mod:`adaptd.client.verify`,
+(including "no checkpoint found"). The work is in :mod:`adaptd.client.restore.verify`,
 imported only here because it needs TensorFlow, which the daemon never imports.
 """
 
@@ -33,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
     # a GPU: "failed call to cuInit: ... CUDA error"); TF_CPP_MIN_LOG_LEVEL shows them.
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     try:
-        from adaptd.client import verify
+        from adaptd.client.restore import verify
     except ImportError as exc:
         raise UsageError(
             f"needs TensorFlow ({exc}); install it (pip install 'adaptd[tensorflow]')"
@@ -57,7 +57,7 @@ def _size(n: int) -> str:
 
 def render(report: object) -> str:
     """The human summary: one line when good; the problems, one per line, when not."""
-    from adaptd.client.verify import Report
+    from adaptd.client.restore.verify import Report
 
     assert isinstance(report, Report)
     lines = [f"note: {n}" for n in report.notes]

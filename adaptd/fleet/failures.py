@@ -6,7 +6,7 @@ hours. Each daemon publishes, per GPU model, a :class:`FailureRecord` under
 
 - ``gpu_seconds`` and ``failures``: the exposure it watched and the failures it
   counted, the two sufficient statistics of the Gamma–Poisson posterior
-  (:class:`adaptd.estimators.FailureRate`). :func:`fleet_rate` adds every host's
+  (:class:`adaptd.core.estimators.FailureRate`). :func:`fleet_rate` adds every host's
   to the prior, so a new job starts from what the fleet knows.
 - ``lifetimes``: the GPU-seconds each incarnation of a job lived before it failed
   (age × GPUs), and ``survivals``: the same for incarnations that have not failed
@@ -32,7 +32,7 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from adaptd.estimators import FailureRate
+from adaptd.core.estimators import FailureRate
 from adaptd.fleet.session import EtcdSession
 
 #: Version of the published record.

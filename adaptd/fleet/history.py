@@ -23,9 +23,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from adaptd.estimators import FailureRate
+from adaptd.core.estimators import FailureRate
+from adaptd.core.snapshot import FleetSample
 from adaptd.fleet.failures import FailureRecord, PooledFailureRate, fit_shape, fleet_rate
-from adaptd.snapshot import FleetSample
 
 DAY = 86_400.0
 
@@ -63,7 +63,7 @@ def draw_history(
     """One fleet's record (see the module docstring); ``shape`` 1 is exponential."""
     import numpy as np
 
-    from adaptd.model import weibull_scale
+    from adaptd.core.model import weibull_scale
 
     if not gpu_mtbf_s > 0 or not shape > 0:
         raise ValueError(f"gpu_mtbf_s and shape must be > 0, got {gpu_mtbf_s}, {shape}")

@@ -21,8 +21,10 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from adaptd import events as ev
-from adaptd.estimators import FailureRate
+from adaptd.core.estimators import FailureRate
+from adaptd.core.snapshot import Snapshot
+from adaptd.daemon import events as ev
+from adaptd.daemon.logfmt import logfmt
 from adaptd.fleet.agent import FleetView
 from adaptd.fleet.failures import (
     MAX_LIFETIMES,
@@ -33,8 +35,6 @@ from adaptd.fleet.failures import (
     fleet_totals,
     pooled,
 )
-from adaptd.logfmt import logfmt
-from adaptd.snapshot import Snapshot
 
 log = logging.getLogger("adaptd.fleet")
 

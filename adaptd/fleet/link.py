@@ -7,7 +7,7 @@ blocks on etcd:
 - :meth:`FleetLink.decorate` turns the agent's newest view into facts on the snapshot
   policies read: on each storage target the fleet shares, ``fleet_slots`` (the cap)
   and ``fleet_holding`` (this host's jobs holding a slot); on the snapshot,
-  :class:`~adaptd.snapshot.FleetSample` (hosts up, the fitted Weibull shape). While
+  :class:`~adaptd.core.snapshot.FleetSample` (hosts up, the fitted Weibull shape). While
   etcd is away nothing is added: policies decide locally, as on a host without a
   fleet. A view that is up but stale (this process was stopped: its lease may have
   lapsed) holds every shared-target save until the agent's next round.
@@ -36,8 +36,10 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from adaptd import events as ev
-from adaptd.estimators import FailureRate
+from adaptd.core.estimators import FailureRate
+from adaptd.core.snapshot import FleetSample, Snapshot, StorageSample
+from adaptd.daemon import events as ev
+from adaptd.daemon.logfmt import logfmt
 from adaptd.fleet.agent import FleetAgent, FleetView
 from adaptd.fleet.config import FleetConfig
 from adaptd.fleet.failures import ShapeFit
@@ -49,8 +51,6 @@ from adaptd.fleet.targets import (
     shared_target,
     target_of_mount,
 )
-from adaptd.logfmt import logfmt
-from adaptd.snapshot import FleetSample, Snapshot, StorageSample
 from adaptd.telemetry.storage import Mount
 
 log = logging.getLogger("adaptd.fleet")
@@ -300,7 +300,7 @@ class FleetLink:
 
     @contextlib.contextmanager
     def upload_slot(self, dest: Any, job: str, stopping: Callable[[], bool]) -> Iterator[None]:
-        """Hold a fleet slot on ``dest`` (a :class:`~adaptd.config.Destination`) around one
+        """Hold a fleet slot on ``dest`` (a :class:`~adaptd.config.loader.Destination`) around one
         upload of ``job``; a replicator worker thread waits here. Without a usable fleet,
         or on a destination no other host shares, it does not wait."""
         name = self.destination_name(dest.job_url(job), dest.storage_options)

@@ -1,4 +1,4 @@
-"""The fleet as one part of ``adaptd serve``: what :class:`adaptd.service.Service` calls.
+"""The fleet as one part of ``adaptd serve``: what :class:`adaptd.daemon.service.Service` calls.
 
 :class:`FleetPart` owns the daemon's :class:`~adaptd.fleet.link.FleetLink` and wires it
 to the service's other parts through the seams they already have:
@@ -19,11 +19,11 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from adaptd.core.snapshot import Snapshot
+from adaptd.daemon.logfmt import logfmt
 from adaptd.fleet.config import FleetConfig
 from adaptd.fleet.link import FleetLink, job_facts
 from adaptd.fleet.metrics import FleetCollector
-from adaptd.logfmt import logfmt
-from adaptd.snapshot import Snapshot
 
 log = logging.getLogger("adaptd.fleet")
 
@@ -37,10 +37,10 @@ class FleetPart:
     def __init__(
         self, cfg: FleetConfig, *, learned: Any, store: Any, clock: Callable[[], float]
     ) -> None:
-        """``learned``: the service's :class:`~adaptd.learned.Learned` (its failure rate
+        """``learned``: the service's :class:`~adaptd.state.learned.Learned` (its failure rate
         is replaced by the pooled one); ``store``: the state database."""
         from adaptd import __version__
-        from adaptd.store import GLOBAL
+        from adaptd.state.store import GLOBAL
 
         self.store = store
         self.link = FleetLink(
@@ -99,7 +99,7 @@ class FleetPart:
         return self.link.status()
 
     def persist(self) -> None:
-        from adaptd.store import GLOBAL
+        from adaptd.state.store import GLOBAL
 
         self.store.set_param(GLOBAL, FLEET_HISTORY_KEY, self.link.knowledge.history())
 

@@ -1,6 +1,6 @@
 """The simulator behind ``adaptd simulate``: scenarios, the event engine, comparisons.
 
-It drives the same policy objects and the same :class:`~adaptd.estimators.JobTracker`
+It drives the same policy objects and the same :class:`~adaptd.core.estimators.JobTracker`
 the daemon uses, with synthetic snapshots and save reports, so a policy that learns
 online here learns exactly as it would in production.
 """

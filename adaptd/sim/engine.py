@@ -1,11 +1,11 @@
 """A discrete-event simulation of one training run with failures.
 
-It drives a real policy object and a real :class:`~adaptd.estimators.JobTracker`
+It drives a real policy object and a real :class:`~adaptd.core.estimators.JobTracker`
 with synthetic snapshots, step reports and save reports, jumping from event to
 event (save due, write durable, failure, restart done, storage phase boundary,
 end of training) instead of looping over steps.
 
-The model, the same as :func:`adaptd.model.waste_fraction`'s: the loop computes
+The model, the same as :func:`adaptd.core.model.waste_fraction`'s: the loop computes
 at one step per ``step_time_s``; a save blocks it for ``blocking_s``, then the
 write runs asynchronously until ``latency_s`` after the call, during which a
 fraction ``slowdown`` of compute is lost; at most one save is in flight (a save
@@ -26,7 +26,7 @@ job came back (so the restart it learns includes the first step).
 Two tiers and just-in-time saves (issues 23, 24; scenarios with ``[checkpoint.local]``,
 ``process_share``, ``peer_share``): a policy whose decision has ``durable_every`` saves
 every time to the local tier (its blocking, latency and slow-down) and, for the saves
-:meth:`~adaptd.snapshot.Decision.durable_at` names, also to durable storage: the
+:meth:`~adaptd.core.snapshot.Decision.durable_at` names, also to durable storage: the
 durable call follows the local blocking, so such a save blocks b₁ + b₂ and its two
 writes run at once (their slow-downs add). A policy without ``durable_every`` saves to
 durable storage only, as with one tier. A failure is of the process class (the local
@@ -52,15 +52,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from adaptd.estimators import FailureRate, JobTracker
-from adaptd.failure_rates import FailureClasses
+from adaptd.core.estimators import FailureRate, JobTracker
+from adaptd.core.failure_rates import FailureClasses
+from adaptd.core.model import HOUR
+from adaptd.core.policy import Policy
+from adaptd.core.snapshot import FleetSample, GpuSample, Snapshot, StorageSample
 from adaptd.fleet.history import FleetHistory, draw_history, job_inputs
-from adaptd.model import HOUR
-from adaptd.policy import Policy
 from adaptd.sim.classes import FailureKinds
 from adaptd.sim.inflight import Write, Writes
 from adaptd.sim.scenario import Scenario
-from adaptd.snapshot import FleetSample, GpuSample, Snapshot, StorageSample
 
 #: Fleet histories are drawn from seed FLEET_SEED + the run's seed: apart from the
 #: run's own failure times, the same for every policy of a comparison.

@@ -9,7 +9,7 @@ scenario's true figures, known in advance (``adaptd simulate --policy oracle``).
   the (local interval, durable cadence) of least expected waste, searched over whole
   steps on the exact steady state (:mod:`adaptd.sim.theory_tiers`) where it applies, for
   the uncovered failures; elsewhere (Weibull failures, storage phases, a trace) the
-  first-order optimum of :func:`adaptd.multilevel.plan` with the true figures.
+  first-order optimum of :func:`adaptd.core.multilevel.plan` with the true figures.
 - ``jit=off``: the same run without just-in-time saves (``peer_share`` 0; the failure
   times and classes stay those of the seed).
 """
@@ -20,14 +20,14 @@ import functools
 import math
 from dataclasses import dataclass, replace
 
-from adaptd import multilevel
+from adaptd.core import multilevel
+from adaptd.core.policy import PolicyError
+from adaptd.core.snapshot import Decision, JobState, Snapshot
 from adaptd.policies.daly import Daly
 from adaptd.policies.interval import due_step, steps_ceil
 from adaptd.policies.tiers import MAX_COVERAGE
-from adaptd.policy import PolicyError
 from adaptd.sim import theory_tiers
 from adaptd.sim.scenario import Scenario
-from adaptd.snapshot import Decision, JobState, Snapshot
 
 __all__ = [
     "ORACLE",
@@ -81,7 +81,7 @@ class TierOracle:
 def oracle(settings: dict[str, str], scenario: Scenario) -> tuple[Oracle | TierOracle, Scenario]:
     """The oracle of ``settings`` (``tiers``: 1 or 2; ``jit``: on or off) for
     ``scenario``, and the scenario its runs play (without just-in-time saves for
-    ``jit=off``). Raises :class:`~adaptd.policy.PolicyError` naming a bad setting."""
+    ``jit=off``). Raises :class:`~adaptd.core.policy.PolicyError` naming a bad setting."""
     unknown = set(settings) - {"tiers", "jit"}
     if unknown:
         raise PolicyError(

@@ -12,8 +12,8 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from typing import IO
 
+from adaptd.core.policy import Policy, PolicyError, parse
 from adaptd.fleet.history import FleetHistory
-from adaptd.policy import Policy, PolicyError, parse
 from adaptd.sim.engine import RunResult, run
 from adaptd.sim.oracles import ORACLE, Oracle, oracle
 from adaptd.sim.scenario import Scenario
@@ -43,7 +43,7 @@ def setup(spec: str, scenario: Scenario) -> tuple[Policy, Scenario]:
     """The policy for ``spec`` and the scenario its runs play: ``oracle[:tiers=1|2,
     jit=on|off]`` is :func:`adaptd.sim.oracles.oracle` for ``scenario`` (``jit=off``
     plays it without just-in-time saves); any other spec is parsed as usual.
-    Raises :class:`~adaptd.policy.PolicyError` for a bad spec or setting."""
+    Raises :class:`~adaptd.core.policy.PolicyError` for a bad spec or setting."""
     name, _, rest = spec.strip().partition(":")
     if name.strip() != ORACLE:
         return parse(spec), scenario
@@ -114,7 +114,7 @@ def compare(
 
     ``jobs``: worker processes (default: the CPU count; 1 runs in this process).
     Results do not depend on it. ``progress(done, total)`` is called after each run.
-    Raises :class:`~adaptd.policy.PolicyError` for a bad spec before anything runs.
+    Raises :class:`~adaptd.core.policy.PolicyError` for a bad spec before anything runs.
     ``fleet``: every run's job starts from a fleet history (:func:`adaptd.sim.engine.run`).
     """
     if seeds < 1:

@@ -50,7 +50,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from adaptd.model import HOUR, weibull_scale
+from adaptd.core.model import HOUR, weibull_scale
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -31,7 +31,7 @@ from typing import Any
 
 import psutil
 
-from adaptd.snapshot import HostSample
+from adaptd.core.snapshot import HostSample
 from adaptd.telemetry.once import OnceLog
 
 log = logging.getLogger(__name__)
@@ -115,7 +115,7 @@ def pid_exists(pid: int) -> bool:
 
 
 class Host:
-    """Samples :class:`~adaptd.snapshot.HostSample`: memory and load per core.
+    """Samples :class:`~adaptd.core.snapshot.HostSample`: memory and load per core.
 
     ``memory`` returns an object with ``available`` and ``total`` bytes (psutil's
     ``svmem``); ``loadavg`` the 1, 5 and 15-minute load averages.

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from adaptd.snapshot import GpuSample
+from adaptd.core.snapshot import GpuSample
 from adaptd.telemetry.once import OnceLog
 
 __all__ = [

@@ -7,7 +7,7 @@ others go on), maps GPU processes to jobs, and keeps a bounded ring buffer of
 past snapshots for trends.
 
 It fits the daemon's seams without a thread of its own (``adaptd serve`` wires it
-this way in :mod:`adaptd.service`)::
+this way in :mod:`adaptd.daemon.service`)::
 
     sampler = Sampler.default()                 # real NVML (or degraded), /proc, /sys
     jobs = RegistryView(registry)               # the registry's jobs, read-only
@@ -33,7 +33,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from adaptd.snapshot import GpuSample, HostSample, Snapshot, StorageSample
+from adaptd.core.snapshot import GpuSample, HostSample, Snapshot, StorageSample
 from adaptd.telemetry.host import Host, ProcessInfo, process_info
 from adaptd.telemetry.once import OnceLog
 from adaptd.telemetry.storage import Storage
@@ -69,7 +69,7 @@ class JobInfo:
 
 
 #: Where a job's :class:`JobInfo` (or its ``(checkpoint_dir, pids)``) comes from:
-#: :meth:`adaptd.registry_view.RegistryView.processes` in the daemon.
+#: :meth:`adaptd.daemon.jobs.view.RegistryView.processes` in the daemon.
 JobSource = Callable[[], Mapping[str, "JobInfo | tuple[str, tuple[int, ...]]"]]
 
 

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from adaptd.snapshot import StorageSample
+from adaptd.core.snapshot import StorageSample
 from adaptd.telemetry.host import DiskCounters, disk_counters, procfs
 from adaptd.telemetry.once import OnceLog
 

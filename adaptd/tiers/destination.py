@@ -7,7 +7,7 @@ longest first, ties round-robin) and share one :class:`~adaptd.tiers.throttle.Th
 A failed upload is retried after :func:`retry_delay`; a checkpoint deleted locally
 before it was uploaded is skipped. A step of a multi-worker job waits until every
 rank's part is in the staging directory (a rank may finish its write after the one
-that reported; :mod:`adaptd.rank_parts`), checked again after each retry delay, and is
+that reported; :mod:`adaptd.checkpoints.rank_parts`), checked again after each retry delay, and is
 skipped with the reason after :data:`WAIT_FOR_PARTS` checks. Everything that touches
 the destination happens in its own workers, so a slow destination holds up nobody else.
 """
@@ -25,10 +25,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from adaptd import rank_parts
-from adaptd.admin import ReplicationInfo
-from adaptd.config import Destination
-from adaptd.logfmt import logfmt
+from adaptd.checkpoints import rank_parts
+from adaptd.config.loader import Destination
+from adaptd.daemon.logfmt import logfmt
+from adaptd.protocol.admin import ReplicationInfo
 from adaptd.tiers.replica import Replica, Throttle, UploadResult
 
 __all__ = [

@@ -3,7 +3,8 @@
 ::
 
     ckpt-<step>.index, ckpt-<step>.data-00000-of-0000N   TF's files, same names as locally
-    ckpt-<step>.rank-RRRRR-of-WWWWW.index, .data-...     each rank's own part (adaptd.rank_parts)
+    ckpt-<step>.rank-RRRRR-of-WWWWW.index, .data-...     each rank's own part
+                                 (adaptd.checkpoints.rank_parts)
     ckpt-<step>.manifest.json   written last for that step: sizes and sha256 of every file
     LATEST                      {"step": N, ...}: replaced in one piece, never moved back
     .ckpt-<step>.upload.json    an upload's journal (files complete at the destination)
@@ -12,7 +13,7 @@
 :class:`Manifest` is what a reader trusts; :func:`local_files` is what an upload
 sends. Shared by :mod:`.replica` (the folder), :mod:`.upload` (the write path) and
 :mod:`.restore`. A step of a multi-worker job is its replicated part and every rank's
-part (:mod:`adaptd.rank_parts`): only a step complete for the job is uploaded, and a
+part (:mod:`adaptd.checkpoints.rank_parts`): only a step complete for the job is uploaded, and a
 manifest that lists less is refused, so a step is never restored half.
 """
 
@@ -24,7 +25,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from adaptd import rank_parts
+from adaptd.checkpoints import rank_parts
 
 __all__ = [
     "ABANDONED_AFTER_S",

@@ -1,7 +1,7 @@
 """Restore anywhere: fetch the newest verified checkpoint of a destination into a directory.
 
 Used by ``adaptd restore`` and by the training hook's pull on a new host
-(``adaptd.client.remote``). The rules, and why:
+(``adaptd.client.restore.remote``). The rules, and why:
 
 * The newest step whose files all match its manifest (size and sha256) wins. A newer
   step that does not verify (a truncated or corrupted object, a missing file, a bad
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from adaptd.checkpoint_files import STATE_FILE, state_file_text
+from adaptd.checkpoints.files import STATE_FILE, state_file_text
 from adaptd.tiers.replica import Manifest, Replica, TierError, fsync_dir
 
 __all__ = [

@@ -1,4 +1,4 @@
-"""Fixtures for the client tests: a real ZeroMQ ROUTER that speaks adaptd.protocol."""
+"""Fixtures for the client tests: a real ZeroMQ ROUTER that speaks adaptd.protocol.job."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from adaptd import protocol
+from adaptd.protocol import job as protocol
 
 
 class FakeDaemon:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from adaptd.client.costs import Baseline, SaveWindow, StepClock
+from adaptd.client.save.costs import Baseline, SaveWindow, StepClock
 
 
 def test_step_clock_excludes_blocked_time():

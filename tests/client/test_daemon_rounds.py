@@ -1,5 +1,5 @@
 """Ranks without a coordination runtime agree through their daemon: the rank side
-(adaptd.client.daemon_rounds) against the daemon's rounds (adaptd.job_rounds), over
+(adaptd.client.agreement.daemon_rounds) against the daemon's rounds (adaptd.core.rounds), over
 real ZeroMQ sockets. The test's loop plays the daemon's part with JobRounds; three
 rank threads, each with its own DaemonLink, run at different speeds."""
 
@@ -11,12 +11,12 @@ import time
 
 import zmq
 
-from adaptd import protocol as p
-from adaptd.client.daemon_rounds import DaemonRounds
-from adaptd.client.link import DaemonLink
-from adaptd.client.schedule import SaveSchedule
-from adaptd.job_rounds import JobRounds
-from adaptd.snapshot import Decision
+from adaptd.client.agreement.daemon_rounds import DaemonRounds
+from adaptd.client.daemon.link import DaemonLink
+from adaptd.client.save.schedule import SaveSchedule
+from adaptd.core.rounds import JobRounds
+from adaptd.core.snapshot import Decision
+from adaptd.protocol import job as p
 
 RANKS = 3
 STEPS = 2500

@@ -17,7 +17,7 @@ import pytest
 tf = pytest.importorskip("tensorflow")
 
 from adaptd.client import AdaptiveCheckpointer  # noqa: E402
-from adaptd.server import Daemon  # noqa: E402
+from adaptd.daemon.server import Daemon  # noqa: E402
 
 pytestmark = pytest.mark.tf
 

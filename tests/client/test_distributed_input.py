@@ -18,7 +18,8 @@ import pytest
 
 tf = pytest.importorskip("tensorflow")
 
-from adaptd.client import AdaptiveCheckpointer, distributed_input  # noqa: E402
+from adaptd.client import AdaptiveCheckpointer  # noqa: E402
+from adaptd.client.save import distributed_input  # noqa: E402
 
 pytestmark = pytest.mark.tf
 
@@ -112,7 +113,7 @@ def test_an_iterator_onto_several_devices_is_refused_when_the_hook_is_built(tmp_
         tf.config.set_logical_device_configuration(
             cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
         from adaptd.client import AdaptiveCheckpointer
-        from adaptd.client.distributed_input import UnsupportedInput
+        from adaptd.client.save.distributed_input import UnsupportedInput
         strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
         ds = tf.data.Dataset.range(8).batch(2)
         it = iter(strategy.experimental_distribute_dataset(ds))

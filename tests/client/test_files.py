@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from adaptd.client import files
+from adaptd.client.restore import files
 
 
 def test_orphans_removed_and_checkpoints_kept(tmp_path):

@@ -22,9 +22,8 @@ from adaptd.client import (  # noqa: E402
     AdaptiveCheckpointer,
     ForeignStateFile,
     NoIntactCheckpoint,
-    files,
-    verify,
 )
+from adaptd.client.restore import files, verify  # noqa: E402
 
 pytestmark = pytest.mark.tf
 

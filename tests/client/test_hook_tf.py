@@ -1,7 +1,7 @@
 """AdaptiveCheckpointer with real TensorFlow/Keras 3 in this process.
 
 Tiny models and tens of steps; TensorFlow is imported once for the module. The
-daemon side is a real ZeroMQ ROUTER (``fake_daemon``) speaking adaptd.protocol.
+daemon side is a real ZeroMQ ROUTER (``fake_daemon``) speaking adaptd.protocol.job.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ import zmq
 tf = pytest.importorskip("tensorflow")
 keras = pytest.importorskip("keras")
 
-from adaptd import protocol  # noqa: E402
 from adaptd.client import AdaptiveCheckpointCallback, AdaptiveCheckpointer  # noqa: E402
-from adaptd.policy import PolicyError  # noqa: E402
+from adaptd.core.policy import PolicyError  # noqa: E402
+from adaptd.protocol import job as protocol  # noqa: E402
 
 from .conftest import FakeDaemon, plan, welcome  # noqa: E402
 

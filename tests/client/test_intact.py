@@ -16,8 +16,8 @@ import pytest
 
 tf = pytest.importorskip("tensorflow")
 
-from adaptd import protocol  # noqa: E402
 from adaptd.client import AdaptiveCheckpointer, NoIntactCheckpoint  # noqa: E402
+from adaptd.protocol import job as protocol  # noqa: E402
 
 from .conftest import FakeDaemon  # noqa: E402
 

@@ -10,8 +10,8 @@ import time
 import pytest
 import zmq
 
-from adaptd import protocol
-from adaptd.client.link import DaemonLink
+from adaptd.client.daemon.link import DaemonLink
+from adaptd.protocol import job as protocol
 
 from .conftest import FakeDaemon, welcome
 
@@ -135,8 +135,8 @@ def test_bad_endpoint_is_a_value_error():
 
 _LAST_WORDS = """
 import os, sys
-from adaptd import protocol
-from adaptd.client.link import DaemonLink
+from adaptd.protocol import job as protocol
+from adaptd.client.daemon.link import DaemonLink
 
 link = DaemonLink(sys.argv[1])
 deadline = __import__("time").monotonic() + 10

@@ -1,12 +1,12 @@
-"""The ranks' mail to the chief (client/mailbox.py) on a key-value store with the
+"""The ranks' mail to the chief (client/agreement/mailbox.py) on a key-value store with the
 coordination service's semantics (first writer wins, a missing key reads as None).
 The real service is exercised end to end by tests/multiworker/test_hosts.py."""
 
 from __future__ import annotations
 
-from adaptd import protocol as p
-from adaptd.client.kv import Keys
-from adaptd.client.mailbox import PER_COLLECT, Mailbox
+from adaptd.client.agreement.kv import Keys
+from adaptd.client.agreement.mailbox import PER_COLLECT, Mailbox
+from adaptd.protocol import job as p
 
 V = p.VERSION
 KEYS = Keys.of("mw", 0)

@@ -1,6 +1,6 @@
 """A rank's own state, in one process: which trackables are per-rank
-(client/per_rank.py), one rank's part written, tidied and restored
-(client/rank_state.py), ``adaptd verify`` of a step with parts, and a single process
+(client/save/per_rank.py), one rank's part written, tidied and restored
+(client/save/rank_state.py), ``adaptd verify`` of a step with parts, and a single process
 refusing a multi-worker job's checkpoints. The real multi-worker job is in
 tests/multiworker/test_rank_state.py."""
 
@@ -12,9 +12,11 @@ import pytest
 
 tf = pytest.importorskip("tensorflow")
 
-from adaptd import rank_parts  # noqa: E402
-from adaptd.client import AdaptiveCheckpointer, WorldSizeChanged, per_rank, verify  # noqa: E402
-from adaptd.client.rank_state import PartMismatch, RankPart  # noqa: E402
+from adaptd.checkpoints import rank_parts  # noqa: E402
+from adaptd.client import AdaptiveCheckpointer, WorldSizeChanged  # noqa: E402
+from adaptd.client.restore import verify  # noqa: E402
+from adaptd.client.save import per_rank  # noqa: E402
+from adaptd.client.save.rank_state import PartMismatch, RankPart  # noqa: E402
 
 pytestmark = pytest.mark.tf
 
@@ -186,11 +188,11 @@ def test_a_single_process_resumes_a_distributed_iterator_exactly(tmp_path) -> No
 
 
 def test_a_part_that_cannot_be_written_fails_the_save_and_nothing_is_replicated(tmp_path) -> None:
-    from adaptd.client.costs import Baseline, StepClock
-    from adaptd.client.saves import Saves
-    from adaptd.client.state import CheckpointState
-    from adaptd.client.writer import Writer
-    from adaptd.estimators import JobTracker
+    from adaptd.client.save.costs import Baseline, StepClock
+    from adaptd.client.save.saves import Saves
+    from adaptd.client.save.state import CheckpointState
+    from adaptd.client.save.writer import Writer
+    from adaptd.core.estimators import JobTracker
 
     state = CheckpointState({"w": tf.Variable(1.0)})
     manager = tf.train.CheckpointManager(state.checkpoint, str(tmp_path / "ck"), max_to_keep=3)

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from adaptd.client.ranks import resolve
+from adaptd.client.agreement.ranks import resolve
 
 TF_CONFIG = json.dumps(
     {

@@ -18,7 +18,9 @@ import pytest
 
 tf = pytest.importorskip("tensorflow")
 
-from adaptd.client import AdaptiveCheckpointer, intact, resume_notes  # noqa: E402
+from adaptd.client import AdaptiveCheckpointer  # noqa: E402
+from adaptd.client.restore import intact  # noqa: E402
+from adaptd.client.restore import notes as resume_notes  # noqa: E402
 from adaptd.tiers.replica import Replica  # noqa: E402
 
 pytestmark = pytest.mark.tf
@@ -75,7 +77,7 @@ def test_with_logging_at_info_the_line_is_a_log_record_not_a_print(
     run(d, 2)
     run(d, 1)
     assert said(capsys) == []
-    notes = [r.getMessage() for r in caplog.records if r.module == "resume_notes"]
+    notes = [r.getMessage() for r in caplog.records if r.pathname == resume_notes.__file__]
     assert notes[0] == f"starting at step 0: no checkpoint to resume from in {d}"
     assert notes[1].startswith("resumed from step 2 (ckpt-2, ") and len(notes) == 2
 
@@ -172,7 +174,7 @@ def test_a_logger_at_info_with_nowhere_to_write_still_shows_the_line(monkeypatch
 
 
 class _AgreedRestore:
-    """The part of :class:`~adaptd.client.job_restore.JobRestore` that ``restore_agreed``
+    """The part of :class:`~adaptd.client.restore.job_restore.JobRestore` that ``restore_agreed``
     uses, with the agreement's outcome given (the agreement itself is tested on real
     workers in tests/multiworker/test_restore_agreement.py)."""
 
@@ -211,8 +213,8 @@ class _State:
 
 
 def test_an_agreed_resume_says_the_rank_the_tier_and_the_agreement(tmp_path, capsys) -> None:
-    from adaptd.agreement import RestoreChoice
-    from adaptd.client.resume import restore_agreed
+    from adaptd.client.restore.resume import restore_agreed
+    from adaptd.core.agreement import RestoreChoice
 
     d = tmp_path / "rank1"
     pulled = RestoreChoice(step=40, source={0: "local", 1: "pull"})

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from adaptd import protocol
-from adaptd.client.schedule import NEVER, Due, SaveSchedule
-from adaptd.snapshot import Decision
+from adaptd.client.save.schedule import NEVER, Due, SaveSchedule
+from adaptd.core.snapshot import Decision
+from adaptd.protocol import job as protocol
 
 
 def plan(

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from adaptd.client.scratch import ENV, Scratch, base_dir
+from adaptd.client.save.scratch import ENV, Scratch, base_dir
 
 
 def write_like_tf(prefix: str) -> None:

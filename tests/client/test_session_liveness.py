@@ -15,14 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from adaptd import protocol
-from adaptd.client.authority import Solo
-from adaptd.client.costs import StepClock
-from adaptd.client.link import DaemonLink
-from adaptd.client.schedule import SaveSchedule
-from adaptd.client.session import DaemonSession, HelloFacts
-from adaptd.estimators import JobTracker
-from adaptd.policy import parse
+from adaptd.client.agreement.authority import Solo
+from adaptd.client.daemon.link import DaemonLink
+from adaptd.client.daemon.session import DaemonSession, HelloFacts
+from adaptd.client.save.costs import StepClock
+from adaptd.client.save.schedule import SaveSchedule
+from adaptd.core.estimators import JobTracker
+from adaptd.core.policy import parse
+from adaptd.protocol import job as protocol
 
 from .conftest import FakeDaemon, connected, welcome
 
@@ -108,7 +108,7 @@ def test_a_short_daemon_timeout_never_falls_back_while_the_daemon_is_alive(
     short_dir: Path,
 ) -> None:
     from adaptd.client import AdaptiveCheckpointer
-    from adaptd.server import Daemon
+    from adaptd.daemon.server import Daemon
 
     # The daemon's plan never changes (its first save is far away), so only its
     # keep-alive answers the job's reports; the job allows 1 s of silence after a send.

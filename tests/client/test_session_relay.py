@@ -15,14 +15,14 @@ import time
 import warnings
 from pathlib import Path
 
-from adaptd import protocol
-from adaptd.client.authority import Solo
-from adaptd.client.costs import StepClock
-from adaptd.client.link import DaemonLink
-from adaptd.client.schedule import SaveSchedule
-from adaptd.client.session import DaemonSession, HelloFacts
-from adaptd.estimators import JobTracker
-from adaptd.policy import parse
+from adaptd.client.agreement.authority import Solo
+from adaptd.client.daemon.link import DaemonLink
+from adaptd.client.daemon.session import DaemonSession, HelloFacts
+from adaptd.client.save.costs import StepClock
+from adaptd.client.save.schedule import SaveSchedule
+from adaptd.core.estimators import JobTracker
+from adaptd.core.policy import parse
+from adaptd.protocol import job as protocol
 
 from .conftest import FakeDaemon, connected, welcome
 

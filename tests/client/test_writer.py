@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from adaptd.client.writer import Choice, WriterPriority
-from adaptd.snapshot import Decision, JobState, Snapshot
+from adaptd.client.save.writer import Choice, WriterPriority
+from adaptd.core.snapshot import Decision, JobState, Snapshot
 
 RULE = WriterPriority()
 
@@ -168,8 +168,8 @@ def test_auto_nices_the_writer_then_restores_normal_priority_on_a_new_thread(tmp
 @pytest.mark.tf
 def test_the_daemons_plan_interval_drives_it_too(tmp_path, fake_daemon) -> None:
     tf = pytest.importorskip("tensorflow")
-    from adaptd import protocol
     from adaptd.client import AdaptiveCheckpointer
+    from adaptd.protocol import job as protocol
 
     from .conftest import plan, welcome
 

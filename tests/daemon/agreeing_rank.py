@@ -16,10 +16,10 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from adaptd import protocol as p
-from adaptd.client.daemon_rounds import DaemonRounds
-from adaptd.client.link import DaemonLink
-from adaptd.client.schedule import SaveSchedule
+from adaptd.client.agreement.daemon_rounds import DaemonRounds
+from adaptd.client.daemon.link import DaemonLink
+from adaptd.client.save.schedule import SaveSchedule
+from adaptd.protocol import job as p
 
 
 @dataclass

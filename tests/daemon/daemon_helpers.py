@@ -16,17 +16,18 @@ from pathlib import Path
 import msgspec
 import zmq
 
-from adaptd import admin, spawn
-from adaptd import protocol as p
-from adaptd.server import Daemon
-from adaptd.spawn import start_daemon, stop_daemon
+from adaptd.commands import _spawn as spawn
+from adaptd.commands._spawn import start_daemon, stop_daemon
+from adaptd.daemon.server import Daemon
+from adaptd.protocol import admin
+from adaptd.protocol import job as p
 
 HERE = Path(__file__).parent
 DEADLINE = 10.0
 
 
 class LogWatch(spawn.LogWatch):
-    """:class:`adaptd.spawn.LogWatch` with this suite's deadline."""
+    """:class:`adaptd.commands._spawn.LogWatch` with this suite's deadline."""
 
     def __init__(self, stream) -> None:
         super().__init__(stream, DEADLINE)
@@ -38,7 +39,7 @@ PINNED = "phased"
 
 
 class Peer:
-    """A raw DEALER socket speaking adaptd.protocol, as a job's rank would."""
+    """A raw DEALER socket speaking adaptd.protocol.job, as a job's rank would."""
 
     def __init__(self, ctx: zmq.Context, endpoint: str) -> None:
         self.sock = ctx.socket(zmq.DEALER)

@@ -16,7 +16,7 @@ import sys
 
 import zmq
 
-from adaptd import protocol as p
+from adaptd.protocol import job as p
 
 
 def steps(job: str, rank: int, step: int) -> p.Steps:

@@ -2,7 +2,7 @@
 
 Not a test: a measurement behind docs/daemon.md ("A save is known before its
 report"). The job follows the daemon's plans with the hook's own
-:class:`adaptd.client.schedule.SaveSchedule`, reports steps about once a second
+:class:`adaptd.client.save.schedule.SaveSchedule`, reports steps about once a second
 (with its ``save_in_flight`` flag) and a save report once the write is durable;
 a save that falls due while the previous one is still in flight has to wait for
 it, as the hook does. Seeded, deterministic.
@@ -22,10 +22,10 @@ from pathlib import Path
 
 import zmq
 
-from adaptd import protocol as p
-from adaptd.client.schedule import SaveSchedule
-from adaptd.server import Daemon
-from adaptd.snapshot import Snapshot
+from adaptd.client.save.schedule import SaveSchedule
+from adaptd.core.snapshot import Snapshot
+from adaptd.daemon.server import Daemon
+from adaptd.protocol import job as p
 
 BLOCKING_S, EXTRA_S = 0.05, 0.02
 

@@ -15,10 +15,10 @@ import time
 import pytest
 from daemon_helpers import DEADLINE, Peer, thread_daemon
 
-from adaptd import admin
-from adaptd import events as ev
-from adaptd import protocol as p
 from adaptd.cli import main as cli_main
+from adaptd.daemon import events as ev
+from adaptd.protocol import admin
+from adaptd.protocol import job as p
 
 DEFAULT = "fixed:steps=50"
 

@@ -18,9 +18,9 @@ import time
 import pytest
 from daemon_helpers import DEADLINE, Peer, thread_daemon
 
-from adaptd import protocol as p
 from adaptd.cli import BROKEN_PIPE_STATUS
 from adaptd.cli import main as cli_main
+from adaptd.protocol import job as p
 
 MIB = 2**20
 

@@ -1,5 +1,5 @@
 """A job of several ranks on one daemon: every change of plan, and every save-now, is
-agreed in the daemon's rounds (adaptd.job_rounds over adaptd.job_agreement) and taken by
+agreed in the daemon's rounds (adaptd.core.rounds over adaptd.daemon.jobs.rounds) and taken by
 every rank at the same step, whatever the timing; a rank that dies does not hold the
 others, and neither does a daemon SIGKILLed and restarted mid-run.
 
@@ -21,8 +21,8 @@ import zmq
 from agreeing_rank import AgreeingRank
 from daemon_helpers import DEADLINE, DaemonProc, Peer, thread_daemon
 
-from adaptd import admin
-from adaptd import protocol as p
+from adaptd.protocol import admin
+from adaptd.protocol import job as p
 
 RANKS = 3
 

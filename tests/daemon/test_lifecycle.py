@@ -14,9 +14,9 @@ import time
 import pytest
 from daemon_helpers import DEADLINE, DaemonProc, Peer
 
-from adaptd import paths
-from adaptd import protocol as p
-from adaptd.server import Daemon, DaemonError
+from adaptd.daemon.server import Daemon, DaemonError
+from adaptd.protocol import job as p
+from adaptd.protocol import paths
 
 CLI = [sys.executable, "-m", "adaptd.cli"]
 

@@ -7,8 +7,8 @@ import os
 import pytest
 from daemon_helpers import FakeJob, Peer, thread_daemon
 
-from adaptd import events as ev
-from adaptd import protocol as p
+from adaptd.daemon import events as ev
+from adaptd.protocol import job as p
 
 V = p.VERSION
 
@@ -138,7 +138,7 @@ def test_default_policy_does_not_churn_plans_on_noisy_step_times(short_dir, zctx
     must not push a new plan every second."""
     import random
 
-    from adaptd.policy import DEFAULT_SPEC
+    from adaptd.core.policy import DEFAULT_SPEC
 
     with thread_daemon(short_dir / "adaptd.sock", policy=DEFAULT_SPEC) as (daemon, sink):
         peer = Peer(zctx, daemon.endpoint)

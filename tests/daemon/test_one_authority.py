@@ -21,17 +21,17 @@ import pytest
 import zmq
 from daemon_helpers import DEADLINE, PINNED, EventLog, Peer
 
-from adaptd import admin
-from adaptd import events as ev
-from adaptd import protocol as p
-from adaptd.assembly import parts as build_parts
 from adaptd.commands.status import render
-from adaptd.estimators import FailureRate, JobTracker
-from adaptd.registry import Registry
-from adaptd.relay_auth import RelayKey
-from adaptd.server import Daemon
-from adaptd.snapshot import GpuSample, Snapshot
-from adaptd.transport import Transport
+from adaptd.core.estimators import FailureRate, JobTracker
+from adaptd.core.snapshot import GpuSample, Snapshot
+from adaptd.daemon import events as ev
+from adaptd.daemon.assembly import parts as build_parts
+from adaptd.daemon.jobs.registry import Registry
+from adaptd.daemon.server import Daemon
+from adaptd.daemon.transport import Transport
+from adaptd.protocol import admin
+from adaptd.protocol import job as p
+from adaptd.protocol.relay_auth import RelayKey
 
 V = p.VERSION
 #: The relay key both hosts share (daemon.relay_key_file).

@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 from daemon_helpers import DEADLINE, HERE, DaemonProc, FakeJob, LogWatch, Peer, thread_daemon
 
-from adaptd import admin
-from adaptd import events as ev
-from adaptd import protocol as p
 from adaptd.cli import main as cli_main
-from adaptd.server import Daemon
+from adaptd.daemon import events as ev
+from adaptd.daemon.server import Daemon
+from adaptd.protocol import admin
+from adaptd.protocol import job as p
 
 CLI = [sys.executable, "-m", "adaptd.cli"]
 
@@ -265,7 +265,7 @@ def test_every_example_spec_in_the_help_texts_is_accepted(capsys) -> None:
     import re
 
     from adaptd.cli import COMMANDS, build_parser
-    from adaptd.policy import parse
+    from adaptd.core.policy import parse
 
     parser = build_parser()
     sub = next(a for a in parser._actions if a.dest == "command")
@@ -508,7 +508,7 @@ def test_drain_with_a_real_tensorflow_job(tmp_path: Path, capsys) -> None:
     import shutil
     import tempfile
 
-    from adaptd.spawn import running_daemon
+    from adaptd.commands._spawn import running_daemon
 
     short = Path(tempfile.mkdtemp(prefix="adt-", dir="/tmp"))  # ipc paths: 107 bytes at most
     sock = short / "adaptd.sock"

@@ -20,12 +20,12 @@ from pathlib import Path
 import pytest
 import zmq
 
-from adaptd import admin
-from adaptd import protocol as p
-from adaptd.client.schedule import SaveSchedule
-from adaptd.planner import ahead_of_the_job
-from adaptd.server import Daemon
-from adaptd.snapshot import Decision, Snapshot
+from adaptd.client.save.schedule import SaveSchedule
+from adaptd.core.snapshot import Decision, Snapshot
+from adaptd.daemon.jobs.planner import ahead_of_the_job
+from adaptd.daemon.server import Daemon
+from adaptd.protocol import admin
+from adaptd.protocol import job as p
 
 STEP_S = 0.01  # 100 steps between two reports
 LAG = 3  # steps a plan takes to reach the job (its next socket poll)

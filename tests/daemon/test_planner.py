@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from adaptd import events as ev
-from adaptd import protocol as p
-from adaptd.admin import JobSettings
-from adaptd.planner import Planner
-from adaptd.policy import PolicyCache
-from adaptd.registry import Registry
-from adaptd.settings import OperatorSettings
-from adaptd.snapshot import Decision, JobState, Snapshot
-from adaptd.stats import DaemonStats
+from adaptd.core.policy import PolicyCache
+from adaptd.core.snapshot import Decision, JobState, Snapshot
+from adaptd.daemon import events as ev
+from adaptd.daemon.jobs.planner import Planner
+from adaptd.daemon.jobs.registry import Registry
+from adaptd.daemon.jobs.settings import OperatorSettings
+from adaptd.daemon.stats import DaemonStats
+from adaptd.protocol import job as p
+from adaptd.protocol.admin import JobSettings
 
 
 @dataclass

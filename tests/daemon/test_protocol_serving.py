@@ -7,8 +7,8 @@ import psutil
 import pytest
 from daemon_helpers import Peer, thread_daemon
 
-from adaptd import protocol as p
-from adaptd.snapshot import Snapshot
+from adaptd.core.snapshot import Snapshot
+from adaptd.protocol import job as p
 
 V = p.VERSION
 # warm-up every 10 steps until 100, then every 50: a plan change at step 100
@@ -61,7 +61,7 @@ def test_plan_resent_after_two_seconds_of_silence(shared_daemon, zctx) -> None:
 
 def test_any_message_after_the_keepalive_interval_is_answered(short_dir, zctx) -> None:
     # The client times silence from a send made KEEPALIVE_S after the daemon's newest
-    # message (client/link.py), whatever that send is: here a JobPlan, which changes
+    # message (client/daemon/link.py), whatever that send is: here a JobPlan, which changes
     # nothing and needs no answer of its own. (The interval is shortened for the test.)
     with thread_daemon(short_dir / "a.sock", resend_after_s=0.3) as (d, _):
         peer = Peer(zctx, d.endpoint)
@@ -163,7 +163,7 @@ def test_bad_frames_get_error_counted_and_daemon_serves_on(
 
 
 def test_frame_beyond_hard_cap_drops_only_that_peer(shared_daemon, zctx) -> None:
-    from adaptd.server import HARD_MAX_FRAME
+    from adaptd.daemon.server import HARD_MAX_FRAME
 
     bad = Peer(zctx, shared_daemon.endpoint)
     bad.send_raw(b"\x00" * (HARD_MAX_FRAME + 1))  # ZeroMQ cuts this peer off
@@ -220,7 +220,7 @@ def test_twenty_jobs_of_two_ranks(shared_daemon, zctx) -> None:
 
 
 def test_save_report_updates_costs_and_save_now_reaches_ranks(shared_daemon, zctx) -> None:
-    from adaptd import admin
+    from adaptd.protocol import admin
 
     r0, r1 = Peer(zctx, shared_daemon.endpoint), Peer(zctx, shared_daemon.endpoint)
     r0.hello("save-1", 0, world_size=2, policy="fixed:steps=10")

@@ -3,7 +3,7 @@
 Before the fix a job's own rank could send its daemon ``Request(op="set_policy")`` (or
 ``resume``) and override what the operator set: the request is in-band, carried by the
 job's processes. Now the daemon an operator typed at signs what it relays
-(``daemon.relay_key_file``, :mod:`adaptd.relay_auth`), and the deciding daemon takes
+(``daemon.relay_key_file``, :mod:`adaptd.protocol.relay_auth`), and the deciding daemon takes
 only a valid, fresh signature it has not seen. Two daemons in this process play two
 hosts; the ranks are raw DEALER peers (tests/daemon/test_one_authority.py's setup).
 """
@@ -19,9 +19,9 @@ import zmq
 from daemon_helpers import DEADLINE, PINNED, Peer
 from test_one_authority import FLEET_SECRET, V, hello, host, job_info
 
-from adaptd import admin
-from adaptd import protocol as p
-from adaptd.relay_auth import MAX_AGE_S, RelayKey
+from adaptd.protocol import admin
+from adaptd.protocol import job as p
+from adaptd.protocol.relay_auth import MAX_AGE_S, RelayKey
 
 
 @pytest.fixture

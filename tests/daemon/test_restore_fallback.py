@@ -15,8 +15,8 @@ import sys
 from daemon_helpers import Peer
 from prometheus_client.parser import text_string_to_metric_families
 
-from adaptd import events as ev
-from adaptd.metrics import Metrics
+from adaptd.daemon import events as ev
+from adaptd.metrics.exporter import Metrics
 
 FELL_BACK = (
     "skipped damaged ckpt-35 (truncated: ckpt-35.data-00000-of-00001 is truncated: "

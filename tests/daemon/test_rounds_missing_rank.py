@@ -14,11 +14,11 @@ import logging
 
 import pytest
 
-from adaptd import protocol as p
-from adaptd.job_agreement import Agreements
-from adaptd.registry import Registry
-from adaptd.snapshot import Decision
-from adaptd.stats import DaemonStats
+from adaptd.core.snapshot import Decision
+from adaptd.daemon.jobs.registry import Registry
+from adaptd.daemon.jobs.rounds import Agreements
+from adaptd.daemon.stats import DaemonStats
+from adaptd.protocol import job as p
 
 WORLD = 3
 TIMEOUT_S = 10.0

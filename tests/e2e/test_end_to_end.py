@@ -19,7 +19,7 @@ from queue import Empty, Queue
 
 import pytest
 
-from adaptd.spawn import running_daemon, start_daemon, stop_daemon
+from adaptd.commands._spawn import running_daemon, start_daemon, stop_daemon
 
 pytestmark = [pytest.mark.slow, pytest.mark.tf]
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from adaptd.client.checkpointer import FINAL_SAVE_REASON
-from adaptd.spawn import running_daemon
+from adaptd.commands._spawn import running_daemon
 
 pytestmark = [pytest.mark.slow, pytest.mark.tf]
 

@@ -22,8 +22,9 @@ import psutil
 import zmq
 from integration._serve import Peer
 
-from adaptd import admin, spawn
-from adaptd import protocol as p
+from adaptd.commands import _spawn as spawn
+from adaptd.protocol import admin
+from adaptd.protocol import job as p
 
 DEADLINE = 15.0
 V = p.VERSION

@@ -19,8 +19,8 @@ import sys
 
 import zmq
 
-from adaptd import admin
-from adaptd import protocol as p
+from adaptd.protocol import admin
+from adaptd.protocol import job as p
 
 
 def say(**fields: object) -> None:

@@ -9,7 +9,7 @@ Two halves, kept apart on purpose:
 - what the schema *must* declare: :func:`edges` gives each field's edge values and
   whether each must be accepted, from rules written here (durations finite and >= 0,
   counts within SQLite's INTEGER, ids by pattern...), not from the schema. A constraint
-  dropped from ``adaptd/protocol.py`` therefore fails the tests instead of moving the
+  dropped from ``adaptd/protocol/job.py`` therefore fails the tests instead of moving the
   expectation with it.
 
 Used by tests/faults/test_validation_fuzz.py and the atheris harness fuzz_decoder.py.
@@ -25,8 +25,8 @@ from typing import Any
 import msgspec
 from msgspec import inspect as mi
 
-from adaptd import admin
-from adaptd import protocol as p
+from adaptd.protocol import admin
+from adaptd.protocol import job as p
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from adaptd import admin
-from adaptd.spawn import LogWatch, start_daemon, stop_daemon
+from adaptd.commands._spawn import LogWatch, start_daemon, stop_daemon
+from adaptd.protocol import admin
 
 from .zygote import Zygote
 

@@ -1,8 +1,8 @@
 """Coverage-guided fuzzing (atheris, libFuzzer) of the daemon's validation layer.
 
 Every input goes to the three decoders the daemon and the hook run on bytes from a
-socket: :func:`adaptd.protocol.decode_client`, :func:`~adaptd.protocol.decode_daemon`
-and :func:`adaptd.admin.decode_request`. Each must either return a message that
+socket: :func:`adaptd.protocol.job.decode_client`, :func:`~adaptd.protocol.job.decode_daemon`
+and :func:`adaptd.protocol.admin.decode_request`. Each must either return a message that
 re-encodes to an equal message, or raise its one refusal type with a known code. A
 client message that is accepted then goes where the daemon sends it: a registry (the
 job's tracker), the default policy and a state store (in memory), none of which may
@@ -35,12 +35,12 @@ import atheris
 import msgspec
 
 with atheris.instrument_imports(include=["adaptd"]):
-    from adaptd import admin
-    from adaptd import protocol as p
-    from adaptd.policy import parse
-    from adaptd.registry import Registry
-    from adaptd.snapshot import Snapshot
-    from adaptd.store import Store
+    from adaptd.core.policy import parse
+    from adaptd.core.snapshot import Snapshot
+    from adaptd.daemon.jobs.registry import Registry
+    from adaptd.protocol import admin
+    from adaptd.protocol import job as p
+    from adaptd.state.store import Store
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _schemas import CODES, KINDS, edges, fields, minimal

@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 import zmq
 
-from adaptd.registry import MAX_INACTIVE_JOBS
-from adaptd.store import Store
+from adaptd.daemon.jobs.registry import MAX_INACTIVE_JOBS
+from adaptd.state.store import Store
 
 from ._abuse import Rank, Served, wait_until
 

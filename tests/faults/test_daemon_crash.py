@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from adaptd import protocol
-from adaptd.store import GLOBAL, Store, job_scope
+from adaptd.protocol import job as protocol
+from adaptd.state.store import GLOBAL, Store, job_scope
 
 from .conftest import TRAIN_SCRIPT, Serve
 from .zygote import Child, Zygote
@@ -190,5 +190,5 @@ def test_daemon_sigkill_costs_the_loop_nothing_and_the_restart_restores_what_it_
     hook_s = t[idx(killed_at) : idx(back_at) + 50, 1]
     assert hook_s.max() < 0.9, f"the hook waited {hook_s.max():.2f}s: on the daemon?"
     # noticed within KEEPALIVE_S + the report interval (1 s) + daemon_timeout (1 s in the
-    # job) of the daemon's last message (client/link.py), plus 1 s for a loaded box
+    # job) of the daemon's last message (client/daemon/link.py), plus 1 s for a loaded box
     assert fallback_s < protocol.KEEPALIVE_S + 1.0 + 1.0 + 1.0

@@ -27,9 +27,10 @@ import pytest
 import zmq
 import zmq.auth
 
-from adaptd import admin, config
-from adaptd import protocol as p
-from adaptd.client.link import DaemonLink
+from adaptd.client.daemon.link import DaemonLink
+from adaptd.config import loader as config
+from adaptd.protocol import admin
+from adaptd.protocol import job as p
 
 from ._abuse import PeerProc, Rank, Served, V, raw, wait_until
 
@@ -287,7 +288,7 @@ def test_curve_admits_only_allowed_keys(where: Path, zctx: zmq.Context) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("ADAPTD_CURVE")}
         res = subprocess.run(
             [sys.executable, "-c",
-             f"from adaptd.client.link import DaemonLink; DaemonLink({endpoint!r})"],
+             f"from adaptd.client.daemon.link import DaemonLink; DaemonLink({endpoint!r})"],
             capture_output=True, text=True, env=env, timeout=60, check=False,
         )  # fmt: skip
         assert res.returncode != 0 and "ADAPTD_CURVE_SERVER_KEY" in res.stderr

@@ -25,8 +25,8 @@ import zmq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from adaptd import admin
-from adaptd import protocol as p
+from adaptd.protocol import admin
+from adaptd.protocol import job as p
 
 from ._abuse import DEADLINE, GoodJob, Rank, Served, V, raw, wait_until
 from ._schemas import CLIENT_KINDS, encode, messages

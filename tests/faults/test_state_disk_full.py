@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import logging
 
-from adaptd.records import SaveRecord
-from adaptd.store import Store
+from adaptd.state.records import SaveRecord
+from adaptd.state.store import Store
 
 ROWS = 3000
 

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from adaptd.client import files
+from adaptd.client.restore import files
 
 from .conftest import TRAIN_SCRIPT, on_disk, state
 from .zygote import Zygote
@@ -113,7 +113,7 @@ def test_sigkill_at_20_seeded_points_then_resume_is_bit_identical(
         assert child.wait() == -signal.SIGKILL, f"kill {i} at {line!r}: the job had ended"
         lines = child.log.lines
         # it resumed from the newest checkpoint the state file named before it started,
-        # and said so once (client/resume_notes.py)
+        # and said so once (client/restore/notes.py)
         assert lines[0] == f"start {prev_latest or 0}", (i, lines[:3])
         said = (
             f"adaptd: resumed from step {prev_latest} (ckpt-{prev_latest}, "
@@ -171,7 +171,7 @@ def test_a_saved_iterator_is_its_state_at_the_save_call_not_when_written() -> No
     tf = pytest.importorskip("tensorflow")
     import numpy as np
 
-    from adaptd.client import async_fixes
+    from adaptd.client.save import async_fixes
 
     def dataset():
         x = np.arange(64, dtype="float32")  # 4 batches per epoch

@@ -19,11 +19,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from adaptd import protocol as p
-from adaptd.policy import parse
-from adaptd.registry import Registry
-from adaptd.snapshot import Snapshot
-from adaptd.store import Store
+from adaptd.core.policy import parse
+from adaptd.core.snapshot import Snapshot
+from adaptd.daemon.jobs.registry import Registry
+from adaptd.protocol import job as p
+from adaptd.state.store import Store
 
 from ._schemas import (
     CLIENT_KINDS,

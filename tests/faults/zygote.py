@@ -36,7 +36,7 @@ import traceback
 from collections.abc import Iterator
 from pathlib import Path
 
-from adaptd.spawn import LogWatch
+from adaptd.commands._spawn import LogWatch
 
 #: A line of TensorFlow's C++ logging (absl: ``E0000 00:00:1796318173.596830  12261
 #: cuda_platform.cc:52] failed call to cuInit: ...``) or absl's note before it is set up.
@@ -46,7 +46,7 @@ NATIVE_LOG = re.compile(
 
 
 #: The hook's own line to its user on stderr (``adaptd: resumed from step 40 ...``,
-#: client/resume_notes.py), said once per run before the job prints ``start N``.
+#: client/restore/notes.py), said once per run before the job prints ``start N``.
 NOTE = "adaptd: "
 
 
@@ -131,7 +131,7 @@ def serve() -> None:
 
     import adaptd.cli
     import adaptd.client
-    import adaptd.client.verify  # noqa: F401
+    import adaptd.client.restore.verify  # noqa: F401
 
     r, w = os.pipe()
     for fd in (r, w):

@@ -21,9 +21,9 @@ from typing import Any
 
 import pytest
 
-from adaptd import admin
-from adaptd.spawn import stop_daemon, wait_for_path
-from adaptd.store import Store
+from adaptd.commands._spawn import stop_daemon, wait_for_path
+from adaptd.protocol import admin
+from adaptd.state.store import Store
 from adaptd.telemetry.storage import existing_ancestor, mount_of, parse_mountinfo
 
 HERE = Path(__file__).parent

@@ -20,7 +20,7 @@ import time
 
 import zmq
 
-from adaptd import protocol as p
+from adaptd.protocol import job as p
 
 
 def main() -> None:

@@ -16,8 +16,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: nvml_fix
 
 from nvml_fixture import FixtureNvml
 
-from adaptd import config
-from adaptd.service import Service
+from adaptd.config import loader as config
+from adaptd.daemon.service import Service
 from adaptd.telemetry.sampler import Sampler
 
 

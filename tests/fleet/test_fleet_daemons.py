@@ -90,7 +90,7 @@ def test_a_new_daemon_starts_from_the_fleets_failures(own_etcd: Etcd, hosts_root
 def test_without_fleet_nothing_is_imported(tmp_path: Path):
     """A daemon with no [fleet] never imports the etcd client (it may not be installed)."""
     code = (
-        "import sys, adaptd.config as c, adaptd.service\n"
+        "import sys, adaptd.config.loader as c, adaptd.daemon.service\n"
         "cfg = c.from_mapping({})\n"
         "assert cfg.fleet is None\n"
         "assert 'etcd3gw' not in sys.modules, sorted(sys.modules)\n"

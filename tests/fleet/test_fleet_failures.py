@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 from fleet_helpers import Etcd, settings
 
-from adaptd.estimators import PRIOR_GPU_MTBF_S, FailureRate
+from adaptd.core.estimators import PRIOR_GPU_MTBF_S, FailureRate
+from adaptd.core.model import weibull_scale
 from adaptd.fleet.agent import FleetAgent
 from adaptd.fleet.failures import FailureRecord, fit_shape, fleet_rate, pooled
-from adaptd.model import weibull_scale
 
 GPU_MTBF_S = 12_500 * 3600.0  # 4x worse than the prior
 

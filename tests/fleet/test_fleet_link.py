@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 from fleet_helpers import Etcd, holders, settings
 
-from adaptd import events as ev
-from adaptd.estimators import FailureRate
+from adaptd.core.estimators import FailureRate
+from adaptd.core.snapshot import GpuSample, Snapshot, StorageSample
+from adaptd.daemon import events as ev
 from adaptd.fleet.config import FleetConfig, endpoints_from, parse_fleet
 from adaptd.fleet.link import FleetLink, JobFacts
-from adaptd.protocol import VERSION, SaveReport
-from adaptd.snapshot import GpuSample, Snapshot, StorageSample
+from adaptd.protocol.job import VERSION, SaveReport
 from adaptd.telemetry.storage import parse_mountinfo
 
 MOUNTS = Path(__file__).parents[1] / "fixtures" / "proc" / "fleet" / "host-a.mountinfo"
@@ -223,7 +223,7 @@ def test_an_upload_to_a_shared_destination_waits_for_a_slot(etcd: Etcd, fleet_pr
     to waits until that save is durable, then holds the slot until it ends."""
     import threading
 
-    from adaptd.config import Destination
+    from adaptd.config.loader import Destination
 
     def destination(name: str, url: str) -> Destination:
         return Destination(name=name, url=url, bandwidth_mib_s=None, max_concurrent=1,
@@ -271,9 +271,9 @@ def test_job_facts_come_from_the_registry_jobs():
     feeds it, the latest decision's tags, the sampled target holding the job."""
     from types import SimpleNamespace
 
-    from adaptd.estimators import JobTracker
+    from adaptd.core.estimators import JobTracker
+    from adaptd.core.snapshot import Decision
     from adaptd.fleet.link import job_facts
-    from adaptd.snapshot import Decision
 
     t = JobTracker("ja", gpus=8)
     t.on_resume(0.0, 0)

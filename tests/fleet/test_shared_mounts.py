@@ -4,7 +4,7 @@ A sub-folder of a mount declared shared was silently ignored (the sampler report
 mount as one target, and the fleet names a target by a declared path equal to its
 mount point). Now it is refused, naming the mount it belongs to, by
 ``serve --check-config`` and at start (both read the config through
-:func:`adaptd.config.load`). Recorded mount tables (tests/fixtures/proc/fleet) for the
+:func:`adaptd.config.loader.load`). Recorded mount tables (tests/fixtures/proc/fleet) for the
 rules; this host's own for the commands.
 """
 

@@ -1,5 +1,5 @@
 """Helpers for the integration tests: a real ``adaptd serve`` child, its sd_notify
-socket, its log, and a raw DEALER peer speaking adaptd.protocol.
+socket, its log, and a raw DEALER peer speaking adaptd.protocol.job.
 
 Every wait is on the thing itself with a deadline: a notify datagram, a log line,
 a reply on a socket, the process's exit.
@@ -16,14 +16,14 @@ from pathlib import Path
 
 import zmq
 
-from adaptd import protocol as p
-from adaptd import spawn
+from adaptd.commands import _spawn as spawn
+from adaptd.protocol import job as p
 
 DEADLINE = 15.0
 
 
 class LogWatch(spawn.LogWatch):
-    """:class:`adaptd.spawn.LogWatch` with this suite's deadline."""
+    """:class:`adaptd.commands._spawn.LogWatch` with this suite's deadline."""
 
     def __init__(self, stream) -> None:
         super().__init__(stream, DEADLINE)
@@ -103,7 +103,7 @@ class Serve:
 
 
 class Peer:
-    """A raw DEALER socket speaking adaptd.protocol, as one rank of a job would."""
+    """A raw DEALER socket speaking adaptd.protocol.job, as one rank of a job would."""
 
     def __init__(self, ctx: zmq.Context, endpoint: str, job: str) -> None:
         self.job = job

@@ -21,10 +21,11 @@ import pytest
 import zmq
 from prometheus_client.parser import text_string_to_metric_families
 
-from adaptd import admin, config
-from adaptd import protocol as p
-from adaptd.estimators import JobTracker
-from adaptd.store import GLOBAL, Store, job_scope
+from adaptd.config import loader as config
+from adaptd.core.estimators import JobTracker
+from adaptd.protocol import admin
+from adaptd.protocol import job as p
+from adaptd.state.store import GLOBAL, Store, job_scope
 
 from ._serve import NotifyListener, Peer, Serve
 

@@ -16,7 +16,7 @@ import statistics
 
 import pytest
 
-from adaptd.estimators import (
+from adaptd.core.estimators import (
     LEVEL_JUMP,
     PRIOR_GPU_MTBF_S,
     SAVE_WINDOW,

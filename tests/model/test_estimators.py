@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from adaptd.estimators import (
+from adaptd.core.estimators import (
     PRIOR_GPU_MTBF_S,
     FailureRate,
     JobTracker,

@@ -1,5 +1,5 @@
-"""Failure classes and just-in-time coverage learned (adaptd/failure_rates.py), and the
-local tier's figures in the tracker (adaptd/estimators.py)."""
+"""Failure classes and just-in-time coverage learned (adaptd/core/failure_rates.py), and the
+local tier's figures in the tracker (adaptd/core/estimators.py)."""
 
 from __future__ import annotations
 
@@ -8,15 +8,15 @@ import math
 
 import pytest
 
-from adaptd.estimators import JobTracker
-from adaptd.failure_rates import (
+from adaptd.core.estimators import JobTracker
+from adaptd.core.failure_rates import (
     PRIOR_GPU_MTBF_S,
     PRIOR_HOST_GPU_MTBF_S,
     PRIOR_PROCESS_MTBF_S,
     FailureClasses,
     FailureRate,
 )
-from adaptd.snapshot import JobState
+from adaptd.core.snapshot import JobState
 
 DAY = 86400.0
 

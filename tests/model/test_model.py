@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from adaptd import model
+from adaptd.core import model
 
 # (δ, M, Young, Daly), worked by hand: Young = √(2δM); with x = δ/2M,
 # Daly = Young·(1 + √x/3 + x/9) − δ.

@@ -1,4 +1,4 @@
-"""The two-tier model (adaptd/multilevel.py) at points worked by hand, in its degenerate
+"""The two-tier model (adaptd/core/multilevel.py) at points worked by hand, in its degenerate
 cases, and against the whole search it shortens."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import random
 
 import pytest
 
-from adaptd import model
-from adaptd.multilevel import (
+from adaptd.core import model
+from adaptd.core.multilevel import (
     MAX_DURABLE_EVERY,
     Rates,
     Tier,
@@ -217,7 +217,7 @@ def test_a_plan_is_a_frozen_record() -> None:
     ],
 )
 def test_the_descent_starts_next_to_the_floored_real_optimum(local, durable, rates, top, start):
-    from adaptd.multilevel import start_every
+    from adaptd.core.multilevel import start_every
 
     assert start_every(local, durable, rates, top) == start
 
@@ -240,7 +240,7 @@ def test_the_descent_reaches_the_least_waste_from_any_start_and_keeps_the_smalle
 
 
 def test_durations_and_ordinals_in_reasons() -> None:
-    from adaptd.multilevel import _duration, _ordinal
+    from adaptd.core.multilevel import _duration, _ordinal
 
     assert [_duration(x) for x in (119.0, 120.0, 7199.0, 7200.0)] == [
         "119 s", "2 min", "120 min", "2 h",

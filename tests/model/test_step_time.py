@@ -14,9 +14,9 @@ from collections.abc import Iterable, Iterator
 
 import pytest
 
-from adaptd.estimators import JobTracker, LevelEstimate, StepTime, steady_part
+from adaptd.core.estimators import JobTracker, LevelEstimate, StepTime, steady_part
+from adaptd.core.snapshot import Snapshot
 from adaptd.policies.daly import Daly
-from adaptd.snapshot import Snapshot
 
 REPORT_S = 1.0
 

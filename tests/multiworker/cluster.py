@@ -1,4 +1,4 @@
-"""The multi-worker tests' workers: :class:`adaptd.local_cluster.Cluster`, run from the
+"""The multi-worker tests' workers: :class:`adaptd.sim.local_cluster.Cluster`, run from the
 repository root so that a worker script can import ``tests.*``."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from adaptd import local_cluster
+from adaptd.sim import local_cluster
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent

@@ -4,7 +4,7 @@ scenarios named on the command line against TensorFlow's coordination service an
 writes what it saw to ``$RESULT`` as JSON.
 
 Scenarios:
-  facade     the key-value and barrier calls of adaptd.client.coordination
+  facade     the key-value and barrier calls of adaptd.client.agreement.coordination
   lockstep   the agreement, ranks in lock step (a real all-reduce every step)
   free       the agreement, ranks running free at different speeds
   restore    the restore agreement (tests/multiworker/restore_scenarios.py)
@@ -22,11 +22,11 @@ from typing import Any
 
 import tensorflow as tf
 
-from adaptd.client import ranks
-from adaptd.client.agreement import Agreement
-from adaptd.client.coordination import BarrierTimeout, Coordination
-from adaptd.client.schedule import NEVER, SaveSchedule
-from adaptd.snapshot import Decision
+from adaptd.client.agreement import ranks
+from adaptd.client.agreement.coordination import BarrierTimeout, Coordination
+from adaptd.client.agreement.rounds import Agreement
+from adaptd.client.save.schedule import NEVER, SaveSchedule
+from adaptd.core.snapshot import Decision
 
 STEPS = int(os.environ.get("STEPS", "400"))
 SEED = int(os.environ.get("SEED", "12"))

@@ -14,8 +14,8 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from adaptd import admin, paths
-from adaptd.spawn import start_daemon, stop_daemon
+from adaptd.commands._spawn import start_daemon, stop_daemon
+from adaptd.protocol import admin, paths
 from multiworker.cluster import Cluster
 
 DEADLINE = 120.0

@@ -1,4 +1,4 @@
-"""Deterministic scenarios of one rank's agreement (adaptd.client.agreement) on a real
+"""Deterministic scenarios of one rank's agreement (adaptd.client.agreement.rounds) on a real
 coordination service: a one-worker MultiWorkerMirroredStrategy cluster (TF_CONFIG from
 the test) whose rank 0 runs the engine while this script plays the job's other ranks
 by writing their keys. Writes what happened to ``$RESULT`` as JSON.
@@ -15,13 +15,13 @@ from typing import Any
 
 import tensorflow as tf
 
-from adaptd import agreement as rules
-from adaptd import protocol as p
-from adaptd.client.agreement import Agreement
-from adaptd.client.coordination import Coordination
-from adaptd.client.kv import Keys
-from adaptd.client.schedule import SaveSchedule
-from adaptd.snapshot import Decision
+from adaptd.client.agreement.coordination import Coordination
+from adaptd.client.agreement.kv import Keys
+from adaptd.client.agreement.rounds import Agreement
+from adaptd.client.save.schedule import SaveSchedule
+from adaptd.core import agreement as rules
+from adaptd.core.snapshot import Decision
+from adaptd.protocol import job as p
 
 WORLD = 2  # the engine is rank 0; this script plays rank 1
 

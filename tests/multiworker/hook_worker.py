@@ -30,8 +30,9 @@ from typing import Any
 
 import tensorflow as tf
 
-from adaptd.client import AdaptiveCheckpointer, ranks
-from adaptd.snapshot import Decision
+from adaptd.client import AdaptiveCheckpointer
+from adaptd.client.agreement import ranks
+from adaptd.core.snapshot import Decision
 
 STEPS = int(os.environ.get("STEPS", "300"))
 SEED = int(os.environ.get("SEED", "12"))

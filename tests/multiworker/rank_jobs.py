@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from adaptd import local_cluster
+from adaptd.sim import local_cluster
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent

@@ -31,7 +31,8 @@ from typing import Any
 
 import tensorflow as tf
 
-from adaptd.client import AdaptiveCheckpointer, ranks
+from adaptd.client import AdaptiveCheckpointer
+from adaptd.client.agreement import ranks
 
 STEPS = int(os.environ.get("STEPS", "50"))
 EVERY = int(os.environ.get("EVERY", "10"))

@@ -4,7 +4,7 @@ Each scenario gives every rank a checkpoint directory with some steps (files nam
 and sized like TensorFlow's, with each rank's part beside the replicated part, as a
 job of 3 ranks writes them; the agreement looks at which are complete for the job,
 and a pull checks them against the destination's manifest) and runs
-:class:`adaptd.client.job_restore.JobRestore` through offer, choice, pull and confirm.
+:class:`adaptd.client.restore.job_restore.JobRestore` through offer, choice, pull and confirm.
 ``$RESTORE_ROOT`` holds the directories; ``$RESTORE_DEST`` is a durable destination
 the test filled with steps 20 and 30.
 """
@@ -16,11 +16,11 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from adaptd.client.coordination import Coordination
-from adaptd.client.job_restore import JobRestore, RestoreAgreementError
-from adaptd.client.job_steps import local_offer
-from adaptd.client.kv import Keys, next_session
-from adaptd.rank_parts import part_name, pending_name
+from adaptd.checkpoints.rank_parts import part_name, pending_name
+from adaptd.client.agreement.coordination import Coordination
+from adaptd.client.agreement.kv import Keys, next_session
+from adaptd.client.restore.job_restore import JobRestore, RestoreAgreementError
+from adaptd.client.restore.job_steps import local_offer
 
 WORLD = 3
 #: scenario -> steps each rank holds whole (rank -> steps; ranks not named hold none)

@@ -143,14 +143,14 @@ def test_a_rank_that_dies_costs_the_others_bounded_waits_never_a_hang(job) -> No
 
 def test_no_coordination_service_is_a_clear_error_at_construction() -> None:
     pytest.importorskip("tensorflow")
-    from adaptd.client.coordination import Coordination, CoordinationUnavailable
+    from adaptd.client.agreement.coordination import Coordination, CoordinationUnavailable
 
     with pytest.raises(CoordinationUnavailable, match="MultiWorkerMirroredStrategy"):
         Coordination(0, 2)
 
 
 def test_a_tensorflow_without_the_calls_is_a_clear_error_at_construction() -> None:
-    from adaptd.client.coordination import Coordination, CoordinationUnavailable
+    from adaptd.client.agreement.coordination import Coordination, CoordinationUnavailable
 
     class OtherTensorFlowContext:  # an eager context of a build without the calls
         coordination_service = object()

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from adaptd import admin
+from adaptd.protocol import admin
 from multiworker.cluster import HERE, Cluster
 from multiworker.daemons import DEADLINE, ENDLESS, JOB, job_info, serve, stop_job, wait_for
 

@@ -77,7 +77,7 @@ def test_sigkill_then_restart_resumes_every_rank_from_one_step_bit_exactly(tmp_p
 
 
 def test_under_one_adaptd_daemon_the_chiefs_daemon_plans_for_both(tmp_path) -> None:
-    from adaptd.spawn import running_daemon
+    from adaptd.commands._spawn import running_daemon
 
     sock = tmp_path / "adaptd.sock"
     with running_daemon(sock, ["--policy", "fixed:steps=25"]):

@@ -18,7 +18,7 @@ from statistics import median
 
 import pytest
 
-from adaptd import admin
+from adaptd.protocol import admin
 from multiworker.cluster import HERE, REPO, Cluster
 from multiworker.daemons import (
     ENDLESS,

@@ -1,4 +1,4 @@
-"""Restore agreement (adaptd.client.job_restore) on real MultiWorkerMirroredStrategy
+"""Restore agreement (adaptd.client.restore.job_restore) on real MultiWorkerMirroredStrategy
 workers: every rank restores the newest step the whole job has, pulls what it lacks,
 or every rank stops with the same clear error (tests/multiworker/restore_scenarios.py)."""
 

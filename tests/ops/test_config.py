@@ -8,10 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from adaptd import config, config_schema, paths
-from adaptd.config import ConfigError
-from adaptd.estimators import PRIOR_GPU_MTBF_S
-from adaptd.policy import DEFAULT_SPEC
+from adaptd.config import loader as config
+from adaptd.config import schema as config_schema
+from adaptd.config.loader import ConfigError
+from adaptd.core.estimators import PRIOR_GPU_MTBF_S
+from adaptd.core.policy import DEFAULT_SPEC
+from adaptd.protocol import paths
 
 from ._tools import ROOT
 
@@ -304,5 +306,5 @@ def test_check_config_names_and_writes_each_setting_as_the_file_does() -> None:
 
 
 def test_the_settings_table_in_the_docs_is_the_schemas() -> None:
-    """docs/operations.md's table is generated from the schema (python -m adaptd.config_schema)."""
+    """docs/operations.md's table is generated from the schema (python -m adaptd.config.schema)."""
     assert config_schema.docs_table() in (ROOT / "docs" / "operations.md").read_text()

@@ -1,7 +1,7 @@
 """Every key of the config file refuses a value of the wrong type, and every number
 key one out of its range, with an error naming the key and the value (issue 26).
 
-The keys come from the schema (:mod:`adaptd.config_schema`, and ``[fleet]``'s own), so
+The keys come from the schema (:mod:`adaptd.config.schema`, and ``[fleet]``'s own), so
 a key added later is checked too; the rest of the file is the shipped example
 (systemd/adaptd.toml, uncommented), valid as it is. A refused file starts nothing:
 ``adaptd serve`` exits 1 with that one line and writes no state.
@@ -21,8 +21,9 @@ from typing import Any
 import pytest
 import tomllib
 
-from adaptd import config, config_schema
-from adaptd.config_kinds import options
+from adaptd.config import loader as config
+from adaptd.config import schema as config_schema
+from adaptd.config.kinds import options
 from adaptd.fleet.config import KEYS as FLEET_KEYS
 
 ROOT = Path(__file__).resolve().parents[2]

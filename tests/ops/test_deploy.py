@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from adaptd.metrics import Metrics
+from adaptd.metrics.exporter import Metrics
 
 from ._tools import ROOT, run, tool
 

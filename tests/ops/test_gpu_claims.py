@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 from nvml_fixture import FixtureNvml
 
-from adaptd import protocol as p
-from adaptd.gpu_claims import vouched_gpus
-from adaptd.protocol import VERSION
-from adaptd.sdnotify import Notifier
-from adaptd.service import Service
+from adaptd.core.gpu_claims import vouched_gpus
+from adaptd.daemon.sdnotify import Notifier
+from adaptd.daemon.service import Service
+from adaptd.protocol import job as p
+from adaptd.protocol.job import VERSION
 from adaptd.telemetry.sampler import Sampler
 
 from .test_service import make, serving

@@ -9,9 +9,9 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from adaptd.metrics import SAVE_BUCKETS, Metrics, MetricsError
-from adaptd.snapshot import GpuSample, HostSample, Snapshot, StorageSample
-from adaptd.store import DecisionRecord, FailureRecord, SaveRecord
+from adaptd.core.snapshot import GpuSample, HostSample, Snapshot, StorageSample
+from adaptd.metrics.exporter import SAVE_BUCKETS, Metrics, MetricsError
+from adaptd.state.store import DecisionRecord, FailureRecord, SaveRecord
 
 from ._tools import run, tool
 

@@ -10,12 +10,12 @@ import urllib.request
 import pytest
 import zmq
 
-from adaptd import config
-from adaptd import events as ev
-from adaptd import protocol as p
-from adaptd.metrics import Metrics
-from adaptd.sdnotify import Notifier
-from adaptd.service import Service
+from adaptd.config import loader as config
+from adaptd.daemon import events as ev
+from adaptd.daemon.sdnotify import Notifier
+from adaptd.daemon.service import Service
+from adaptd.metrics.exporter import Metrics
+from adaptd.protocol import job as p
 from adaptd.telemetry.sampler import Sampler
 
 from .test_metrics import samples
@@ -142,7 +142,7 @@ def test_the_daemon_keeps_a_goodbye_jobs_series_for_the_configured_grace(short_d
 def test_a_flood_of_short_jobs_keeps_a_bounded_number_waiting() -> None:
     """Thousands of jobs ending within one grace period: only the newest
     MAX_ENDED_JOBS keep their series, so the daemon's memory stays bounded."""
-    from adaptd.metrics import MAX_ENDED_JOBS
+    from adaptd.metrics.exporter import MAX_ENDED_JOBS
 
     m = Metrics(job_series_grace_s=120.0)
     n = MAX_ENDED_JOBS + 50

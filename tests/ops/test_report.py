@@ -23,8 +23,9 @@ import pytest
 pytest.importorskip("matplotlib")
 from PIL import Image
 
-from adaptd import cli, report
-from adaptd.store import DecisionRecord, FailureRecord, SaveRecord, Store
+from adaptd import cli
+from adaptd.commands import _report_figures as report
+from adaptd.state.store import DecisionRecord, FailureRecord, SaveRecord, Store
 
 ROOT = Path(__file__).resolve().parents[2]
 T0 = 1_760_000_000.0  # 2025-10-09 08:53:20 UTC

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from adaptd.sdnotify import Notifier
+from adaptd.daemon.sdnotify import Notifier
 
 
 class FakeSystemd:
@@ -117,7 +117,7 @@ def test_a_vanished_systemd_is_logged_once_and_never_raises(
 def test_a_real_child_process_notifies_from_its_environment(tmp_path: Path) -> None:
     fake = FakeSystemd(str(tmp_path / "notify.sock"))
     code = (
-        "from adaptd.sdnotify import Notifier\n"
+        "from adaptd.daemon.sdnotify import Notifier\n"
         "n = Notifier()\n"
         "assert n.watchdog_interval_s == 2.0, n.watchdog_interval_s\n"
         "n.ready('up')\n"

@@ -14,14 +14,21 @@ from pathlib import Path
 import pytest
 import zmq
 
-from adaptd import admin, config
-from adaptd import protocol as p
-from adaptd.estimators import LEARNED_VERSION, FailureRate, JobTracker
-from adaptd.protocol import VERSION, Hello
-from adaptd.sdnotify import Notifier
-from adaptd.service import FAILURE_RATE_KEY, LEARNED_KEY, Service, ServiceError, storage_limits
-from adaptd.snapshot import StorageSample
-from adaptd.store import GLOBAL, Store, job_scope
+from adaptd.config import loader as config
+from adaptd.core.estimators import LEARNED_VERSION, FailureRate, JobTracker
+from adaptd.core.snapshot import StorageSample
+from adaptd.daemon.sdnotify import Notifier
+from adaptd.daemon.service import (
+    FAILURE_RATE_KEY,
+    LEARNED_KEY,
+    Service,
+    ServiceError,
+    storage_limits,
+)
+from adaptd.protocol import admin
+from adaptd.protocol import job as p
+from adaptd.protocol.job import VERSION, Hello
+from adaptd.state.store import GLOBAL, Store, job_scope
 from adaptd.telemetry.sampler import Sampler
 from adaptd.telemetry.storage import Storage
 

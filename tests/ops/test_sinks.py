@@ -6,11 +6,11 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from adaptd import events as ev
-from adaptd.metrics import Metrics
-from adaptd.protocol import VERSION, SaveReport
-from adaptd.snapshot import Decision
-from adaptd.store import Store
+from adaptd.core.snapshot import Decision
+from adaptd.daemon import events as ev
+from adaptd.metrics.exporter import Metrics
+from adaptd.protocol.job import VERSION, SaveReport
+from adaptd.state.store import Store
 
 W = 1_700_000_000.0  # wall clock of the story; monotonic time is W - 1e9
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from adaptd.protocol import VERSION, SaveReport
-from adaptd.snapshot import Decision
-from adaptd.store import (
+from adaptd.core.snapshot import Decision
+from adaptd.protocol.job import VERSION, SaveReport
+from adaptd.state.store import (
     GLOBAL,
     MIGRATIONS,
     SCHEMA_VERSION,

@@ -89,7 +89,7 @@ def test_unit_is_notify_with_watchdog_and_sandbox() -> None:
     assert one["CapabilityBoundingSet"] == ""
     assert set(one["RestrictAddressFamilies"].split()) == {"AF_UNIX", "AF_INET", "AF_INET6"}
     # the drain on SIGTERM must fit: stop timeout above the config's default grace
-    from adaptd.config import from_mapping
+    from adaptd.config.loader import from_mapping
 
     assert int(one["TimeoutStopSec"].rstrip("s")) > from_mapping({}).drain_grace_s
 

@@ -23,7 +23,7 @@ import pytest
 
 tf = pytest.importorskip("tensorflow")
 
-from adaptd.client import verify  # noqa: E402
+from adaptd.client.restore import verify  # noqa: E402
 
 pytestmark = pytest.mark.tf
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from adaptd.core.snapshot import FleetSample, JobState, Snapshot, StorageSample
 from adaptd.policies import Daly, Default, Guards, IoAware, Weibull
-from adaptd.snapshot import FleetSample, JobState, Snapshot, StorageSample
 
 T = "nfs://10.0.4.20/export/ckpt"
 

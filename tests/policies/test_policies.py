@@ -6,7 +6,9 @@ import math
 
 import pytest
 
-from adaptd import model
+from adaptd.core import model
+from adaptd.core.policy import DEFAULT_SPEC, AnyPolicy, PolicyError, available, parse
+from adaptd.core.snapshot import GpuSample, HostSample, JobState, Snapshot, StorageSample
 from adaptd.policies import (
     Budget,
     Daly,
@@ -20,8 +22,6 @@ from adaptd.policies import (
     Young,
 )
 from adaptd.policies.gpus import job_gpus
-from adaptd.policy import DEFAULT_SPEC, AnyPolicy, PolicyError, available, parse
-from adaptd.snapshot import GpuSample, HostSample, JobState, Snapshot, StorageSample
 
 T = "nfs"
 

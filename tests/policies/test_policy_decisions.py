@@ -15,7 +15,17 @@ import re
 
 import pytest
 
-from adaptd import model
+from adaptd.core import model
+from adaptd.core.policy import PolicyError
+from adaptd.core.snapshot import (
+    Decision,
+    FleetSample,
+    GpuSample,
+    HostSample,
+    JobState,
+    Snapshot,
+    StorageSample,
+)
 from adaptd.policies import (
     Budget,
     Daly,
@@ -31,16 +41,6 @@ from adaptd.policies import (
 from adaptd.policies.default import Default, FleetInterval
 from adaptd.policies.opportunistic import idle_util
 from adaptd.policies.weibull import interval_start_age
-from adaptd.policy import PolicyError
-from adaptd.snapshot import (
-    Decision,
-    FleetSample,
-    GpuSample,
-    HostSample,
-    JobState,
-    Snapshot,
-    StorageSample,
-)
 
 # δ = 8 s, L = 60 s, R = 120 s, M = 175,000 s, 1 s steps; the last save at step 900.
 BASE = dict(

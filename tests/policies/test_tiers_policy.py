@@ -9,12 +9,12 @@ import random
 
 import pytest
 
-from adaptd import model, multilevel
+from adaptd.core import model, multilevel
+from adaptd.core.policy import PolicyError, parse
+from adaptd.core.snapshot import Decision, JobState, Snapshot, StorageSample, same_saves
 from adaptd.policies import Daly, Guards, IoAware, Tiers
 from adaptd.policies.default import Default
 from adaptd.policies.tiers import MAX_COVERAGE, failure_rates
-from adaptd.policy import PolicyError, parse
-from adaptd.snapshot import Decision, JobState, Snapshot, StorageSample, same_saves
 
 # Case B of tests/model/test_multilevel.py (δ₁ = 1, δ₂ = 30, λ_p = 1/2000, λ_h = 1/20000:
 # k = 17, τ = 63.9989 s, first-order 0.0863985) with L₁ = 2, R₁ = 120, L₂ = 60, R₂ = 600,

@@ -12,12 +12,9 @@ import numpy as np
 import pytest
 
 from adaptd import sim
-from adaptd.estimators import JobTracker
-from adaptd.fleet.history import FleetHistory
-from adaptd.policies import Fixed
-from adaptd.policy import Policy
-from adaptd.sim.engine import JOB, PID, TARGET, FailureClock, RunResult, _Run
-from adaptd.snapshot import (
+from adaptd.core.estimators import JobTracker
+from adaptd.core.policy import Policy
+from adaptd.core.snapshot import (
     Decision,
     FleetSample,
     GpuSample,
@@ -25,6 +22,9 @@ from adaptd.snapshot import (
     Snapshot,
     StorageSample,
 )
+from adaptd.fleet.history import FleetHistory
+from adaptd.policies import Fixed
+from adaptd.sim.engine import JOB, PID, TARGET, FailureClock, RunResult, _Run
 
 
 def traced(trace: list[float], latency_s: float, slowdown: float) -> sim.Scenario:

@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 
 from adaptd import sim
-from adaptd.estimators import PRIOR_GPU_MTBF_S
+from adaptd.core.estimators import PRIOR_GPU_MTBF_S
 from adaptd.fleet.history import FleetHistory
 from adaptd.policies import Default
 from adaptd.sim.engine import _Run

@@ -12,12 +12,12 @@ from dataclasses import replace
 import pytest
 
 from adaptd import sim
+from adaptd.core.policy import PolicyError
+from adaptd.core.snapshot import JobState, Snapshot
 from adaptd.fleet.history import FleetHistory
 from adaptd.policies import Daly
-from adaptd.policy import PolicyError
 from adaptd.sim.engine import RunResult
 from adaptd.sim.runner import FIELDS, Oracle, ProgressBar, Summary, _run_one, resolve
-from adaptd.snapshot import JobState, Snapshot
 from tests.sim.test_sim import scenario
 
 

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from adaptd import sim
-from adaptd.estimators import JobTracker
+from adaptd.core.estimators import JobTracker
 from adaptd.policies import Fixed
 from adaptd.sim.engine import FailureClock, _Run
 

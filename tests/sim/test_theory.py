@@ -16,9 +16,10 @@ from dataclasses import replace
 
 import pytest
 
-from adaptd import model, sim
+from adaptd import sim
+from adaptd.core import model
+from adaptd.core.policy import steps_for_seconds
 from adaptd.policies import Fixed
-from adaptd.policy import steps_for_seconds
 from adaptd.sim import theory
 
 SEEDS = 100
@@ -91,7 +92,7 @@ def test_the_oracles_goodput_is_the_closed_forms(name: str) -> None:
 
 def test_the_closed_form_is_dalys_for_a_synchronous_save() -> None:
     """With L = δ and no warm-up the cycle is Daly's M·e^(R/M)·(e^((τ+δ)/M) − 1), and
-    in steady state the waste is :func:`adaptd.model.waste_fraction`'s."""
+    in steady state the waste is :func:`adaptd.core.model.waste_fraction`'s."""
     s = CASES["daly-sync"]
     m, r, d = s.job_mtbf_s, s.restore_s, s.save_cost_s
     for k in (50, 250, 1000):

@@ -11,14 +11,14 @@ import numpy as np
 import pytest
 
 from adaptd import sim
+from adaptd.core.policy import PolicyError
+from adaptd.core.snapshot import Decision, JobState, Snapshot
 from adaptd.policies import Daly, Fixed
-from adaptd.policy import PolicyError
 from adaptd.sim import theory_tiers
 from adaptd.sim.classes import FailureKinds
 from adaptd.sim.engine import RunResult, _Run
 from adaptd.sim.oracles import Oracle, TierOracle, best_tiers
 from adaptd.sim.runner import _run_one, setup
-from adaptd.snapshot import Decision, JobState, Snapshot
 
 # Half-second steps; a durable save blocks 2 s and is durable 4 s after its call (a
 # quarter of compute lost meanwhile), a local one blocks 0.5 s and is complete 1 s after

@@ -11,9 +11,9 @@ from pathlib import Path
 import zmq
 from nvml_fixture import FixtureNvml
 
-from adaptd import protocol as p
-from adaptd.registry_view import RegistryView
-from adaptd.server import Daemon
+from adaptd.daemon.jobs.view import RegistryView
+from adaptd.daemon.server import Daemon
+from adaptd.protocol import job as p
 from adaptd.telemetry import nvml
 from adaptd.telemetry.host import Host
 from adaptd.telemetry.report import render, to_dict
@@ -77,7 +77,7 @@ def test_the_daemon_with_telemetry_imports_no_heavy_modules() -> None:
     (psutil, small, is what it reads the host with)."""
     code = (
         "import sys\n"
-        "from adaptd.server import Daemon\n"
+        "from adaptd.daemon.server import Daemon\n"
         "from adaptd.telemetry import nvml, report\n"
         "from nvml_fixture import FixtureNvml\n"
         "from adaptd.telemetry.sampler import Sampler\n"

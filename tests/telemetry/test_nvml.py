@@ -8,7 +8,7 @@ import logging
 import pytest
 from nvml_fixture import FIXTURE_DIR, FixtureError, FixtureNvml, call_key
 
-from adaptd.snapshot import GpuSample
+from adaptd.core.snapshot import GpuSample
 from adaptd.telemetry import nvml
 
 

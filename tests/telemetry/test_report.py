@@ -7,7 +7,7 @@ import json
 import msgspec
 from nvml_fixture import FixtureNvml
 
-from adaptd.snapshot import HostSample, Snapshot, StorageSample
+from adaptd.core.snapshot import HostSample, Snapshot, StorageSample
 from adaptd.telemetry import nvml, report
 
 

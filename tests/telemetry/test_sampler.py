@@ -12,10 +12,10 @@ import time
 import pytest
 from nvml_fixture import FixtureNvml
 
-from adaptd import protocol as p
-from adaptd.registry import Registry
-from adaptd.registry_view import RegistryView
-from adaptd.snapshot import GpuSample
+from adaptd.core.snapshot import GpuSample
+from adaptd.daemon.jobs.registry import Registry
+from adaptd.daemon.jobs.view import RegistryView
+from adaptd.protocol import job as p
 from adaptd.telemetry import nvml
 from adaptd.telemetry.host import Host, process_info
 from adaptd.telemetry.sampler import JobInfo, Sampler

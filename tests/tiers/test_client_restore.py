@@ -23,7 +23,8 @@ import pytest
 
 tf = pytest.importorskip("tensorflow")
 
-from adaptd.client import AdaptiveCheckpointer, remote  # noqa: E402
+from adaptd.client import AdaptiveCheckpointer  # noqa: E402
+from adaptd.client.restore import remote  # noqa: E402
 from adaptd.tiers.replica import Replica, TierError  # noqa: E402
 
 SCRIPT = Path(__file__).parents[1] / "client" / "train_script.py"
@@ -263,7 +264,7 @@ def test_ranks_sharing_a_directory_pull_once(tmp_path):
 def test_adaptd_restore_gives_a_checkpoint_tf_restores(tmp_path, capsys):
     """The operator's command on a real checkpoint: TF (and adaptd verify) accept it."""
     from adaptd import cli
-    from adaptd.client import verify
+    from adaptd.client.restore import verify
 
     dest = Replica(str(tmp_path / "dest"))
     dest.upload(_saved_at(tmp_path / "old", 6, 6.0), 6, "small")

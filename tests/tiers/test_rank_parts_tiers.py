@@ -1,7 +1,7 @@
 """A multi-worker job's steps at a durable destination: every rank's part goes with its
 step, only a step complete for the job is uploaded (the replicator waits for a part
 still being written), a manifest that lists less is never restored, and retention
-deletes the parts with their step (adaptd/rank_parts.py, adaptd/tiers/)."""
+deletes the parts with their step (adaptd/checkpoints/rank_parts.py, adaptd/tiers/)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from adaptd import rank_parts
-from adaptd.config import Destination
+from adaptd.checkpoints import rank_parts
+from adaptd.config.loader import Destination
 from adaptd.tiers import destination as dq
 from adaptd.tiers.layout import IncompleteStep, manifest_name
 from adaptd.tiers.replica import Replica, TierError

@@ -1,7 +1,7 @@
 """The Replicator's pure scheduling rules and the config it is built from.
 
 Scheduling is a table of inputs and the upload that must start next (no threads, no
-clock); the config tests go through :func:`adaptd.config.loads` and, once, through
+clock); the config tests go through :func:`adaptd.config.loader.loads` and, once, through
 ``adaptd serve --check-config``. The daemon end to end is in test_replicator_serve.py.
 """
 
@@ -17,9 +17,9 @@ import pytest
 from ops._tools import tool
 from prometheus_client.parser import text_string_to_metric_families
 
-from adaptd import config
-from adaptd.admin import ReplicationInfo
-from adaptd.metrics import Metrics
+from adaptd.config import loader as config
+from adaptd.metrics.exporter import Metrics
+from adaptd.protocol.admin import ReplicationInfo
 from adaptd.tiers.replicator import (
     Pending,
     jobs_in_staging,

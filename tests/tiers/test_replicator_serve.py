@@ -27,9 +27,9 @@ import pytest
 import zmq
 from prometheus_client.parser import text_string_to_metric_families
 
-from adaptd import admin
-from adaptd import protocol as p
-from adaptd.spawn import LogWatch, start_daemon, stop_daemon
+from adaptd.commands._spawn import LogWatch, start_daemon, stop_daemon
+from adaptd.protocol import admin
+from adaptd.protocol import job as p
 from adaptd.tiers.replica import Replica
 
 SCRIPT = Path(__file__).parents[1] / "client" / "train_script.py"

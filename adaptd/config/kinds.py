@@ -1,0 +1,393 @@
+"""The kinds of value a config setting may hold, each with its check and its message.
+
+A kind is a function ``(check, value, dotted key, context) -> value``: it takes the
+value as TOML gave it, raises :class:`ConfigError` through ``check.fail`` (naming
+the key, the value as TOML writes it and what is allowed), and returns the value the
+daemon uses. :mod:`adaptd.config.schema` says which setting has which kind;
+:class:`Check` walks a document with it (a typo gets a did-you-mean).
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib.util
+import json
+import logging
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
+
+from adaptd.core.policy import PolicyError, parse
+from adaptd.protocol import paths
+
+if TYPE_CHECKING:
+    from adaptd.config.schema import Setting
+
+__all__ = [
+    "DB_NAME",
+    "JOB_PLACEHOLDER",
+    "LOG_LEVELS",
+    "OFF",
+    "Check",
+    "ConfigError",
+    "Parse",
+    "did_you_mean",
+    "parse_listen",
+    "show",
+]
+
+DB_NAME = "adaptd.sqlite3"
+#: Stands for the job id in ``jobs."PATTERN".staging``.
+JOB_PLACEHOLDER = "{job}"
+LOG_LEVELS = {
+    "debug": logging.DEBUG,
+    "info": logging.INFO,
+    "warning": logging.WARNING,
+    "error": logging.ERROR,
+}
+#: What ``metrics.listen`` (or ``--metrics-listen``) may say to switch metrics off.
+OFF = ("", "off", "none", "disabled")
+
+
+class ConfigError(ValueError):
+    """The configuration cannot be used; the message says where, what and what is allowed.
+
+    ``key`` is the dotted path of the offending setting (``""`` for the file itself).
+    """
+
+    def __init__(self, message: str, *, key: str = "", source: str = "") -> None:
+        prefix = f"{source}: " if source else ""
+        super().__init__(prefix + message)
+        self.key = key
+        self.source = source
+
+
+def show(v: Any) -> str:
+    """A value as TOML writes it, with its TOML type: ``true (boolean)``, ``"x" (string)``."""
+    kinds = {bool: "boolean", int: "integer", float: "float", str: "string"}
+    kind = next((n for t, n in kinds.items() if type(v) is t), None)
+    if kind is None:
+        return (
+            "a table"
+            if isinstance(v, Mapping)
+            else "an array"
+            if isinstance(v, list)
+            else "a value"
+        )
+    return f"{json.dumps(v)} ({kind})"
+
+
+class Check:
+    """Walks a document: each error names the file (``source``), the dotted key and the
+    value; an unknown key gets a did-you-mean."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+
+    def fail(self, key: str, message: str) -> ConfigError:
+        return ConfigError(f"{key}: {message}", key=key, source=self.source)
+
+    def table(self, data: Any, where: str, allowed: Sequence[str]) -> Mapping[str, Any]:
+        """``data`` as a table whose keys are all ``allowed`` (``where``: its dotted name,
+        ``""`` for the top level)."""
+        if not isinstance(data, Mapping):
+            raise self.fail(where, f"must be a table, got {show(data)}")
+        for key in data:
+            if key not in allowed:
+                dotted = f"{where}.{key}" if where else key
+                hint = did_you_mean(key, allowed)
+                listed = ", ".join(allowed)
+                what = "setting" if where else "section"
+                raise self.fail(dotted, f"unknown {what}{hint} (allowed here: {listed})")
+        return data
+
+    def read(
+        self, settings: Sequence[Setting], where: str, data: Mapping[str, Any], **context: Any
+    ) -> dict[str, Any]:
+        """The settings' values from table ``data`` (dotted name ``where``), by field:
+        parsed where the table has the key, the default where it has not. ``context``
+        is handed to parsers and defaults beside the values read so far."""
+        values: dict[str, Any] = {}
+        for s in settings:
+            ctx = {**context, **values}
+            if s.key in data:
+                values[s.field] = s.parse(self, data[s.key], f"{where}.{s.key}", ctx)
+            elif s.required:
+                raise self.fail(f"{where}.{s.key}", f"is required{s.required}")
+            else:
+                values[s.field] = s.default(ctx) if callable(s.default) else s.default
+        return values
+
+
+#: ``parse(check, value, dotted key, context) -> value``: check one value of the file.
+Parse = Callable[[Check, Any, str, Mapping[str, Any]], Any]
+
+
+def number(
+    minimum: float, *, exclusive: bool = True, integer: bool = False, then: Callable = float
+) -> Parse:
+    """A number above ``minimum`` (``exclusive``) or at least it; ``integer``: whole."""
+
+    def parse(check: Check, v: Any, dotted: str, ctx: Mapping[str, Any]) -> Any:
+        kind = "an integer" if integer else "a number"
+        ok_type = isinstance(v, int) if integer else isinstance(v, int | float)
+        if isinstance(v, bool) or not ok_type or (isinstance(v, float) and not math.isfinite(v)):
+            raise check.fail(dotted, f"must be {kind}, got {show(v)}")
+        if (v <= minimum) if exclusive else (v < minimum):
+            bound = f"> {minimum:g}" if exclusive else f">= {minimum:g}"
+            raise check.fail(dotted, f"must be {bound}, got {show(v)}")
+        return v if integer else then(v)
+
+    return parse
+
+
+def boolean(check: Check, v: Any, dotted: str, ctx: Mapping[str, Any]) -> bool:
+    if not isinstance(v, bool):
+        raise check.fail(dotted, f"must be true or false, got {show(v)}")
+    return v
+
+
+def string(check: Check, v: Any, dotted: str, ctx: Mapping[str, Any]) -> str:
+    if not isinstance(v, str):
+        raise check.fail(dotted, f"must be a string, got {show(v)}")
+    return v
+
+
+def name(check: Check, v: Any, dotted: str, ctx: Mapping[str, Any]) -> str:
+    """A group's name: a non-empty string."""
+    v = string(check, v, dotted, ctx)
+    if not v.strip():
+        raise check.fail(dotted, "must be a group name, got an empty string")
+    return v
+
+
+def path(check: Check, v: Any, dotted: str, ctx: Mapping[str, Any]) -> Path:
+    """An absolute path (``~`` expanded)."""
+    v = string(check, v, dotted, ctx)
+    p = Path(v).expanduser()
+    if not v.strip() or not p.is_absolute():
+        raise check.fail(dotted, f"must be an absolute path, got {show(v)}")
+    return p
+
+
+def mode(check: Check, v: Any, dotted: str, ctx: Mapping[str, Any]) -> int:
+    """A file mode: ``"0660"`` or ``0o660``; the owner must keep write access."""
+    if isinstance(v, str):
+        try:
+            v = int(v, 8)
+        except ValueError:
+            raise check.fail(dotted, f'must be an octal mode like "0660", got {v!r}') from None
+    if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= 0o777:
+        raise check.fail(dotted, f"must be a file mode 0000..0777 (e.g. 0o660), got {show(v)}")
+    if not v & 0o200:
+        raise check.fail(dotted, f"{oct(v)} leaves the owner unable to connect; add u+w")
+    return v
+
+
+def policy_spec(check: Check, v: Any, dotted: str, ctx: Mapping[str, Any]) -> str:
+    spec = string(check, v, dotted, ctx)
+    try:
+        parse(spec)
+    except PolicyError as exc:
+        raise check.fail(dotted, f"invalid policy spec {spec!r}: {exc}") from None
+    return spec
+
+
+def log_level(check: Check, v: Any, dotted: str, ctx: Mapping[str, Any]) -> str:
+    level = string(check, v, dotted, ctx).lower()
+    if level not in LOG_LEVELS:
+        raise check.fail(dotted, f"must be one of {', '.join(LOG_LEVELS)}, got {level!r}")
+    return level
+
+
+def socket(check: Check, v: Any, dotted: str, ctx: Mapping[str, Any]) -> str:
+    """The job socket: an absolute path, ``ipc://PATH`` or ``tcp://HOST:PORT``."""
+    v = string(check, v, dotted, ctx)
+    if v.startswith("ipc://"):
+        rest = v.removeprefix("ipc://")
+        if not Path(rest).is_absolute():
+            raise check.fail(dotted, f"ipc endpoint needs an absolute path, got {v!r}")
+        return rest
+    if v.startswith("tcp://"):
+        host, sep, port = v.removeprefix("tcp://").rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise check.fail(dotted, f"tcp endpoint must look like tcp://HOST:PORT, got {v!r}")
+        return v
+    if "://" in v:
+        raise check.fail(dotted, f"must be a path, ipc://PATH or tcp://HOST:PORT, got {v!r}")
+    p = Path(v).expanduser()
+    if not p.is_absolute():
+        raise check.fail(dotted, f"must be an absolute path, got {v!r}")
+    return str(p)
+
+
+def admin_socket(check: Check, v: Any, dotted: str, ctx: Mapping[str, Any]) -> Path:
+    """The daemon always binds its admin socket beside the job socket (where ``adaptd
+    status`` looks), so the setting may only name that path."""
+    beside = admin_beside(ctx)
+    given = path(check, v, dotted, ctx)
+    if given != beside:
+        raise check.fail(
+            dotted,
+            f"must be {str(beside)!r}, beside the job socket (the daemon and "
+            f"`adaptd status` derive it from daemon.socket), got {str(given)!r}; "
+            "remove the setting or move daemon.socket",
+        )
+    return beside
+
+
+def admin_beside(ctx: Mapping[str, Any]) -> Path:
+    return paths.admin_socket_path(ctx["socket"], ctx.get("run_dir"))
+
+
+def parse_listen(
+    text: str, *, key: str = "listen", fail: Callable[[str, str], Exception] | None = None
+) -> tuple[str, int]:
+    """``"HOST:PORT"`` or ``"[V6]:PORT"`` -> ``(host, port)``; port 0 picks a free one.
+
+    Raises :class:`ConfigError` (or what ``fail`` builds) naming ``key``.
+    """
+    fail = fail or (lambda k, msg: ConfigError(f"{k}: {msg}", key=k))
+    host, sep, port = text.strip().rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise fail(key, f'must be "HOST:PORT" (e.g. "127.0.0.1:9465") or "off", got {text!r}')
+    return host, int(port)
+
+
+def listen(check: Check, v: Any, dotted: str, ctx: Mapping[str, Any]) -> tuple[str, int] | None:
+    if v is False:
+        return None
+    if not isinstance(v, str):
+        raise check.fail(dotted, f'must be "HOST:PORT" or "off", got {show(v)}')
+    if v.strip().lower() in OFF:
+        return None
+    return parse_listen(v, key=dotted, fail=check.fail)
+
+
+def show_listen(v: tuple[str, int] | None) -> str:
+    if v is None:
+        return "off"
+    host, port = v
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def show_mode(v: int) -> str:
+    return f"{v:04o}"
+
+
+def show_path(v: Path | None) -> str | None:
+    return None if v is None else str(v)
+
+
+# --------------------------------------------------------------------------- [jobs."PATTERN"]
+
+
+def staging(check: Check, v: Any, dotted: str, ctx: Mapping[str, Any]) -> str:
+    v = string(check, v, dotted, ctx)
+    probe = v.replace(JOB_PLACEHOLDER, "job")
+    if "{" in probe or "}" in probe:
+        raise check.fail(
+            dotted, f"the only placeholder allowed is {JOB_PLACEHOLDER} (the job id), got {v!r}"
+        )
+    if not v.strip() or not Path(probe).expanduser().is_absolute():
+        raise check.fail(dotted, f"must be an absolute path, got {show(v)}")
+    pattern = ctx["pattern"]
+    if JOB_PLACEHOLDER not in v and any(c in pattern for c in "*?["):
+        raise check.fail(
+            dotted,
+            f"{pattern!r} matches many jobs, so the path needs {JOB_PLACEHOLDER} for the "
+            f"job id (each job saves to its own directory), got {v!r}",
+        )
+    return str(Path(v).expanduser())
+
+
+def replicate_to(check: Check, v: Any, dotted: str, ctx: Mapping[str, Any]) -> tuple[str, ...]:
+    destinations: Mapping[str, Any] = ctx["destinations"]
+    if isinstance(v, str):
+        v = [v]
+    if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+        raise check.fail(dotted, f"must be a list of destination names, got {show(v)}")
+    for n in v:
+        if n not in destinations:
+            hint = did_you_mean(n, destinations, ignore_case=True)
+            known = ", ".join(destinations) or "none: add a [destinations.NAME] section"
+            raise check.fail(dotted, f"unknown destination {n!r}{hint} (defined: {known})")
+    if len(set(v)) != len(v):
+        raise check.fail(dotted, f"names a destination twice: {v!r}")
+    if v and ctx.get("staging") is None:
+        where = dotted.rsplit(".", 1)[0]
+        raise check.fail(
+            dotted,
+            f"needs {where}.staging too: the local directory the job saves to "
+            '(e.g. staging = "/local/nvme/ckpts/{job}"); the daemon replicates '
+            "only from there",
+        )
+    return tuple(v)
+
+
+# --------------------------------------------------------------------------- [destinations.NAME]
+
+
+def url(check: Check, v: Any, dotted: str, ctx: Mapping[str, Any]) -> str:
+    """A destination URL: an absolute path, ``file://``, ``s3://bucket[/prefix]`` or
+    another protocol fsspec knows, whose filesystem package (s3fs, gcsfs...) is
+    installed: a missing one is found by ``--check-config``, not at the first upload."""
+    if not isinstance(v, str) or not v.strip():
+        raise check.fail(dotted, f"must be a URL or an absolute path, got {show(v)}")
+    scheme, sep, rest = v.partition("://")
+    if not sep:
+        if not Path(v).expanduser().is_absolute():
+            raise check.fail(dotted, f"a local destination must be an absolute path, got {v!r}")
+        return str(Path(v).expanduser())
+    if scheme == "file":
+        if not rest.startswith("/"):
+            raise check.fail(dotted, f"file:// needs an absolute path (file:///...), got {v!r}")
+        return v
+    import fsspec
+
+    if scheme not in fsspec.available_protocols():
+        raise check.fail(
+            dotted, f"unknown protocol {scheme!r} in {v!r} (use s3://, file:// or a path)"
+        )
+    if scheme in ("s3", "s3a") and not rest.split("/", 1)[0]:
+        raise check.fail(dotted, f"needs a bucket: s3://BUCKET[/PREFIX], got {v!r}")
+    from fsspec.registry import known_implementations
+
+    module = known_implementations.get(scheme, {}).get("class", "fsspec").split(".")[0]
+    why = ""
+    if importlib.util.find_spec(module) is None:
+        why = "not installed"
+    else:
+        try:
+            fsspec.get_filesystem_class(scheme)
+        except ImportError as exc:  # a package it needs in turn (aiohttp for http://)
+            why = f"not usable: {exc}"
+    if why:
+        how = "pip install 'adaptd[s3]'" if scheme in ("s3", "s3a") else f"install {module}"
+        raise check.fail(dotted, f"{v!r} needs {module}, which is {why}; {how}")
+    return v
+
+
+def did_you_mean(name: str, choices: Iterable[str], *, ignore_case: bool = False) -> str:
+    """``"; did you mean 'x'?"`` for the choice closest to a misspelt ``name``, else ``""``.
+
+    Shared by the config file's checks and the hook's arguments, so a typo gets the
+    same hint wherever it is made.
+    """
+    keys = {(c.lower() if ignore_case else c): c for c in choices}
+    near = difflib.get_close_matches(name.lower() if ignore_case else name, list(keys), 1, 0.6)
+    return f"; did you mean {keys[near[0]]!r}?" if near else ""
+
+
+def options(check: Check, v: Any, dotted: str, ctx: Mapping[str, Any]) -> Mapping[str, Any]:
+    if not isinstance(v, Mapping):
+        raise check.fail(
+            dotted,
+            f"must be a table of fsspec options (e.g. {{ endpoint_url = "
+            f'"http://127.0.0.1:9000" }}), got {show(v)}',
+        )
+    return MappingProxyType(dict(v))

@@ -1,0 +1,3 @@
+"""The daemon's runtime (``adaptd serve``): the loop, its sockets, its parts and
+the events between them.
+"""

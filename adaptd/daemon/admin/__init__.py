@@ -1,0 +1,1 @@
+"""The daemon's operator side: who may ask, drains, what status shows."""

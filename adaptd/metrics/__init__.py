@@ -1,0 +1,1 @@
+"""The Prometheus metrics: updated from events, and rendered at scrape time."""

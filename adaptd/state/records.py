@@ -1,0 +1,179 @@
+"""The records of what happened: a save, a decision, a failure; and the one function
+that makes them from the daemon's events.
+
+The store keeps these rows (:mod:`adaptd.state.store`), the metrics observe the same ones
+(:mod:`adaptd.metrics.exporter`), and ``adaptd report`` reads them back: :func:`record_of` is
+the one place where an event becomes a record, so what is stored and what is
+exported cannot drift apart. Times in records are wall-clock seconds since the epoch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from adaptd.core.snapshot import Decision
+from adaptd.daemon import events
+from adaptd.protocol.job import SaveReport
+
+__all__ = [
+    "DecisionRecord",
+    "FailureRecord",
+    "JobSettings",
+    "JobSummary",
+    "Record",
+    "SaveRecord",
+    "record_of",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class SaveRecord:
+    """One save by one rank. Times are wall-clock seconds since the epoch."""
+
+    job: str
+    rank: int
+    step: int
+    started: float
+    ended: float
+    blocking_s: float
+    durable_s: float
+    bytes: int
+    ok: bool = True
+    error: str = ""
+    path: str = ""
+    extra_step_s: float = 0.0
+    reason: str = ""
+
+    @classmethod
+    def from_report(cls, msg: SaveReport, *, received: float) -> SaveRecord:
+        """The record for a :class:`~adaptd.protocol.job.SaveReport` received at wall time
+        ``received``: the save started ``durable_s`` before it became durable."""
+        return cls(
+            job=msg.job,
+            rank=msg.rank,
+            step=msg.step,
+            started=received - msg.durable_s,
+            ended=received,
+            blocking_s=msg.blocking_s,
+            durable_s=msg.durable_s,
+            bytes=msg.bytes,
+            ok=msg.ok,
+            error=msg.error,
+            path=msg.path,
+            extra_step_s=msg.extra_step_s,
+            reason=msg.reason,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class DecisionRecord:
+    """A plan sent to a job, and why. ``step`` is the job's step when it was decided."""
+
+    job: str
+    time: float
+    step: int
+    next_step: int | None
+    every_steps: int | None = None
+    urgent: bool = False
+    policy: str = ""
+    reason: str = ""
+    interval_s: float | None = None
+    waste: float | None = None
+    step_time_s: float | None = None
+
+    @classmethod
+    def from_decision(
+        cls,
+        job: str,
+        decision: Decision,
+        *,
+        time: float,
+        step: int,
+        step_time_s: float | None = None,
+    ) -> DecisionRecord:
+        """The record for ``decision`` taken for ``job`` at wall time ``time``."""
+        return cls(
+            job=job,
+            time=time,
+            step=step,
+            next_step=decision.next_step,
+            every_steps=decision.every_steps,
+            urgent=decision.urgent,
+            policy=decision.policy,
+            reason=decision.reason,
+            interval_s=decision.interval_s,
+            waste=decision.waste,
+            step_time_s=step_time_s,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class FailureRecord:
+    """A job vanished without a goodbye and came back resuming from an older step."""
+
+    job: str
+    time: float  # wall time the failure was recognised
+    lost_at_step: int  # the newest step reported before it vanished
+    resumed_step: int | None = None  # the step the new incarnation resumed from
+    restart_s: float | None = None  # from vanishing to the first step of the new run
+
+
+@dataclass(frozen=True, slots=True)
+class JobSettings:
+    """What an operator set for a job at run time; survives daemon restarts."""
+
+    job: str
+    policy: str | None = None  # a policy spec overriding the config's choice
+    paused: bool = False
+    updated: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class JobSummary:
+    """One job's footprint in the history, for ``status`` and ``report``."""
+
+    job: str
+    saves: int
+    failed_saves: int
+    last_save: float | None
+    decisions: int
+    failures: int
+
+
+#: What :func:`record_of` makes.
+Record = SaveRecord | DecisionRecord | FailureRecord
+
+
+def record_of(ev: events.Event) -> Record | None:
+    """The record an event makes, or ``None`` for an event that makes none.
+
+    Every rank's save report is a save; a plan change and an urgent save request are
+    decisions (with the job's step time then, as the event carries it); a confirmed
+    failure (:class:`~adaptd.daemon.events.JobResumed`) is a failure dated when the lost run
+    stopped (``restart_s`` before the new run's first step).
+    """
+    if isinstance(ev, events.SaveReported):
+        return SaveRecord.from_report(ev.report, received=ev.wall)
+    if isinstance(ev, events.PlanChanged):
+        return DecisionRecord.from_decision(
+            ev.job, ev.decision, time=ev.wall, step=ev.step, step_time_s=ev.step_time_s
+        )
+    if isinstance(ev, events.SaveRequested):
+        return DecisionRecord(
+            ev.job,
+            ev.wall,
+            ev.step,
+            None,
+            urgent=True,
+            reason=ev.reason,
+            step_time_s=ev.step_time_s,
+        )
+    if isinstance(ev, events.JobResumed):
+        return FailureRecord(
+            job=ev.job,
+            time=ev.wall - ev.restart_s,
+            lost_at_step=ev.last_step,
+            resumed_step=ev.resumed_from,
+            restart_s=ev.restart_s,
+        )
+    return None

@@ -1,0 +1,249 @@
+"""TensorFlow's coordination service as a small key-value store with barriers.
+
+Under ``tf.distribute.MultiWorkerMirroredStrategy`` every worker process is connected
+to one coordination service (it runs in the chief, task 0). Its key-value store and
+barriers are what TensorFlow's own ``PreemptionCheckpointHandler`` agrees on a save
+step with (``tensorflow/python/distribute/failure_handling/failure_handling.py``), and
+what adaptd's agreement uses (:mod:`adaptd.client.agreement.rounds`). The calls are not
+exported TensorFlow API (``tensorflow.python.eager.context.context()``'s
+``set_config_key_value``, ``get_config_key_value``, ``delete_config_key_value``);
+this module is the only place that makes them.
+
+Their behaviour on the pinned TensorFlow (2.21), checked by
+tests/multiworker/test_coordination.py:
+
+* ``set_config_key_value`` of a key that exists raises ``AlreadyExistsError``: the
+  first writer wins, which is what agreement is built on (:meth:`Coordination.put`).
+* ``get_config_key_value(key, timeout_in_ms)`` blocks until the key exists, and raises
+  ``DeadlineExceededError`` after the timeout; a timeout of 0 means *forever*, so every
+  wait here passes at least 1 ms. There is no non-blocking "try get" in the Python
+  API; :meth:`Coordination.try_get` is a get with a 1 ms timeout (about 1 ms). A
+  blocked get releases the GIL.
+* ``delete_config_key_value`` of a missing key succeeds; deleting ``a/b`` deletes
+  every key under ``a/b/`` too.
+* TensorFlow's own ``wait_at_barrier(id, timeout_in_ms)`` raises
+  ``DeadlineExceededError`` when not every task arrived in time, but it holds the GIL
+  while it waits: every other Python thread of the process stops, the agreement's
+  watcher included (found when a test's end barrier froze a rank's watcher until
+  another rank gave up on its acknowledgement). So :meth:`Coordination.barrier` is
+  built from keys and blocking gets instead, which release the GIL.
+* When the chief's process (the service) is gone, calls fail at once with
+  ``UnavailableError``; when another worker died, a get waits for its key until its
+  timeout and the service marks the job unhealthy. So every wait has a timeout, and
+  the errors are mapped to :class:`CoordinationLost`.
+
+Keys are plain strings; values are UTF-8 text (the service decodes them as such).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from typing import Any
+
+log = logging.getLogger("adaptd.client")
+
+#: The private calls this module needs on TensorFlow's eager context.
+REQUIRED_CALLS = ("set_config_key_value", "get_config_key_value", "delete_config_key_value")
+#: How long :meth:`Coordination.try_get` waits (the service has no non-blocking get).
+TRY_GET_S = 0.001
+
+
+class CoordinationError(RuntimeError):
+    """Base of this module's errors."""
+
+
+class CoordinationUnavailable(CoordinationError):
+    """There is no coordination service to use: raised at construction."""
+
+
+class CoordinationLost(CoordinationError):
+    """The coordination service stopped answering (its process, the chief, is gone,
+    or the job was marked unhealthy after a worker died)."""
+
+
+class BarrierTimeout(CoordinationError):
+    """Not every task reached a barrier in time."""
+
+
+def _tf_errors() -> Any:
+    from tensorflow.python.framework import errors
+
+    return errors
+
+
+def _context() -> Any:
+    from tensorflow.python.eager import context
+
+    return context.context()
+
+
+def _ms(timeout_s: float) -> int:
+    """Milliseconds for TensorFlow, never 0 (which would mean "wait forever")."""
+    if not isinstance(timeout_s, (int, float)) or math.isnan(timeout_s) or timeout_s <= 0:
+        raise ValueError(f"a timeout must be a positive number of seconds, got {timeout_s!r}")
+    return max(1, math.ceil(timeout_s * 1000))
+
+
+def service_configured(context: Any = None) -> bool:
+    """True when this process is a member of a TensorFlow cluster with a coordination
+    service (``MultiWorkerMirroredStrategy`` created with a multi-worker TF_CONFIG).
+    Never raises; needs TensorFlow imported."""
+    try:
+        ctx = context if context is not None else _context()
+        return getattr(ctx, "coordination_service", None) is not None
+    except Exception:  # an unexpected TF build: not configured, as far as we can tell
+        return False
+
+
+class Coordination:
+    """Typed key-value and barrier calls on TensorFlow's coordination service.
+
+    Every wait takes a timeout; nothing here blocks for longer. TensorFlow's errors
+    become :class:`CoordinationLost` (the service is gone) or the return values
+    documented on each method.
+
+    Args:
+        rank, world_size: this task's index among the cluster's tasks and their
+            number (for :meth:`barrier`).
+        context: TensorFlow's eager context (default: the process's).
+
+    Raises:
+        ValueError: ``rank``/``world_size`` are not a rank and a size.
+        CoordinationUnavailable: this TensorFlow lacks the calls, or no coordination
+            service runs in this process, or it does not answer. The message says
+            what to do.
+    """
+
+    def __init__(self, rank: int, world_size: int, *, context: Any = None) -> None:
+        if not (isinstance(rank, int) and isinstance(world_size, int) and 0 <= rank < world_size):
+            raise ValueError(f"rank {rank!r} must be an integer below world_size {world_size!r}")
+        self.rank = rank
+        self.world_size = world_size
+        self._barriers: dict[str, int] = {}
+        ctx = context if context is not None else _context()
+        missing = [name for name in REQUIRED_CALLS if not callable(getattr(ctx, name, None))]
+        if missing:
+            raise CoordinationUnavailable(
+                f"this TensorFlow ({_tf_version()}) has no {', '.join(missing)} on its eager "
+                "context, which adaptd's multi-worker agreement uses (the coordination "
+                "service's key-value store, as tf.distribute's PreemptionCheckpointHandler "
+                "does); install a TensorFlow version adaptd is tested with (2.16-2.21)"
+            )
+        if not service_configured(ctx):
+            raise CoordinationUnavailable(
+                "no TensorFlow coordination service in this process: create "
+                "tf.distribute.MultiWorkerMirroredStrategy() with a TF_CONFIG that names "
+                "every worker before the AdaptiveCheckpointer; ranks without tf.distribute "
+                "agree through their daemon instead (see docs/multiworker.md)"
+            )
+        self._ctx = ctx
+        self._errors = _tf_errors()
+        try:
+            self.try_get("adaptd/probe")
+        except CoordinationLost as exc:
+            raise CoordinationUnavailable(
+                f"the TensorFlow coordination service does not answer ({exc}); check that "
+                "the chief (task 0 of TF_CONFIG) is running and reachable"
+            ) from None
+
+    # ------------------------------------------------------------------ key-value
+
+    def put(self, key: str, value: str) -> bool:
+        """Store ``value`` under ``key`` unless the key exists: True when this call
+        wrote it, False when another writer was first. Raises CoordinationLost."""
+        try:
+            self._ctx.set_config_key_value(key, value)
+        except self._errors.AlreadyExistsError:
+            return False
+        except self._errors.OpError as exc:
+            raise self._lost("put", key, exc) from None
+        return True
+
+    def get(self, key: str, timeout_s: float) -> str | None:
+        """The value of ``key``, waiting up to ``timeout_s`` for it to be written;
+        None when it was not. Raises CoordinationLost, or ValueError for a
+        timeout that is not positive."""
+        ms = _ms(timeout_s)
+        try:
+            return self._ctx.get_config_key_value(key, ms)
+        except self._errors.DeadlineExceededError:
+            return None
+        except self._errors.OpError as exc:
+            raise self._lost("get", key, exc) from None
+
+    def try_get(self, key: str) -> str | None:
+        """The value of ``key`` if it is there now (waits about 1 ms), else None."""
+        return self.get(key, TRY_GET_S)
+
+    def delete(self, key: str) -> None:
+        """Remove ``key`` and every key under ``key/``; a missing key is no error."""
+        try:
+            self._ctx.delete_config_key_value(key)
+        except self._errors.NotFoundError:
+            return
+        except self._errors.OpError as exc:
+            raise self._lost("delete", key, exc) from None
+
+    # ------------------------------------------------------------------ barriers
+
+    def barrier(self, name: str, timeout_s: float) -> None:
+        """Wait until every task called ``barrier(name)`` (the N-th call of a name meets
+        the other tasks' N-th call). Other threads keep running meanwhile.
+
+        Raises:
+            BarrierTimeout: not every task arrived within ``timeout_s`` (the message
+                names the missing ones).
+            CoordinationLost: the service is gone.
+        """
+        deadline = time.monotonic() + timeout_s
+        _ms(timeout_s)  # validate
+        n = self._barriers.get(name, 0)
+        self._barriers[name] = n + 1
+        prefix = f"adaptd/barrier/{name}/{n}"
+        self.put(f"{prefix}/{self.rank}", "1")
+        missing = []
+        for r in range(self.world_size):
+            left = deadline - time.monotonic()
+            key = f"{prefix}/{r}"
+            value = self.get(key, left) if left > 0 else self.try_get(key)
+            if value is None:
+                missing.append(r)
+        if missing:
+            raise BarrierTimeout(
+                f"barrier {name!r}: task(s) {', '.join(map(str, missing))} did not arrive "
+                f"within {timeout_s:g}s"
+            )
+
+    # ------------------------------------------------------------------ internals
+
+    @staticmethod
+    def _lost(what: str, key: str, exc: BaseException) -> CoordinationLost:
+        return CoordinationLost(
+            f"coordination service {what} {key!r} failed: {type(exc).__name__}: {_first_line(exc)}"
+        )
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(getattr(exc, "message", "") or exc)
+    return text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+
+
+def _tf_version() -> str:
+    try:
+        import tensorflow as tf
+
+        return f"TensorFlow {tf.__version__}"
+    except Exception:  # not importable: say so rather than fail while failing
+        return "TensorFlow, version unknown"
+
+
+__all__ = [
+    "BarrierTimeout",
+    "Coordination",
+    "CoordinationError",
+    "CoordinationLost",
+    "CoordinationUnavailable",
+    "service_configured",
+]

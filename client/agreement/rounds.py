@@ -1,0 +1,401 @@
+"""The rank side of a multi-worker job's agreement, on a key-value store.
+
+Every rank runs one :class:`Agreement`: a watcher thread that waits for each round's
+proposal, acknowledges it and waits for its decision, and a few calls the training
+thread makes at step boundaries (never per step). The rules are
+:mod:`adaptd.core.agreement`'s; the store is TensorFlow's coordination service
+(:class:`adaptd.client.agreement.coordination.Coordination`), whose first-writer-wins keys and
+blocking gets with timeouts are all it needs.
+
+The keys are :mod:`adaptd.client.agreement.kv`'s; the watcher thread's part of each round is
+:class:`~adaptd.client.agreement.watcher.RoundWatcher`.
+
+**Holding at a step.** A rank must not pass the step it acknowledged until the round
+is decided. The training thread checks one integer per step (``step >= due``); the
+watcher, on acknowledging, lowers the step it holds at (:attr:`Agreement.gate`) and
+calls ``wake()`` (which makes the next step take the slow path) while holding
+:attr:`Agreement.lock`, and only then reads the rank's step to answer. The hook
+computes its ``due`` from :meth:`Agreement.bound` under the same lock, so a
+lowering is never lost; a rank whose step had already reached the proposal's step
+answers ``ok=False``. At a boundary at or past the gate the training thread waits
+(bounded) for the decision: it never guesses.
+
+Threads: the watcher does all the waiting on the store; the training thread writes
+its own proposals (one ``put``, about half a millisecond) and, only when it reaches
+an undecided step, waits.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+
+from adaptd.client.agreement.coordination import CoordinationError
+from adaptd.client.agreement.kv import Keys, Store, next_session
+from adaptd.client.agreement.ledger import Applied, Ledger, Round
+from adaptd.client.agreement.mailbox import Mailbox
+from adaptd.client.agreement.watcher import RoundWatcher
+from adaptd.client.save.schedule import NEVER, SaveSchedule
+from adaptd.core import agreement as rules
+from adaptd.core.snapshot import Decision, same_saves
+from adaptd.protocol import job as p
+
+log = logging.getLogger("adaptd.client")
+
+#: Default bound on each wait of a round (acknowledgements; the decision waits twice it).
+TIMEOUT_S = 30.0
+#: How often the watcher wakes from a wait to notice close().
+SLICE_S = 0.5
+#: The chief reads the other ranks' mail at most this often, after a slice without a
+#: proposal (each read is one 1 ms get per rank, on the watcher thread).
+MAIL_S = 0.1
+
+
+class Agreement:
+    """This rank's part of the job's agreement.
+
+    Args:
+        store: the key-value store all ranks share.
+        job, rank, world_size: who this is.
+        position: returns this rank's newest completed step (read by the watcher).
+        wake: makes the training thread take the slow path at its next step; called
+            with :attr:`lock` held.
+        session: the session number (default :func:`next_session`).
+        timeout_s: bound on waiting for acknowledgements; a rank waits twice that
+            for a decision before it aborts the round itself.
+        slice_s: the watcher's longest single wait (how soon close() is noticed).
+        lead_time_s: how far ahead, in wall time, this rank proposes (see
+            :func:`adaptd.core.agreement.lead_steps`).
+        host: this host's name, for messages.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        job: str,
+        rank: int,
+        world_size: int,
+        position: Callable[[], int],
+        wake: Callable[[], None],
+        session: int | None = None,
+        timeout_s: float = TIMEOUT_S,
+        slice_s: float = SLICE_S,
+        lead_time_s: float = rules.LEAD_TIME_S,
+        host: str = "",
+    ) -> None:
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} is not below world_size {world_size}")
+        for name, value in (("timeout_s", timeout_s), ("slice_s", slice_s)):
+            if not isinstance(value, (int, float)) or not value > 0:
+                raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+        if not isinstance(lead_time_s, (int, float)) or not lead_time_s >= 0:
+            raise ValueError(f"lead_time_s must be >= 0 seconds, got {lead_time_s!r}")
+        self.store = store
+        self.job = job
+        self.rank = rank
+        self.world_size = world_size
+        self.session = next_session(job) if session is None else session
+        self.keys = Keys.of(job, self.session)
+        self.host = host
+        self._position = position
+        self._wake = wake
+        self._timeout_s = float(timeout_s)
+        self._slice_s = float(slice_s)
+        self._lead_time_s = float(lead_time_s)
+
+        #: Guards everything below that both threads touch.
+        self.lock = threading.Lock()
+        self._decided = threading.Condition(self.lock)
+        #: The step this rank holds at until the current round is decided (set when
+        #: it acknowledged the round's proposal).
+        self.gate = NEVER
+        # Where our own proposal holds us: (round, step); void once that round is over
+        # (a proposal written too late for its round is never decided).
+        self._hold: tuple[int, int] | None = None
+        self._round = 0  # the round the watcher is in (or waits for)
+        #: Decided rounds and committed changes waiting for their step.
+        self.ledger = Ledger()
+        self._mine: int | None = None  # the round of our own undecided proposal
+        self._attempts = 0
+        self._last_abort: p.Decide | None = None
+        self._wish_plan: tuple[Decision, str, str] | None = None
+        self._wish_save: tuple[str, int, bool] | None = None  # reason, since step, stop
+        #: Why the agreement stopped working ("" while it works).
+        self.broken = ""
+        #: Times the training thread waited at an undecided step, and for how long.
+        self.stalls = 0
+        self.stall_s = 0.0
+        #: The other ranks' messages to the chief (read by the chief's watcher).
+        self.mailbox = Mailbox(store, self.keys, rank=rank, world_size=world_size)
+        self._mail_at = 0.0
+        #: Plans committed since the training thread last took them (:meth:`take_plans`).
+        self._committed_plans: deque[p.Propose] = deque()
+
+        self._watcher = RoundWatcher(
+            self,
+            store,
+            self.keys,
+            rank=rank,
+            world_size=world_size,
+            timeout_s=self._timeout_s,
+            slice_s=self._slice_s,
+            between=self._read_mail if rank == 0 and world_size > 1 else None,
+        )
+        self._thread: threading.Thread | None = None
+
+    # ------------------------------------------------------------------ life cycle
+
+    def start(self) -> None:
+        """Start the watcher thread (once)."""
+        if self._thread is None:
+            self._thread = threading.Thread(
+                target=self._watcher.run, name=f"adaptd-agreement-{self.rank}", daemon=True
+            )
+            self._thread.start()
+
+    def close(self, timeout_s: float | None = None) -> None:
+        """Stop the watcher; waits for it at most ``timeout_s`` (default: two slices)."""
+        self._watcher.stop()
+        thread = self._thread
+        if thread is not None:
+            thread.join(2 * self._slice_s + 1.0 if timeout_s is None else timeout_s)
+        with self.lock:
+            self.gate = NEVER
+            self._hold = None
+            self._decided.notify_all()
+
+    # ------------------------------------------------------------------ training thread
+
+    def bound(self, due: int) -> int:
+        """The step the training thread may run to before its next slow path: ``due``,
+        lowered to the gate and to the next committed change. Call with :attr:`lock`
+        held, and store the result while still holding it."""
+        return min(due, self._limit(), self.ledger.next_step())
+
+    def _limit(self) -> int:
+        """The step not to pass before the current round is decided (lock held)."""
+        hold = self._hold
+        if hold is not None and hold[0] == self._round:
+            return min(self.gate, hold[1])
+        return self.gate
+
+    def want_plan(self, decision: Decision, *, source: str = "", decided_by: str = "") -> None:
+        """(The deciding rank.) The job should follow ``decision``; proposed at the next
+        boundary unless it saves at the same steps as the agreed plan."""
+        with self.lock:
+            self._wish_plan = (decision, source, decided_by)
+            self._wake()
+
+    def want_save(self, reason: str, step: int, *, stop: bool = False) -> None:
+        """The job should save soon (and stop after it, with ``stop``): an operator's
+        save-now, a GPU health event, SIGTERM. Proposed at the next boundary."""
+        with self.lock:
+            old = self._wish_save
+            if old is None or (stop and not old[2]):
+                self._wish_save = (reason, step, stop)
+            self._wake()
+
+    def boundary(self, step: int, schedule: SaveSchedule, step_time_s: float | None) -> bool:
+        """At a slow-path boundary: wait (bounded) if ``step`` reached an undecided
+        round's step, apply the committed changes due by ``step`` to ``schedule``, and
+        propose what this rank wants. Returns True when a committed stop applies at
+        this step (save, then stop)."""
+        self._settle(step)
+        stop = self._apply(step, schedule)
+        self._propose(step, step_time_s)
+        return stop
+
+    def take_plans(self) -> list[p.Propose]:
+        """The plan rounds committed since the last call, oldest first (for this host's
+        daemon, which shows the job's plan)."""
+        out = []
+        while self._committed_plans:
+            out.append(self._committed_plans.popleft())
+        return out
+
+    @property
+    def round(self) -> int:
+        """The round the watcher is in (or waits for)."""
+        return self._round
+
+    @property
+    def agreed_plan(self) -> Decision | None:
+        """The job's plan after every committed plan round (applied or not yet)."""
+        return self.ledger.agreed_plan
+
+    @property
+    def rounds(self) -> list[Round]:
+        """Every decided round."""
+        return self.ledger.rounds
+
+    @property
+    def applied(self) -> list[Applied]:
+        """Every committed change as applied here."""
+        return self.ledger.applied
+
+    # ------------------------------------------------------------------ internals: training
+
+    def _settle(self, step: int) -> None:
+        with self.lock:
+            if step < self._limit():
+                return
+            t0 = time.monotonic()
+            deadline = t0 + 2 * self._timeout_s + 2 * self._slice_s
+            while step >= self._limit() and not self.broken:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._decided.wait(left)
+            waited = time.monotonic() - t0
+            self.stalls += 1
+            self.stall_s += waited
+            stuck = step >= self._limit() and not self.broken
+            k = self._round
+        if stuck:  # the watcher did not settle it: end the round ourselves
+            self._watcher.force_abort(k, f"rank {self.rank} waited {waited:.1f}s at step {step}")
+            with self.lock:
+                end = time.monotonic() + 2 * self._slice_s + 1.0
+                while step >= self._limit() and not self.broken and time.monotonic() < end:
+                    self._decided.wait(max(0.0, end - time.monotonic()))
+                if step >= self._limit():
+                    self.broken = self.broken or (
+                        f"round {k} was not decided within {waited:.1f}s; "
+                        "agreement stopped (the job's plan stays as it is)"
+                    )
+                    self.gate = NEVER
+                    self._hold = None
+
+    def _apply(self, step: int, schedule: SaveSchedule) -> bool:
+        with self.lock:
+            ready = self.ledger.take(step)
+        return self.ledger.apply(ready, step, schedule) if ready else False
+
+    def _propose(self, step: int, step_time_s: float | None) -> None:
+        with self.lock:
+            if self._mine is not None or self.broken or self._watcher.stopping:
+                return
+            proposal = None
+            k = self._round
+            lead = rules.lead_steps(step_time_s, self._lead_time_s)
+            at = rules.retry_step(step, lead, self._last_abort, self._attempts)
+            if self._wish_save is not None:
+                reason, _, stop = self._wish_save
+                proposal = rules.save_proposal(self.job, k, at, self.rank, reason, stop=stop)
+            elif self._wish_plan is not None:
+                decision, source, by = self._wish_plan
+                # never before a committed plan still waiting for its step: plans
+                # apply in round order at one boundary, so the newer one wins
+                at = max(at, self.ledger.plan_floor())
+                if same_saves(self.ledger.agreed_plan, decision, at - 1):
+                    self._wish_plan = None
+                else:
+                    proposal = rules.plan_proposal(
+                        self.job, k, at, self.rank, decision, decided_by=by, source=source
+                    )
+            if proposal is None:
+                return
+            # hold at the step ourselves, so our own acknowledgement cannot come late
+            self._hold = (k, at)
+            self._mine = k
+        try:
+            won = self.store.put(self.keys.proposal(k), p.encode_json(proposal))
+        except CoordinationError as exc:
+            self.stop_with(f"proposing failed: {exc}")
+            return
+        if not won:
+            with self.lock:  # another rank's proposal is round k: ours waits for a later one
+                if self._mine == k:
+                    self._mine = None
+                    self._hold = None
+        else:
+            # (If round k ended before this put landed, e.g. the training thread was
+            # descheduled, the key is a leftover of a finished round that nobody reads;
+            # the watcher already cleared _mine and the hold when it recorded round k.)
+            log.debug("rank %d proposed round %d: %s at step %d", self.rank, k, proposal.action, at)
+
+    def stop_with(self, why: str) -> None:
+        """The agreement cannot go on (the store is gone, or a bug): release every hold."""
+        with self.lock:
+            if not self.broken:
+                self.broken = why
+                log.error("adaptd agreement of job %s stopped: %s", self.job, why)
+            self.gate = NEVER
+            self._hold = None
+            self._decided.notify_all()
+
+    # ------------------------------------------------------------------ internals: watcher
+
+    def acknowledge(self, proposal: p.Propose) -> p.Ack:
+        """(Watcher thread.) This rank's answer to ``proposal``; holds at its step if yes."""
+        # Lower the gate and wake the training thread *before* reading its step: if
+        # the step read is below at_step, the training thread's next check sees the
+        # gate (see the module docstring).
+        with self.lock:
+            self.gate = proposal.at_step
+            self._wake()
+            ack = rules.acknowledge(proposal, self.rank, self._position())
+            if not ack.ok:
+                self.gate = NEVER
+            return ack
+
+    def record(self, k: int, proposal: p.Propose | None, decision: p.Decide | None) -> None:
+        """(Watcher thread.) Round ``k`` ended: note it, release the gate, wake the
+        training thread."""
+        with self.lock:
+            commit = proposal is not None and self.ledger.record(k, proposal, decision)
+            if commit:
+                assert proposal is not None
+                self._settle_wishes(proposal)
+                if proposal.action == "plan":
+                    self._committed_plans.append(proposal)
+            if self._mine == k:
+                self._mine = None
+                if proposal is None or proposal.proposer != self.rank:
+                    pass  # the round went to another rank's proposal: ours is still due
+                elif commit:
+                    self._attempts, self._last_abort = 0, None
+                else:
+                    self._attempts += 1
+                    self._last_abort = decision
+            self._round = k + 1
+            self.gate = NEVER
+            if self._hold is not None and self._hold[0] <= k:
+                self._hold = None
+            self._wake()
+            self._decided.notify_all()
+        if proposal is not None:
+            log.info(
+                "job %s round %d %s: %s at step %d (rank %d)%s",
+                self.job,
+                k,
+                "committed" if commit else "aborted",
+                proposal.action,
+                proposal.at_step,
+                proposal.proposer,
+                "" if commit or decision is None else f": {decision.reason}",
+            )
+
+    def _read_mail(self) -> None:
+        """(The chief's watcher thread, between rounds.) Read the other ranks' mail."""
+        now = time.monotonic()
+        if now >= self._mail_at:
+            self._mail_at = now + MAIL_S
+            self.mailbox.collect()
+
+    def _settle_wishes(self, committed: p.Propose) -> None:
+        wish = self._wish_save
+        if wish is not None:
+            _, since, stop = wish
+            if rules.satisfies(committed, "stop" if stop else "save", since):
+                self._wish_save = None
+        if self._wish_plan is not None and committed.action == "plan":
+            decision = self._wish_plan[0]
+            if same_saves(self.ledger.agreed_plan, decision, committed.at_step - 1):
+                self._wish_plan = None
+
+
+__all__ = ["Agreement", "Applied", "Keys", "Round", "Store", "next_session"]

@@ -1,0 +1,183 @@
+"""The agreement's watcher thread: one round after another on the shared store.
+
+For round ``k`` it waits for the proposal, has its owner (:class:`~adaptd.client.
+agreement.Agreement`) answer it (which holds the training thread at the proposed
+step when the answer is yes), writes the answer; as the proposer, collects every
+rank's answer and writes the decision; then waits for the decision, aborting the
+round itself after twice the timeout (first writer wins, so every rank reads one
+outcome), and hands it to its owner. Every wait is sliced, so :meth:`stop` is noticed
+within a slice. After a slice in which no proposal came it runs ``between`` (the
+chief reads the other ranks' mail there: :mod:`adaptd.client.agreement.mailbox`).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+from adaptd.client.agreement.coordination import CoordinationError
+from adaptd.client.agreement.kv import Keys, Store
+from adaptd.core import agreement as rules
+from adaptd.protocol import job as p
+
+log = logging.getLogger("adaptd.client")
+
+
+class Owner(Protocol):
+    """What the watcher needs of the agreement it works for."""
+
+    @property
+    def round(self) -> int: ...
+
+    def acknowledge(self, proposal: p.Propose) -> p.Ack: ...
+
+    def record(self, k: int, proposal: p.Propose | None, decision: p.Decide | None) -> None: ...
+
+    def stop_with(self, why: str) -> None: ...
+
+
+class RoundWatcher:
+    """The rounds of one session, watched for ``rank`` of ``world_size``."""
+
+    def __init__(
+        self,
+        owner: Owner,
+        store: Store,
+        keys: Keys,
+        *,
+        rank: int,
+        world_size: int,
+        timeout_s: float,
+        slice_s: float,
+        between: Callable[[], None] | None = None,
+    ) -> None:
+        self._owner = owner
+        self._between = between
+        self.store = store
+        self.keys = keys
+        self.rank = rank
+        self.world_size = world_size
+        self._timeout_s = timeout_s
+        self._slice_s = slice_s
+        self._stop = threading.Event()
+
+    def stop(self) -> None:
+        """Ask the thread to end (within a slice); a round in progress is aborted."""
+        self._stop.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    def run(self) -> None:
+        """The thread's body: one round after another until :meth:`stop`."""
+        try:
+            while not self._stop.is_set():
+                k = self._owner.round
+                raw = self.store.get(self.keys.proposal(k), self._slice_s)
+                if raw is None:
+                    if self._between is not None:  # a quiet slice: e.g. the chief's mail
+                        self._between()
+                    continue
+                self._round_of(k, raw)
+        except CoordinationError as exc:
+            self._owner.stop_with(str(exc))
+        except Exception as exc:  # a bug must not leave a rank held at a gate forever
+            log.exception("adaptd agreement watcher failed")
+            self._owner.stop_with(f"{type(exc).__name__}: {exc}")
+
+    def _round_of(self, k: int, raw: str) -> None:
+        try:
+            proposal = p.decode_rank(raw)
+            if not isinstance(proposal, p.Propose) or proposal.round != k:
+                raise p.ProtocolError("invalid", f"round {k} holds no proposal for it")
+        except p.ProtocolError as exc:
+            # unreadable: answer no, so the proposer (if any) aborts; the round ends
+            # with whatever decision is written
+            log.warning("round %d: bad proposal (%s)", k, exc)
+            proposal = None
+        if proposal is not None:
+            ack = self._owner.acknowledge(proposal)
+            self.store.put(self.keys.ack(k, self.rank), p.encode_json(ack))
+            if proposal.proposer == self.rank:
+                self._decide(proposal)
+            decision = self._await_decision(proposal)
+        else:
+            decision = None
+        self._owner.record(k, proposal, decision)
+
+    def _wait_key(self, key: str, deadline: float) -> str | None:
+        """The value of ``key`` once written, waiting until ``deadline`` (monotonic) in
+        slices; None at the deadline or when closing."""
+        while not self._stop.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            raw = self.store.get(key, min(self._slice_s, left))
+            if raw is not None:
+                return raw
+        return None
+
+    def _decide(self, proposal: p.Propose) -> None:
+        k = proposal.round
+        deadline = time.monotonic() + self._timeout_s
+        acks: dict[int, p.Ack] = {}
+        for r in range(self.world_size):
+            if time.monotonic() < deadline:
+                raw = self._wait_key(self.keys.ack(k, r), deadline)
+            else:  # past the deadline: only see who did answer, for the reason
+                raw = self.store.try_get(self.keys.ack(k, r))
+            if raw is None:
+                continue
+            try:
+                ack = p.decode_rank(raw)
+            except p.ProtocolError as exc:
+                log.warning("round %d: bad acknowledgement of rank %d (%s)", k, r, exc)
+                continue
+            if isinstance(ack, p.Ack) and ack.rank == r and ack.round == k:
+                acks[r] = ack
+        decision = rules.decide(proposal, acks, self.world_size)
+        self.store.put(self.keys.decision(k), p.encode_json(decision))
+        if decision.commit and k > 0:
+            # every rank acknowledged round k, so every rank is done with round k - 1
+            self.store.delete(self.keys.round(k - 1))
+
+    def _await_decision(self, proposal: p.Propose) -> p.Decide:
+        key = self.keys.decision(proposal.round)
+        raw = self._wait_key(key, time.monotonic() + 2 * self._timeout_s)
+        if raw is not None:
+            return self._decision_from(proposal, raw)
+        why = "closing" if self._stop.is_set() else f"no decision within {2 * self._timeout_s:g}s"
+        self.store.put(key, p.encode_json(rules.abort(proposal, f"rank {self.rank}: {why}")))
+        raw = self.store.try_get(key)
+        if raw is None:
+            return rules.abort(proposal, why)
+        return self._decision_from(proposal, raw)
+
+    def _decision_from(self, proposal: p.Propose, raw: str) -> p.Decide:
+        try:
+            d = p.decode_rank(raw)
+        except p.ProtocolError as exc:
+            return rules.abort(proposal, f"unreadable decision ({exc})")
+        if not isinstance(d, p.Decide) or d.round != proposal.round:
+            return rules.abort(proposal, "the decision key holds no decision for this round")
+        return d
+
+    def force_abort(self, k: int, why: str) -> None:
+        """Write an abort as round ``k``'s decision unless one is there (the training
+        thread's last resort when the watcher did not settle the round)."""
+        try:
+            raw = self.store.try_get(self.keys.proposal(k))
+            if raw is None:
+                return
+            proposal = p.decode_rank(raw)
+            if isinstance(proposal, p.Propose):
+                self.store.put(self.keys.decision(k), p.encode_json(rules.abort(proposal, why)))
+        except (CoordinationError, p.ProtocolError) as exc:
+            self._owner.stop_with(f"could not abort round {k}: {exc}")
+
+
+__all__ = ["Owner", "RoundWatcher"]

@@ -1,0 +1,194 @@
+"""Which step a run continues from, and loading it: one rank alone, or the whole job.
+
+:func:`restore_alone` is a single rank's resume: pull the newest verified checkpoint
+from ``restore_from`` into an empty directory, then restore the newest intact one
+(:mod:`adaptd.client.restore.intact`). :func:`restore_agreed` is a rank of a multi-worker job:
+the ranks agree on one step (:class:`~adaptd.client.restore.job_restore.JobRestore`), a rank
+lacking it pulls it, every rank loads exactly that step, the replicated part and its
+own part (:class:`~adaptd.client.save.rank_state.RankPart`), and all wait for all, so no
+rank resumes alone from another step or with another rank's data position.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from time import perf_counter
+from typing import Any
+
+from adaptd.checkpoints import rank_parts
+from adaptd.client.agreement.agreed import Coordinated
+from adaptd.client.agreement.authority import Authority
+from adaptd.client.restore import files, intact, remote
+from adaptd.client.restore import notes as resume_notes
+from adaptd.client.restore.intact import WorldSizeChanged
+from adaptd.client.restore.job_restore import JobRestore, RestoreAgreementError
+from adaptd.client.save.rank_state import RankPart
+from adaptd.client.save.state import CheckpointState
+
+log = logging.getLogger("adaptd.client")
+
+
+@dataclass(frozen=True)
+class Resumed:
+    """What a restore did: the step to continue from (0: fresh), how long it took
+    (None: nothing restored), the checkpoints skipped, and the pull from
+    ``restore_from`` (None: none was tried)."""
+
+    start: int
+    restore_s: float | None
+    resume: intact.Resume
+    pulled: remote.Pull | None = None
+
+
+def restore(
+    authority: Authority,
+    directory: Path,
+    state: CheckpointState,
+    *,
+    restore_from: str | None,
+    storage_options: Mapping[str, Any],
+    part: RankPart | None = None,
+) -> Resumed:
+    """The rank's restore: agreed with the other ranks when they agree in-band
+    (:class:`~adaptd.client.agreement.agreed.Coordinated`; ``part`` is this rank's own part),
+    else :func:`restore_alone`."""
+    if isinstance(authority, Coordinated):
+        assert part is not None  # every rank of a coordinated job has one
+        agreement = authority.agreement
+        job_restore = JobRestore(
+            agreement.store,
+            agreement.keys,
+            job=agreement.job,
+            rank=agreement.rank,
+            world_size=agreement.world_size,
+            directory=directory,
+            restore_from=restore_from,
+            storage_options=storage_options,
+            host=authority.host,
+        )
+        return restore_agreed(job_restore, state, part, tidy=agreement.rank == 0)
+    return restore_alone(
+        directory, state, restore_from=restore_from, storage_options=storage_options
+    )
+
+
+def restore_alone(
+    directory: Path,
+    state: CheckpointState,
+    *,
+    restore_from: str | None,
+    storage_options: Mapping[str, Any],
+) -> Resumed:
+    """Restore the newest intact checkpoint of ``directory`` (pulled first from
+    ``restore_from`` when the directory has none).
+
+    Raises:
+        NoIntactCheckpoint: there are checkpoints, every one damaged.
+        WorldSizeChanged: the newest complete one is a multi-worker job's (ranks' parts).
+    """
+    files.remove_orphans(directory)
+    t0 = perf_counter()
+    pulled = None
+    if restore_from is not None:
+        pulled = remote.pull_if_empty(directory, restore_from, storage_options=storage_options)
+    refuse_other_world(directory, 1)
+    resume = intact.restore_newest_intact(directory, state.restore)
+    intact.set_aside(directory, resume)
+    if not resume.restored:
+        why = pulled.reason if pulled is not None else ""
+        resume_notes.say(resume_notes.fresh(directory=str(directory), restore_from=restore_from,
+                                            why=why))  # fmt: skip
+        return Resumed(0, None, resume, pulled)
+    start = state.restored_step(resume.restored)
+    restore_s = perf_counter() - t0
+    from_destination = pulled is not None and pulled.step is not None
+    resume_notes.say(resume_notes.resumed(
+        step=start, checkpoint=resume.restored, seconds=restore_s,
+        tier=resume_notes.tier(restore_from, from_destination),
+        where=pulled.url if from_destination else str(directory),
+    ))  # fmt: skip
+    return Resumed(start, restore_s, resume, pulled)
+
+
+def restore_agreed(
+    job_restore: JobRestore, state: CheckpointState, part: RankPart, *, tidy: bool
+) -> Resumed:
+    """Agree with the other ranks on one step, pull it if this rank lacks it, load it
+    (the replicated part, then this rank's own), and wait until every rank did.
+    ``tidy``: remove leftovers of interrupted writes first (the chief; the others
+    must not touch the directory's leftovers).
+
+    Raises:
+        RestoreAgreementError: the ranks cannot restore one step, or one of them
+            failed (the same error on every rank).
+        CoordinationError: the job's coordination service stopped answering.
+    """
+    directory = job_restore.directory
+    if tidy:
+        files.remove_orphans(directory)
+    t0 = perf_counter()
+    choice = job_restore.agree()
+    rank, world = job_restore.rank, job_restore.world_size
+    skipped = tuple(d for d in job_restore.offerable.skipped if _newer(d, choice.step))
+    for d in skipped:
+        log.warning("not resuming from %s: %s", d.name, d.why)
+    if choice.step is None:
+        job_restore.confirm(0)
+        resume_notes.say(resume_notes.fresh(rank=rank, world_size=world,
+                                            directory=str(directory),
+                                            restore_from=job_restore.restore_from))  # fmt: skip
+        return Resumed(0, None, intact.Resume(None, skipped))
+    prefix = os.path.join(str(directory), f"ckpt-{choice.step}")
+    error = ""
+    try:
+        job_restore.fetch(choice)
+        state.restore(prefix)
+        part.restore(choice.step)
+    except RestoreAgreementError as exc:
+        error = str(exc)
+    except Exception as exc:  # said to every rank first, so none waits for this one
+        error = f"rank {job_restore.rank} could not restore {prefix}: {type(exc).__name__}: {exc}"
+    job_restore.confirm(choice.step, error)
+    if error:  # confirm() raised for the others' failures; this one's is raised here
+        raise RestoreAgreementError(error)
+    restore_s = perf_counter() - t0
+    pulled = choice.source.get(rank) == "pull"
+    resume_notes.say(resume_notes.resumed(
+        rank=rank, world_size=world, step=choice.step, checkpoint=prefix, seconds=restore_s,
+        tier=resume_notes.tier(job_restore.restore_from, pulled),
+        where=job_restore.restore_from if pulled else str(directory), agreed=True,
+    ))  # fmt: skip
+    return Resumed(choice.step, restore_s, intact.Resume(prefix, skipped))
+
+
+def _newer(damaged: intact.Damaged, step: int | None) -> bool:
+    n = rank_parts.step_of(f"{damaged.name}.index")
+    return step is None or (n is not None and n > step)
+
+
+def refuse_other_world(directory: Path, world: int) -> None:
+    """Raise :class:`WorldSizeChanged` when the newest step complete in ``directory``
+    (for any number of ranks) was written by a job of another number than ``world``."""
+    names = rank_parts.listing(directory)
+    for step in rank_parts.steps(names):
+        st = rank_parts.status(names, step)
+        if not st.complete:
+            continue
+        if st.world != world:
+            message = rank_parts.world_changed(step, str(directory), st.world, world)
+            raise WorldSizeChanged(message)
+        return
+
+
+__all__ = [
+    "Resumed",
+    "WorldSizeChanged",
+    "refuse_other_world",
+    "restore",
+    "restore_agreed",
+    "restore_alone",
+]

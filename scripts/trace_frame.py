@@ -1,0 +1,150 @@
+#!/usr/bin/env python3
+"""Follow one job frame through the daemon: which files it passes, how often it comes back.
+
+A reader who follows a step report from the socket to the plan it may change walks the
+same path as this script: a real daemon (in a thread) gets a Hello, then one ``Steps``
+frame from a real DEALER socket, and the handling of that frame is traced with
+:func:`sys.settrace`. Printed (``--json`` for scripts):
+
+- ``files``: the project's files the frame's handling runs code in;
+- ``stops``: the project functions called while handling it, in order;
+- ``returns``: how often the path enters a file it had already left (A -> B -> A
+  counts one): the figure a flat, tangled layout drives up.
+
+    python scripts/trace_frame.py [--json] [--steps N]
+
+Only the project's own code counts (``adaptd/``, ``client/``, ``policies/``), not
+the standard library, pyzmq or msgspec.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+import zmq
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _imports():  # the daemon and the protocol, wherever the layout keeps them
+    try:
+        from adaptd.daemon.server import Daemon
+        from adaptd.protocol import job as protocol
+    except ImportError:  # before the move into folders (issue 22)
+        from adaptd import protocol  # type: ignore[no-redef]
+        from adaptd.server import Daemon  # type: ignore[no-redef]
+    return Daemon, protocol
+
+
+def _ours(filename: str) -> str | None:
+    path = Path(filename).resolve()
+    try:
+        rel = path.relative_to(ROOT)
+    except ValueError:
+        import adaptd
+
+        base = Path(adaptd.__file__).resolve().parent
+        try:
+            rel = Path("adaptd") / path.relative_to(base)
+        except ValueError:
+            return None
+    return rel.as_posix() if rel.parts[0] in {"adaptd", "client", "policies"} else None
+
+
+def trace(steps: int = 50) -> dict[str, object]:
+    """Run a daemon, send it a Hello and one Steps report, and trace that report."""
+    Daemon, protocol = _imports()
+    calls: list[tuple[str, str]] = []
+    done = threading.Event()
+
+    def tracer(frame, event, arg):  # type: ignore[no-untyped-def]
+        if event == "call":
+            where = _ours(frame.f_code.co_filename)
+            if where is not None:
+                calls.append((where, frame.f_code.co_name))
+        return None
+
+    with tempfile.TemporaryDirectory(prefix="adaptd-trace-") as tmp:
+        sock = Path(tmp) / "adaptd.sock"
+        daemon = Daemon(sock, policy="default").start()
+        try:
+            jobs = daemon.parts.jobs
+            original = jobs.on_frames
+            seen = [0]
+
+            def on_frames(parts):  # type: ignore[no-untyped-def]
+                seen[0] += 1
+                if seen[0] != 2:  # the Hello, then the traced Steps frame
+                    return original(parts)
+                sys.settrace(tracer)
+                try:
+                    return original(parts)
+                finally:
+                    sys.settrace(None)
+                    done.set()
+
+            jobs.on_frames = on_frames  # the loop looks it up per message
+            ctx = zmq.Context.instance()
+            dealer = ctx.socket(zmq.DEALER)
+            dealer.setsockopt(zmq.LINGER, 0)
+            dealer.connect(f"ipc://{sock}")
+            hello = protocol.Hello(
+                v=protocol.VERSION, job="trace", rank=0, world_size=1, pid=1,
+                checkpoint_dir=tmp,
+            )  # fmt: skip
+            dealer.send(protocol.encode(hello))
+            if not dealer.poll(10_000):
+                raise SystemExit("trace_frame: the daemon did not answer the Hello")
+            dealer.recv()
+            report = protocol.Steps(
+                v=protocol.VERSION, job="trace", rank=0, step=steps, count=steps,
+                mean_s=0.5, max_s=0.6,
+            )  # fmt: skip
+            dealer.send(protocol.encode(report))
+            if not done.wait(10):
+                raise SystemExit("trace_frame: the Steps frame was not handled within 10 s")
+            dealer.close()
+        finally:
+            daemon.stop()
+
+    files = [f for f, _ in calls]
+    order: list[str] = []
+    returns = 0
+    for i, f in enumerate(files):
+        if i and f == files[i - 1]:
+            continue
+        if f in order:
+            returns += 1
+        order.append(f)
+    return {
+        "files": len(set(files)),
+        "stops": len(calls),
+        "returns": returns,
+        "path": [f"{f}:{fn}" for f, fn in calls],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    parser.add_argument("--path", action="store_true", help="also print every stop")
+    parser.add_argument("--steps", type=int, default=50, help="the report's step (default 50)")
+    args = parser.parse_args(argv)
+    out = trace(args.steps)
+    if args.json:
+        print(json.dumps(out if args.path else {k: v for k, v in out.items() if k != "path"}))
+        return 0
+    print(f"files {out['files']}, stops {out['stops']}, returns {out['returns']}")
+    if args.path:
+        for stop in out["path"]:  # type: ignore[union-attr]
+            print(f"  {stop}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
