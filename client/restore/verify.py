@@ -457,7 +457,7 @@ def _read_tensors(
     tensors read, adaptd's step or None)``."""
     import tensorflow as tf
 
-    from adaptd.client.checkpointer import STEP_KEY
+    from adaptd.client.save.state import STEP_KEY
 
     try:
         reader = tf.train.load_checkpoint(str(prefix))
