@@ -22,10 +22,11 @@ from typing import Any
 from adaptd.checkpoints import rank_parts
 from adaptd.client.agreement.agreed import Coordinated
 from adaptd.client.agreement.authority import Authority
-from adaptd.client.restore import files, intact, remote
+from adaptd.client.restore import intact, remote
 from adaptd.client.restore import notes as resume_notes
 from adaptd.client.restore.intact import WorldSizeChanged
 from adaptd.client.restore.job_restore import JobRestore, RestoreAgreementError
+from adaptd.client.save import files
 from adaptd.client.save.rank_state import RankPart
 from adaptd.client.save.state import CheckpointState
 

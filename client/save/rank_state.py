@@ -32,8 +32,7 @@ from typing import Any
 import tensorflow as tf
 
 from adaptd.checkpoints import rank_parts
-from adaptd.client.restore import files
-from adaptd.client.save import async_fixes
+from adaptd.client.save import async_fixes, files
 from adaptd.client.save.async_writes import clear_async_error, wait_for_write
 from adaptd.client.save.state import RANK_KEY, STEP_KEY, WORLD_KEY, nbytes_of
 

@@ -27,7 +27,7 @@ from time import perf_counter
 
 import tensorflow as tf
 
-from adaptd.client.restore import files
+from adaptd.client.save import files
 from adaptd.client.save.async_writes import clear_async_error, wait_for_write
 from adaptd.client.save.costs import Baseline, SaveWindow, StepClock
 from adaptd.client.save.rank_state import RankPart

@@ -22,7 +22,7 @@ import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
-from adaptd.client.restore import files
+from adaptd.client.save import files
 
 log = logging.getLogger("adaptd.client")
 

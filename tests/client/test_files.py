@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from adaptd.client.restore import files
+from adaptd.client.save import files
 
 
 def test_orphans_removed_and_checkpoints_kept(tmp_path):

@@ -23,7 +23,8 @@ from adaptd.client import (  # noqa: E402
     ForeignStateFile,
     NoIntactCheckpoint,
 )
-from adaptd.client.restore import files, verify  # noqa: E402
+from adaptd.client.restore import verify  # noqa: E402
+from adaptd.client.save import files  # noqa: E402
 
 pytestmark = pytest.mark.tf
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from adaptd.client.restore import files
+from adaptd.client.save import files
 
 from .conftest import ROOT, TRAIN_SCRIPT, Serve, SmallFS, on_disk, state
 from .zygote import Child, Zygote

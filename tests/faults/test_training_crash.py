@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from adaptd.client.restore import files
+from adaptd.client.save import files
 
 from .conftest import TRAIN_SCRIPT, on_disk, state
 from .zygote import Zygote
