@@ -46,6 +46,11 @@ log = logging.getLogger("adaptd.client")
 _INF = float("inf")
 #: The reason of the save :meth:`AdaptiveCheckpointer.close` makes of the last step.
 FINAL_SAVE_REASON = "end of run"
+#: How long :meth:`AdaptiveCheckpointer.close` (and leaving a ``with`` block) waits for
+#: the save in flight to become durable.
+CLOSE_TIMEOUT_S = 300.0
+#: The same wait when the process ends without close() (its exit handler).
+EXIT_TIMEOUT_S = 60.0
 #: Default priority of TensorFlow's async-save thread (see ``writer_nice``): chosen
 #: before each save from the planned interval and the measured durable latency
 #: (:mod:`adaptd.client.save.writer`, measured in benchmarks/save_stall.py).
@@ -272,7 +277,7 @@ class AdaptiveCheckpointer(HookViews):
         self._authority.save_now(reason, self._n + 1, self._n)
         self._store_due()
 
-    def close(self, timeout: float | None = 300.0) -> None:
+    def close(self, timeout: float | None = CLOSE_TIMEOUT_S) -> None:
         """Save the current step if the run advanced since its last save (unless
         ``save_on_close=False``), wait up to ``timeout`` seconds for the save in
         flight, report it, say goodbye to the daemon and close the socket. Idempotent.
@@ -287,9 +292,9 @@ class AdaptiveCheckpointer(HookViews):
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         if exc_type is None:
-            self._finish(300.0, goodbye="closed", final_save=self._save_on_close)
+            self._finish(CLOSE_TIMEOUT_S, goodbye="closed", final_save=self._save_on_close)
         else:  # the state may be that of a half-done step: not saved
-            self._finish(300.0, goodbye=f"exception: {exc_type.__name__}")
+            self._finish(CLOSE_TIMEOUT_S, goodbye=f"exception: {exc_type.__name__}")
 
     # ------------------------------------------------------------------ start
 
@@ -427,7 +432,7 @@ def _weak_close(ckptr: AdaptiveCheckpointer) -> Callable[[], None]:
     def close_at_exit() -> None:
         obj = ref()
         if obj is not None:  # no final save: the process may be ending on an error
-            obj._finish(60.0, goodbye="closed")
+            obj._finish(EXIT_TIMEOUT_S, goodbye="closed")
 
     return close_at_exit
 

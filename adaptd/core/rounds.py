@@ -31,8 +31,9 @@ from adaptd.core import agreement as rules
 from adaptd.core.snapshot import Decision, same_saves
 from adaptd.protocol import job as p
 
-#: Default bound on a round: a rank that has not answered by then is counted missing.
-TIMEOUT_S = 10.0
+#: Default bound on a round: a rank that has not answered by then is counted missing
+#: (the protocol's figure, shared with the ranks' wait for the decision).
+TIMEOUT_S = p.ROUND_TIMEOUT_S
 #: Default lead of a daemon's proposal: one step report interval (1 s) plus travel.
 LEAD_TIME_S = 1.5
 #: Decided rounds kept in :attr:`JobRounds.history`.

@@ -85,6 +85,12 @@ VERSION = 2
 #: would take a live daemon with nothing new to say for dead whenever its timeout is
 #: shorter than this plus its report interval.)
 KEEPALIVE_S = 2.0
+#: The bound on one of the daemon's agreement rounds (ranks without a runtime of their
+#: own): the daemon decides a round no later than this after proposing it, counting a
+#: rank that has not answered as missing, and a rank held at the round's step waits this
+#: long for the decision before it counts the round aborted. One figure for both sides:
+#: a rank that gave up sooner could abort a round the daemon still commits.
+ROUND_TIMEOUT_S = 10.0
 #: Largest frame either side accepts. Real messages are a few hundred bytes.
 MAX_MESSAGE_BYTES = 64 * 1024
 #: Longest free-text field (reasons, error text, paths).

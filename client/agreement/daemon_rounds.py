@@ -26,16 +26,14 @@ from adaptd.client.save.schedule import NEVER, SaveSchedule
 from adaptd.core import agreement as rules
 from adaptd.protocol import job as p
 
-#: Default bound on waiting at a step for the daemon's decision.
-TIMEOUT_S = 10.0
-
 
 class DaemonRounds:
     """This rank's rounds with its daemon.
 
     Args:
         job, rank: who this is.
-        timeout_s: longest wait at a step for a decision.
+        timeout_s: longest wait at a step for a decision (default: the daemon's bound
+            on a round, :data:`adaptd.protocol.job.ROUND_TIMEOUT_S`).
         clock: monotonic seconds.
     """
 
@@ -44,7 +42,7 @@ class DaemonRounds:
         job: str,
         rank: int,
         *,
-        timeout_s: float = TIMEOUT_S,
+        timeout_s: float = p.ROUND_TIMEOUT_S,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if not isinstance(timeout_s, (int, float)) or not timeout_s > 0:

@@ -16,7 +16,7 @@ Liveness is judged from the times passed in (no clock here): the daemon counts a
 present once it has sent Welcome, and as lost when nothing arrived for
 ``timeout_s`` after a send it had to answer (or a refused one: with no peer every
 send is). A daemon answers a rank it has told nothing for
-:data:`~adaptd.protocol.job.KEEPALIVE_S` (2 s), so only sends at least that long after
+:data:`~adaptd.protocol.job.KEEPALIVE_S`, so only sends at least that long after
 the newest message received start the clock: a dead daemon is noticed within
 ``KEEPALIVE_S`` plus the report interval plus ``timeout_s`` of its last message.
 """

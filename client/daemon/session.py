@@ -35,6 +35,9 @@ log = logging.getLogger("adaptd.client")
 #: At most this long (or ``daemon_timeout``, if shorter) ``restore_or_initialize()``
 #: waits for a daemon whose socket is there to answer: a live one does in milliseconds.
 WELCOME_WAIT_S = 1.0
+#: A Hello the daemon has not answered is sent again this often (the first one may be
+#: refused while the connection is still being made, or the daemon may be restarting).
+HELLO_RETRY_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -147,7 +150,7 @@ class DaemonSession:
             agreement=self.authority.kind,  # type: ignore[arg-type]
         )
         sent = self.link.send(hello, now)
-        self._hello_at = now + 1.0
+        self._hello_at = now + HELLO_RETRY_S
         self._hello_unanswered = self._hello_unanswered or sent
         return sent
 
