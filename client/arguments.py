@@ -1,5 +1,8 @@
-"""The checks of :class:`~adaptd.client.checkpointer.AdaptiveCheckpointer`'s arguments.
+"""The checks of :class:`~adaptd.client.checkpointer.AdaptiveCheckpointer`'s arguments,
+and the split of its keywords into settings and state.
 
+The hook's keywords are of two kinds: its settings (:class:`~adaptd.client.options.
+HookOptions`' fields, checked there) and the state to checkpoint (any other keyword).
 Each failure is a ``ValueError`` that names the argument and the value received, and
 says what is accepted, so a typo fails at construction instead of during training.
 """
@@ -7,70 +10,64 @@ says what is accepted, so a typo fails at construction instead of during trainin
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import msgspec
 import tensorflow as tf
 
+from adaptd.client.options import HookOptions
 from adaptd.client.save import distributed_input
 from adaptd.client.save.state import RESERVED
-from adaptd.client.save.writer import AUTO, WriterNice, WriterPriority
 from adaptd.config.loader import did_you_mean
-from adaptd.core.policy import Policy
 from adaptd.protocol import job as protocol
 
+__all__ = ["check_directory", "check_job", "hook_arguments"]
 
-def check(
-    *,
-    directory: Any,
-    job: Any,
-    max_to_keep: Any,
-    seconds: Mapping[str, Any],
-    writer_nice: WriterNice,
-    storage_options: Any,
-    trackables: Mapping[str, Any],
-    options: Iterable[str],
-) -> None:
-    """Raise ValueError for the first invalid argument. ``seconds``: the interval
-    arguments by name; ``options``: the constructor's option names (a keyword that is
-    not a trackable and resembles one of them is reported as a misspelt option)."""
+
+def check_directory(directory: Any) -> Path:
+    """``directory`` as a Path; ValueError unless it is a non-empty path."""
     if not isinstance(directory, (str, os.PathLike)) or not os.fspath(directory):
         raise ValueError(f"directory must be a non-empty path, got {directory!r}")
+    return Path(directory)
+
+
+def check_job(job: Any) -> str:
+    """``job``; ValueError unless it is a job id the daemon accepts."""
     try:
-        msgspec.convert(job, protocol.JobId)
+        return msgspec.convert(job, protocol.JobId)
     except msgspec.ValidationError:
         raise ValueError(
             f"job must be 1-256 characters of letters, digits and _.:@+- "
             f"(not starting with one of .:@+-), got {job!r}"
         ) from None
-    if max_to_keep is not None and (
-        isinstance(max_to_keep, bool) or not isinstance(max_to_keep, int) or max_to_keep < 1
-    ):
-        raise ValueError(f"max_to_keep must be an integer >= 1 or None, got {max_to_keep!r}")
-    for name, value in seconds.items():
-        if not isinstance(value, (int, float)) or not value > 0:
-            raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
-    if (
-        writer_nice is not None
-        and writer_nice != AUTO
-        and not isinstance(writer_nice, WriterPriority)
-        and (
-            isinstance(writer_nice, bool)
-            or not isinstance(writer_nice, int)
-            or not 0 <= writer_nice <= 19
-        )
-    ):
+
+
+def hook_arguments(
+    directory: Any, job: Any, options: Any, keywords: Mapping[str, Any]
+) -> tuple[Path, HookOptions, dict[str, Any]]:
+    """``(directory, settings, state)`` from the hook's arguments, checked in that order.
+
+    ``options``: a :class:`HookOptions` or None; the keywords that name one of its fields
+    replace that field, the others are the state to checkpoint.
+
+    Raises:
+        ValueError: the first invalid argument (the message names it and the value).
+        PolicyError: ``policy`` does not parse.
+    """
+    path = check_directory(directory)
+    check_job(job)
+    if options is not None and not isinstance(options, HookOptions):
         raise ValueError(
-            f"writer_nice must be 'auto', a WriterPriority, an integer from 0 to 19, or "
-            f"None to leave the writer's priority alone, got {writer_nice!r}"
+            f"options must be an adaptd.client.HookOptions or None, got {type(options).__name__}"
         )
-    if storage_options is not None and not isinstance(storage_options, Mapping):
-        raise ValueError(
-            f"storage_options must be a mapping of fsspec options or None, "
-            f"got {type(storage_options).__name__}"
-        )
-    _check_trackables(trackables, tuple(options))
+    names = HookOptions.names()
+    given = {k: v for k, v in keywords.items() if k in names}
+    state = {k: v for k, v in keywords.items() if k not in names}
+    settings = (options or HookOptions()).replace(**given)
+    _check_trackables(state, ("job", "options", *names))
+    return path, settings, state
 
 
 def _check_trackables(trackables: Mapping[str, Any], options: tuple[str, ...]) -> None:
@@ -96,12 +93,3 @@ def _check_trackables(trackables: Mapping[str, Any], options: tuple[str, ...]) -
                 f"tf.data iterator, tf.distribute iterator, tf.random.Generator, ...), got "
                 f"{type(value).__name__}"
             )
-
-
-def spec_of(policy: str | Policy | None) -> str | None:
-    """The spec to send in Hello: the string as given, or None for a policy object
-    (the daemon cannot run an object it does not have; the hook runs it locally)."""
-    return policy if isinstance(policy, str) else None
-
-
-__all__ = ["check", "spec_of"]

@@ -17,29 +17,28 @@ report, log line and plan change happens on the training thread.
 from __future__ import annotations
 
 import atexit
-import inspect
 import logging
 import os
 import signal
 import weakref
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable
 from time import perf_counter
 from typing import Any
 
 import tensorflow as tf
 
-from adaptd.client import assembly as hook_parts
+from adaptd.client import arguments, assembly
 from adaptd.client.daemon.session import WELCOME_WAIT_S, HelloFacts
 from adaptd.client.hook_views import HookViews
+from adaptd.client.options import HookOptions
 from adaptd.client.restore import intact, remote, resume
 from adaptd.client.restore import notes as resume_notes
 from adaptd.client.save.costs import Baseline, StepClock
 from adaptd.client.save.schedule import NEVER
 from adaptd.client.save.sigterm import SigtermHandler
 from adaptd.client.save.state import SEEDS_KEY, STEP_KEY
-from adaptd.client.save.writer import AUTO, WriterNice
 from adaptd.core.estimators import JobTracker
-from adaptd.core.policy import Policy, PolicyError
+from adaptd.core.policy import PolicyError
 
 log = logging.getLogger("adaptd.client")
 
@@ -51,10 +50,6 @@ FINAL_SAVE_REASON = "end of run"
 CLOSE_TIMEOUT_S = 300.0
 #: The same wait when the process ends without close() (its exit handler).
 EXIT_TIMEOUT_S = 60.0
-#: Default priority of TensorFlow's async-save thread (see ``writer_nice``): chosen
-#: before each save from the planned interval and the measured durable latency
-#: (:mod:`adaptd.client.save.writer`, measured in benchmarks/save_stall.py).
-DEFAULT_WRITER_NICE: WriterNice = AUTO
 
 
 class AdaptiveCheckpointer(HookViews):
@@ -64,46 +59,16 @@ class AdaptiveCheckpointer(HookViews):
     Args:
         directory: where checkpoints go (created if missing).
         job: job id shared by all ranks (letters, digits, ``_.:@+-``).
-        max_to_keep: checkpoints kept by the ``CheckpointManager`` (None: all).
-        policy: a spec such as ``"fixed:steps=100"`` or a policy object; overrides
-            the daemon's choice (sent in Hello) and drives the embedded fallback.
-            Default: the daemon's choice, and :data:`adaptd.core.policy.DEFAULT_SPEC`
-            embedded.
-        socket: daemon endpoint or socket path (default :func:`adaptd.protocol.paths.endpoint`).
-        curve_server_key, curve_client_key: for a ``tcp://`` socket, the daemon's public
-            key file and this client's ``*.key_secret`` (default:
-            ``$ADAPTD_CURVE_SERVER_KEY``/``$ADAPTD_CURVE_CLIENT_KEY``; see
-            :class:`adaptd.client.daemon.link.DaemonLink`).
-        rank, world_size: this process's place in the job (default: environment,
-            see :mod:`adaptd.client.agreement.ranks`).
-        daemon_timeout: seconds of silence after a send before the daemon counts
-            as gone (also how long to wait for the first Welcome).
-        handle_sigterm: on SIGTERM save at the next step, wait until durable, then
-            let the signal take effect. Installed only from the main thread.
-        poll_interval: wall seconds between socket polls in :meth:`step`.
-        report_interval: wall seconds between step-time reports to the daemon.
-        decide_interval: wall seconds between embedded re-decisions.
-        writer_nice: priority of TensorFlow's async-save thread. ``"auto"`` (the
-            default): nice 19 while the measured time until durable is at most a
-            quarter of the planned interval and the host is not overloaded, the
-            training thread's own priority once it exceeds half of it (see
-            :mod:`adaptd.client.save.writer`); a :class:`~adaptd.client.save.writer.WriterPriority`:
-            the same rule with other settings; an int 0-19: that nice value always;
-            ``None`` or 0: left alone. Linux per-thread nice; elsewhere nothing changes.
-        restore_from: a durable destination (fsspec URL or path: the job's folder
-            there, ``{job}`` is replaced by the job id) to pull the newest verified
-            checkpoint from when ``directory`` has none, e.g. on a new host (default
-            ``$ADAPTD_RESTORE_FROM``; see :mod:`adaptd.client.restore.remote`).
-        storage_options: fsspec options for ``restore_from`` (e.g. ``endpoint_url``).
-        save_on_close: :meth:`close` (and leaving a ``with`` block without an
-            exception) saves the current step when the run advanced since its last
-            save, so even a run shorter than the first planned interval leaves a
-            checkpoint (as the Keras callback saves at the end of ``fit``). Default on.
-        per_rank: keywords of trackables that differ between the ranks of a
-            multi-worker job, beside those that do by their kind (data iterators,
-            generators made outside the strategy's scope): each rank saves and
-            restores its own (see :mod:`adaptd.client.save.per_rank`).
-        **trackables: what to checkpoint (``model=``, ``optimizer=``,
+        options: the hook's settings (:class:`~adaptd.client.options.HookOptions`;
+            default: every setting's default).
+        **keywords: a setting by its name (``max_to_keep=3``, ``policy="fixed:steps=100"``,
+            ``socket=``, ``rank=``, ``world_size=``, ``daemon_timeout=``,
+            ``handle_sigterm=``, ``poll_interval=``, ``report_interval=``,
+            ``decide_interval=``, ``writer_nice=``, ``restore_from=``,
+            ``storage_options=``, ``curve_server_key=``, ``curve_client_key=``,
+            ``save_on_close=``, ``per_rank=``: each documented on
+            :class:`~adaptd.client.options.HookOptions`; it replaces that field of
+            ``options``), or else what to checkpoint (``model=``, ``optimizer=``,
             ``data_iterator=``, ``rng=``, any ``tf`` trackable, or a ``tf.distribute``
             iterator).
 
@@ -119,64 +84,38 @@ class AdaptiveCheckpointer(HookViews):
         directory: str | os.PathLike[str],
         *,
         job: str,
-        max_to_keep: int | None = 5,
-        policy: str | Policy | None = None,
-        socket: str | os.PathLike[str] | None = None,
-        rank: int | None = None,
-        world_size: int | None = None,
-        daemon_timeout: float = 5.0,
-        handle_sigterm: bool = True,
-        poll_interval: float = 0.025,
-        report_interval: float = 1.0,
-        decide_interval: float = 5.0,
-        writer_nice: WriterNice = DEFAULT_WRITER_NICE,
-        restore_from: str | None = None,
-        storage_options: Mapping[str, Any] | None = None,
-        curve_server_key: str | os.PathLike[str] | None = None,
-        curve_client_key: str | os.PathLike[str] | None = None,
-        save_on_close: bool = True,
-        per_rank: Collection[str] = (),
-        **trackables: Any,
+        options: HookOptions | None = None,
+        **keywords: Any,
     ) -> None:
-        built = hook_parts.parts(
-            directory=directory,
-            job=job,
-            max_to_keep=max_to_keep,
-            policy=policy,
-            socket=socket,
-            rank=rank,
-            world_size=world_size,
-            daemon_timeout=daemon_timeout,
-            poll_interval=poll_interval,
-            report_interval=report_interval,
-            decide_interval=decide_interval,
-            writer_nice=writer_nice,
-            storage_options=storage_options,
-            curve_server_key=curve_server_key,
-            curve_client_key=curve_client_key,
-            per_rank_keys=per_rank,
-            trackables=trackables,
+        path, settings, trackables = arguments.hook_arguments(directory, job, options, keywords)
+        built = assembly.parts(
+            path,
+            job,
+            settings,
+            trackables,
             manager=lambda: self.manager,
-            options=_OPTIONS,
             position=lambda: self._n,
             wake=self._wake,
             pump=lambda seconds: self._session.pump(seconds, self._n),
         )
+        #: The settings in force (every default filled in).
+        self.options = settings
         self.directory, self.job, self.endpoint = built.directory, job, built.endpoint
-        self.rank, self.world_size, self.policy = built.rank, built.world_size, built.policy
+        self.rank, self.world_size = built.who.rank, built.who.world_size
+        self.policy = built.policy
         #: Where an empty directory is filled from (None: nowhere), and what that did.
-        self.restore_from = remote.source(restore_from, job)
-        self._storage_options = dict(storage_options or {})
+        self._source = built.source
+        self.restore_from = built.source.url if built.source is not None else None
         self.pulled: remote.Pull | None = None
-        self._max_to_keep = max_to_keep
-        self._poll_s = float(poll_interval)
-        self._save_on_close = bool(save_on_close)
+        self._max_to_keep = settings.max_to_keep
+        self._poll_s = float(settings.poll_interval)
+        self._save_on_close = bool(settings.save_on_close)
         self._state, self._writer, self._link = built.state, built.writer, built.link
         self._schedule, self._authority = built.schedule, built.authority
         self._saves, self._session, self._part = built.saves, built.session, built.part
         self.checkpoint = self._state.checkpoint
         self._reopen_manager()
-        self._sigterm = SigtermHandler(self._on_sigterm) if handle_sigterm else None
+        self._sigterm = SigtermHandler(self._on_sigterm) if settings.handle_sigterm else None
 
         # Hot-path state: step() reads these and nothing else.
         self._n = 0
@@ -225,12 +164,7 @@ class AdaptiveCheckpointer(HookViews):
         if self._started:
             raise RuntimeError("restore_or_initialize() must be called once, before step()")
         done = resume.restore(
-            self._authority,
-            self.directory,
-            self._state,
-            restore_from=self.restore_from,
-            storage_options=self._storage_options,
-            part=self._part,
+            self._authority, self.directory, self._state, self._source, part=self._part
         )
         self.pulled, self.resume = done.pulled, done.resume
         if self.resume.skipped or (self.pulled is not None and self.pulled.step is not None):
@@ -310,7 +244,7 @@ class AdaptiveCheckpointer(HookViews):
         self.restore_s = restore_s
         self._n = start
         self.state_bytes = self._state.nbytes() + (self._part.nbytes() if self._part else 0)
-        self._tracker, gpus = hook_parts.tracker(
+        self._tracker, gpus = assembly.tracker(
             self.job, self.world_size, start, self.state_bytes, restore_s
         )
         clock = StepClock(start, now)
@@ -437,18 +371,13 @@ def _weak_close(ckptr: AdaptiveCheckpointer) -> Callable[[], None]:
     return close_at_exit
 
 
-#: The constructor's options, for the did-you-mean of a misspelt one.
-_OPTIONS = tuple(
-    p.name
-    for p in inspect.signature(AdaptiveCheckpointer.__init__).parameters.values()
-    if p.kind is inspect.Parameter.KEYWORD_ONLY
-)
-
 __all__ = [
+    "CLOSE_TIMEOUT_S",
     "FINAL_SAVE_REASON",
     "SEEDS_KEY",
     "STEP_KEY",
     "WELCOME_WAIT_S",
     "AdaptiveCheckpointer",
+    "HookOptions",
     "PolicyError",
 ]

@@ -31,23 +31,11 @@ from adaptd.client.agreement.authority import Solo
 from adaptd.client.agreement.daemon_rounds import DaemonRounds
 from adaptd.client.agreement.rounds import Agreement
 from adaptd.client.daemon.link import DaemonLink
-from adaptd.client.save.schedule import SaveSchedule
+from adaptd.client.save.schedule import SaveSchedule, decision_of
 from adaptd.core.snapshot import Decision
 from adaptd.protocol import job as protocol
 
 log = logging.getLogger("adaptd.client")
-
-
-def decision_of(plan: protocol.Plan) -> Decision:
-    """The daemon's plan as a policy decision (to propose it to the job)."""
-    return Decision(
-        next_step=plan.next_step,
-        every_steps=plan.every_steps,
-        reason=plan.reason,
-        policy=plan.policy,
-        interval_s=plan.interval_s,
-        waste=plan.waste,
-    )
 
 
 def job_plan(committed: protocol.Propose, rank: int) -> protocol.JobPlan:
@@ -71,18 +59,18 @@ class Coordinated:
 
     Args:
         schedule: the rank's save schedule (changed only by committed rounds).
-        agreement: this rank's side of the job's agreement (started by :meth:`start`).
-        host: this host's name (who decided a plan, for every host's status).
+        agreement: this rank's side of the job's agreement (started by :meth:`start`);
+            its host is who decided a plan, in every host's status.
     """
 
     kind = "coordination"
 
-    def __init__(self, schedule: SaveSchedule, agreement: Agreement, *, host: str) -> None:
+    def __init__(self, schedule: SaveSchedule, agreement: Agreement) -> None:
         self.schedule = schedule
         self.agreement = agreement
         self.lock = agreement.lock
-        self.host = host
-        self.deciding = agreement.rank == 0
+        self.host = agreement.who.host
+        self.deciding = agreement.who.chief
         self._plan_seq: int | None = None
         self._preempting = False
         self._requests: list[protocol.Request] = []  # the chief's own daemon's Relays
@@ -257,4 +245,4 @@ class ViaDaemon:
         pass
 
 
-__all__ = ["Coordinated", "ViaDaemon", "decision_of", "job_plan"]
+__all__ = ["Coordinated", "ViaDaemon", "job_plan"]

@@ -32,12 +32,15 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from adaptd.client.agreement.coordination import CoordinationError
 from adaptd.client.agreement.kv import Keys, Store, next_session
 from adaptd.client.agreement.ledger import Applied, Ledger, Round
 from adaptd.client.agreement.mailbox import Mailbox
+from adaptd.client.agreement.ranks import Identity
 from adaptd.client.agreement.watcher import RoundWatcher
+from adaptd.client.checks import check_seconds, check_seconds_or_zero
 from adaptd.client.save.schedule import NEVER, SaveSchedule
 from adaptd.core import agreement as rules
 from adaptd.core.snapshot import Decision, same_saves
@@ -45,13 +48,34 @@ from adaptd.protocol import job as p
 
 log = logging.getLogger("adaptd.client")
 
-#: Default bound on each wait of a round (acknowledgements; the decision waits twice it).
-TIMEOUT_S = 30.0
-#: How often the watcher wakes from a wait to notice close().
-SLICE_S = 0.5
 #: The chief reads the other ranks' mail at most this often, after a slice without a
 #: proposal (each read is one 1 ms get per rank, on the watcher thread).
 MAIL_S = 0.1
+
+
+@dataclass(frozen=True)
+class AgreementOptions:
+    """The agreement's bounds.
+
+    Attributes:
+        timeout_s: bound on waiting for acknowledgements; a rank waits twice that for a
+            decision before it aborts the round itself.
+        slice_s: the watcher's longest single wait (how soon close() is noticed).
+        lead_time_s: how far ahead, in wall time, a rank proposes (see
+            :func:`adaptd.core.agreement.lead_steps`).
+
+    Raises ValueError naming a bound that is not a number of seconds (> 0; the lead
+    >= 0).
+    """
+
+    timeout_s: float = 30.0
+    slice_s: float = 0.5
+    lead_time_s: float = rules.LEAD_TIME_S
+
+    def __post_init__(self) -> None:
+        check_seconds("timeout_s", self.timeout_s)
+        check_seconds("slice_s", self.slice_s)
+        check_seconds_or_zero("lead_time_s", self.lead_time_s)
 
 
 class Agreement:
@@ -59,53 +83,34 @@ class Agreement:
 
     Args:
         store: the key-value store all ranks share.
-        job, rank, world_size: who this is.
+        who: this rank (its host is named in messages).
         position: returns this rank's newest completed step (read by the watcher).
         wake: makes the training thread take the slow path at its next step; called
             with :attr:`lock` held.
         session: the session number (default :func:`next_session`).
-        timeout_s: bound on waiting for acknowledgements; a rank waits twice that
-            for a decision before it aborts the round itself.
-        slice_s: the watcher's longest single wait (how soon close() is noticed).
-        lead_time_s: how far ahead, in wall time, this rank proposes (see
-            :func:`adaptd.core.agreement.lead_steps`).
-        host: this host's name, for messages.
+        options: the bounds on its waits and its lead.
     """
 
     def __init__(
         self,
         store: Store,
+        who: Identity,
         *,
-        job: str,
-        rank: int,
-        world_size: int,
         position: Callable[[], int],
         wake: Callable[[], None],
         session: int | None = None,
-        timeout_s: float = TIMEOUT_S,
-        slice_s: float = SLICE_S,
-        lead_time_s: float = rules.LEAD_TIME_S,
-        host: str = "",
+        options: AgreementOptions = AgreementOptions(),
     ) -> None:
-        if not 0 <= rank < world_size:
-            raise ValueError(f"rank {rank} is not below world_size {world_size}")
-        for name, value in (("timeout_s", timeout_s), ("slice_s", slice_s)):
-            if not isinstance(value, (int, float)) or not value > 0:
-                raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
-        if not isinstance(lead_time_s, (int, float)) or not lead_time_s >= 0:
-            raise ValueError(f"lead_time_s must be >= 0 seconds, got {lead_time_s!r}")
         self.store = store
-        self.job = job
-        self.rank = rank
-        self.world_size = world_size
-        self.session = next_session(job) if session is None else session
-        self.keys = Keys.of(job, self.session)
-        self.host = host
+        self.who = who
+        self.job, self.rank, self.world_size = who.job, who.rank, who.world_size
+        self.session = next_session(self.job) if session is None else session
+        self.keys = Keys.of(self.job, self.session)
         self._position = position
         self._wake = wake
-        self._timeout_s = float(timeout_s)
-        self._slice_s = float(slice_s)
-        self._lead_time_s = float(lead_time_s)
+        self._timeout_s = float(options.timeout_s)
+        self._slice_s = float(options.slice_s)
+        self._lead_time_s = float(options.lead_time_s)
 
         #: Guards everything below that both threads touch.
         self.lock = threading.Lock()
@@ -130,7 +135,7 @@ class Agreement:
         self.stalls = 0
         self.stall_s = 0.0
         #: The other ranks' messages to the chief (read by the chief's watcher).
-        self.mailbox = Mailbox(store, self.keys, rank=rank, world_size=world_size)
+        self.mailbox = Mailbox(store, self.keys, rank=self.rank, world_size=self.world_size)
         self._mail_at = 0.0
         #: Plans committed since the training thread last took them (:meth:`take_plans`).
         self._committed_plans: deque[p.Propose] = deque()
@@ -139,11 +144,11 @@ class Agreement:
             self,
             store,
             self.keys,
-            rank=rank,
-            world_size=world_size,
+            rank=self.rank,
+            world_size=self.world_size,
             timeout_s=self._timeout_s,
             slice_s=self._slice_s,
-            between=self._read_mail if rank == 0 and world_size > 1 else None,
+            between=self._read_mail if who.chief and self.world_size > 1 else None,
         )
         self._thread: threading.Thread | None = None
 
@@ -398,4 +403,4 @@ class Agreement:
                 self._wish_plan = None
 
 
-__all__ = ["Agreement", "Applied", "Keys", "Round", "Store", "next_session"]
+__all__ = ["Agreement", "AgreementOptions", "Applied", "Keys", "Round", "Store", "next_session"]

@@ -29,10 +29,12 @@ from pathlib import Path
 
 import zmq
 
+from adaptd.client.checks import check_seconds
 from adaptd.protocol import job as protocol
 
 __all__ = [
     "CLIENT_KEY_ENV",
+    "DAEMON_TIMEOUT_S",
     "SERVER_KEY_ENV",
     "DaemonLink",
     "curve_keys",
@@ -40,6 +42,9 @@ __all__ = [
 
 log = logging.getLogger("adaptd.client")
 
+#: Default seconds of silence (after a send the daemon must answer) before the daemon
+#: counts as gone: the hook's ``daemon_timeout``.
+DAEMON_TIMEOUT_S = 5.0
 #: Environment variables naming the CURVE keys for a ``tcp://`` daemon.
 SERVER_KEY_ENV = "ADAPTD_CURVE_SERVER_KEY"
 CLIENT_KEY_ENV = "ADAPTD_CURVE_CLIENT_KEY"
@@ -88,14 +93,13 @@ class DaemonLink:
         self,
         endpoint: str,
         *,
-        timeout_s: float = 5.0,
+        timeout_s: float = DAEMON_TIMEOUT_S,
         curve_server_key: str | os.PathLike[str] | None = None,
         curve_client_key: str | os.PathLike[str] | None = None,
     ) -> None:
         """Raises :class:`ValueError` for a bad timeout or endpoint, or a ``tcp://``
         endpoint without usable CURVE keys (see :func:`curve_keys`)."""
-        if not timeout_s > 0:
-            raise ValueError(f"daemon_timeout must be > 0 seconds, got {timeout_s!r}")
+        check_seconds("daemon_timeout", timeout_s)
         keys = None
         if endpoint.startswith("tcp://"):
             keys = curve_keys(curve_server_key, curve_client_key)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,11 +21,13 @@ from pathlib import Path
 from time import perf_counter
 
 from adaptd.client.agreement.authority import Authority
+from adaptd.client.agreement.ranks import Identity
 from adaptd.client.daemon.link import DaemonLink
+from adaptd.client.daemon.policy import PolicyChoice
 from adaptd.client.save.costs import StepClock
 from adaptd.client.save.schedule import SaveSchedule
 from adaptd.core.estimators import JobTracker
-from adaptd.core.policy import Policy, PolicyError, parse
+from adaptd.core.policy import PolicyError, parse
 from adaptd.core.snapshot import Snapshot
 from adaptd.protocol import job as protocol
 
@@ -57,12 +58,11 @@ class DaemonSession:
         link: the socket to the daemon.
         schedule: the rank's save schedule (read for reports and the mode).
         authority: where plans go.
-        job, rank, world_size: who this is.
+        who: this rank (and its host, for the Hello).
         directory: the checkpoint directory (for the Hello).
-        policy_spec: the spec the job insists on (None: the daemon's choice).
-        policy: the embedded policy, and ``policy_label`` its name in messages.
-        local_only: the policy is an object the daemon cannot run: the daemon's plans
-            are ignored (its save-now requests are still honoured).
+        policy: the policy the job was given: the spec the Hello asks for, the embedded
+            policy, whether the daemon's plans are ignored
+            (:class:`~adaptd.client.daemon.policy.PolicyChoice`).
         report_s, decide_s: seconds between step reports and between embedded decisions.
     """
 
@@ -71,29 +71,24 @@ class DaemonSession:
         link: DaemonLink,
         schedule: SaveSchedule,
         authority: Authority,
-        *,
-        job: str,
-        rank: int,
-        world_size: int,
+        who: Identity,
         directory: Path,
-        policy_spec: str | None,
-        policy: Policy,
-        policy_label: str,
-        local_only: bool,
+        policy: PolicyChoice,
+        *,
         report_s: float,
         decide_s: float,
     ) -> None:
         self.link = link
         self.schedule = schedule
         self.authority = authority
-        self.job = job
-        self.rank = rank
-        self.world_size = world_size
+        self.who = who
+        self.job, self.rank, self.world_size = who.job, who.rank, who.world_size
         self.directory = directory
-        self.policy_spec = policy_spec
-        self.policy = policy
-        self.policy_label = policy_label
-        self.local_only = local_only
+        self.policy_spec = policy.spec
+        #: The embedded policy in force (an operator's set-policy may replace it).
+        self.policy = policy.policy
+        self.policy_label = policy.label
+        self.local_only = policy.local_only
         self._report_s = report_s
         self._decide_s = decide_s
         self.daemon_mode = False
@@ -145,7 +140,7 @@ class DaemonSession:
             resumed_from=facts.resumed_from,
             gpus=facts.gpus,
             policy=self.policy_spec or "",
-            hostname=socket.gethostname()[: protocol.MAX_TEXT],
+            hostname=self.who.host[: protocol.MAX_TEXT],
             restore_fallback=facts.restore_fallback[: protocol.MAX_TEXT],
             agreement=self.authority.kind,  # type: ignore[arg-type]
         )

@@ -25,22 +25,34 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from adaptd.client.agreement.kv import Keys, Store
+from adaptd.client.agreement.ranks import Identity
+from adaptd.client.checks import check_seconds
 from adaptd.client.restore import job_steps
+from adaptd.client.restore.remote import Source
 from adaptd.core import agreement as rules
 from adaptd.protocol import job as p
 
 log = logging.getLogger("adaptd.client")
 
-#: Default bound on waiting for every rank's offer (all ranks start together: their
-#: strategy connected them before the hook runs).
-OFFER_TIMEOUT_S = 300.0
-#: Default bound on waiting for every rank's restore, pulls included.
-RESTORE_TIMEOUT_S = 1800.0
+
+@dataclass(frozen=True)
+class JobRestoreOptions:
+    """Bounds on the restore agreement's two waits: for every rank's offer
+    (``offer_timeout_s``; all ranks start together, their strategy connected them
+    before the hook runs) and for every rank's restore, pulls included
+    (``restore_timeout_s``). Raises ValueError for a bound that is not > 0 seconds."""
+
+    offer_timeout_s: float = 300.0
+    restore_timeout_s: float = 1800.0
+
+    def __post_init__(self) -> None:
+        check_seconds("offer_timeout_s", self.offer_timeout_s)
+        check_seconds("restore_timeout_s", self.restore_timeout_s)
 
 
 class RestoreAgreementError(RuntimeError):
@@ -54,12 +66,10 @@ class JobRestore:
     Args:
         store: the job's key-value store.
         keys: the session's key names.
-        job, rank, world_size: who this is.
+        who: this rank (its host is named in messages).
         directory: this rank's checkpoint directory.
-        restore_from: the durable destination to pull from (None: none).
-        storage_options: fsspec options for it.
-        host: this host's name (for messages).
-        offer_timeout_s, restore_timeout_s: bounds on the two waits.
+        source: the durable destination to pull from (None: none).
+        options: the bounds on the two waits.
         check: the quick check of one local checkpoint (default
             :func:`~adaptd.client.restore.job_steps.quick_check`).
     """
@@ -68,34 +78,30 @@ class JobRestore:
         self,
         store: Store,
         keys: Keys,
-        *,
-        job: str,
-        rank: int,
-        world_size: int,
+        who: Identity,
         directory: str | os.PathLike[str],
-        restore_from: str | None = None,
-        storage_options: Mapping[str, Any] | None = None,
-        host: str = "",
-        offer_timeout_s: float = OFFER_TIMEOUT_S,
-        restore_timeout_s: float = RESTORE_TIMEOUT_S,
+        source: Source | None = None,
+        *,
+        options: JobRestoreOptions = JobRestoreOptions(),
         check: job_steps.Check = job_steps.quick_check,
     ) -> None:
         self.store = store
         self.keys = keys
-        self.job = job
-        self.rank = rank
-        self.world_size = world_size
+        self.who = who
+        self.job, self.rank, self.world_size = who.job, who.rank, who.world_size
         self.directory = Path(directory)
-        self.restore_from = restore_from
-        self._storage_options = dict(storage_options or {})
-        self.host = host
-        self._offer_timeout_s = float(offer_timeout_s)
-        self._restore_timeout_s = float(restore_timeout_s)
+        self.source = source
+        self.options = options
         self._check = check
         #: Every rank's offer, once :meth:`agree` returned.
         self.offers: dict[int, p.RestoreOffer] = {}
         #: This rank's directory as it offered it (the steps skipped, and why).
         self.offerable = job_steps.Offerable()
+
+    @property
+    def restore_from(self) -> str | None:
+        """The destination's URL (None: none)."""
+        return self.source.url if self.source is not None else None
 
     def agree(self) -> rules.RestoreChoice:
         """Offer this rank's steps, read every rank's, and choose.
@@ -106,7 +112,7 @@ class JobRestore:
             CoordinationError: the store stopped answering.
         """
         mine = job_steps.local_offer(self.directory, self.rank, self.world_size, self._check)
-        remote = job_steps.pullable(self.restore_from, self.world_size, self._storage_options)
+        remote = job_steps.pullable(self.source, self.world_size)
         self.offerable = mine
         other, other_size = mine.other_world, mine.other_world_size
         if remote.other_world and (not other or max(remote.other_world) > max(other)):
@@ -119,14 +125,16 @@ class JobRestore:
             pullable=remote.steps,
             directory=str(self.directory)[: p.MAX_TEXT],
             url=(self.restore_from or "")[: p.MAX_TEXT],
-            host=self.host[: p.MAX_TEXT],
+            host=self.who.host[: p.MAX_TEXT],
             replicated=mine.replicated,
             own=mine.own,
             other_world=other,
             other_world_size=other_size,
         )
         self.store.put(self.keys.offer(self.rank), p.encode_json(offer))
-        self.offers = self._gather(self.keys.offer, p.RestoreOffer, self._offer_timeout_s, "offer")
+        self.offers = self._gather(
+            self.keys.offer, p.RestoreOffer, self.options.offer_timeout_s, "offer"
+        )
         choice = rules.choose_restore(self.offers, self.world_size)
         if choice.error:
             raise RestoreAgreementError(choice.error)
@@ -145,13 +153,13 @@ class JobRestore:
         from adaptd.tiers.replica import TierError, is_storage_error
         from adaptd.tiers.restore import restore
 
-        assert self.restore_from is not None  # "pull" is chosen only with a destination
+        assert self.source is not None  # "pull" is chosen only with a destination
         t0 = time.perf_counter()
         try:
             result = restore(
-                self.restore_from,
+                self.source.url,
                 self.directory,
-                storage_options=self._storage_options,
+                storage_options=dict(self.source.storage_options),
                 step=choice.step,
             )
         except TierError as exc:
@@ -194,7 +202,9 @@ class JobRestore:
             error=error[: p.MAX_TEXT],
         )
         self.store.put(self.keys.restored(self.rank), p.encode_json(done))
-        results = self._gather(self.keys.restored, p.Restored, self._restore_timeout_s, "restore")
+        results = self._gather(
+            self.keys.restored, p.Restored, self.options.restore_timeout_s, "restore"
+        )
         failed = [r for r in results.values() if not r.ok]
         if failed:
             raise RestoreAgreementError(
@@ -236,4 +246,4 @@ class JobRestore:
         return out
 
 
-__all__ = ["JobRestore", "RestoreAgreementError"]
+__all__ = ["JobRestore", "JobRestoreOptions", "RestoreAgreementError"]

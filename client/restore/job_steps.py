@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from adaptd.checkpoints import rank_parts
 from adaptd.client.restore.intact import Damaged
+from adaptd.client.restore.remote import Source
 from adaptd.protocol import job as p
 
 log = logging.getLogger("adaptd.client")
@@ -107,18 +107,19 @@ class Pullable:
     other_world_size: int = 0
 
 
-def pullable(url: str | None, world: int, storage_options: Mapping[str, Any] | None) -> Pullable:
-    """The steps at ``url`` (each manifest's files say whether the step is complete, and
-    for how many ranks), newest first; none without a destination or when it cannot be
-    read (a warning: the other ranks' offers may still make a choice)."""
-    if not url:
+def pullable(source: Source | None, world: int) -> Pullable:
+    """The steps at ``source`` (each manifest's files say whether the step is complete,
+    and for how many ranks), newest first; none without a destination or when it cannot
+    be read (a warning: the other ranks' offers may still make a choice)."""
+    if source is None:
         return Pullable()
     from adaptd.tiers.replica import Replica, TierError, is_storage_error
 
+    url = source.url
     found: list[int] = []
     other: list[tuple[int, int]] = []
     try:
-        replica = Replica(url, storage_options=storage_options)
+        replica = Replica(url, storage_options=dict(source.storage_options))
         for step in sorted(replica.steps(), reverse=True)[: p.MAX_OFFERED]:
             try:
                 names = {f.name for f in replica.manifest(step).files}

@@ -32,15 +32,17 @@ import fcntl
 import logging
 import os
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from time import perf_counter
+from types import MappingProxyType
 from typing import Any
 
 __all__ = [
     "ENV",
     "LOCK_NAME",
     "Pull",
+    "Source",
     "has_checkpoint",
     "pull_if_empty",
     "source",
@@ -68,6 +70,31 @@ class Pull:
     reason: str
     bytes: int = 0
     seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class Source:
+    """A durable destination a job restores from: ``url`` (the job's folder there) and
+    the fsspec ``storage_options`` to read it with (a read-only copy)."""
+
+    url: str
+    storage_options: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+
+    @classmethod
+    def of(
+        cls,
+        restore_from: str | None,
+        job: str,
+        storage_options: Mapping[str, Any] | None = None,
+        environ: Mapping[str, str] | None = None,
+    ) -> Source | None:
+        """The destination :func:`source` names (None: none), with its options.
+
+        Raises ValueError as :func:`source` does."""
+        url = source(restore_from, job, environ)
+        if url is None:
+            return None
+        return cls(url, MappingProxyType(dict(storage_options or {})))
 
 
 def source(

@@ -13,11 +13,9 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from time import perf_counter
-from typing import Any
 
 from adaptd.checkpoints import rank_parts
 from adaptd.client.agreement.agreed import Coordinated
@@ -49,9 +47,8 @@ def restore(
     authority: Authority,
     directory: Path,
     state: CheckpointState,
+    source: remote.Source | None,
     *,
-    restore_from: str | None,
-    storage_options: Mapping[str, Any],
     part: RankPart | None = None,
 ) -> Resumed:
     """The rank's restore: agreed with the other ranks when they agree in-band
@@ -60,32 +57,14 @@ def restore(
     if isinstance(authority, Coordinated):
         assert part is not None  # every rank of a coordinated job has one
         agreement = authority.agreement
-        job_restore = JobRestore(
-            agreement.store,
-            agreement.keys,
-            job=agreement.job,
-            rank=agreement.rank,
-            world_size=agreement.world_size,
-            directory=directory,
-            restore_from=restore_from,
-            storage_options=storage_options,
-            host=authority.host,
-        )
-        return restore_agreed(job_restore, state, part, tidy=agreement.rank == 0)
-    return restore_alone(
-        directory, state, restore_from=restore_from, storage_options=storage_options
-    )
+        job_restore = JobRestore(agreement.store, agreement.keys, agreement.who, directory, source)
+        return restore_agreed(job_restore, state, part, tidy=agreement.who.chief)
+    return restore_alone(directory, state, source)
 
 
-def restore_alone(
-    directory: Path,
-    state: CheckpointState,
-    *,
-    restore_from: str | None,
-    storage_options: Mapping[str, Any],
-) -> Resumed:
+def restore_alone(directory: Path, state: CheckpointState, source: remote.Source | None) -> Resumed:
     """Restore the newest intact checkpoint of ``directory`` (pulled first from
-    ``restore_from`` when the directory has none).
+    ``source`` when the directory has none).
 
     Raises:
         NoIntactCheckpoint: there are checkpoints, every one damaged.
@@ -94,8 +73,9 @@ def restore_alone(
     files.remove_orphans(directory)
     t0 = perf_counter()
     pulled = None
-    if restore_from is not None:
-        pulled = remote.pull_if_empty(directory, restore_from, storage_options=storage_options)
+    restore_from = source.url if source is not None else None
+    if source is not None:
+        pulled = remote.pull_if_empty(directory, source.url, storage_options=source.storage_options)
     refuse_other_world(directory, 1)
     resume = intact.restore_newest_intact(directory, state.restore)
     intact.set_aside(directory, resume)

@@ -20,6 +20,7 @@ __all__ = [
     "NEVER",
     "Due",
     "SaveSchedule",
+    "decision_of",
 ]
 
 #: "No save planned": larger than any step count, so ``step >= NEVER`` is never true.
@@ -35,6 +36,18 @@ class Due:
     reason: str
     policy: str = ""
     source: str = ""
+
+
+def decision_of(plan: Plan) -> Decision:
+    """The daemon's plan as a policy decision (to install it, or propose it to the job)."""
+    return Decision(
+        next_step=plan.next_step,
+        every_steps=plan.every_steps,
+        reason=plan.reason,
+        policy=plan.policy,
+        interval_s=plan.interval_s,
+        waste=plan.waste,
+    )
 
 
 class SaveSchedule:
@@ -74,15 +87,7 @@ class SaveSchedule:
         if self.plan_seq is not None and plan.seq < self.plan_seq:
             return False
         self.plan_seq = plan.seq
-        decision = Decision(
-            next_step=plan.next_step,
-            every_steps=plan.every_steps,
-            reason=plan.reason,
-            policy=plan.policy,
-            interval_s=plan.interval_s,
-            waste=plan.waste,
-        )
-        return self._install(decision, step, "daemon")
+        return self._install(decision_of(plan), step, "daemon")
 
     def adopt(self, decision: Decision, step: int, source: str) -> bool:
         """Install a plan the job's ranks agreed on (:mod:`adaptd.client.agreement.rounds`), in

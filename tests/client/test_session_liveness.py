@@ -16,7 +16,9 @@ from pathlib import Path
 import pytest
 
 from adaptd.client.agreement.authority import Solo
+from adaptd.client.agreement.ranks import Identity
 from adaptd.client.daemon.link import DaemonLink
+from adaptd.client.daemon.policy import PolicyChoice
 from adaptd.client.daemon.session import DaemonSession, HelloFacts
 from adaptd.client.save.costs import StepClock
 from adaptd.client.save.schedule import SaveSchedule
@@ -32,9 +34,9 @@ JOB = "keepalive"
 def _session(endpoint: str) -> DaemonSession:
     schedule = SaveSchedule()
     session = DaemonSession(
-        DaemonLink(endpoint, timeout_s=5.0), schedule, Solo(schedule), job=JOB, rank=0,
-        world_size=1, directory=Path("/tmp"), policy_spec=None, policy=parse("fixed:steps=10"),
-        policy_label="fixed:steps=10", local_only=False, report_s=60.0, decide_s=60.0,
+        DaemonLink(endpoint, timeout_s=5.0), schedule, Solo(schedule), Identity(JOB, 0, 1),
+        Path("/tmp"), PolicyChoice(None, parse("fixed:steps=10"), "fixed:steps=10"),
+        report_s=60.0, decide_s=60.0,
     )  # fmt: skip
     now = time.perf_counter()
     session.start(HelloFacts(0, 0, 0, ""), JobTracker(JOB), StepClock(0, now), now)

@@ -16,7 +16,9 @@ import warnings
 from pathlib import Path
 
 from adaptd.client.agreement.authority import Solo
+from adaptd.client.agreement.ranks import Identity
 from adaptd.client.daemon.link import DaemonLink
+from adaptd.client.daemon.policy import PolicyChoice
 from adaptd.client.daemon.session import DaemonSession, HelloFacts
 from adaptd.client.save.costs import StepClock
 from adaptd.client.save.schedule import SaveSchedule
@@ -55,9 +57,9 @@ def session_of(endpoint: str) -> tuple[DaemonSession, Chief]:
     schedule = SaveSchedule()
     chief = Chief(schedule)
     session = DaemonSession(
-        DaemonLink(endpoint, timeout_s=TIMEOUT_S), schedule, chief, job=JOB, rank=0,
-        world_size=2, directory=Path("/tmp"), policy_spec=None, policy=parse("fixed:steps=10"),
-        policy_label="fixed:steps=10", local_only=False, report_s=1.0, decide_s=60.0,
+        DaemonLink(endpoint, timeout_s=TIMEOUT_S), schedule, chief, Identity(JOB, 0, 2),
+        Path("/tmp"), PolicyChoice(None, parse("fixed:steps=10"), "fixed:steps=10"),
+        report_s=1.0, decide_s=60.0,
     )  # fmt: skip
     now = time.perf_counter()
     session.start(HelloFacts(0, 0, 0, ""), JobTracker(JOB), StepClock(0, now), now)

@@ -24,7 +24,8 @@ import tensorflow as tf
 
 from adaptd.client.agreement import ranks
 from adaptd.client.agreement.coordination import BarrierTimeout, Coordination
-from adaptd.client.agreement.rounds import Agreement
+from adaptd.client.agreement.ranks import Identity
+from adaptd.client.agreement.rounds import Agreement, AgreementOptions
 from adaptd.client.save.schedule import NEVER, SaveSchedule
 from adaptd.core.snapshot import Decision
 
@@ -145,14 +146,10 @@ def agree(
     hook = MiniHook()
     agreement = Agreement(
         store,
-        job=name,
-        rank=rank,
-        world_size=world,
+        Identity(name, rank, world),
         position=lambda: hook.n,
         wake=hook.wake,
-        timeout_s=timeout,
-        slice_s=0.2,
-        lead_time_s=lead,
+        options=AgreementOptions(timeout_s=timeout, slice_s=0.2, lead_time_s=lead),
     )
     hook.agreement = agreement
     agreement.start()

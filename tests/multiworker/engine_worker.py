@@ -17,7 +17,8 @@ import tensorflow as tf
 
 from adaptd.client.agreement.coordination import Coordination
 from adaptd.client.agreement.kv import Keys
-from adaptd.client.agreement.rounds import Agreement
+from adaptd.client.agreement.ranks import Identity
+from adaptd.client.agreement.rounds import Agreement, AgreementOptions
 from adaptd.client.save.schedule import SaveSchedule
 from adaptd.core import agreement as rules
 from adaptd.core.snapshot import Decision
@@ -36,15 +37,11 @@ class Rank0:
         self.saves: list[int] = []
         self.engine = Agreement(
             store,
-            job=job,
-            rank=0,
-            world_size=WORLD,
+            Identity(job, 0, WORLD),
             position=lambda: self.n,
             wake=self.wake,
             session=0,
-            timeout_s=timeout_s,
-            slice_s=0.1,
-            lead_time_s=0.05,
+            options=AgreementOptions(timeout_s=timeout_s, slice_s=0.1, lead_time_s=0.05),
         )
         self.keys = Keys.of(job, 0)
         self.engine.start()

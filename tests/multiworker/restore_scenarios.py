@@ -19,8 +19,10 @@ from typing import Any
 from adaptd.checkpoints.rank_parts import part_name, pending_name
 from adaptd.client.agreement.coordination import Coordination
 from adaptd.client.agreement.kv import Keys, next_session
-from adaptd.client.restore.job_restore import JobRestore, RestoreAgreementError
+from adaptd.client.agreement.ranks import Identity
+from adaptd.client.restore.job_restore import JobRestore, JobRestoreOptions, RestoreAgreementError
 from adaptd.client.restore.job_steps import local_offer
+from adaptd.client.restore.remote import Source
 
 WORLD = 3
 #: scenario -> steps each rank holds whole (rank -> steps; ranks not named hold none)
@@ -96,14 +98,12 @@ def run(store: Coordination, rank: int, world: int) -> dict[str, Any]:
         restore = JobRestore(
             store,
             Keys.of(job, next_session(job)),
-            job=job,
-            rank=rank,
-            world_size=world,
-            directory=directory,
-            restore_from=dest if name == "pull" else None,
-            host=f"host{rank}",
-            offer_timeout_s=2.0 if name == "silent" else 60.0,
-            restore_timeout_s=60.0,
+            Identity(job, rank, world, host=f"host{rank}"),
+            directory,
+            Source(dest) if name == "pull" else None,
+            options=JobRestoreOptions(
+                offer_timeout_s=2.0 if name == "silent" else 60.0, restore_timeout_s=60.0
+            ),
             check=names_only,
         )
         result: dict[str, Any] = {}

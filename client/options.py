@@ -1,0 +1,143 @@
+"""The hook's settings: one frozen, validated, documented object, :class:`HookOptions`.
+
+Modelled on orbax's ``CheckpointManagerOptions``: every setting has a default, so the
+quick start names none, and the settings travel as one value instead of as a score of
+constructor arguments. :class:`~adaptd.client.checkpointer.AdaptiveCheckpointer` takes
+them as keywords (its public API: ``max_to_keep=3``), as ``options=HookOptions(...)``,
+or both (a keyword overrides the object's field); the Keras callback passes them on.
+
+Each check raises ``ValueError`` naming the option and the value received, and says what
+is accepted, so a typo fails at construction instead of during training. What depends
+on the environment or on the state (``rank``/``world_size`` against ``RANK``/``TF_CONFIG``,
+``restore_from`` against ``$ADAPTD_RESTORE_FROM``, ``per_rank`` against the trackables'
+keywords, the CURVE keys of a ``tcp://`` socket) is checked where the hook is assembled
+(:mod:`adaptd.client.assembly`), with the same kind of message.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+from adaptd.client.checks import check_seconds
+from adaptd.client.daemon.link import DAEMON_TIMEOUT_S
+from adaptd.client.save.writer import AUTO, WriterNice, WriterPriority
+from adaptd.core.policy import Policy, parse
+
+__all__ = ["HookOptions"]
+
+
+@dataclass(frozen=True)
+class HookOptions:
+    """How the hook saves, talks to its daemon and restores; every field has a default.
+
+    Attributes:
+        max_to_keep: checkpoints kept by the ``CheckpointManager`` (None: all).
+        policy: a spec such as ``"fixed:steps=100"`` or a policy object; overrides the
+            daemon's choice (sent in Hello) and drives the embedded fallback. Default:
+            the daemon's choice, and :data:`adaptd.core.policy.DEFAULT_SPEC` embedded. A
+            policy object cannot be sent to the daemon: it is run in-process and the
+            daemon's plans are ignored (its urgent save-now requests are still honoured).
+        socket: daemon endpoint or socket path (default
+            :func:`adaptd.protocol.paths.endpoint`).
+        curve_server_key, curve_client_key: for a ``tcp://`` socket, the daemon's public
+            key file and this client's ``*.key_secret`` (default:
+            ``$ADAPTD_CURVE_SERVER_KEY``/``$ADAPTD_CURVE_CLIENT_KEY``; see
+            :class:`adaptd.client.daemon.link.DaemonLink`).
+        rank, world_size: this process's place in the job (default: environment, see
+            :mod:`adaptd.client.agreement.ranks`).
+        daemon_timeout: seconds of silence after a send before the daemon counts as
+            gone (also how long to wait for the first Welcome).
+        handle_sigterm: on SIGTERM save at the next step, wait until durable, then let
+            the signal take effect. Installed only from the main thread.
+        poll_interval: wall seconds between socket polls in ``step()``.
+        report_interval: wall seconds between step-time reports to the daemon.
+        decide_interval: wall seconds between embedded re-decisions.
+        writer_nice: priority of TensorFlow's async-save thread. ``"auto"`` (the
+            default): nice 19 while the measured time until durable is at most a
+            quarter of the planned interval and the host is not overloaded, the training
+            thread's own priority once it exceeds half of it (see
+            :mod:`adaptd.client.save.writer`); a
+            :class:`~adaptd.client.save.writer.WriterPriority`: the same rule with other
+            settings; an int 0-19: that nice value always; ``None`` or 0: left alone.
+            Linux per-thread nice; elsewhere nothing changes.
+        restore_from: a durable destination (fsspec URL or path: the job's folder there,
+            ``{job}`` is replaced by the job id) to pull the newest verified checkpoint
+            from when the directory has none, e.g. on a new host (default
+            ``$ADAPTD_RESTORE_FROM``; see :mod:`adaptd.client.restore.remote`).
+        storage_options: fsspec options for ``restore_from`` (e.g. ``endpoint_url``);
+            kept as a read-only copy.
+        save_on_close: ``close()`` (and leaving a ``with`` block without an exception)
+            saves the current step when the run advanced since its last save, so even a
+            run shorter than the first planned interval leaves a checkpoint (as the Keras
+            callback saves at the end of ``fit``).
+        per_rank: keywords of trackables that differ between the ranks of a multi-worker
+            job, beside those that do by their kind (data iterators, generators made
+            outside the strategy's scope): each rank saves and restores its own (see
+            :mod:`adaptd.client.save.per_rank`).
+
+    Raises:
+        ValueError: a field is invalid (the message names it and the value).
+        PolicyError: ``policy`` is a spec that does not parse, or neither a spec nor a
+            policy object.
+    """
+
+    max_to_keep: int | None = 5
+    policy: str | Policy | None = None
+    socket: str | os.PathLike[str] | None = None
+    curve_server_key: str | os.PathLike[str] | None = None
+    curve_client_key: str | os.PathLike[str] | None = None
+    rank: int | None = None
+    world_size: int | None = None
+    daemon_timeout: float = DAEMON_TIMEOUT_S
+    handle_sigterm: bool = True
+    poll_interval: float = 0.025
+    report_interval: float = 1.0
+    decide_interval: float = 5.0
+    writer_nice: WriterNice = AUTO
+    restore_from: str | None = None
+    storage_options: Mapping[str, Any] | None = None
+    save_on_close: bool = True
+    per_rank: Collection[str] = ()
+
+    def __post_init__(self) -> None:
+        keep = self.max_to_keep
+        if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 1):
+            raise ValueError(f"max_to_keep must be an integer >= 1 or None, got {keep!r}")
+        for name in ("daemon_timeout", "poll_interval", "report_interval", "decide_interval"):
+            check_seconds(name, getattr(self, name))
+        _check_writer_nice(self.writer_nice)
+        storage = self.storage_options
+        if storage is not None and not isinstance(storage, Mapping):
+            raise ValueError(
+                f"storage_options must be a mapping of fsspec options or None, "
+                f"got {type(storage).__name__}"
+            )
+        if self.policy is not None:
+            parse(self.policy)  # a spec that does not parse fails here, not at the start
+        object.__setattr__(self, "storage_options", MappingProxyType(dict(storage or {})))
+        if isinstance(self.per_rank, Collection) and not isinstance(self.per_rank, str):
+            object.__setattr__(self, "per_rank", tuple(self.per_rank))  # else refused at assembly
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        """Every option's name (the hook's keywords that are not state)."""
+        return tuple(f.name for f in dataclasses.fields(cls))
+
+    def replace(self, **changes: Any) -> HookOptions:
+        """A copy with ``changes`` (checked like a new object)."""
+        return dataclasses.replace(self, **changes)
+
+
+def _check_writer_nice(value: Any) -> None:
+    if value is None or value == AUTO or isinstance(value, WriterPriority):
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 19:
+        raise ValueError(
+            f"writer_nice must be 'auto', a WriterPriority, an integer from 0 to 19, or "
+            f"None to leave the writer's priority alone, got {value!r}"
+        )
