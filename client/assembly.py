@@ -1,11 +1,14 @@
 """The hook's parts, built once and handed to :class:`~adaptd.client.checkpointer.
 AdaptiveCheckpointer`.
 
-:class:`HookParts` is everything the hook runs: the checkpoint state, the writer's
-priority, the socket to the daemon, the save schedule, whose plan the rank follows
-(the authority), the saves and the daemon session, each given the others it needs when
-it is built. :func:`parts` wires them from the hook's settings
-(:class:`~adaptd.client.options.HookOptions`) and state, checked before.
+:class:`HookParts` is everything the hook runs, by its role: what is saved (the
+checkpoint state, the rank's own part), the save side (the schedule, the durable
+target, the saves, the writer's priority: :class:`~adaptd.client.save.saver.Saver`),
+whose plan the rank follows (the authority), the restore
+(:class:`~adaptd.client.restore.resume.Restorer`) and the daemon link and session,
+each given the others it needs when it is built. :func:`parts` wires them from the
+hook's settings (:class:`~adaptd.client.options.HookOptions`) and state, checked
+before; nothing is wired afterwards.
 """
 
 from __future__ import annotations
@@ -28,12 +31,16 @@ from adaptd.client.daemon.policy import PolicyChoice
 from adaptd.client.daemon.session import DaemonSession
 from adaptd.client.options import HookOptions
 from adaptd.client.restore import remote
+from adaptd.client.restore.job_restore import JobRestore
+from adaptd.client.restore.resume import Agreed, Alone, Restorer
 from adaptd.client.save import per_rank
 from adaptd.client.save.rank_state import RankPart
+from adaptd.client.save.saver import Saver
 from adaptd.client.save.saves import Saves
 from adaptd.client.save.schedule import SaveSchedule
 from adaptd.client.save.scratch import Scratch
 from adaptd.client.save.state import CheckpointState
+from adaptd.client.save.targets import Durable
 from adaptd.client.save.writer import Writer
 from adaptd.core.estimators import JobTracker
 from adaptd.core.policy import Policy
@@ -48,13 +55,15 @@ class HookParts:
     endpoint: str
     source: remote.Source | None  # where an empty directory is filled from
     state: CheckpointState
-    writer: Writer
-    link: DaemonLink
-    schedule: SaveSchedule
-    authority: Authority
-    saves: Saves
-    session: DaemonSession
     part: RankPart | None  # this rank's own part of each save (a multi-worker rank)
+    writer: Writer
+    durable: Durable
+    schedule: SaveSchedule
+    saver: Saver
+    authority: Authority
+    restorer: Restorer
+    link: DaemonLink
+    session: DaemonSession
 
 
 def parts(
@@ -63,24 +72,23 @@ def parts(
     options: HookOptions,
     trackables: Mapping[str, Any],
     *,
-    manager: Callable[[], tf.train.CheckpointManager],
     position: Callable[[], int],
     wake: Callable[[], None],
-    pump: Callable[[float], None],
 ) -> HookParts:
     """The parts of one hook: its checkpoint ``directory``, ``job`` id, settings and
-    state (checked by :func:`adaptd.client.arguments.hook_arguments`). ``manager``
-    returns the hook's ``CheckpointManager``. For a job of several ranks: ``position``
-    returns the rank's newest completed step, ``wake`` makes its next step take the slow
-    path (from any thread), ``pump(seconds)`` reads and handles the daemon's messages.
+    state (checked by :func:`adaptd.client.arguments.hook_arguments`). For a job of
+    several ranks: ``position`` returns the rank's newest completed step, ``wake`` makes
+    its next step take the slow path (from any thread).
 
     A job of one rank follows its own plans (:class:`~adaptd.client.agreement.authority.Solo`);
     a job of several agrees in-band under ``tf.distribute`` (a coordination service
     runs in this process) and through the daemon otherwise
-    (:mod:`adaptd.client.agreement.agreed`). Under ``tf.distribute`` the state is split
-    (:mod:`adaptd.client.save.per_rank`): the replicated state, which a rank other than the
-    chief writes to host-local scratch, and the rank's own part, which every rank
-    writes into the job's directory (:mod:`adaptd.client.save.rank_state`).
+    (:mod:`adaptd.client.agreement.agreed`); so does its restore
+    (:class:`~adaptd.client.restore.resume.Agreed`, else
+    :class:`~adaptd.client.restore.resume.Alone`). Under ``tf.distribute`` the state is
+    split (:mod:`adaptd.client.save.per_rank`): the replicated state, which a rank other
+    than the chief writes to host-local scratch, and the rank's own part, which every
+    rank writes into the job's directory (:mod:`adaptd.client.save.rank_state`).
 
     Raises:
         ValueError: a setting that depends on the environment or the state is invalid
@@ -105,6 +113,7 @@ def parts(
         state = CheckpointState(prepared)
     writer = Writer(state.checkpoint, options.writer_nice)
     directory.mkdir(parents=True, exist_ok=True)
+    durable = Durable(state.checkpoint, directory, options.max_to_keep)
     link = DaemonLink(
         endpoint,
         timeout_s=options.daemon_timeout,
@@ -113,24 +122,33 @@ def parts(
     )
     schedule = SaveSchedule()
     authority: Authority = Solo(schedule)
+    restorer: Restorer = Alone(directory, source)
     scratch = None
     if coordinated:
-        store = coordination.Coordination(who.rank, who.world_size)
-        agreement = Agreement(store, who, position=position, wake=wake)
+        assert part is not None
+        agreement = Agreement(coordination.Coordination(who.rank, who.world_size), who,
+                              position=position, wake=wake)  # fmt: skip
         authority = Coordinated(schedule, agreement)
-        scratch = Scratch(job, who.rank) if not who.chief else None
+        job_restore = JobRestore(agreement.store, agreement.keys, who, directory, source)
+        restorer = Agreed(job_restore, part)
+        scratch = None if who.chief else Scratch(job, who.rank)
     elif who.world_size > 1:
-        rounds = DaemonRounds(job, who.rank)
-        authority = ViaDaemon(schedule, rounds, link, position=position, pump=pump)
-    saves = Saves(state, manager, writer, directory, job=job, rank=who.rank, scratch=scratch,
-                  part=part)  # fmt: skip
+        # the rank holds at a step until its daemon decides a round: meanwhile the
+        # session reads the daemon's messages (built below, before any step is taken)
+        def pump(seconds: float) -> None:
+            session.pump(seconds, position())
+
+        authority = ViaDaemon(schedule, DaemonRounds(job, who.rank), link,
+                              position=position, pump=pump)  # fmt: skip
+    saves = Saves(state, durable, writer, job=job, rank=who.rank, scratch=scratch, part=part)
     session = DaemonSession(
         link, schedule, authority, who, directory, policy,
         report_s=float(options.report_interval), decide_s=float(options.decide_interval),
     )  # fmt: skip
+    saver = Saver(schedule, saves, durable, session)
     return HookParts(
-        directory, who, policy.policy, endpoint, source, state, writer, link, schedule,
-        authority, saves, session, part,
+        directory, who, policy.policy, endpoint, source, state, part, writer, durable,
+        schedule, saver, authority, restorer, link, session,
     )  # fmt: skip
 
 

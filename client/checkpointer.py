@@ -1,17 +1,26 @@
 """The training-loop hook: :class:`AdaptiveCheckpointer`.
 
-It puts together the parts that each do one job: the checkpoint state
-(:mod:`~adaptd.client.save.state`), the save schedule (:mod:`~adaptd.client.save.schedule`), the
-saves and their watcher thread (:mod:`~adaptd.client.save.saves`), the session with the
-daemon and the embedded policy (:mod:`~adaptd.client.daemon.session`), whose plan the rank
-follows (:mod:`~adaptd.client.agreement.authority`) and SIGTERM
-(:mod:`~adaptd.client.save.sigterm`).
-What stays here is the per-step hot path and the order of things at a boundary.
+A facade over parts that each do one job, built once by :mod:`adaptd.client.assembly`:
 
-Threads: the training thread calls :meth:`step`; TensorFlow's async-checkpoint
-thread writes; one watcher thread of ours waits for each write to end and records
-its outcome. The training thread reads that outcome on its next tick, so every
-report, log line and plan change happens on the training thread.
+* the save side (:mod:`adaptd.client.save`): what a checkpoint holds
+  (:mod:`~adaptd.client.save.state`), which step the next save falls on
+  (:mod:`~adaptd.client.save.schedule`), where a save goes
+  (:mod:`~adaptd.client.save.targets`), the saves and their watcher thread
+  (:mod:`~adaptd.client.save.saves`), put together by the
+  :class:`~adaptd.client.save.saver.Saver`, which also says what the end of a run saves;
+* the restore (:mod:`adaptd.client.restore`): which step the run continues from,
+  alone or agreed by the job (:class:`~adaptd.client.restore.resume.Restorer`);
+* whose plan the rank follows (:mod:`adaptd.client.agreement`);
+* the daemon link and session, and the embedded policy (:mod:`adaptd.client.daemon`).
+
+What stays here is the per-step hot path (:meth:`~AdaptiveCheckpointer.step`: a clock
+read, a counter, one compare), the order of things at a slow-path boundary, at the
+start and at the end, and SIGTERM (:mod:`~adaptd.client.save.sigterm`).
+
+Threads: the training thread calls :meth:`~AdaptiveCheckpointer.step`; TensorFlow's
+async-checkpoint thread writes; one watcher thread of ours waits for each write to end
+and records its outcome. The training thread reads that outcome on its next tick, so
+every report, log line and plan change happens on the training thread.
 """
 
 from __future__ import annotations
@@ -25,17 +34,16 @@ from collections.abc import Callable
 from time import perf_counter
 from typing import Any
 
-import tensorflow as tf
-
 from adaptd.client import arguments, assembly
 from adaptd.client.daemon.session import WELCOME_WAIT_S, HelloFacts
 from adaptd.client.hook_views import HookViews
 from adaptd.client.options import HookOptions
-from adaptd.client.restore import intact, remote, resume
+from adaptd.client.restore import intact, remote
 from adaptd.client.restore import notes as resume_notes
 from adaptd.client.save.costs import Baseline, StepClock
+from adaptd.client.save.saver import FINAL_SAVE_REASON, final_reason
 from adaptd.client.save.schedule import NEVER
-from adaptd.client.save.sigterm import SigtermHandler
+from adaptd.client.save.sigterm import SIGTERM_REASON, SigtermHandler
 from adaptd.client.save.state import SEEDS_KEY, STEP_KEY
 from adaptd.core.estimators import JobTracker
 from adaptd.core.policy import PolicyError
@@ -43,8 +51,6 @@ from adaptd.core.policy import PolicyError
 log = logging.getLogger("adaptd.client")
 
 _INF = float("inf")
-#: The reason of the save :meth:`AdaptiveCheckpointer.close` makes of the last step.
-FINAL_SAVE_REASON = "end of run"
 #: How long :meth:`AdaptiveCheckpointer.close` (and leaving a ``with`` block) waits for
 #: the save in flight to become durable.
 CLOSE_TIMEOUT_S = 300.0
@@ -89,14 +95,7 @@ class AdaptiveCheckpointer(HookViews):
     ) -> None:
         path, settings, trackables = arguments.hook_arguments(directory, job, options, keywords)
         built = assembly.parts(
-            path,
-            job,
-            settings,
-            trackables,
-            manager=lambda: self.manager,
-            position=lambda: self._n,
-            wake=self._wake,
-            pump=lambda seconds: self._session.pump(seconds, self._n),
+            path, job, settings, trackables, position=lambda: self._n, wake=self._wake
         )
         #: The settings in force (every default filled in).
         self.options = settings
@@ -104,17 +103,16 @@ class AdaptiveCheckpointer(HookViews):
         self.rank, self.world_size = built.who.rank, built.who.world_size
         self.policy = built.policy
         #: Where an empty directory is filled from (None: nowhere), and what that did.
-        self._source = built.source
         self.restore_from = built.source.url if built.source is not None else None
         self.pulled: remote.Pull | None = None
-        self._max_to_keep = settings.max_to_keep
         self._poll_s = float(settings.poll_interval)
         self._save_on_close = bool(settings.save_on_close)
-        self._state, self._writer, self._link = built.state, built.writer, built.link
-        self._schedule, self._authority = built.schedule, built.authority
-        self._saves, self._session, self._part = built.saves, built.session, built.part
+        self._state, self._part, self._writer = built.state, built.part, built.writer
+        self._durable, self._schedule, self._saver = built.durable, built.schedule, built.saver
+        self._saves = built.saver.saves
+        self._authority, self._restorer = built.authority, built.restorer
+        self._link, self._session = built.link, built.session
         self.checkpoint = self._state.checkpoint
-        self._reopen_manager()
         self._sigterm = SigtermHandler(self._on_sigterm) if settings.handle_sigterm else None
 
         # Hot-path state: step() reads these and nothing else.
@@ -163,12 +161,10 @@ class AdaptiveCheckpointer(HookViews):
         """
         if self._started:
             raise RuntimeError("restore_or_initialize() must be called once, before step()")
-        done = resume.restore(
-            self._authority, self.directory, self._state, self._source, part=self._part
-        )
+        done = self._restorer.restore(self._state)
         self.pulled, self.resume = done.pulled, done.resume
         if self.resume.skipped or (self.pulled is not None and self.pulled.step is not None):
-            self._reopen_manager()  # the manager read the state file before it changed
+            self._durable.reopen()  # the manager read the state file before it changed
         intact.warn_skipped(self.resume, self.directory)
         self._start(done.start, done.restore_s)
         self._session.await_welcome(self._n, self._store_due)
@@ -201,9 +197,7 @@ class AdaptiveCheckpointer(HookViews):
             raise RuntimeError("save() after close(): the checkpointer is closed")
         if not self._started:
             raise resume_notes.not_restored("save()", self.directory)
-        n = self._n
-        if self._schedule.last_saved_step != n:
-            self._save(n, reason)
+        if self._saver.save_unless_saved(self._n, reason):
             self._store_due()
 
     def request_save(self, reason: str = "requested") -> None:
@@ -219,23 +213,18 @@ class AdaptiveCheckpointer(HookViews):
         A process that ends without calling it is closed at exit without that final
         save: the state at exit may be that of a step that raised.
         """
-        self._finish(timeout, goodbye="closed", final_save=self._save_on_close)
+        self._finish(timeout, goodbye="closed", save_on_close=self._save_on_close)
 
     def __enter__(self) -> AdaptiveCheckpointer:
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         if exc_type is None:
-            self._finish(CLOSE_TIMEOUT_S, goodbye="closed", final_save=self._save_on_close)
-        else:  # the state may be that of a half-done step: not saved
+            self._finish(CLOSE_TIMEOUT_S, goodbye="closed", save_on_close=self._save_on_close)
+        else:  # the state may be that of a half-done step: not saved (save.saver.final_reason)
             self._finish(CLOSE_TIMEOUT_S, goodbye=f"exception: {exc_type.__name__}")
 
     # ------------------------------------------------------------------ start
-
-    def _reopen_manager(self) -> None:
-        self.manager = tf.train.CheckpointManager(
-            self.checkpoint, str(self.directory), max_to_keep=self._max_to_keep
-        )
 
     def _start(self, start: int, restore_s: float | None) -> None:
         now = perf_counter()
@@ -250,7 +239,7 @@ class AdaptiveCheckpointer(HookViews):
         clock = StepClock(start, now)
         self._last, self._slowest, self._slowest_n = now, 0.0, 1
         self._schedule.last_saved_step = start if start else None
-        self._saves.start(self._tracker, clock, Baseline(start, now))
+        self._saver.start(self._tracker, clock, Baseline(start, now))
         facts = HelloFacts(self.state_bytes, start, gpus, self.resume.describe())
         self._session.start(facts, self._tracker, clock, now)
         self._session.decide(start, now, False)
@@ -279,13 +268,12 @@ class AdaptiveCheckpointer(HookViews):
             self._tick(n, now)
         if self._preempt is not None and not self._authority.preempt(n):
             log.warning("SIGTERM: saving step %d, then exiting", n)
-            self._finish(None, goodbye="SIGTERM")
+            self._finish(None, goodbye=SIGTERM_REASON)
             return
         stop = self._authority.boundary(n, self._tracker.step_time_s, now)
-        if n >= self._schedule.due:
-            self._save(n, self._schedule.due_reason)
+        self._saver.save_if_due(n)
         if stop:
-            self._finish(None, goodbye="SIGTERM", stop=True)
+            self._finish(None, goodbye=SIGTERM_REASON, stop=True)
             return
         # Decide after the save check: a policy plans strictly after the step it is
         # shown, so deciding first would skip a save due at this very step.
@@ -298,18 +286,7 @@ class AdaptiveCheckpointer(HookViews):
         slowest = (self._slowest, self._slowest_n)
         if self._session.tick(n, now, self.save_in_flight, slowest):
             self._slowest, self._slowest_n = 0.0, 1
-        report = self._saves.report_done(n, now)
-        if report is not None:
-            self._session.saved(report, now)
-
-    def _save(self, n: int, reason: str) -> None:
-        self._schedule.saved(n)
-        prev = self._saves.save(n, reason, self._schedule.interval_s(self._tracker.step_time_s))
-        if prev is not None:
-            self._session.saved(prev, perf_counter())
-        started = self._saves.pending
-        if started is not None and started.step == n:
-            self._session.save_started(n, started.blocking_s, ok=not started.error)
+        self._saver.report_done(n, now)
 
     # ------------------------------------------------------------------ SIGTERM, close
 
@@ -322,8 +299,12 @@ class AdaptiveCheckpointer(HookViews):
         self._due = 0
 
     def _finish(
-        self, timeout: float | None, goodbye: str, final_save: bool = False, stop: bool = False
+        self, timeout: float | None, goodbye: str, save_on_close: bool = False, stop: bool = False
     ) -> None:
+        """End the run (once): the final save :func:`~adaptd.client.save.saver.final_reason`
+        asks for, the wait for the save in flight, the last reports and the goodbye; then
+        the agreement, the socket and SIGTERM are released, and a SIGTERM (or the job's
+        agreed ``stop``) is delivered again."""
         if self._closed:
             return
         self._closed = True
@@ -333,17 +314,14 @@ class AdaptiveCheckpointer(HookViews):
             if self._started:
                 n = self._n
                 last = self._schedule.last_saved_step
-                if signum is not None and last != n:
-                    self._save(n, "SIGTERM")
-                elif final_save and n != (last or 0):
-                    self._save(n, FINAL_SAVE_REASON)
-                report = self._saves.wait(n, timeout)
-                if report is not None:
-                    self._session.saved(report, perf_counter())
+                reason = final_reason(
+                    n, last, signaled=signum is not None, save_on_close=save_on_close
+                )
+                self._saver.finish(n, reason, timeout)
                 now = perf_counter()
                 self._session.report_steps(n, now, False, (self._slowest, self._slowest_n))
                 self._session.goodbye(n, goodbye, now)
-                self._saves.stop()
+                self._saver.stop()
         finally:
             self._authority.close()
             self._link.close(linger_ms=200)
@@ -373,6 +351,7 @@ def _weak_close(ckptr: AdaptiveCheckpointer) -> Callable[[], None]:
 
 __all__ = [
     "CLOSE_TIMEOUT_S",
+    "EXIT_TIMEOUT_S",
     "FINAL_SAVE_REASON",
     "SEEDS_KEY",
     "STEP_KEY",

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from adaptd.client.daemon.session import DaemonSession
     from adaptd.client.save.saves import Saves
     from adaptd.client.save.schedule import SaveSchedule
+    from adaptd.client.save.targets import Durable
     from adaptd.client.save.writer import Writer
 
 __all__ = ["HookViews"]
@@ -31,7 +32,13 @@ class HookViews:
     _saves: Saves
     _schedule: SaveSchedule
     _session: DaemonSession
-    manager: tf.train.CheckpointManager
+    _durable: Durable
+
+    @property
+    def manager(self) -> tf.train.CheckpointManager:
+        """The ``CheckpointManager`` of the checkpoint directory (replaced when a
+        restore changed its state file)."""
+        return self._durable.manager
 
     @property
     def step_count(self) -> int:
@@ -60,7 +67,8 @@ class HookViews:
 
     @property
     def latest_checkpoint(self) -> str | None:
-        return self.manager.latest_checkpoint
+        """The newest checkpoint the directory's state file names (None: none)."""
+        return self._durable.latest
 
     @property
     def history(self) -> list[protocol.SaveReport]:

@@ -32,6 +32,7 @@ from adaptd.client.agreement.daemon_rounds import DaemonRounds
 from adaptd.client.agreement.rounds import Agreement
 from adaptd.client.daemon.link import DaemonLink
 from adaptd.client.save.schedule import SaveSchedule, decision_of
+from adaptd.client.save.sigterm import SIGTERM_REASON
 from adaptd.core.snapshot import Decision
 from adaptd.protocol import job as protocol
 
@@ -100,7 +101,7 @@ class Coordinated:
             return False
         if not self._preempting:  # the wish stays until a committed stop satisfies it
             self._preempting = True
-            self.agreement.want_save("SIGTERM", step, stop=True)
+            self.agreement.want_save(SIGTERM_REASON, step, stop=True)
         return True
 
     def message(self, msg: protocol.DaemonMessage, step: int, now: float) -> None:

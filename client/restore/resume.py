@@ -1,12 +1,21 @@
 """Which step a run continues from, and loading it: one rank alone, or the whole job.
 
-:func:`restore_alone` is a single rank's resume: pull the newest verified checkpoint
-from ``restore_from`` into an empty directory, then restore the newest intact one
-(:mod:`adaptd.client.restore.intact`). :func:`restore_agreed` is a rank of a multi-worker job:
-the ranks agree on one step (:class:`~adaptd.client.restore.job_restore.JobRestore`), a rank
-lacking it pulls it, every rank loads exactly that step, the replicated part and its
-own part (:class:`~adaptd.client.save.rank_state.RankPart`), and all wait for all, so no
-rank resumes alone from another step or with another rank's data position.
+:func:`restore_alone` (:class:`Alone`) is a single rank's resume: pull the newest
+verified checkpoint from ``restore_from`` into an empty directory, then restore the
+newest intact one (:mod:`adaptd.client.restore.intact`). :func:`restore_agreed`
+(:class:`Agreed`) is a rank of a multi-worker job: the ranks agree on one step
+(:class:`~adaptd.client.restore.job_restore.JobRestore`), a rank lacking it pulls it,
+every rank loads exactly that step, the replicated part and its own part
+(:class:`~adaptd.client.save.rank_state.RankPart`), and all wait for all, so no rank
+resumes alone from another step or with another rank's data position.
+
+Which checkpoint is chosen is decided in one place for each: the sources an alone
+rank tries, in order (its directory, else the destination), here in
+:func:`restore_alone`, then the newest intact one among them
+(:func:`~adaptd.client.restore.intact.restore_newest_intact`); for a job, the newest step
+every rank has or can pull (:func:`adaptd.core.agreement.choose_restore`, on the
+offers of :mod:`adaptd.client.restore.job_steps`). A tier beside the durable one (a
+local copy, newer than the durable) is one more source there.
 """
 
 from __future__ import annotations
@@ -16,10 +25,9 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 from time import perf_counter
+from typing import Protocol
 
 from adaptd.checkpoints import rank_parts
-from adaptd.client.agreement.agreed import Coordinated
-from adaptd.client.agreement.authority import Authority
 from adaptd.client.restore import intact, remote
 from adaptd.client.restore import notes as resume_notes
 from adaptd.client.restore.intact import WorldSizeChanged
@@ -43,23 +51,37 @@ class Resumed:
     pulled: remote.Pull | None = None
 
 
-def restore(
-    authority: Authority,
-    directory: Path,
-    state: CheckpointState,
-    source: remote.Source | None,
-    *,
-    part: RankPart | None = None,
-) -> Resumed:
-    """The rank's restore: agreed with the other ranks when they agree in-band
-    (:class:`~adaptd.client.agreement.agreed.Coordinated`; ``part`` is this rank's own part),
-    else :func:`restore_alone`."""
-    if isinstance(authority, Coordinated):
-        assert part is not None  # every rank of a coordinated job has one
-        agreement = authority.agreement
-        job_restore = JobRestore(agreement.store, agreement.keys, agreement.who, directory, source)
-        return restore_agreed(job_restore, state, part, tidy=agreement.who.chief)
-    return restore_alone(directory, state, source)
+class Restorer(Protocol):
+    """How a rank restores (built once, by :mod:`adaptd.client.assembly`)."""
+
+    def restore(self, state: CheckpointState) -> Resumed:
+        """Load the step the run continues from into ``state``; what was done."""
+        ...
+
+
+@dataclass(frozen=True)
+class Alone:
+    """A rank that restores by itself (:func:`restore_alone`): from ``directory``,
+    filled first from ``source`` when it has no checkpoint."""
+
+    directory: Path
+    source: remote.Source | None = None
+
+    def restore(self, state: CheckpointState) -> Resumed:
+        return restore_alone(self.directory, state, self.source)
+
+
+@dataclass(frozen=True)
+class Agreed:
+    """A rank of a job whose ranks agree in-band on the step they all restore
+    (:func:`restore_agreed`); ``part`` is this rank's own part of each save."""
+
+    job_restore: JobRestore
+    part: RankPart
+
+    def restore(self, state: CheckpointState) -> Resumed:
+        tidy = self.job_restore.who.chief  # the others must not touch the leftovers
+        return restore_agreed(self.job_restore, state, self.part, tidy=tidy)
 
 
 def restore_alone(directory: Path, state: CheckpointState, source: remote.Source | None) -> Resumed:
@@ -166,10 +188,12 @@ def refuse_other_world(directory: Path, world: int) -> None:
 
 
 __all__ = [
+    "Agreed",
+    "Alone",
+    "Restorer",
     "Resumed",
     "WorldSizeChanged",
     "refuse_other_world",
-    "restore",
     "restore_agreed",
     "restore_alone",
 ]

@@ -18,10 +18,7 @@ directory, and the scratch copy is removed once its write ended.
 from __future__ import annotations
 
 import logging
-import os
 import threading
-from collections.abc import Callable
-from pathlib import Path
 from queue import SimpleQueue
 from time import perf_counter
 
@@ -33,6 +30,7 @@ from adaptd.client.save.costs import Baseline, SaveWindow, StepClock
 from adaptd.client.save.rank_state import RankPart
 from adaptd.client.save.scratch import Scratch
 from adaptd.client.save.state import CheckpointState
+from adaptd.client.save.targets import Durable, Target
 from adaptd.client.save.writer import Writer
 from adaptd.core.estimators import JobTracker
 from adaptd.protocol import job as protocol
@@ -81,21 +79,21 @@ class Saves:
 
     Args:
         state: what is saved.
-        manager: returns the ``CheckpointManager`` in use (it is replaced after a pull).
+        durable: the job's checkpoint directory (:class:`~adaptd.client.save.targets.
+            Durable`): where the saves go, and whose newest checkpoint a failed save
+            leaves in force.
         writer: sets the priority of TensorFlow's async-save thread.
-        directory: the checkpoint directory (names the save's prefix).
         job, rank: who saves (for the reports).
-        scratch: where this rank's copies go instead of ``directory`` (a worker that
-            is not the chief of a mirrored job), or None.
+        scratch: where this rank's copies go instead of ``durable`` (a worker that is
+            not the chief of a mirrored job), or None.
         part: this rank's own part of each save (a rank of a multi-worker job), or None.
     """
 
     def __init__(
         self,
         state: CheckpointState,
-        manager: Callable[[], tf.train.CheckpointManager],
+        durable: Durable,
         writer: Writer,
-        directory: Path,
         *,
         job: str,
         rank: int,
@@ -103,12 +101,12 @@ class Saves:
         part: RankPart | None = None,
     ) -> None:
         self.state = state
-        self._manager = manager
+        self.durable = durable
+        #: Where the replicated state of each save is written.
+        self.target: Target = scratch if scratch is not None else durable
         self._writer = writer
-        self.directory = directory
         self.job = job
         self.rank = rank
-        self.scratch = scratch
         self.part = part
         self.pending: Pending | None = None
         #: Every finished save, as sent to the daemon (failed ones too).
@@ -151,7 +149,7 @@ class Saves:
             report = self.report(prev, n, t0)
         baseline = self._baseline.close(n, t0)
         self._tracker.on_save_requested(t0, n)
-        pending = Pending(n, self._prefix(n), t0, reason)
+        pending = Pending(n, self.target.prefix(n), t0, reason)
         self._writer.prepare(  # between writes: the previous one is done
             interval_s=interval_s,
             latency_s=self._tracker.save_latency_s,
@@ -165,10 +163,7 @@ class Saves:
             options = tf.train.CheckpointOptions(
                 enable_async=True, experimental_write_callbacks=[pending.written]
             )
-            if self.scratch is None:
-                pending.path = self._manager().save(checkpoint_number=n, options=options)
-            else:  # not the job's copy: host-local, and not in the manager's list
-                pending.path = self.state.checkpoint.write(pending.path, options=options)
+            pending.path = self.target.write(self.state.checkpoint, n, options)
             self._writer.apply()  # the first save created TF's writer thread
         except Exception as exc:  # reported, never raised into the training loop
             pending.error = f"{type(exc).__name__}: {exc}"
@@ -187,19 +182,13 @@ class Saves:
             self._queue.put(pending)
         return report
 
-    def _prefix(self, n: int) -> str:
-        if self.scratch is not None:
-            return self.scratch.prefix(n)
-        return os.path.join(str(self.directory), f"ckpt-{n}")  # CheckpointManager's name
-
     def _watch(self) -> None:
         """Watcher thread: wait for each write to end; record time, size and errors."""
         ckpt = self.state.checkpoint
         while True:
             pending = self._queue.get()
             if pending is None:
-                if self.scratch is not None:
-                    self.scratch.close()
+                self.target.close()
                 return
             try:
                 wait_for_write(ckpt)
@@ -219,8 +208,7 @@ class Saves:
                 pending.error = "; ".join(e for e in (pending.error, part_error) if e)
                 pending.nbytes += part_bytes
             pending.finished_at = perf_counter()
-            if self.scratch is not None:  # it served the collectives; the chief's is the job's
-                self.scratch.discard(pending.path)
+            self.target.ended(pending.path)  # e.g. a scratch copy: it served the collectives
             pending.done.set()
 
     def report_done(self, n: int, now: float) -> protocol.SaveReport | None:
@@ -291,7 +279,7 @@ class Saves:
                 "save at step %d failed (%s); latest stays %s",
                 pending.step,
                 pending.error,
-                self._manager().latest_checkpoint,
+                self.durable.latest,
             )
         return report
 

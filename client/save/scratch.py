@@ -1,5 +1,5 @@
 """Where a worker that is not the chief writes its part of a save: host-local, and gone
-after each save.
+after each save (a :class:`~adaptd.client.save.targets.Target`).
 
 Under ``MultiWorkerMirroredStrategy`` every worker holds the same state and only the
 chief's copy is the job's checkpoint; but every worker must take part in each save,
@@ -21,6 +21,7 @@ import shutil
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from adaptd.client.save import files
 
@@ -73,11 +74,21 @@ class Scratch:
             self.root = Path(tempfile.mkdtemp(prefix=self._prefix, dir=self._base))
         return str(self.root / f"ckpt-{step}")
 
+    def write(self, checkpoint: Any, step: int, options: Any) -> str:
+        """Start the asynchronous write of ``checkpoint`` as the save of ``step`` (not the
+        job's copy: host-local, and in no manager's list); its prefix."""
+        return checkpoint.write(self.prefix(step), options=options)
+
     def discard(self, prefix: str) -> None:
         """Remove the files of the save at ``prefix`` (and leftovers of its write)."""
         files.remove_checkpoint(prefix)
         if self.root is not None:
             files.remove_orphans(self.root)
+
+    def ended(self, prefix: str) -> None:
+        """The write at ``prefix`` ended: it served the collectives (the chief's copy is
+        the job's), so it goes."""
+        self.discard(prefix)
 
     def close(self) -> None:
         """Remove the scratch directory and everything in it."""

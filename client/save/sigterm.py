@@ -15,6 +15,9 @@ from typing import Any
 
 log = logging.getLogger("adaptd.client")
 
+#: Why a SIGTERM saves: the reason of its save, and the goodbye of a rank it stops.
+SIGTERM_REASON = "SIGTERM"
+
 
 class SigtermHandler:
     """Calls ``on_signal(signum)`` on SIGTERM while installed."""
@@ -51,4 +54,4 @@ class SigtermHandler:
                 log.debug("could not restore the SIGTERM handler: %s", exc)
 
 
-__all__ = ["SigtermHandler"]
+__all__ = ["SIGTERM_REASON", "SigtermHandler"]

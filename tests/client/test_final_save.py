@@ -16,6 +16,8 @@ tf = pytest.importorskip("tensorflow")
 
 from adaptd.client import AdaptiveCheckpointer  # noqa: E402
 from adaptd.client.checkpointer import FINAL_SAVE_REASON  # noqa: E402
+from adaptd.client.save.saver import final_reason  # noqa: E402
+from adaptd.client.save.sigterm import SIGTERM_REASON  # noqa: E402
 
 pytestmark = pytest.mark.tf
 
@@ -85,3 +87,22 @@ def test_leaving_a_with_block_on_an_exception_does_not_save_the_broken_step(tmp_
         ok.restore_or_initialize()
         train(ok, v, 3)
     assert [r.step for r in ok.history] == [3]
+
+
+@pytest.mark.parametrize(
+    ("step", "last", "signaled", "on_close", "reason"),
+    [
+        (20, None, False, True, FINAL_SAVE_REASON),  # advanced, never saved
+        (20, 10, False, True, FINAL_SAVE_REASON),  # advanced since the last save
+        (20, 20, False, True, None),  # already saved
+        (0, None, False, True, None),  # a fresh run that took no step
+        (20, 10, False, False, None),  # save_on_close=False
+        (20, 10, True, False, SIGTERM_REASON),  # SIGTERM saves the interrupted step...
+        (20, 20, True, True, None),  # ...unless it is saved
+        (0, None, True, False, SIGTERM_REASON),  # even step 0 of a fresh run
+    ],
+)
+def test_what_the_end_of_a_run_saves(step, last, signaled, on_close, reason) -> None:
+    """The one rule for the end of a run (``save.saver.final_reason``): an exception
+    saves nothing (the hook never asks), SIGTERM and a clean close save a step not saved."""
+    assert final_reason(step, last, signaled=signaled, save_on_close=on_close) == reason

@@ -191,17 +191,17 @@ def test_a_part_that_cannot_be_written_fails_the_save_and_nothing_is_replicated(
     from adaptd.client.save.costs import Baseline, StepClock
     from adaptd.client.save.saves import Saves
     from adaptd.client.save.state import CheckpointState
+    from adaptd.client.save.targets import Durable
     from adaptd.client.save.writer import Writer
     from adaptd.core.estimators import JobTracker
 
     state = CheckpointState({"w": tf.Variable(1.0)})
-    manager = tf.train.CheckpointManager(state.checkpoint, str(tmp_path / "ck"), max_to_keep=3)
+    durable = Durable(state.checkpoint, tmp_path / "ck", max_to_keep=3)
     blocker = tmp_path / "a-file"
     blocker.write_text("")
     mine = RankPart({"it": iter(shuffled())}, rank=0, world_size=2, directory=blocker / "ck",
                     keep=3)  # fmt: skip
-    saves = Saves(state, lambda: manager, Writer(state.checkpoint, None), tmp_path / "ck",
-                  job="j", rank=0, part=mine)  # fmt: skip
+    saves = Saves(state, durable, Writer(state.checkpoint, None), job="j", rank=0, part=mine)
     saves.start(JobTracker("j", world_size=2), StepClock(0, 0.0), Baseline(0, 0.0))
     saves.save(10, "test", None)
     report = saves.wait(11, 30)
