@@ -31,7 +31,7 @@ from adaptd.client.agreement.authority import Solo
 from adaptd.client.agreement.daemon_rounds import DaemonRounds
 from adaptd.client.agreement.rounds import Agreement
 from adaptd.client.daemon.link import DaemonLink
-from adaptd.client.save.schedule import SaveSchedule, decision_of
+from adaptd.client.save.schedule import SaveSchedule, carried, decision_of
 from adaptd.client.save.sigterm import SIGTERM_REASON
 from adaptd.core.snapshot import Decision
 from adaptd.protocol import job as protocol
@@ -41,18 +41,7 @@ log = logging.getLogger("adaptd.client")
 
 def job_plan(committed: protocol.Propose, rank: int) -> protocol.JobPlan:
     """A committed plan round as the record a rank's daemon shows."""
-    return protocol.JobPlan(
-        v=protocol.VERSION,
-        job=committed.job,
-        rank=rank,
-        at_step=committed.at_step,
-        next_step=committed.next_step,
-        every_steps=committed.every_steps,
-        policy=committed.policy,
-        reason=committed.reason,
-        decided_by=committed.decided_by,
-        source=committed.source,
-    )
+    return carried(committed, protocol.JobPlan, v=protocol.VERSION, rank=rank)
 
 
 class Coordinated:

@@ -21,13 +21,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from adaptd.client.agreement.ledger import Applied, Ledger, Round
+from adaptd.client.agreement.ledger import Ledger, Recorded
 from adaptd.client.save.schedule import NEVER, SaveSchedule
 from adaptd.core import agreement as rules
 from adaptd.protocol import job as p
 
 
-class DaemonRounds:
+class DaemonRounds(Recorded):
     """This rank's rounds with its daemon.
 
     Args:
@@ -104,16 +104,7 @@ class DaemonRounds:
 
     def apply(self, step: int, schedule: SaveSchedule) -> bool:
         """Apply the committed changes due by ``step``; True for a stop."""
-        ready = self.ledger.take(step)
-        return self.ledger.apply(ready, step, schedule) if ready else False
-
-    @property
-    def rounds(self) -> list[Round]:
-        return self.ledger.rounds
-
-    @property
-    def applied(self) -> list[Applied]:
-        return self.ledger.applied
+        return self.ledger.apply_due(step, schedule)
 
     def _close(self, decision: p.Decide) -> None:
         assert self.open is not None

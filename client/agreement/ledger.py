@@ -8,12 +8,17 @@ coordination service (:mod:`adaptd.client.agreement.rounds`) and through their d
 
 from __future__ import annotations
 
+import contextlib
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from typing import Any
 
 from adaptd.client.save.schedule import NEVER, SaveSchedule
 from adaptd.core import agreement as rules
 from adaptd.core.snapshot import Decision
 from adaptd.protocol import job as p
+
+_NO_LOCK = contextlib.nullcontext()
 
 
 @dataclass(frozen=True)
@@ -80,6 +85,16 @@ class Ledger:
             self.pending = [c for c in self.pending if c.at_step > step]
         return ready
 
+    def apply_due(
+        self, step: int, schedule: SaveSchedule, lock: AbstractContextManager[Any] = _NO_LOCK
+    ) -> bool:
+        """Take the committed changes due by ``step`` (holding ``lock``, when another
+        thread records rounds) and apply them to ``schedule`` (not holding it: the
+        schedule is the training thread's); True when one of them is a stop."""
+        with lock:
+            ready = self.take(step)
+        return self.apply(ready, step, schedule)
+
     def apply(self, ready: list[p.Propose], step: int, schedule: SaveSchedule) -> bool:
         """Apply ``ready`` (from :meth:`take`) to ``schedule`` at ``step``; True when one
         of them is a stop (save at this step, then stop)."""
@@ -94,4 +109,20 @@ class Ledger:
         return stop
 
 
-__all__ = ["Applied", "Ledger", "Round"]
+class Recorded:
+    """What an agreement decided, as both kinds show it (the owner sets ``ledger``)."""
+
+    ledger: Ledger
+
+    @property
+    def rounds(self) -> list[Round]:
+        """Every decided round."""
+        return self.ledger.rounds
+
+    @property
+    def applied(self) -> list[Applied]:
+        """Every committed change as applied here."""
+        return self.ledger.applied
+
+
+__all__ = ["Applied", "Ledger", "Recorded", "Round"]

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 from adaptd.client.agreement.coordination import CoordinationError
 from adaptd.client.agreement.kv import Keys, Store, next_session
-from adaptd.client.agreement.ledger import Applied, Ledger, Round
+from adaptd.client.agreement.ledger import Applied, Ledger, Recorded, Round
 from adaptd.client.agreement.mailbox import Mailbox
 from adaptd.client.agreement.ranks import Identity
 from adaptd.client.agreement.watcher import RoundWatcher
@@ -78,7 +78,7 @@ class AgreementOptions:
         check_seconds_or_zero("lead_time_s", self.lead_time_s)
 
 
-class Agreement:
+class Agreement(Recorded):
     """This rank's part of the job's agreement.
 
     Args:
@@ -210,7 +210,7 @@ class Agreement:
         propose what this rank wants. Returns True when a committed stop applies at
         this step (save, then stop)."""
         self._settle(step)
-        stop = self._apply(step, schedule)
+        stop = self.ledger.apply_due(step, schedule, self.lock)
         self._propose(step, step_time_s)
         return stop
 
@@ -231,16 +231,6 @@ class Agreement:
     def agreed_plan(self) -> Decision | None:
         """The job's plan after every committed plan round (applied or not yet)."""
         return self.ledger.agreed_plan
-
-    @property
-    def rounds(self) -> list[Round]:
-        """Every decided round."""
-        return self.ledger.rounds
-
-    @property
-    def applied(self) -> list[Applied]:
-        """Every committed change as applied here."""
-        return self.ledger.applied
 
     # ------------------------------------------------------------------ internals: training
 
@@ -273,11 +263,6 @@ class Agreement:
                     )
                     self.gate = NEVER
                     self._hold = None
-
-    def _apply(self, step: int, schedule: SaveSchedule) -> bool:
-        with self.lock:
-            ready = self.ledger.take(step)
-        return self.ledger.apply(ready, step, schedule) if ready else False
 
     def _propose(self, step: int, step_time_s: float | None) -> None:
         with self.lock:

@@ -11,7 +11,11 @@ Steps count *completed* steps (as in :class:`~adaptd.core.snapshot.JobState`): a
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from adaptd.core.snapshot import Decision, same_saves
 from adaptd.protocol.job import Plan, SaveNow
@@ -20,8 +24,11 @@ __all__ = [
     "NEVER",
     "Due",
     "SaveSchedule",
+    "carried",
     "decision_of",
 ]
+
+T = TypeVar("T")
 
 #: "No save planned": larger than any step count, so ``step >= NEVER`` is never true.
 NEVER = 1 << 62
@@ -38,16 +45,27 @@ class Due:
     source: str = ""
 
 
+def carried(record: Any, kind: Callable[..., T], **given: Any) -> T:
+    """A ``kind`` (a dataclass or a msgspec struct) holding every field of ``record``
+    that ``kind`` has too, and ``given``: a plan passed from one record to another (the
+    daemon's :class:`~adaptd.protocol.job.Plan` to a decision, a committed round to the
+    record a daemon shows), so a field the records gain (a tier's cadence) is carried
+    without a change here."""
+    names = _fields(kind)
+    values = {n: getattr(record, n) for n in names if n not in given and hasattr(record, n)}
+    return kind(**values, **given)
+
+
+@functools.cache
+def _fields(kind: Any) -> tuple[str, ...]:
+    if dataclasses.is_dataclass(kind):
+        return tuple(f.name for f in dataclasses.fields(kind) if f.init)
+    return tuple(kind.__struct_fields__)
+
+
 def decision_of(plan: Plan) -> Decision:
     """The daemon's plan as a policy decision (to install it, or propose it to the job)."""
-    return Decision(
-        next_step=plan.next_step,
-        every_steps=plan.every_steps,
-        reason=plan.reason,
-        policy=plan.policy,
-        interval_s=plan.interval_s,
-        waste=plan.waste,
-    )
+    return carried(plan, Decision)
 
 
 class SaveSchedule:

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from adaptd.client.save.schedule import NEVER, Due, SaveSchedule
+from adaptd.client.agreement.agreed import job_plan
+from adaptd.client.save.schedule import NEVER, Due, SaveSchedule, decision_of
 from adaptd.core.snapshot import Decision
 from adaptd.protocol import job as protocol
+from adaptd.protocol.job import VERSION, JobPlan, Plan, Propose
 
 
 def plan(
@@ -110,3 +112,19 @@ def test_resume_floor_skips_the_restored_step():
     s.last_saved_step = 100  # resumed from ckpt-100
     s.apply_plan(plan(1, 100, 50), 100)
     assert s.due == 150
+
+
+def test_a_plan_keeps_every_field_from_one_record_to_the_next() -> None:
+    """The daemon's Plan as a decision, a committed round as the JobPlan a daemon shows:
+    every field both records have is carried, the rest is the new record's."""
+    plan = Plan(v=2, job="j", seq=3, next_step=10, every_steps=5, policy="daly",
+                reason="r", interval_s=1.5, waste=0.1)  # fmt: skip
+    assert decision_of(plan) == Decision(next_step=10, every_steps=5, reason="r",
+                                         policy="daly", interval_s=1.5, waste=0.1)  # fmt: skip
+    committed = Propose(v=1, job="j", round=4, action="plan", at_step=7, proposer=0, reason="r",
+                        next_step=10, every_steps=5, policy="daly", interval_s=1.0, waste=0.2,
+                        decided_by="host-a", source="daemon")  # fmt: skip
+    assert job_plan(committed, 3) == JobPlan(v=VERSION, job="j", rank=3, at_step=7,
+                                             next_step=10, every_steps=5, policy="daly",
+                                             reason="r", decided_by="host-a",
+                                             source="daemon")  # fmt: skip
