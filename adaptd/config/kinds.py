@@ -4,38 +4,30 @@ A kind is a function ``(check, value, dotted key, context) -> value``: it takes 
 value as TOML gave it, raises :class:`ConfigError` through ``check.fail`` (naming
 the key, the value as TOML writes it and what is allowed), and returns the value the
 daemon uses. :mod:`adaptd.config.schema` says which setting has which kind;
-:class:`Check` walks a document with it (a typo gets a did-you-mean).
+:class:`~adaptd.config.check.Check` walks a document with it (a typo gets a
+did-you-mean).
 """
 
 from __future__ import annotations
 
-import difflib
 import importlib.util
-import json
 import logging
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from adaptd.config.check import Check, ConfigError, Parse, did_you_mean, show
 from adaptd.core.policy import PolicyError, parse
 from adaptd.protocol import paths
-
-if TYPE_CHECKING:
-    from adaptd.config.schema import Setting
 
 __all__ = [
     "DB_NAME",
     "JOB_PLACEHOLDER",
     "LOG_LEVELS",
     "OFF",
-    "Check",
-    "ConfigError",
-    "Parse",
-    "did_you_mean",
     "parse_listen",
-    "show",
 ]
 
 DB_NAME = "adaptd.sqlite3"
@@ -49,80 +41,6 @@ LOG_LEVELS = {
 }
 #: What ``metrics.listen`` (or ``--metrics-listen``) may say to switch metrics off.
 OFF = ("", "off", "none", "disabled")
-
-
-class ConfigError(ValueError):
-    """The configuration cannot be used; the message says where, what and what is allowed.
-
-    ``key`` is the dotted path of the offending setting (``""`` for the file itself).
-    """
-
-    def __init__(self, message: str, *, key: str = "", source: str = "") -> None:
-        prefix = f"{source}: " if source else ""
-        super().__init__(prefix + message)
-        self.key = key
-        self.source = source
-
-
-def show(v: Any) -> str:
-    """A value as TOML writes it, with its TOML type: ``true (boolean)``, ``"x" (string)``."""
-    kinds = {bool: "boolean", int: "integer", float: "float", str: "string"}
-    kind = next((n for t, n in kinds.items() if type(v) is t), None)
-    if kind is None:
-        return (
-            "a table"
-            if isinstance(v, Mapping)
-            else "an array"
-            if isinstance(v, list)
-            else "a value"
-        )
-    return f"{json.dumps(v)} ({kind})"
-
-
-class Check:
-    """Walks a document: each error names the file (``source``), the dotted key and the
-    value; an unknown key gets a did-you-mean."""
-
-    def __init__(self, source: str) -> None:
-        self.source = source
-
-    def fail(self, key: str, message: str) -> ConfigError:
-        return ConfigError(f"{key}: {message}", key=key, source=self.source)
-
-    def table(self, data: Any, where: str, allowed: Sequence[str]) -> Mapping[str, Any]:
-        """``data`` as a table whose keys are all ``allowed`` (``where``: its dotted name,
-        ``""`` for the top level)."""
-        if not isinstance(data, Mapping):
-            raise self.fail(where, f"must be a table, got {show(data)}")
-        for key in data:
-            if key not in allowed:
-                dotted = f"{where}.{key}" if where else key
-                hint = did_you_mean(key, allowed)
-                listed = ", ".join(allowed)
-                what = "setting" if where else "section"
-                raise self.fail(dotted, f"unknown {what}{hint} (allowed here: {listed})")
-        return data
-
-    def read(
-        self, settings: Sequence[Setting], where: str, data: Mapping[str, Any], **context: Any
-    ) -> dict[str, Any]:
-        """The settings' values from table ``data`` (dotted name ``where``), by field:
-        parsed where the table has the key, the default where it has not. ``context``
-        is handed to parsers and defaults beside the values read so far."""
-        values: dict[str, Any] = {}
-        for s in settings:
-            ctx = {**context, **values}
-            if s.key in data:
-                values[s.field] = s.parse(self, data[s.key], f"{where}.{s.key}", ctx)
-            elif s.required:
-                raise self.fail(f"{where}.{s.key}", f"is required{s.required}")
-            else:
-                values[s.field] = s.default(ctx) if callable(s.default) else s.default
-        return values
-
-
-#: ``parse(check, value, dotted key, context) -> value``: check one value of the file.
-Parse = Callable[[Check, Any, str, Mapping[str, Any]], Any]
 
 
 def number(
@@ -370,17 +288,6 @@ def url(check: Check, v: Any, dotted: str, ctx: Mapping[str, Any]) -> str:
         how = "pip install 'adaptd[s3]'" if scheme in ("s3", "s3a") else f"install {module}"
         raise check.fail(dotted, f"{v!r} needs {module}, which is {why}; {how}")
     return v
-
-
-def did_you_mean(name: str, choices: Iterable[str], *, ignore_case: bool = False) -> str:
-    """``"; did you mean 'x'?"`` for the choice closest to a misspelt ``name``, else ``""``.
-
-    Shared by the config file's checks and the hook's arguments, so a typo gets the
-    same hint wherever it is made.
-    """
-    keys = {(c.lower() if ignore_case else c): c for c in choices}
-    near = difflib.get_close_matches(name.lower() if ignore_case else name, list(keys), 1, 0.6)
-    return f"; did you mean {keys[near[0]]!r}?" if near else ""
 
 
 def options(check: Check, v: Any, dotted: str, ctx: Mapping[str, Any]) -> Mapping[str, Any]:

@@ -39,23 +39,15 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from adaptd.config.kinds import did_you_mean
+from adaptd.config.check import Check, ConfigError, Setting, did_you_mean, show
+from adaptd.config.kinds import DB_NAME, JOB_PLACEHOLDER, LOG_LEVELS, OFF, parse_listen
 from adaptd.config.schema import (
-    DB_NAME,
     DESTINATION_SETTINGS,
-    JOB_PLACEHOLDER,
     JOB_SETTINGS,
-    LOG_LEVELS,
-    OFF,
     SECTIONS,
     SETTINGS,
     STORAGE_SETTINGS,
     TABLES,
-    Check,
-    ConfigError,
-    Setting,
-    parse_listen,
-    show,
 )
 from adaptd.core.policy import PolicyError, parse
 from adaptd.fleet.config import FleetConfig, endpoints_from, parse_fleet
@@ -347,7 +339,7 @@ class Config:
 
 
 def _shown(settings: tuple[Setting, ...], obj: Any) -> dict[str, Any]:
-    return {s.key: _plain(s.show(getattr(obj, s.field))) for s in settings}
+    return {s.key: _plain(s.shown(obj)) for s in settings}
 
 
 def _toml_keys(values: Mapping[str, Any]) -> list[str]:

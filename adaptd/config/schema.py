@@ -15,27 +15,21 @@
 - the default and meaning shown in the table of ``docs/operations.md``, which is
   generated from here (``python -m adaptd.config.schema``) and checked by a test.
 
-The kinds of value, each with its check and message, are in :mod:`adaptd.config.kinds`;
-:mod:`adaptd.config.loader` reads a file with these (:class:`Check` walks it and suggests a
-key for a typo) and builds its :class:`~adaptd.config.loader.Config` from the result.
+What a setting is (:class:`~adaptd.config.check.Setting`) and the walk that checks a
+document against settings (:class:`~adaptd.config.check.Check`, which suggests a key for a
+typo) are in :mod:`adaptd.config.check`; the kinds of value, each with its check and
+message, in :mod:`adaptd.config.kinds`. :mod:`adaptd.config.loader` reads a file with
+these and builds its :class:`~adaptd.config.loader.Config` from the result.
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
-from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any
 
+from adaptd.config.check import Setting
 from adaptd.config.kinds import (
     DB_NAME,
-    JOB_PLACEHOLDER,
-    LOG_LEVELS,
-    OFF,
-    Check,
-    ConfigError,
-    Parse,
     admin_beside,
     admin_socket,
     boolean,
@@ -45,11 +39,9 @@ from adaptd.config.kinds import (
     name,
     number,
     options,
-    parse_listen,
     path,
     policy_spec,
     replicate_to,
-    show,
     show_listen,
     show_mode,
     show_path,
@@ -62,43 +54,14 @@ from adaptd.core.policy import DEFAULT_SPEC
 from adaptd.protocol import paths
 
 __all__ = [
-    "DB_NAME",
     "DESTINATION_SETTINGS",
-    "JOB_PLACEHOLDER",
     "JOB_SETTINGS",
-    "LOG_LEVELS",
-    "OFF",
     "SECTIONS",
     "SETTINGS",
     "STORAGE_SETTINGS",
     "TABLES",
-    "Check",
-    "ConfigError",
-    "Setting",
     "docs_table",
-    "parse_listen",
-    "show",
 ]
-
-
-@dataclass(frozen=True)
-class Setting:
-    """One key of a section or table. ``field``: the attribute of the config it sets
-    (default: the key). ``required``: a key that must be there (the text says what it
-    is: ``" (the target's mount point)"``)."""
-
-    key: str
-    parse: Parse
-    default: Any
-    meaning: str
-    default_text: str
-    field_name: str = ""
-    show: Callable[[Any], Any] = lambda v: v
-    required: str = ""
-
-    @property
-    def field(self) -> str:
-        return self.field_name or self.key
 
 
 # --------------------------------------------------------------------------- the schema
