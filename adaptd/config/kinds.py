@@ -10,7 +10,6 @@ did-you-mean).
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import math
 from collections.abc import Callable, Mapping
@@ -21,6 +20,7 @@ from typing import Any
 from adaptd.config.check import Check, ConfigError, Parse, did_you_mean, show
 from adaptd.core.policy import PolicyError, parse
 from adaptd.protocol import paths
+from adaptd.tiers import urls
 
 __all__ = [
     "DB_NAME",
@@ -251,43 +251,15 @@ def replicate_to(check: Check, v: Any, dotted: str, ctx: Mapping[str, Any]) -> t
 
 
 def url(check: Check, v: Any, dotted: str, ctx: Mapping[str, Any]) -> str:
-    """A destination URL: an absolute path, ``file://``, ``s3://bucket[/prefix]`` or
-    another protocol fsspec knows, whose filesystem package (s3fs, gcsfs...) is
-    installed: a missing one is found by ``--check-config``, not at the first upload."""
+    """A destination URL (:mod:`adaptd.tiers.urls` says which are accepted): a missing
+    filesystem package is found by ``--check-config``, not at the first upload."""
     if not isinstance(v, str) or not v.strip():
         raise check.fail(dotted, f"must be a URL or an absolute path, got {show(v)}")
-    scheme, sep, rest = v.partition("://")
-    if not sep:
-        if not Path(v).expanduser().is_absolute():
-            raise check.fail(dotted, f"a local destination must be an absolute path, got {v!r}")
-        return str(Path(v).expanduser())
-    if scheme == "file":
-        if not rest.startswith("/"):
-            raise check.fail(dotted, f"file:// needs an absolute path (file:///...), got {v!r}")
-        return v
-    import fsspec
-
-    if scheme not in fsspec.available_protocols():
-        raise check.fail(
-            dotted, f"unknown protocol {scheme!r} in {v!r} (use s3://, file:// or a path)"
-        )
-    if scheme in ("s3", "s3a") and not rest.split("/", 1)[0]:
-        raise check.fail(dotted, f"needs a bucket: s3://BUCKET[/PREFIX], got {v!r}")
-    from fsspec.registry import known_implementations
-
-    module = known_implementations.get(scheme, {}).get("class", "fsspec").split(".")[0]
-    why = ""
-    if importlib.util.find_spec(module) is None:
-        why = "not installed"
-    else:
-        try:
-            fsspec.get_filesystem_class(scheme)
-        except ImportError as exc:  # a package it needs in turn (aiohttp for http://)
-            why = f"not usable: {exc}"
-    if why:
-        how = "pip install 'adaptd[s3]'" if scheme in ("s3", "s3a") else f"install {module}"
-        raise check.fail(dotted, f"{v!r} needs {module}, which is {why}; {how}")
-    return v
+    try:
+        urls.check(v)
+    except urls.UrlError as exc:
+        raise check.fail(dotted, str(exc)) from None
+    return v if urls.scheme_of(v) else str(Path(v).expanduser())
 
 
 def options(check: Check, v: Any, dotted: str, ctx: Mapping[str, Any]) -> Mapping[str, Any]:

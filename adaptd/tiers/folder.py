@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
+from adaptd.tiers import urls
 from adaptd.tiers.layout import (
     LATEST,
     MANIFEST_FILE,
@@ -39,7 +40,6 @@ from adaptd.tiers.throttle import CHUNK
 
 __all__ = [
     "OBJECT_BLOCK",
-    "OBJECT_STORES",
     "STORAGE_PACKAGES",
     "Folder",
     "is_storage_error",
@@ -51,13 +51,12 @@ log = logging.getLogger("adaptd.tiers")
 #: it; >= 5 MiB).
 OBJECT_BLOCK = 8 << 20
 
-#: Object stores: no rename, but a whole-object PUT (or a completed multipart upload) is
-#: atomic, so files are written under their final key.
-OBJECT_STORES = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "oss"})
-
-
-#: Packages whose exceptions mean the destination (or its storage_options) is at fault.
-STORAGE_PACKAGES = frozenset({"botocore", "aiobotocore", "aiohttp", "s3fs", "fsspec", "gcsfs"})
+#: Packages whose exceptions mean the destination (or its storage_options) is at fault:
+#: fsspec, the object stores' filesystems (:data:`adaptd.tiers.urls.OBJECT_STORES`) and
+#: the clients they use.
+STORAGE_PACKAGES = frozenset(
+    {"fsspec", "s3fs", "gcsfs", "adlfs", "ossfs", "botocore", "aiobotocore", "aiohttp"}
+)
 
 
 def is_storage_error(exc: BaseException) -> bool:
@@ -98,20 +97,17 @@ class Folder:
         import fsspec
 
         self.url = url.strip().rstrip("/") or "/"
-        protocol, _ = fsspec.core.split_protocol(self.url)
         try:
+            urls.check(self.url, relative=True)
             self.fs, self.root = fsspec.core.url_to_fs(self.url, **dict(storage_options or {}))
-        except ImportError as exc:
-            extra = " (pip install 'adaptd[s3]')" if protocol in ("s3", "s3a") else ""
-            raise TierError(
-                f"{self.url}: the {protocol}:// filesystem is not installed{extra}: {exc}"
-            ) from None
-        except ValueError as exc:
+        except urls.UrlError as exc:
+            raise TierError(f"{self.url}: not a usable destination URL: it {exc.reason}") from None
+        except (ImportError, ValueError) as exc:  # what fsspec itself refuses
             raise TierError(f"{self.url}: not a usable destination URL ({exc})") from None
         self.root = self.root.rstrip("/") or "/"
         protocols = self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,)
-        self.local = "file" in protocols or "local" in protocols
-        self.object_store = not self.local and bool(OBJECT_STORES.intersection(protocols))
+        self.local = bool(urls.LOCAL.intersection(protocols))
+        self.object_store = not self.local and bool(urls.OBJECT_STORES.intersection(protocols))
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.url!r})"

@@ -42,13 +42,7 @@ import math
 import os
 from collections.abc import Callable
 
-from adaptd.tiers.folder import (
-    OBJECT_BLOCK,
-    OBJECT_STORES,
-    STORAGE_PACKAGES,
-    Folder,
-    is_storage_error,
-)
+from adaptd.tiers.folder import OBJECT_BLOCK, STORAGE_PACKAGES, Folder, is_storage_error
 from adaptd.tiers.layout import (
     ABANDONED_AFTER_S,
     LATEST,
@@ -70,7 +64,6 @@ __all__ = [
     "CHUNK",
     "LATEST",
     "OBJECT_BLOCK",
-    "OBJECT_STORES",
     "STORAGE_PACKAGES",
     "FileEntry",
     "Manifest",
