@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import MappingProxyType
@@ -19,6 +20,7 @@ from typing import Any
 
 from adaptd.config.check import Check, ConfigError, Parse, did_you_mean, show
 from adaptd.core.policy import PolicyError, parse
+from adaptd.fleet.targets import not_a_mount_point, read_mounts
 from adaptd.protocol import paths
 from adaptd.tiers import urls
 
@@ -44,9 +46,15 @@ OFF = ("", "off", "none", "disabled")
 
 
 def number(
-    minimum: float, *, exclusive: bool = True, integer: bool = False, then: Callable = float
+    minimum: float,
+    *,
+    exclusive: bool = True,
+    integer: bool = False,
+    maximum: float = math.inf,
+    then: Callable = float,
 ) -> Parse:
-    """A number above ``minimum`` (``exclusive``) or at least it; ``integer``: whole."""
+    """A number above ``minimum`` (``exclusive``) or at least it, and at most ``maximum``;
+    ``integer``: whole."""
 
     def parse(check: Check, v: Any, dotted: str, ctx: Mapping[str, Any]) -> Any:
         kind = "an integer" if integer else "a number"
@@ -56,6 +64,8 @@ def number(
         if (v <= minimum) if exclusive else (v < minimum):
             bound = f"> {minimum:g}" if exclusive else f">= {minimum:g}"
             raise check.fail(dotted, f"must be {bound}, got {show(v)}")
+        if v > maximum:
+            raise check.fail(dotted, f"must be <= {maximum:g}, got {show(v)}")
         return v if integer else then(v)
 
     return parse
@@ -70,6 +80,13 @@ def boolean(check: Check, v: Any, dotted: str, ctx: Mapping[str, Any]) -> bool:
 def string(check: Check, v: Any, dotted: str, ctx: Mapping[str, Any]) -> str:
     if not isinstance(v, str):
         raise check.fail(dotted, f"must be a string, got {show(v)}")
+    return v
+
+
+def text(check: Check, v: Any, dotted: str, ctx: Mapping[str, Any]) -> str:
+    """A non-empty string."""
+    if not isinstance(v, str) or not v:
+        raise check.fail(dotted, f"must be a non-empty string, got {show(v)}")
     return v
 
 
@@ -269,4 +286,45 @@ def options(check: Check, v: Any, dotted: str, ctx: Mapping[str, Any]) -> Mappin
             f"must be a table of fsspec options (e.g. {{ endpoint_url = "
             f'"http://127.0.0.1:9000" }}), got {show(v)}',
         )
+    return MappingProxyType(dict(v))
+
+
+# --------------------------------------------------------------------------- [fleet]
+
+
+def etcd_urls(check: Check, v: Any, dotted: str, ctx: Mapping[str, Any]) -> tuple[str, ...]:
+    """etcd's endpoints: a URL or a list of them (their form is the fleet settings' check,
+    :class:`~adaptd.fleet.session.FleetSettings`)."""
+    if isinstance(v, str):
+        v = [v]
+    if not isinstance(v, list) or not all(isinstance(x, str) and x for x in v):
+        raise check.fail(dotted, f"must be a list of URLs, got {show(v)}")
+    return tuple(v)
+
+
+def existing_file(check: Check, v: Any, dotted: str, ctx: Mapping[str, Any]) -> str:
+    """The path of a file that exists (a certificate, a key)."""
+    v = text(check, v, dotted, ctx)
+    if not os.path.isfile(v):
+        raise check.fail(dotted, f"{v!r} is not a file")
+    return v
+
+
+def shared_mounts(check: Check, v: Any, dotted: str, ctx: Mapping[str, Any]) -> Mapping[str, str]:
+    """``[fleet.shared]``: mount points (absolute paths) -> fleet-wide names. Each must be
+    a mount point of ``ctx["mounts"]`` (default: this host's mount table, symlinks
+    followed): write slots are per mount."""
+    if not isinstance(v, Mapping) or not all(
+        isinstance(k, str) and os.path.isabs(k) and isinstance(x, str) and x for k, x in v.items()
+    ):
+        raise check.fail(
+            dotted,
+            f'must map absolute paths to names, e.g. "/mnt/bucket" = "gcs://b", got {show(v)}',
+        )
+    given = ctx.get("mounts")
+    mounts = read_mounts() if v and given is None else given or []
+    for where in v:
+        why = not_a_mount_point(where, mounts, resolve=given is None)
+        if why is not None:
+            raise check.fail(dotted, why)
     return MappingProxyType(dict(v))

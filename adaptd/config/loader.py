@@ -19,7 +19,7 @@ table)::
     [storage."NAME"]     limits per storage target
     [destinations.NAME]  where the daemon replicates jobs' checkpoints (docs/tiers.md)
     [fleet]              daemons sharing write slots and failures through etcd
-                         (docs/fleet.md; its own schema: :mod:`adaptd.fleet.config`)
+                         (docs/fleet.md; only with etcd endpoints)
 
 :func:`load` is what ``adaptd serve`` and ``adaptd serve --check-config`` call: it
 returns a :class:`Config` or raises :class:`ConfigError` whose message names the
@@ -40,9 +40,11 @@ from types import MappingProxyType
 from typing import Any
 
 from adaptd.config.check import Check, ConfigError, Setting, did_you_mean, show
+from adaptd.config.fleet import read_fleet
 from adaptd.config.kinds import DB_NAME, JOB_PLACEHOLDER, LOG_LEVELS, OFF, parse_listen
 from adaptd.config.schema import (
     DESTINATION_SETTINGS,
+    FLEET_SETTINGS,
     JOB_SETTINGS,
     SECTIONS,
     SETTINGS,
@@ -50,7 +52,7 @@ from adaptd.config.schema import (
     TABLES,
 )
 from adaptd.core.policy import PolicyError, parse
-from adaptd.fleet.config import FleetConfig, endpoints_from, parse_fleet
+from adaptd.fleet.config import FleetConfig, endpoints_from
 from adaptd.protocol import paths
 
 if sys.version_info >= (3, 11):
@@ -311,7 +313,7 @@ class Config:
         for dest in out["destinations"].values():
             dest["storage_options"] = _redacted(dest["storage_options"])
         if self.fleet is not None:
-            out["fleet"] = self.fleet.as_table()
+            out["fleet"] = _shown(FLEET_SETTINGS, self.fleet)
         return out
 
     def to_toml(self) -> str:
@@ -322,19 +324,12 @@ class Config:
         head = f"from {self.source}" if self.source else "built-in defaults, no file"
         lines = [f"# adaptd's effective settings ({head})"]
         for section in SECTIONS:
-            if section in SETTINGS:
+            if section in TABLES:
+                where = TABLES[section][0]
+                for entry, values in d[section].items():
+                    lines += ["", f"[{where.format(entry)}]", *_toml_keys(values)]
+            elif section in d:  # an optional section is there only when set
                 lines += ["", f"[{section}]", *_toml_keys(d[section])]
-                continue
-            where = TABLES[section][0]
-            for entry, values in d[section].items():
-                lines += ["", f"[{where.format(entry)}]", *_toml_keys(values)]
-        if "fleet" in d:
-            fleet = dict(d["fleet"])
-            shared = fleet.pop("shared")
-            lines += ["", "[fleet]", *_toml_keys(fleet)]
-            if shared:  # paths as keys: quoted
-                lines += ["", "[fleet.shared]"]
-                lines += [f"{json.dumps(k)} = {_toml_value(v)}" for k, v in shared.items()]
         return "\n".join(lines) + "\n"
 
 
@@ -354,7 +349,8 @@ def _toml_value(v: Any) -> str:
     if isinstance(v, int | float):
         return repr(v)
     if isinstance(v, Mapping):
-        return "{ " + ", ".join(f"{json.dumps(k)} = {_toml_value(x)}" for k, x in v.items()) + " }"
+        inner = ", ".join(f"{json.dumps(k)} = {_toml_value(x)}" for k, x in v.items())
+        return "{ " + inner + " }" if inner else "{}"
     if isinstance(v, list | tuple):
         return "[" + ", ".join(_toml_value(x) for x in v) + "]"
     return json.dumps(str(v))
@@ -441,7 +437,7 @@ def loads(text: str, *, source: str = "<config>") -> Config:
 def from_mapping(data: Mapping[str, Any], *, source: str = "") -> Config:
     """Validate an already-parsed TOML document; raises :class:`ConfigError`."""
     check = Check(source)
-    check.table(data, "", (*SECTIONS, "fleet"))
+    check.table(data, "", SECTIONS)
     values: dict[str, Any] = {}
     for section, settings in SETTINGS.items():
         table = check.table(data.get(section, {}), section, [s.key for s in settings])
@@ -456,11 +452,8 @@ def from_mapping(data: Mapping[str, Any], *, source: str = "") -> Config:
     storage = MappingProxyType(
         _entries(check, data, "storage", lambda n, v: StorageTarget(name=n, **v))
     )
-    try:  # [fleet] has its own schema; ADAPTD_ETCD gives endpoints without a file
-        fleet = parse_fleet(data.get("fleet"), endpoints=endpoints_from(os.environ, None))
-    except ValueError as exc:
-        key, _, message = str(exc).partition(": ")
-        raise check.fail(key, message) from None
+    # ADAPTD_ETCD gives the endpoints without a file
+    fleet = read_fleet(check, data.get("fleet"), endpoints_from(os.environ, None))
     return Config(
         **values,
         jobs=tuple(jobs.values()),

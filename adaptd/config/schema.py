@@ -3,7 +3,10 @@
 :data:`SETTINGS` lists the keys of the ``[daemon]``, ``[policy]``, ``[metrics]`` and
 ``[retention]`` sections; :data:`JOB_SETTINGS`, :data:`STORAGE_SETTINGS` and
 :data:`DESTINATION_SETTINGS` the keys of each ``[jobs."PATTERN"]``,
-``[storage."NAME"]`` and ``[destinations.NAME]`` table. Each :class:`Setting` says
+``[storage."NAME"]`` and ``[destinations.NAME]`` table; :data:`FLEET_SETTINGS` those of
+``[fleet]``, a section there only when the daemon is part of a fleet. A default that
+is a fact of another part (the fleet's lease, a protocol's timeout) is that part's
+constant, named here. Each :class:`Setting` says
 
 - how a value in the file is checked and turned into the value the daemon uses
   (``parse``), with an error naming the dotted key, the value as TOML wrote it and
@@ -33,6 +36,8 @@ from adaptd.config.kinds import (
     admin_beside,
     admin_socket,
     boolean,
+    etcd_urls,
+    existing_file,
     listen,
     log_level,
     mode,
@@ -42,20 +47,27 @@ from adaptd.config.kinds import (
     path,
     policy_spec,
     replicate_to,
+    shared_mounts,
     show_listen,
     show_mode,
     show_path,
     socket,
     staging,
+    text,
     url,
 )
 from adaptd.core.estimators import PRIOR_GPU_MTBF_S
 from adaptd.core.policy import DEFAULT_SPEC
+from adaptd.fleet.config import SLOTS, this_host
+from adaptd.fleet.keys import DEFAULT_PREFIX
+from adaptd.fleet.session import CALL_TIMEOUT_S, LEASE_TTL_RANGE_S, LEASE_TTL_S
 from adaptd.protocol import paths
 
 __all__ = [
     "DESTINATION_SETTINGS",
+    "FLEET_SETTINGS",
     "JOB_SETTINGS",
+    "OPTIONAL",
     "SECTIONS",
     "SETTINGS",
     "STORAGE_SETTINGS",
@@ -215,14 +227,72 @@ DESTINATION_SETTINGS: tuple[Setting, ...] = (
             show=lambda v: dict(v)),
 )  # fmt: skip
 
+
+def _secret(v: str | None) -> str | None:
+    return None if v is None else "***"
+
+
+_LEASE_LOW, _LEASE_HIGH = LEASE_TTL_RANGE_S
+
+#: ``[fleet]`` (docs/fleet.md): daemons on many hosts share write slots and failure
+#: knowledge through etcd. Optional: without endpoints (here, ``serve --etcd`` or
+#: ``$ADAPTD_ETCD``) there is no fleet. The fields are those of
+#: :class:`adaptd.fleet.config.FleetConfig` (``settings.``: its etcd settings).
+FLEET_SETTINGS: tuple[Setting, ...] = (
+    Setting("etcd", etcd_urls, (),
+            "the etcd cluster's endpoints (`http://HOST:PORT` or `https://HOST:PORT`); "
+            "`serve --etcd URL` (repeatable) or `$ADAPTD_ETCD` (comma-separated) replace "
+            "them. Without any there is no fleet: each daemon decides alone (needs "
+            "`pip install 'adaptd[fleet]'`; see [fleet.md](fleet.md))",
+            "none: no fleet", field_name="settings.endpoints", show=list),
+    Setting("prefix", text, DEFAULT_PREFIX,
+            "every key of this fleet lives under it (starts and ends with `/`)",
+            f"`{DEFAULT_PREFIX}`", field_name="settings.prefix"),
+    Setting("host", text, lambda ctx: ctx.get("hostname") or this_host(),
+            "this host's name in the fleet (no `/`)", "the host name",
+            field_name="settings.host"),
+    Setting("user", text, None,
+            "etcd user (a role per host, on its own keys: docs/fleet.md); with a password",
+            "—", field_name="settings.user"),
+    Setting("password", text, None,
+            "the etcd user's password, or `password_file` instead; `--check-config` prints "
+            "it as `***`", "—", show=_secret),
+    Setting("password_file", text, None,
+            "a file holding the etcd user's password (read at start)", "—"),
+    Setting("ca_file", existing_file, None,
+            "TLS: the CA certificate that etcd's certificate is checked against", "—",
+            field_name="settings.ca_file"),
+    Setting("cert_file", existing_file, None,
+            "TLS: a client certificate, if etcd wants one (with `key_file`)", "—",
+            field_name="settings.cert_file"),
+    Setting("key_file", existing_file, None, "TLS: the client certificate's key", "—",
+            field_name="settings.key_file"),
+    Setting("lease_ttl_s", number(_LEASE_LOW, exclusive=False, integer=True,
+                                  maximum=_LEASE_HIGH), LEASE_TTL_S,
+            f"a dead daemon's write slots are free again within this ({_LEASE_LOW}-"
+            f"{_LEASE_HIGH} s)", f"{LEASE_TTL_S}", field_name="settings.lease_ttl_s"),
+    Setting("call_timeout_s", number(0), CALL_TIMEOUT_S,
+            "one etcd request; a call over all endpoints gives up after 2.5 × this "
+            "(at least 2.5 s)", f"{CALL_TIMEOUT_S}", field_name="settings.call_timeout_s"),
+    Setting("slots", number(1, exclusive=False, integer=True), SLOTS,
+            "saves at once, fleet-wide, on a shared target whose `[storage.\"NAME\"]` sets "
+            "no `max_concurrent_saves`", f"{SLOTS}"),
+    Setting("shared", shared_mounts, MappingProxyType({}),
+            "`[fleet.shared]`: mount points the mount table cannot tell are shared (a FUSE "
+            "bucket mount...), each with its fleet-wide name; only mount points (write "
+            "slots are per mount)", "`{}`", show=dict),
+)  # fmt: skip
+
 #: The per-name tables: section -> (how its entries are named in messages, settings).
 TABLES: dict[str, tuple[str, tuple[Setting, ...]]] = {
     "jobs": ('jobs."{}"', JOB_SETTINGS),
     "storage": ('storage."{}"', STORAGE_SETTINGS),
     "destinations": ("destinations.{}", DESTINATION_SETTINGS),
 }
+#: The sections that are there only when the file (or a flag) asks for them.
+OPTIONAL: dict[str, tuple[Setting, ...]] = {"fleet": FLEET_SETTINGS}
 #: Every section of the file.
-SECTIONS = (*SETTINGS, *TABLES)
+SECTIONS = (*SETTINGS, *TABLES, *OPTIONAL)
 
 
 def docs_table() -> str:
@@ -235,6 +305,9 @@ def docs_table() -> str:
         head = "[" + where.format("PATTERN" if where.startswith("jobs") else "NAME") + "]"
         for s in settings:
             rows.append(f"| `{head}` `{s.key}` | {s.default_text} | {s.meaning} |")
+    for section, settings in OPTIONAL.items():
+        for s in settings:
+            rows.append(f"| `{section}.{s.key}` | {s.default_text} | {s.meaning} |")
     return "\n".join(rows) + "\n"
 
 
