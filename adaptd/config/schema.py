@@ -62,12 +62,15 @@ from adaptd.fleet.config import SLOTS, this_host
 from adaptd.fleet.keys import DEFAULT_PREFIX
 from adaptd.fleet.session import CALL_TIMEOUT_S, LEASE_TTL_RANGE_S, LEASE_TTL_S
 from adaptd.protocol import paths
+from adaptd.protocol.job import LIVENESS_TIMEOUT_S
 
 __all__ = [
     "DESTINATION_SETTINGS",
     "FLEET_SETTINGS",
     "JOB_SETTINGS",
+    "METRICS_LISTEN",
     "OPTIONAL",
+    "SCRAPE_INTERVAL_S",
     "SECTIONS",
     "SETTINGS",
     "STORAGE_SETTINGS",
@@ -79,6 +82,9 @@ __all__ = [
 # --------------------------------------------------------------------------- the schema
 
 _HOURS = 3600.0
+#: Defaults that other parts name too (the exporter's own defaults, ``serve``'s help).
+METRICS_LISTEN = ("127.0.0.1", 9465)
+SCRAPE_INTERVAL_S = 60.0
 
 #: ``section -> settings`` of the fixed sections, in the order they are read (a default
 #: may use the settings before it).
@@ -128,9 +134,9 @@ SETTINGS: dict[str, tuple[Setting, ...]] = {
                 "`info`"),
         Setting("sample_interval_s", number(0), 1.0,
                 "how often GPUs, disks and host memory are sampled", "1.0"),
-        Setting("liveness_timeout_s", number(0), 300.0,
+        Setting("liveness_timeout_s", number(0), LIVENESS_TIMEOUT_S,
                 "a job silent this long is treated as gone (at least `sample_interval_s`)",
-                "300"),
+                f"{LIVENESS_TIMEOUT_S:g}"),
         # 0: stop without draining, as `serve --drain-grace 0` allows
         Setting("drain_grace_s", number(0, exclusive=False), 90.0,
                 "how long the SIGTERM drain may take; 0: no drain", "90"),
@@ -146,13 +152,14 @@ SETTINGS: dict[str, tuple[Setting, ...]] = {
                 show=lambda s: round(s / _HOURS, 6)),
     ),
     "metrics": (
-        Setting("listen", listen, ("127.0.0.1", 9465),
-                'Prometheus endpoint; `"off"` disables it', "`127.0.0.1:9465`",
+        Setting("listen", listen, METRICS_LISTEN,
+                'Prometheus endpoint; `"off"` disables it', f"`{show_listen(METRICS_LISTEN)}`",
                 field_name="metrics_listen", show=show_listen),
         Setting("slow_save_s", number(0), 1.0,
                 "a save that blocks the loop longer than this counts as slow", "1.0"),
-        Setting("scrape_interval_s", number(0), 60.0,
-                "Prometheus' `scrape_interval` for this daemon (sets the grace below)", "60"),
+        Setting("scrape_interval_s", number(0), SCRAPE_INTERVAL_S,
+                "Prometheus' `scrape_interval` for this daemon (sets the grace below)",
+                f"{SCRAPE_INTERVAL_S:g}"),
         # 0: remove an ended job's series at once (the behaviour before the grace period)
         Setting("job_series_grace_s", number(0, exclusive=False),
                 lambda ctx: 2 * ctx["scrape_interval_s"],
