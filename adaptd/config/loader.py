@@ -32,13 +32,13 @@ import fnmatch
 import json
 import math
 import os
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from adaptd.config import toml
 from adaptd.config.check import Check, ConfigError, Setting, did_you_mean, show
 from adaptd.config.fleet import read_fleet
 from adaptd.config.kinds import DB_NAME, JOB_PLACEHOLDER, LOG_LEVELS, OFF, parse_listen
@@ -54,11 +54,6 @@ from adaptd.config.schema import (
 from adaptd.core.policy import PolicyError, parse
 from adaptd.fleet.config import FleetConfig, endpoints_from
 from adaptd.protocol import paths
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on 3.10 only
-    import tomli as tomllib
 
 __all__ = [
     "CONFIG_ENV",
@@ -428,8 +423,8 @@ def load(path: str | os.PathLike[str] | None = None) -> Config:
 def loads(text: str, *, source: str = "<config>") -> Config:
     """Validate TOML ``text``; raises :class:`ConfigError`."""
     try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
+        data = toml.loads(text)
+    except toml.TOMLDecodeError as exc:
         raise ConfigError(f"not valid TOML: {exc}", source=source) from None
     return from_mapping(data, source=source)
 

@@ -42,18 +42,14 @@ import math
 import os
 from collections.abc import Callable
 
-from adaptd.tiers.folder import OBJECT_BLOCK, STORAGE_PACKAGES, Folder, is_storage_error
+from adaptd.tiers.folder import Folder, is_storage_error
 from adaptd.tiers.layout import (
     ABANDONED_AFTER_S,
-    LATEST,
     MANIFEST_FILE,
-    FileEntry,
     Manifest,
     TierError,
-    fsync_dir,
     local_files,
     manifest_name,
-    part_name,
     step_of,
 )
 from adaptd.tiers.throttle import CHUNK, Throttle
@@ -62,20 +58,14 @@ from adaptd.tiers.upload import Upload, UploadResult
 __all__ = [
     "ABANDONED_AFTER_S",
     "CHUNK",
-    "LATEST",
-    "OBJECT_BLOCK",
-    "STORAGE_PACKAGES",
-    "FileEntry",
     "Manifest",
     "Replica",
     "Throttle",
     "TierError",
     "UploadResult",
-    "fsync_dir",
     "is_storage_error",
     "local_files",
     "manifest_name",
-    "part_name",
 ]
 
 log = logging.getLogger("adaptd.tiers")
