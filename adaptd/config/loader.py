@@ -256,21 +256,13 @@ class Config:
                 raise ConfigError(f"--policy {policy!r}: {exc}", key="policy.default") from None
             data["default_policy"] = policy
         if liveness_timeout_s is not None:
-            if not (math.isfinite(liveness_timeout_s) and liveness_timeout_s > 0):
-                raise ConfigError(
-                    f"--silence-timeout must be a number of seconds > 0, got "
-                    f"{liveness_timeout_s!r}",
-                    key="daemon.liveness_timeout_s",
-                )
-            data["liveness_timeout_s"] = float(liveness_timeout_s)
+            data["liveness_timeout_s"] = _seconds_flag(
+                "--silence-timeout", "daemon.liveness_timeout_s", liveness_timeout_s
+            )
         if drain_grace_s is not None:
-            if not (math.isfinite(drain_grace_s) and drain_grace_s >= 0):
-                raise ConfigError(
-                    f"--drain-grace must be a number of seconds >= 0 (0: stop without "
-                    f"draining), got {drain_grace_s!r}",
-                    key="daemon.drain_grace_s",
-                )
-            data["drain_grace_s"] = float(drain_grace_s)
+            data["drain_grace_s"] = _seconds_flag(
+                "--drain-grace", "daemon.drain_grace_s", drain_grace_s, zero="stop without draining"
+            )
         if log_level is not None:
             if log_level.lower() not in LOG_LEVELS:
                 raise ConfigError(
@@ -326,6 +318,15 @@ class Config:
             elif section in d:  # an optional section is there only when set
                 lines += ["", f"[{section}]", *_toml_keys(d[section])]
         return "\n".join(lines) + "\n"
+
+
+def _seconds_flag(flag: str, key: str, value: float, *, zero: str = "") -> float:
+    """A flag's number of seconds: > 0, or >= 0 when ``zero`` says what 0 means.
+    Raises :class:`ConfigError` naming the flag (and ``key``, the setting it overrides)."""
+    if not (math.isfinite(value) and (value >= 0 if zero else value > 0)):
+        allowed = f">= 0 (0: {zero})" if zero else "> 0"
+        raise ConfigError(f"{flag} must be a number of seconds {allowed}, got {value!r}", key=key)
+    return float(value)
 
 
 def _shown(settings: tuple[Setting, ...], obj: Any) -> dict[str, Any]:
