@@ -52,6 +52,7 @@ from adaptd.fleet.targets import (
     target_of_mount,
 )
 from adaptd.telemetry.storage import Mount
+from adaptd.tiers.urls import local_path
 
 log = logging.getLogger("adaptd.fleet")
 
@@ -292,8 +293,8 @@ class FleetLink:
         )
         found = object_target(url, endpoint if isinstance(endpoint, str) else None)
         if found is None:
-            path = url.removeprefix("file://")
-            if "://" in path:
+            path = local_path(url)
+            if path is None:
                 return None
             found = shared_target(path, self._mounts(), self.cfg.shared, resolve=self.resolve_paths)
         return found.name if found else None

@@ -27,7 +27,7 @@ from adaptd.core import agreement as rules
 from adaptd.protocol import job as p
 
 #: Default bound on waiting at a step for the daemon's decision.
-TIMEOUT_S = 10.0
+TIMEOUT_S = p.ROUND_TIMEOUT_S
 
 
 class DaemonRounds:
