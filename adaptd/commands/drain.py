@@ -14,6 +14,7 @@ import argparse
 from adaptd.commands import _operator
 from adaptd.commands import _tables as tables
 from adaptd.commands._tables import Table
+from adaptd.protocol.admin import DRAIN_TIMEOUT_S, MAX_DRAIN_S
 
 HELP = "every job saves now; wait until all saves are durable"
 #: Extra seconds the command waits beyond --timeout for the daemon's reply.
@@ -25,7 +26,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--timeout",
         metavar="SECONDS",
         type=float,
-        default=300.0,
+        default=DRAIN_TIMEOUT_S,
         help="stop waiting for saves after this long (default: %(default)g)",
     )
     parser.add_argument("--reason", default="drain", help="why (default: %(default)s)")
@@ -36,8 +37,8 @@ def run(args: argparse.Namespace) -> int:
     from adaptd.cli import UsageError
     from adaptd.protocol import admin
 
-    if not 0 < args.timeout <= 86_400:
-        raise UsageError(f"--timeout must be in (0, 86400] seconds, got {args.timeout:g}")
+    if not 0 < args.timeout <= MAX_DRAIN_S:
+        raise UsageError(f"--timeout must be in (0, {MAX_DRAIN_S:g}] seconds, got {args.timeout:g}")
     req = admin.DrainRequest(timeout_s=args.timeout, reason=args.reason)
     reply = _operator.ask("drain", args, req, args.timeout + REPLY_MARGIN_S)
     if reply is None:

@@ -64,9 +64,12 @@ from adaptd.protocol import paths
 __all__ = [
     "DB_NAME",
     "DESTINATION_SETTINGS",
+    "DRAIN_GRACE_S",
     "JOB_PLACEHOLDER",
     "JOB_SETTINGS",
+    "LIVENESS_TIMEOUT_S",
     "LOG_LEVELS",
+    "METRICS_LISTEN",
     "OFF",
     "SECTIONS",
     "SETTINGS",
@@ -79,6 +82,14 @@ __all__ = [
     "parse_listen",
     "show",
 ]
+
+#: A rank silent this long is lost (``daemon.liveness_timeout_s``); also the default of
+#: a daemon built without a config (:class:`adaptd.daemon.options.DaemonOptions`).
+LIVENESS_TIMEOUT_S = 300.0
+#: How long the SIGTERM drain may take (``daemon.drain_grace_s``).
+DRAIN_GRACE_S = 90.0
+#: Where the Prometheus endpoint listens unless ``metrics.listen`` says otherwise.
+METRICS_LISTEN = ("127.0.0.1", 9465)
 
 
 @dataclass(frozen=True)
@@ -153,12 +164,12 @@ SETTINGS: dict[str, tuple[Setting, ...]] = {
                 "`info`"),
         Setting("sample_interval_s", number(0), 1.0,
                 "how often GPUs, disks and host memory are sampled", "1.0"),
-        Setting("liveness_timeout_s", number(0), 300.0,
+        Setting("liveness_timeout_s", number(0), LIVENESS_TIMEOUT_S,
                 "a job silent this long is treated as gone (at least `sample_interval_s`)",
-                "300"),
+                f"{LIVENESS_TIMEOUT_S:g}"),
         # 0: stop without draining, as `serve --drain-grace 0` allows
-        Setting("drain_grace_s", number(0, exclusive=False), 90.0,
-                "how long the SIGTERM drain may take; 0: no drain", "90"),
+        Setting("drain_grace_s", number(0, exclusive=False), DRAIN_GRACE_S,
+                "how long the SIGTERM drain may take; 0: no drain", f"{DRAIN_GRACE_S:g}"),
         Setting("watchdog", boolean, True, "send `WATCHDOG=1` when systemd asks for it", "true"),
     ),
     "policy": (
@@ -171,8 +182,8 @@ SETTINGS: dict[str, tuple[Setting, ...]] = {
                 show=lambda s: round(s / _HOURS, 6)),
     ),
     "metrics": (
-        Setting("listen", listen, ("127.0.0.1", 9465),
-                'Prometheus endpoint; `"off"` disables it', "`127.0.0.1:9465`",
+        Setting("listen", listen, METRICS_LISTEN,
+                'Prometheus endpoint; `"off"` disables it', "`{}:{}`".format(*METRICS_LISTEN),
                 field_name="metrics_listen", show=show_listen),
         Setting("slow_save_s", number(0), 1.0,
                 "a save that blocks the loop longer than this counts as slow", "1.0"),

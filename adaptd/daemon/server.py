@@ -39,6 +39,7 @@ from pathlib import Path
 
 import zmq
 
+from adaptd.config.schema import LIVENESS_TIMEOUT_S
 from adaptd.core import policy as policy_mod
 from adaptd.core.snapshot import Snapshot, same_saves
 from adaptd.daemon import events as ev
@@ -87,7 +88,7 @@ class Daemon:
         snapshot_source: Callable[[], Snapshot] = snapshot_now,
         sinks: Iterable[ev.Sink] = (),
         tick_hooks: Iterable[TickHook] = (),
-        silence_timeout_s: float = 300.0,
+        silence_timeout_s: float = LIVENESS_TIMEOUT_S,
         resend_after_s: float = RESEND_AFTER_S,
         tick_interval_s: float = TICK_INTERVAL_S,
         replan_tolerance: float = REPLAN_TOLERANCE,

@@ -1,4 +1,4 @@
-"""Prometheus metrics for the daemon, served on 127.0.0.1:9465 by default.
+"""Prometheus metrics for the daemon, served where ``metrics.listen`` says.
 
 :class:`Metrics` owns a dedicated :class:`~prometheus_client.CollectorRegistry`
 (never the process-global one, so tests and embedded uses do not collide).
@@ -424,7 +424,7 @@ class Metrics:
             out.update(family.name + s for s in suffixes)
         return out
 
-    def serve(self, host: str = "127.0.0.1", port: int = 9465) -> MetricsServer:
+    def serve(self, host: str, port: int) -> MetricsServer:
         """Start the HTTP endpoint; raises :class:`MetricsError` if it cannot bind."""
         server = MetricsServer(self, host, port)
         server.start()

@@ -26,6 +26,8 @@ from adaptd.protocol.job import MAX_MESSAGE_BYTES, JobId, Text
 
 __all__ = [
     "ADMIN_VERSION",
+    "DRAIN_TIMEOUT_S",
+    "MAX_DRAIN_S",
     "MAX_HISTORY",
     "MAX_REQUEST_BYTES",
     "AdminError",
@@ -69,6 +71,8 @@ ADMIN_VERSION = 1
 MAX_REQUEST_BYTES = MAX_MESSAGE_BYTES
 #: Longest drain an operator may ask for (a day); the decoder refuses NaN and inf too.
 MAX_DRAIN_S = 86_400.0
+#: How long a drain waits for the jobs' saves unless the operator says (``--timeout``).
+DRAIN_TIMEOUT_S = 300.0
 #: Most saves one ``history`` reply lists (the newest ones).
 MAX_HISTORY = 10_000
 
@@ -98,7 +102,7 @@ class DrainRequest(Request, frozen=True, tag="drain"):
     deadline must exceed ``timeout_s``.
     """
 
-    timeout_s: t.Annotated[float, msgspec.Meta(gt=0, le=MAX_DRAIN_S)] = 300.0
+    timeout_s: t.Annotated[float, msgspec.Meta(gt=0, le=MAX_DRAIN_S)] = DRAIN_TIMEOUT_S
     reason: Text = "drain"
 
 

@@ -28,6 +28,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Protocol
 
+from adaptd.config.schema import LIVENESS_TIMEOUT_S
 from adaptd.core.estimators import JobTracker
 from adaptd.daemon import events as ev
 from adaptd.daemon.jobs import costs as job_costs
@@ -133,7 +134,7 @@ class Registry:
         *,
         emit: Callable[[ev.Event], None] = lambda event: None,
         probe: ProcessProbe | None = None,
-        silence_timeout_s: float = 300.0,
+        silence_timeout_s: float = LIVENESS_TIMEOUT_S,
         hostname: str | None = None,
         wall: Callable[[], float] = _time.time,
         max_inactive_jobs: int = MAX_INACTIVE_JOBS,
