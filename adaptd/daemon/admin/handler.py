@@ -23,16 +23,11 @@ from collections.abc import Callable, Sequence
 import zmq
 
 from adaptd.core.policy import PolicyError
-from adaptd.daemon import events as ev
-from adaptd.daemon.admin.drains import Drains
-from adaptd.daemon.admin.status import StatusView
-from adaptd.daemon.jobs.ops import JobOps, NoRankToRelay
-from adaptd.daemon.jobs.planner import Planner
+from adaptd.daemon.jobs.ops import NoRankToRelay
 from adaptd.daemon.jobs.records import Job, PeerCred
-from adaptd.daemon.jobs.registry import Registry
 from adaptd.daemon.logfmt import logfmt
-from adaptd.daemon.stats import DaemonStats
-from adaptd.daemon.transport import DaemonError, Transport, peer_cred
+from adaptd.daemon.parts import Core
+from adaptd.daemon.transport import DaemonError, peer_cred
 from adaptd.protocol import admin
 from adaptd.state.records import SaveRecord
 
@@ -65,29 +60,20 @@ class AdminHandler:
 
     def __init__(
         self,
+        core: Core,
         *,
-        registry: Registry,
-        planner: Planner,
-        drains: Drains,
-        status: StatusView,
-        transport: Transport,
-        stats: DaemonStats,
-        emit: Callable[[ev.Event], None],
-        clock: Callable[[], float],
         admin_gid: int | None = None,
-        ops: JobOps | None = None,
         history: HistorySource | None = None,
     ) -> None:
-        self.registry = registry
-        self.ops = ops if ops is not None else JobOps(planner=planner, registry=registry)
-        self.planner = planner
-        self.settings = planner.settings
-        self.drains = drains
-        self.status = status
-        self.transport = transport
-        self.stats = stats
-        self.emit = emit
-        self.clock = clock
+        self.core = core
+        self.registry = core.registry
+        self.ops = core.ops
+        self.settings = core.settings
+        self.drains = core.drains
+        self.status = core.status
+        self.transport = core.transport
+        self.stats = core.stats
+        self.clock = core.clock
         self.admin_gid = admin_gid
         self.history = history
 
@@ -108,8 +94,7 @@ class AdminHandler:
                 raise admin.AdminError("invalid", f"expected one frame, got {len(frames) - 1}")
             reply = self.reply(admin.decode_request(body), envelope)
         except admin.AdminError as exc:
-            self.stats.rejected[f"admin_{exc.code}"] += 1
-            self.emit(ev.MessageRejected(self.clock(), f"admin_{exc.code}"))
+            self.core.refusals.count(f"admin_{exc.code}")
             log.warning(logfmt("operator_refused", code=exc.code, message=str(exc)))
             reply = admin.ErrorReply(code=exc.code, message=str(exc))
         if reply is not None:
@@ -217,7 +202,7 @@ class AdminHandler:
         job = self._known_job(req.job)
         if not job.decides:
             try:
-                self.planner.policies.get(req.spec)  # a bad spec is refused here, at once
+                self.core.choice.check(req.spec)  # a bad spec is refused here, at once
             except PolicyError as exc:
                 raise admin.AdminError("bad_policy", f"policy spec {req.spec!r}: {exc}") from None
             decider = self._relay(job, "set_policy", now, spec=req.spec)
@@ -259,7 +244,7 @@ class AdminHandler:
                 f"run `adaptd set-policy --job {job_id} --clear` on that host",
             )
         else:
-            cleared, spec, source, seq = self.planner.clear_policy(job, now)
+            cleared, spec, source, seq = self.ops.clear_policy(job, now)
         log.info(logfmt("operator_action", action="clear_policy", job=job_id,
                         cleared=cleared, policy=spec or None, source=source or None,
                         plan_seq=seq))  # fmt: skip

@@ -18,8 +18,8 @@ from adaptd import __version__
 from adaptd.core.snapshot import Decision
 from adaptd.daemon.events import EventBus
 from adaptd.daemon.jobs.records import Job
-from adaptd.daemon.jobs.registry import Registry
 from adaptd.daemon.jobs.settings import OperatorSettings
+from adaptd.daemon.jobs.table import JobTable
 from adaptd.daemon.logfmt import Throttle, logfmt
 from adaptd.daemon.stats import DaemonStats
 from adaptd.daemon.transport import Transport
@@ -36,12 +36,14 @@ ReplicationSource = Callable[[], "list[admin.ReplicationInfo]"]
 
 
 class StatusView:
-    """Builds the status reply from the daemon's parts; reads, never changes them."""
+    """Builds the status reply from the daemon's parts; reads, never changes them.
+    ``hostname``: this host, shown as the one deciding the jobs decided here."""
 
     def __init__(
         self,
         *,
-        registry: Registry,
+        jobs: JobTable,
+        hostname: str,
         settings: OperatorSettings,
         stats: DaemonStats,
         events: EventBus,
@@ -50,7 +52,8 @@ class StatusView:
         status_extra: StatusExtra | None = None,
         replication_source: ReplicationSource | None = None,
     ) -> None:
-        self.registry = registry
+        self.jobs = jobs
+        self.hostname = hostname
         self.settings = settings
         self.stats = stats
         self.events = events
@@ -63,7 +66,7 @@ class StatusView:
     def status(self, now: float) -> admin.StatusReply:
         """Every job and the daemon's counters, as of ``now``."""
         c = self.stats.counters
-        by_state = self.registry.by_state
+        by_state = self.jobs.by_state
         daemon = admin.DaemonInfo(
             version=__version__,
             pid=os.getpid(),
@@ -81,11 +84,11 @@ class StatusView:
             sink_errors=self.events.errors,
             jobs_active=by_state["active"],
             jobs_lost=by_state["lost"],
-            peers=self.registry.peers,
+            peers=self.jobs.peers,
         )
         return admin.StatusReply(
             daemon=daemon,
-            jobs=[self._job_info(j, now) for j in self.registry],
+            jobs=[self._job_info(j, now) for j in self.jobs],
             telemetry=self._guarded("status_extra_failed", self.status_extra),
             replication=self._guarded("replication_status_failed", self.replication_source),
         )
@@ -172,7 +175,7 @@ class StatusView:
             policy_set=setting.policy is not None,
             restore_fallback=job.restore_fallback,
             agreement=job.agreement,
-            decided_by=self.registry.hostname if job.decides else _agreed_by(job),
+            decided_by=self.hostname if job.decides else _agreed_by(job),
             decided_here=job.decides,
             plan_from_step=plan_from,
             rounds=_rounds_info(job),
