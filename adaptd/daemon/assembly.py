@@ -20,6 +20,7 @@ from adaptd.core import policy as policy_mod
 from adaptd.core.estimators import JobTracker
 from adaptd.core.snapshot import Snapshot
 from adaptd.daemon import events as ev
+from adaptd.daemon.admin.commands import OperatorCommands
 from adaptd.daemon.admin.drains import Drains
 from adaptd.daemon.admin.handler import AdminHandler, HistorySource, admin_gid
 from adaptd.daemon.admin.status import ReplicationSource, StatusExtra, StatusView
@@ -78,10 +79,13 @@ class Seams:
 
 
 def build(options: DaemonOptions, seams: Seams | None = None) -> Daemon:
-    """A daemon, not yet serving (:meth:`Daemon.start` or :meth:`Daemon.serve`).
+    """A daemon, not yet serving (:meth:`Daemon.start` or :meth:`Daemon.serve`). It answers
+    the operator commands of :data:`adaptd.commands.COMMANDS` as the table is now.
 
     Raises :class:`~adaptd.daemon.transport.DaemonError` for a socket that cannot be
-    used (too long, TCP without CURVE) or an admin group this host lacks."""
+    used (too long, TCP without CURVE) or an admin group this host lacks, and
+    :class:`~adaptd.daemon.admin.commands.CommandError` for a table naming a module that
+    is not a usable command."""
     return Daemon(assemble(options, seams if seams is not None else Seams()))
 
 
@@ -155,7 +159,10 @@ def assemble(options: DaemonOptions, seams: Seams) -> DaemonParts:
         ),
     )
     admin = AdminHandler(
-        core, admin_gid=admin_gid(options.admin_group), history=seams.history_source
+        core,
+        commands=OperatorCommands.from_table(),
+        admin_gid=admin_gid(options.admin_group),
+        history=seams.history_source,
     )
     return DaemonParts(
         core=core,

@@ -300,7 +300,7 @@ class Transport:
         if self.send(rank.identity, msg):
             rank.sent(now)
 
-    def send_admin(self, envelope: Sequence[bytes], reply: admin.AnyReply) -> None:
+    def send_admin(self, envelope: Sequence[bytes], reply: admin.Reply) -> None:
         """Reply to an operator (a reply nobody waits for any more is dropped)."""
         assert self._admin is not None
         with contextlib.suppress(zmq.Again):

@@ -272,7 +272,7 @@ def test_every_example_spec_in_the_help_texts_is_accepted(capsys) -> None:
     sub = next(a for a in parser._actions if a.dest == "command")
     specs = []
     for name, command in sub.choices.items():
-        importlib.import_module(f"adaptd.commands.{COMMANDS[name]}").configure(command)
+        importlib.import_module(COMMANDS[name]).configure(command)
         quoted = re.findall(r"'([a-z_]+(?::[^' ]*)?(?:\+[a-z_:=,.;]+)*)'", command.format_help())
         for spec in quoted:
             if ":" in spec or spec in ("phased", "daly", "default"):
