@@ -90,14 +90,9 @@ def answer(req: HistoryRequest, ctx: AdminContext) -> HistoryReply:
             f"job {req.job!r}: no saves in this daemon's history{window}, and no such job "
             f"here now (jobs here: {known})",
         )
-    saves = [
-        HistorySave(
-            ended=r.ended, step=r.step, rank=r.rank, reason=r.reason, ok=r.ok,
-            blocking_s=r.blocking_s, durable_s=r.durable_s, bytes=r.bytes,
-            extra_step_s=r.extra_step_s, error=r.error,
-        )
-        for r in rows[-req.limit :]
-    ]  # fmt: skip
+    from adaptd.state.records import copy_fields
+
+    saves = [copy_fields(HistorySave, r) for r in rows[-req.limit :]]
     return HistoryReply(job=req.job, saves=saves, more=len(rows) > req.limit)
 
 

@@ -133,6 +133,10 @@ def assemble(options: DaemonOptions, seams: Seams) -> DaemonParts:
         hostname=registry.hostname,
         relay_key=options.relay_key,
     )
+    status = StatusView(jobs=registry.table, hostname=registry.hostname, settings=settings,
+                        stats=stats, events=events, transport=transport,
+                        default_spec=options.policy, status_extra=seams.status_extra,
+                        replication_source=seams.replication_source)  # fmt: skip
     core = Core(
         transport=transport,
         events=events,
@@ -146,17 +150,7 @@ def assemble(options: DaemonOptions, seams: Seams) -> DaemonParts:
         delivery=delivery,
         ops=ops,
         drains=Drains(jobs=registry.table, save_now=ops.save_now, reply=transport.send_admin),
-        status=StatusView(
-            jobs=registry.table,
-            hostname=registry.hostname,
-            settings=settings,
-            stats=stats,
-            events=events,
-            transport=transport,
-            default_spec=options.policy,
-            status_extra=seams.status_extra,
-            replication_source=seams.replication_source,
-        ),
+        status=status,
     )
     admin = AdminHandler(
         core,

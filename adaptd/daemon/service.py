@@ -181,13 +181,8 @@ class Service:
             parts.fleet.start()
         if parts.replicator is not None:
             parts.replicator.start()
-            log.info(
-                logfmt(
-                    "replication",
-                    destinations=",".join(cfg.destinations),
-                    jobs=",".join(o.pattern for o in cfg.jobs if o.replicate_to),
-                )
-            )
+            jobs = ",".join(o.pattern for o in cfg.jobs if o.replicate_to)
+            log.info(logfmt("replication", destinations=",".join(cfg.destinations), jobs=jobs))
         self._serve_metrics(parts)
         parts.sampler.tick(self.clock())  # probe telemetry once before READY
         parts.upkeep.started(self.clock())
@@ -204,14 +199,8 @@ class Service:
         except MetricsError as exc:
             if self.metrics_strict:
                 raise ServiceError(f"metrics.listen: {exc}") from None
-            log.warning(
-                logfmt(
-                    "metrics_off",
-                    listen=f"{host}:{port}",
-                    error=str(exc),
-                    hint="set metrics.listen to serve them",
-                )
-            )
+            log.warning(logfmt("metrics_off", listen=f"{host}:{port}", error=str(exc),
+                               hint="set metrics.listen to serve them"))  # fmt: skip
         else:
             log.info(logfmt("metrics", url=self.metrics_server.url))
 

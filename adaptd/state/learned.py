@@ -98,14 +98,8 @@ class Learned:
             except (ValueError, TypeError) as exc:
                 log.warning(logfmt("learned_discarded", job=msg.job, error=str(exc)))
             else:
-                log.info(
-                    logfmt(
-                        "learned_restored",
-                        job=msg.job,
-                        saves=tracker.saves,
-                        save_cost_s=tracker.save_cost_s,
-                    )
-                )
+                log.info(logfmt("learned_restored", job=msg.job, saves=tracker.saves,
+                                save_cost_s=tracker.save_cost_s))  # fmt: skip
         return tracker
 
     def keep_job(self, job: str, learned: dict[str, Any] | None, *, failure: bool) -> None:

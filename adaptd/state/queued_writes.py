@@ -78,11 +78,8 @@ class QueuedWrites(Database):
             if self.pending >= self.max_pending:
                 self.dropped += 1
                 if self.dropped == 1:
-                    log.warning(
-                        "%s: %d rows queued and not flushed; dropping new history rows",
-                        self.path,
-                        self.max_pending,
-                    )
+                    log.warning("%s: %d rows queued and not flushed; dropping new history rows",
+                                self.path, self.max_pending)  # fmt: skip
                 return
             into.append(item)
 

@@ -20,6 +20,7 @@ from adaptd.daemon.jobs.table import JobTable
 from adaptd.daemon.logfmt import logfmt
 from adaptd.protocol import admin
 from adaptd.protocol import job as p
+from adaptd.state.records import copy_fields
 
 __all__ = ["Drain", "DrainJob", "Drains"]
 
@@ -99,15 +100,9 @@ class Drains:
         self._drains.append(drain)
         if envelope is None:
             self._shutdown = drain
-        log.info(
-            logfmt(
-                "operator_action" if envelope is not None else "shutdown_drain",
-                action="drain",
-                jobs=len(drain.jobs),
-                timeout_s=timeout_s,
-                reason=reason,
-            )
-        )
+        log.info(logfmt("operator_action" if envelope is not None else "shutdown_drain",
+                        action="drain", jobs=len(drain.jobs), timeout_s=timeout_s,
+                        reason=reason))  # fmt: skip
         return drain
 
     def on_report(self, job: Job, rank: Rank, msg: p.SaveReport, now: float) -> None:
@@ -161,14 +156,7 @@ class Drains:
                 )
             seconds = (entry.done_at if entry.done_at is not None else now) - drain.started
             jobs.append(
-                admin.DrainJob(
-                    job=entry.job,
-                    ranks=entry.ranks,
-                    step=entry.step,
-                    durable=durable,
-                    seconds=seconds,
-                    error=error,
-                )
+                copy_fields(admin.DrainJob, entry, durable=durable, seconds=seconds, error=error)
             )
             (log.info if durable else log.warning)(
                 logfmt(
@@ -181,16 +169,9 @@ class Drains:
                     reason=drain.reason,
                 )
             )
-        log.info(
-            logfmt(
-                "drain_done",
-                reason=drain.reason,
-                jobs=len(jobs),
-                durable=sum(j.durable for j in jobs),
-                seconds=now - drain.started,
-                timed_out=timed_out,
-            )
-        )
+        log.info(logfmt("drain_done", reason=drain.reason, jobs=len(jobs),
+                        durable=sum(j.durable for j in jobs),
+                        seconds=now - drain.started, timed_out=timed_out))  # fmt: skip
         if drain.envelope is not None:
             reply = admin.DrainReply(jobs=jobs, seconds=now - drain.started, timed_out=timed_out)
             self.reply(drain.envelope, reply)

@@ -130,20 +130,11 @@ class Liveness:
         self.table.set_state(job, "lost")
         job.lose(now, reason, last_seen)
         t = job.tracker
-        self.emit(
-            ev.JobLost(
-                time=now,
-                wall=self.wall(),
-                job=job.id,
-                step=t.step,
-                last_durable_step=t.last_durable_step,
-                last_seen=last_seen,
-                reason=reason,
-                gpus=t.gpus,
-                world_size=job.world_size,
-                jobs_active=self.table.by_state["active"],
-            )
-        )
+        self.emit(ev.JobLost(time=now, wall=self.wall(), job=job.id, step=t.step,
+                             last_durable_step=t.last_durable_step,
+                             last_seen=last_seen, reason=reason, gpus=t.gpus,
+                             world_size=job.world_size,
+                             jobs_active=self.table.by_state["active"]))  # fmt: skip
         self.table.note_writing(job, now, self.emit)
 
     def evict(self) -> None:

@@ -161,14 +161,8 @@ class Planner:
         if not isinstance(decision, Decision):
             counters["policy_errors"] += 1
             if self._throttle(f"policy-type:{job.policy_spec}"):
-                log.error(
-                    logfmt(
-                        "policy_failed",
-                        job=job.id,
-                        policy=job.policy_spec,
-                        error=f"returned {type(decision).__name__}, not a Decision",
-                    )
-                )
+                error = f"returned {type(decision).__name__}, not a Decision"
+                log.error(logfmt("policy_failed", job=job.id, policy=job.policy_spec, error=error))
             return None
         if paused and not decision.urgent:
             decision = Decision(
@@ -194,26 +188,12 @@ class Planner:
         if outcome is None:
             return False
         plan, ranks = self.delivery.plan(job, now)
-        log.info(
-            logfmt(
-                "plan",
-                job=job.id,
-                seq=plan.seq,
-                step=step,
-                next_step=plan.next_step,
-                every_steps=plan.every_steps,
-                policy=plan.policy,
-                reason=plan.reason,
-                interval_s=plan.interval_s,
-                waste=plan.waste,
-                ranks=ranks,
-            )
-        )
-        self.emit(
-            ev.PlanChanged(
-                now, self.wall(), job.id, plan.seq, step, decision, ranks, step_time_s=step_time_s
-            )
-        )
+        log.info(logfmt("plan", job=job.id, seq=plan.seq, step=step,
+                        next_step=plan.next_step, every_steps=plan.every_steps,
+                        policy=plan.policy, reason=plan.reason,
+                        interval_s=plan.interval_s, waste=plan.waste, ranks=ranks))  # fmt: skip
+        self.emit(ev.PlanChanged(now, self.wall(), job.id, plan.seq, step, decision,
+                                 ranks, step_time_s=step_time_s))  # fmt: skip
         return True
 
     def replan(self, job: Job, now: float) -> int:
@@ -229,17 +209,8 @@ class Planner:
         """Ask every live rank of ``job`` to save at its next step; returns how many."""
         ranks = self.delivery.save_now(job, reason, now)
         log.info(logfmt("save_now", job=job.id, step=job.step, reason=reason, ranks=ranks))
-        self.emit(
-            ev.SaveRequested(
-                now,
-                self.wall(),
-                job.id,
-                job.step,
-                reason,
-                ranks,
-                step_time_s=job.tracker.step_time_s,
-            )
-        )
+        self.emit(ev.SaveRequested(now, self.wall(), job.id, job.step, reason, ranks,
+                                   step_time_s=job.tracker.step_time_s))  # fmt: skip
         return ranks
 
 

@@ -222,22 +222,14 @@ class Registry:
         if replaced is not None:
             self.table.unbind([replaced])
         self.table.bind(job, rank)
-        self.emit(
-            ev.JobRegistered(
-                time=now,
-                wall=self.wall(),
-                job=job.id,
-                rank=msg.rank,
-                world_size=msg.world_size,
-                pid=msg.pid,
-                hostname=hostname,
-                checkpoint_dir=msg.checkpoint_dir,
-                resumed_from=msg.resumed_from,
-                incarnation=job.incarnation,
-                restore_fallback=msg.restore_fallback,
-                jobs_active=self.by_state["active"],
-            )
-        )
+        self.emit(ev.JobRegistered(time=now, wall=self.wall(), job=job.id,
+                                   rank=msg.rank, world_size=msg.world_size,
+                                   pid=msg.pid, hostname=hostname,
+                                   checkpoint_dir=msg.checkpoint_dir,
+                                   resumed_from=msg.resumed_from,
+                                   incarnation=job.incarnation,
+                                   restore_fallback=msg.restore_fallback,
+                                   jobs_active=self.by_state["active"]))  # fmt: skip
         return job, rank, kind
 
     def _room(self) -> None:
@@ -262,18 +254,12 @@ class Registry:
             self.liveness.revive(job, now)
         pending = job.on_steps(rank, msg, now)
         if pending is not None:
-            self.emit(
-                ev.JobResumed(
-                    time=now,
-                    wall=self.wall(),
-                    job=job.id,
-                    lost_at=pending.lost_at,
-                    last_step=pending.last_step,
-                    resumed_from=pending.resumed_from,
-                    restart_s=max(0.0, now - pending.last_seen),
-                    last_seen=pending.last_seen,
-                )
-            )
+            self.emit(ev.JobResumed(time=now, wall=self.wall(), job=job.id,
+                                    lost_at=pending.lost_at,
+                                    last_step=pending.last_step,
+                                    resumed_from=pending.resumed_from,
+                                    restart_s=max(0.0, now - pending.last_seen),
+                                    last_seen=pending.last_seen))  # fmt: skip
         self.table.note_writing(job, now, self.emit)
 
     def save_report(self, job: Job, rank: Rank, msg: SaveReport, now: float) -> bool:
@@ -305,11 +291,8 @@ class Registry:
             return False
         self.table.set_state(job, "finished")
         job.finish(msg.reason)
-        self.emit(
-            ev.JobFinished(
-                now, self.wall(), job.id, job.step, msg.reason, jobs_active=self.by_state["active"]
-            )
-        )
+        self.emit(ev.JobFinished(now, self.wall(), job.id, job.step, msg.reason,
+                                 jobs_active=self.by_state["active"]))  # fmt: skip
         self.table.note_writing(job, now, self.emit)
         self.liveness.evict()
         return True

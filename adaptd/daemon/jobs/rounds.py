@@ -31,7 +31,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
-from adaptd.core.rounds import LEAD_TIME_S, TIMEOUT_S, JobRounds
+from adaptd.core.rounds import TIMEOUT_S, JobRounds
 from adaptd.core.snapshot import Decision
 from adaptd.daemon.jobs.records import Job, Rank
 from adaptd.daemon.logfmt import logfmt
@@ -48,26 +48,16 @@ class Agreements:
     """The rounds of every job that :attr:`~adaptd.daemon.jobs.records.Job.runs_rounds`;
     called from the daemon's loop."""
 
-    def __init__(
-        self,
-        *,
-        send: SendRank,
-        stats: DaemonStats,
-        timeout_s: float = TIMEOUT_S,
-        lead_time_s: float = LEAD_TIME_S,
-    ) -> None:
+    def __init__(self, *, send: SendRank, stats: DaemonStats, timeout_s: float = TIMEOUT_S) -> None:
+        """``timeout_s``: a round's bound, and how long the rounds wait for ranks not heard
+        of after a daemon restart."""
         self.send = send
         self.stats = stats
         self.timeout_s = timeout_s
-        self.lead_time_s = lead_time_s
 
     def rounds(self, job: Job) -> JobRounds:
         """The job's rounds (made at first use; a new run of the job gets new ones)."""
-        return job.rounds_made(
-            lambda: JobRounds(
-                job.id, job.world_size, timeout_s=self.timeout_s, lead_time_s=self.lead_time_s
-            )
-        )
+        return job.rounds_made(lambda: JobRounds(job.id, job.world_size, timeout_s=self.timeout_s))
 
     # ------------------------------------------------------------------ wishes
 
@@ -128,19 +118,10 @@ class Agreements:
         for r in live:
             self.send(r, proposal, now)
         self.stats.counters["rounds_proposed"] += 1
-        log.info(
-            logfmt(
-                "round_proposed",
-                job=job.id,
-                round=proposal.round,
-                action=proposal.action,
-                at_step=proposal.at_step,
-                next_step=proposal.next_step,
-                every_steps=proposal.every_steps,
-                reason=proposal.reason,
-                ranks=len(live),
-            )
-        )
+        log.info(logfmt("round_proposed", job=job.id, round=proposal.round,
+                        action=proposal.action, at_step=proposal.at_step,
+                        next_step=proposal.next_step, every_steps=proposal.every_steps,
+                        reason=proposal.reason, ranks=len(live)))  # fmt: skip
 
     def _stop_waiting(self, job: Job, rounds: JobRounds, now: float) -> bool:
         """Whether the rounds go on without the ranks that have not said hello in this
@@ -163,17 +144,9 @@ class Agreements:
         for r in live:  # one loop: a daemon dying here is the one window of disagreement
             self.send(r, decision, now)
         self.stats.counters["rounds_committed" if decision.commit else "rounds_aborted"] += 1
-        log.info(
-            logfmt(
-                "round_decided",
-                job=job.id,
-                round=decision.round,
-                commit=decision.commit,
-                reason=decision.reason or None,
-                retry_from=decision.retry_from,
-                ranks=len(live),
-            )
-        )
+        log.info(logfmt("round_decided", job=job.id, round=decision.round,
+                        commit=decision.commit, reason=decision.reason or None,
+                        retry_from=decision.retry_from, ranks=len(live)))  # fmt: skip
         self.advance(job, now)
 
 
