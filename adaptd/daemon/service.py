@@ -185,10 +185,7 @@ class Service:
             log.info(logfmt("replication", destinations=",".join(cfg.destinations), jobs=jobs))
         self._serve_metrics(parts)
         parts.sampler.tick(self.clock())  # probe telemetry once before READY
-        parts.upkeep.started(self.clock())
-        jobs = parts.upkeep.jobs_text()
-        self.notifier.ready(f"serving {daemon.socket_path}; {jobs}")
-        parts.upkeep.status_text = jobs
+        parts.upkeep.ready(self.clock(), f"serving {daemon.socket_path}")
 
     def _serve_metrics(self, parts: ServiceParts) -> None:
         if self.cfg.metrics_listen is None:

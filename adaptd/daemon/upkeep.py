@@ -116,9 +116,12 @@ class Upkeep:
         if self.watchdog:
             self.notifier.tick(now)
 
-    def started(self, now: float) -> None:
-        """The daemon serves from ``now``: the next persist is :data:`PERSIST_EVERY_S` on."""
+    def ready(self, now: float, serving: str) -> None:
+        """The daemon serves from ``now`` (``serving``: where): ``READY=1`` to systemd with
+        the jobs' line; the next persist is :data:`PERSIST_EVERY_S` on."""
         self._last_persist = now
+        self.status_text = self.jobs_text()
+        self.notifier.ready(f"{serving}; {self.status_text}")
 
     def persist_learned(self) -> None:
         """Queue the failure-rate posterior and every known job's learned costs."""
