@@ -66,8 +66,10 @@ from adaptd.protocol.job import LIVENESS_TIMEOUT_S
 
 __all__ = [
     "DESTINATION_SETTINGS",
+    "DRAIN_GRACE_S",
     "FLEET_SETTINGS",
     "JOB_SETTINGS",
+    "LIVENESS_TIMEOUT_S",
     "METRICS_LISTEN",
     "OPTIONAL",
     "SCRAPE_INTERVAL_S",
@@ -77,6 +79,11 @@ __all__ = [
     "TABLES",
     "docs_table",
 ]
+
+#: How long the SIGTERM drain may take (``daemon.drain_grace_s``). (A rank silent for
+#: the protocol's LIVENESS_TIMEOUT_S is lost; it is also the default of a daemon built
+#: without a config, :class:`adaptd.daemon.options.DaemonOptions`.)
+DRAIN_GRACE_S = 90.0
 
 
 # --------------------------------------------------------------------------- the schema
@@ -138,8 +145,8 @@ SETTINGS: dict[str, tuple[Setting, ...]] = {
                 "a job silent this long is treated as gone (at least `sample_interval_s`)",
                 f"{LIVENESS_TIMEOUT_S:g}"),
         # 0: stop without draining, as `serve --drain-grace 0` allows
-        Setting("drain_grace_s", number(0, exclusive=False), 90.0,
-                "how long the SIGTERM drain may take; 0: no drain", "90"),
+        Setting("drain_grace_s", number(0, exclusive=False), DRAIN_GRACE_S,
+                "how long the SIGTERM drain may take; 0: no drain", f"{DRAIN_GRACE_S:g}"),
         Setting("watchdog", boolean, True, "send `WATCHDOG=1` when systemd asks for it", "true"),
     ),
     "policy": (

@@ -109,10 +109,14 @@ class FleetLink:
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
         version: str = "",
+        on_grant: Callable[[], None] | None = None,
     ) -> None:
         """``mounts`` reads the mount table; tests pass a recorded one and
-        ``resolve_paths=False`` (its paths do not exist here)."""
+        ``resolve_paths=False`` (its paths do not exist here). ``on_grant`` is called
+        (from the agent's thread) when one of this host's jobs is granted a slot: the
+        service gives the daemon's ``tick_soon``."""
         self.cfg = cfg
+        self.on_grant = on_grant
         self.resolve_paths = resolve_paths
         self.host = cfg.settings.host
         self.agent = agent or FleetAgent(cfg.settings, clock=clock, wall=wall, version=version)
@@ -140,10 +144,6 @@ class FleetLink:
         """Publish what was learned (bounded) and leave the fleet."""
         self._publish(force=True)
         self.agent.stop()
-
-    #: Called (from the agent's thread) when one of this host's jobs is granted a slot;
-    #: the service points it at the daemon's ``tick_soon``.
-    on_grant: Callable[[], None] | None = None
 
     def _granted(self) -> None:
         if self.on_grant is not None:

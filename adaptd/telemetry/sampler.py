@@ -7,13 +7,14 @@ exception type, and leaves its part of the snapshot as it was; the others go on.
 keeps a bounded ring buffer of past snapshots for trends.
 
 It fits the daemon's seams without a thread of its own (``adaptd serve`` wires it
-this way in :mod:`adaptd.daemon.service`)::
+this way in :mod:`adaptd.daemon.service_parts`)::
 
     sampler = Sampler.default()                 # real NVML (or degraded), /proc, /sys
-    jobs = RegistryView(registry)               # the registry's jobs, read-only
-    Daemon(...,
-           snapshot_source=sampler.latest,      # newest snapshot, no I/O
-           tick_hooks=[lambda now: sampler.tick(now, jobs=jobs.processes)])
+    table = JobTable()                          # the registry's records, to be
+    jobs = RegistryView(table)                  # read through this view
+    build(options, Seams(jobs=table,
+          snapshot_source=sampler.latest,       # newest snapshot, no I/O
+          tick_hooks=[lambda now: sampler.tick(now, jobs=jobs.processes)]))
 
 ``tick(now, jobs=...)`` samples at most once per ``interval`` against a monotonic
 deadline (a late tick does not make the next one early), asking ``jobs`` for each
