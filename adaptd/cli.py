@@ -1,7 +1,7 @@
 """The ``adaptd`` command: one entry point with subcommands.
 
-Subcommands live in :mod:`adaptd.commands`, imported lazily so a quick command
-stays quick. Errors a user can fix (bad flags, bad config, no daemon) print one
+Subcommands are the modules named in :data:`adaptd.commands.COMMANDS`, imported lazily
+so a quick command stays quick. Errors a user can fix (bad flags, bad config, no daemon) print one
 clear line and exit non-zero; they never show a traceback. A command whose output pipe
 closes early (``adaptd status | head -1``) stops quietly with the status a shell gives a
 program killed by SIGPIPE (141), as ``cat`` would.
@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from types import ModuleType
 
 from adaptd import __version__
+from adaptd.commands import COMMANDS
 
 __all__ = [
     "BROKEN_PIPE_STATUS",
@@ -26,24 +27,6 @@ __all__ = [
     "build_parser",
     "main",
 ]
-
-#: name -> module under adaptd.commands; each module's ``HELP`` is the command's one-line help
-COMMANDS: dict[str, str] = {
-    "serve": "serve",
-    "status": "status",
-    "history": "history",
-    "save-now": "save_now",
-    "drain": "drain",
-    "set-policy": "set_policy",
-    "pause": "pause",
-    "resume": "resume",
-    "simulate": "simulate",
-    "report": "report",
-    "verify": "verify",
-    "restore": "restore",
-    "policies": "policies",
-    "demo": "demo",
-}
 
 
 #: Exit status when the reader of stdout went away: 128 + SIGPIPE, what a shell reports
@@ -59,12 +42,12 @@ def _available() -> dict[str, str]:
     return {
         name: module
         for name, module in COMMANDS.items()
-        if importlib.util.find_spec(f"adaptd.commands.{module}") is not None
+        if importlib.util.find_spec(module) is not None
     }
 
 
 def _command(module: str) -> ModuleType:
-    return importlib.import_module(f"adaptd.commands.{module}")
+    return importlib.import_module(module)
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:

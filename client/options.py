@@ -27,6 +27,7 @@ from adaptd.client.checks import check_seconds
 from adaptd.client.daemon.link import DAEMON_TIMEOUT_S
 from adaptd.client.save.writer import AUTO, WriterNice, WriterPriority
 from adaptd.core.policy import Policy, parse
+from adaptd.protocol.job import REPORT_INTERVAL_S
 
 __all__ = ["HookOptions"]
 
@@ -96,7 +97,7 @@ class HookOptions:
     daemon_timeout: float = DAEMON_TIMEOUT_S
     handle_sigterm: bool = True
     poll_interval: float = 0.025
-    report_interval: float = 1.0
+    report_interval: float = REPORT_INTERVAL_S
     decide_interval: float = 5.0
     writer_nice: WriterNice = AUTO
     restore_from: str | None = None

@@ -40,9 +40,11 @@ from adaptd.core.policy import (
 )
 from adaptd.core.snapshot import (
     Decision,
+    Figure,
     GpuSample,
     HostSample,
     JobState,
+    Reading,
     Snapshot,
     StorageSample,
     same_saves,
@@ -67,6 +69,7 @@ __all__ = [
     "Daly",
     "Decision",
     "Default",
+    "Figure",
     "Fixed",
     "GpuSample",
     "Guards",
@@ -77,6 +80,7 @@ __all__ = [
     "Phased",
     "Policy",
     "PolicyError",
+    "Reading",
     "Risk",
     "Snapshot",
     "StorageSample",

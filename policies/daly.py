@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from adaptd.core import model
@@ -14,6 +15,7 @@ __all__ = [
     "Daly",
     "check_settings",
     "cost_figures",
+    "fitted",
     "probe",
 ]
 
@@ -50,6 +52,33 @@ def probe(job: JobState, probe_s: float, policy: str) -> Decision:
     )
 
 
+def fitted(
+    job: JobState,
+    *,
+    policy: str,
+    probe_s: float,
+    save_cost_s: float | None,
+    mtbf_s: float | None,
+    interval: Callable[[float, float], float],
+    reason: Callable[[float, float, float], str],
+) -> Decision:
+    """The plan of an interval fitted to the job's δ and M (``daly``, ``young``,
+    ``weibull``): :func:`probe` until δ is measured, then every ``interval(δ, M)``
+    seconds, with ``reason(δ, M, τ)`` and the expected waste of that interval."""
+    figures = cost_figures(job, save_cost_s, mtbf_s)
+    if figures is None:
+        return probe(job, probe_s, policy)
+    delta, mtbf = figures
+    tau = interval(delta, mtbf)
+    return plan(
+        job,
+        tau,
+        policy=policy,
+        reason=reason(delta, mtbf, tau),
+        waste=model.waste_approx(tau, delta, mtbf, job.save_latency_s or 0.0, job.restore_s or 0.0),
+    )
+
+
 def check_settings(name: str, probe_s: float, save_cost_s: float | None, mtbf_s: float | None):
     if not probe_s > 0:
         raise PolicyError(f"{name}: probe_s must be > 0 seconds, got {probe_s}")
@@ -76,17 +105,12 @@ class Daly:
         check_settings("daly", self.probe_s, self.save_cost_s, self.mtbf_s)
 
     def decide(self, snapshot: Snapshot, job: JobState) -> Decision:
-        figures = cost_figures(job, self.save_cost_s, self.mtbf_s)
-        if figures is None:
-            return probe(job, self.probe_s, "daly")
-        delta, mtbf = figures
-        tau = model.daly_interval(delta, mtbf)
-        return plan(
+        return fitted(
             job,
-            tau,
             policy="daly",
-            reason=f"Daly: δ={delta:.3g}s, M={mtbf:.4g}s → every {tau:.4g}s",
-            waste=model.waste_approx(
-                tau, delta, mtbf, job.save_latency_s or 0.0, job.restore_s or 0.0
-            ),
+            probe_s=self.probe_s,
+            save_cost_s=self.save_cost_s,
+            mtbf_s=self.mtbf_s,
+            interval=model.daly_interval,
+            reason=lambda d, m, tau: f"Daly: δ={d:.3g}s, M={m:.4g}s → every {tau:.4g}s",
         )

@@ -35,23 +35,16 @@ class Phased:
         if job.step < self.warmup_steps:
             nxt = next_multiple(job.step, self.early_every)
             if nxt < self.warmup_steps:
-                return Decision(
-                    next_step=nxt,
-                    every_steps=self.early_every,
-                    reason=f"warm-up: every {self.early_every} steps until {self.warmup_steps}",
-                    policy="phased",
-                    interval_s=_seconds(self.early_every, job),
-                )
+                why = f"warm-up: every {self.early_every} steps until {self.warmup_steps}"
+                return _grid(job, nxt, self.early_every, why)
             # the warm-up grid would overshoot the boundary: the late grid starts there
         nxt = next_multiple(job.step, self.late_every, origin=self.warmup_steps)
-        return Decision(
-            next_step=nxt,
-            every_steps=self.late_every,
-            reason=f"after warm-up: every {self.late_every} steps",
-            policy="phased",
-            interval_s=_seconds(self.late_every, job),
-        )
+        return _grid(job, nxt, self.late_every, f"after warm-up: every {self.late_every} steps")
 
 
-def _seconds(steps: int, job: JobState) -> float | None:
-    return steps * job.step_time_s if job.step_time_s else None
+def _grid(job: JobState, next_step: int, every: int, reason: str) -> Decision:
+    """Save at ``next_step``, then every ``every`` steps (that many steps' time, known)."""
+    seconds = every * job.step_time_s if job.step_time_s else None
+    return Decision(
+        next_step=next_step, every_steps=every, reason=reason, policy="phased", interval_s=seconds
+    )

@@ -14,8 +14,7 @@ from dataclasses import dataclass
 from adaptd.core import model
 from adaptd.core.policy import PolicyError
 from adaptd.core.snapshot import Decision, JobState, Snapshot
-from adaptd.policies.daly import check_settings, cost_figures, probe
-from adaptd.policies.interval import plan
+from adaptd.policies.daly import check_settings, fitted
 
 __all__ = [
     "Weibull",
@@ -43,20 +42,16 @@ class Weibull:
         check_settings("weibull", self.probe_s, self.save_cost_s, self.mtbf_s)
 
     def decide(self, snapshot: Snapshot, job: JobState) -> Decision:
-        figures = cost_figures(job, self.save_cost_s, self.mtbf_s)
-        if figures is None:
-            return probe(job, self.probe_s, "weibull")
-        delta, mtbf = figures
-        age = interval_start_age(job)
-        tau = model.weibull_interval(age, delta, mtbf, self.shape, job.restore_s or 0.0)
-        return plan(
+        age, k = interval_start_age(job), self.shape
+        return fitted(
             job,
-            tau,
             policy="weibull",
-            reason=f"Weibull k={self.shape:g}: age {age:.4g}s, δ={delta:.3g}s, "
-            f"M={mtbf:.4g}s → every {tau:.4g}s",
-            waste=model.waste_approx(
-                tau, delta, mtbf, job.save_latency_s or 0.0, job.restore_s or 0.0
+            probe_s=self.probe_s,
+            save_cost_s=self.save_cost_s,
+            mtbf_s=self.mtbf_s,
+            interval=lambda d, m: model.weibull_interval(age, d, m, k, job.restore_s or 0.0),
+            reason=lambda d, m, tau: (
+                f"Weibull k={k:g}: age {age:.4g}s, δ={d:.3g}s, M={m:.4g}s → every {tau:.4g}s"
             ),
         )
 

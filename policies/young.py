@@ -6,8 +6,7 @@ from dataclasses import dataclass
 
 from adaptd.core import model
 from adaptd.core.snapshot import Decision, JobState, Snapshot
-from adaptd.policies.daly import check_settings, cost_figures, probe
-from adaptd.policies.interval import plan
+from adaptd.policies.daly import check_settings, fitted
 
 __all__ = [
     "Young",
@@ -27,17 +26,12 @@ class Young:
         check_settings("young", self.probe_s, self.save_cost_s, self.mtbf_s)
 
     def decide(self, snapshot: Snapshot, job: JobState) -> Decision:
-        figures = cost_figures(job, self.save_cost_s, self.mtbf_s)
-        if figures is None:
-            return probe(job, self.probe_s, "young")
-        delta, mtbf = figures
-        tau = model.young_interval(delta, mtbf)
-        return plan(
+        return fitted(
             job,
-            tau,
             policy="young",
-            reason=f"Young: √(2·{delta:.3g}s·{mtbf:.3g}s) = {tau:.4g}s",
-            waste=model.waste_approx(
-                tau, delta, mtbf, job.save_latency_s or 0.0, job.restore_s or 0.0
-            ),
+            probe_s=self.probe_s,
+            save_cost_s=self.save_cost_s,
+            mtbf_s=self.mtbf_s,
+            interval=model.young_interval,
+            reason=lambda d, m, tau: f"Young: √(2·{d:.3g}s·{m:.3g}s) = {tau:.4g}s",
         )

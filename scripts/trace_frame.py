@@ -31,14 +31,26 @@ import zmq
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _imports():  # the daemon and the protocol, wherever the layout keeps them
+def _imports():  # a daemon's maker and the protocol, wherever the layout keeps them
     try:
-        from adaptd.daemon.server import Daemon
+        from adaptd.daemon.assembly import build
+        from adaptd.daemon.options import DaemonOptions
         from adaptd.protocol import job as protocol
-    except ImportError:  # before the move into folders (issue 22)
-        from adaptd import protocol  # type: ignore[no-redef]
-        from adaptd.server import Daemon  # type: ignore[no-redef]
-    return Daemon, protocol
+
+        def daemon(sock: Path, policy: str):  # type: ignore[no-untyped-def]
+            return build(DaemonOptions(socket=sock, policy=policy))
+    except ImportError:  # before one build path (issue 22)
+        try:
+            from adaptd.daemon.server import Daemon
+            from adaptd.protocol import job as protocol
+        except ImportError:  # before the move into folders (issue 22)
+            from adaptd import protocol  # type: ignore[no-redef]
+            from adaptd.server import Daemon  # type: ignore[no-redef]
+
+        def daemon(sock: Path, policy: str):  # type: ignore[no-untyped-def]
+            return Daemon(sock, policy=policy)
+
+    return daemon, protocol
 
 
 def _ours(filename: str) -> str | None:
@@ -58,7 +70,7 @@ def _ours(filename: str) -> str | None:
 
 def trace(steps: int = 50) -> dict[str, object]:
     """Run a daemon, send it a Hello and one Steps report, and trace that report."""
-    Daemon, protocol = _imports()
+    make_daemon, protocol = _imports()
     calls: list[tuple[str, str]] = []
     done = threading.Event()
 
@@ -71,7 +83,7 @@ def trace(steps: int = 50) -> dict[str, object]:
 
     with tempfile.TemporaryDirectory(prefix="adaptd-trace-") as tmp:
         sock = Path(tmp) / "adaptd.sock"
-        daemon = Daemon(sock, policy="default").start()
+        daemon = make_daemon(sock, "default").start()
         try:
             jobs = daemon.parts.jobs
             original = jobs.on_frames

@@ -17,7 +17,7 @@ def test_every_commands_help_comes_from_its_module() -> None:
     parser = cli.build_parser()
     listing = parser.format_help()
     for name, sub in _subparsers(parser).items():
-        help_ = importlib.import_module(f"adaptd.commands.{cli.COMMANDS[name]}").HELP
+        help_ = importlib.import_module(cli.COMMANDS[name]).HELP
         assert sub.description == help_, name
         assert " ".join(help_.split()[:3]) in " ".join(listing.split()), name
     assert set(_subparsers(parser)) == set(cli.COMMANDS)

@@ -4,18 +4,26 @@ For node maintenance: the daemon sends SaveNow to every active job and answers
 once each job's ranks have all reported that save durable (or failed, or the job
 went away), or after ``--timeout``. The daemon keeps serving meanwhile. Prints one
 line per job (job, step saved, durable yes/no, seconds); exit 0 only when every
-job's save is durable, 1 otherwise (or when no daemon answers).
+job's save is durable, 1 otherwise (or when no daemon answers). The daemon's side is
+:func:`answer` (:class:`~adaptd.daemon.admin.drains.Drains`).
 """
 
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from adaptd.commands import _operator
 from adaptd.commands import _tables as tables
 from adaptd.commands._tables import Table
+from adaptd.protocol.admin import DRAIN_TIMEOUT_S, MAX_DRAIN_S, DrainReply, DrainRequest
+
+if TYPE_CHECKING:
+    from adaptd.daemon.admin.context import AdminContext
 
 HELP = "every job saves now; wait until all saves are durable"
+REQUEST = DrainRequest
+REPLY = DrainReply
 #: Extra seconds the command waits beyond --timeout for the daemon's reply.
 REPLY_MARGIN_S = 5.0
 
@@ -25,7 +33,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--timeout",
         metavar="SECONDS",
         type=float,
-        default=300.0,
+        default=DRAIN_TIMEOUT_S,
         help="stop waiting for saves after this long (default: %(default)g)",
     )
     parser.add_argument("--reason", default="drain", help="why (default: %(default)s)")
@@ -34,20 +42,26 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from adaptd.cli import UsageError
-    from adaptd.protocol import admin
 
-    if not 0 < args.timeout <= 86_400:
-        raise UsageError(f"--timeout must be in (0, 86400] seconds, got {args.timeout:g}")
-    req = admin.DrainRequest(timeout_s=args.timeout, reason=args.reason)
-    reply = _operator.ask("drain", args, req, args.timeout + REPLY_MARGIN_S)
-    if reply is None:
-        return 1
-    assert isinstance(reply, admin.DrainReply)
-    if args.json:
-        _operator.print_json(reply)
-    else:
-        tables.emit(parts(reply))
-    return 0 if all(j.durable for j in reply.jobs) else 1
+    if not 0 < args.timeout <= MAX_DRAIN_S:
+        raise UsageError(f"--timeout must be in (0, {MAX_DRAIN_S:g}] seconds, got {args.timeout:g}")
+    req = DrainRequest(timeout_s=args.timeout, reason=args.reason)
+    return _operator.call(
+        "drain",
+        args,
+        req,
+        lambda r: tables.emit(parts(r)),
+        timeout_s=args.timeout + REPLY_MARGIN_S,
+        exit_status=lambda r: 0 if all(j.durable for j in r.jobs) else 1,
+    )
+
+
+def answer(req: DrainRequest, ctx: AdminContext) -> None:
+    """The daemon's side: every active job saves now; the reply goes to the caller when
+    the drain ends (its ``timeout_s`` was checked by the decoder)."""
+    drains = ctx.core.drains
+    drains.start(ctx.envelope, req.timeout_s, req.reason, ctx.now)
+    drains.check(ctx.now)
 
 
 def render(reply: object) -> str:
@@ -57,9 +71,7 @@ def render(reply: object) -> str:
 
 def parts(reply: object) -> list[tables.Part]:
     """One row per job (step saved, durable, seconds, why not), then the total."""
-    from adaptd.protocol import admin
-
-    assert isinstance(reply, admin.DrainReply)
+    assert isinstance(reply, DrainReply)
     if not reply.jobs:
         return ["no active jobs: nothing to drain"]
     rows = [

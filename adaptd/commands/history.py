@@ -11,26 +11,37 @@ than reading the state database: the operator who may run ``status`` may run thi
 systemd's ``StateDirectory`` is the daemon user's alone (mode 0700); no path to the
 database or config is needed; and the daemon flushes its queued rows first, so a
 save reported a second ago is listed. ``adaptd report`` reads the database itself,
-for a host whose daemon is stopped.
+for a host whose daemon is stopped. The daemon's side is :func:`answer`.
 """
 
 from __future__ import annotations
 
 import argparse
 import time
+from typing import TYPE_CHECKING
 
 from adaptd.commands import _operator
 from adaptd.commands import _tables as tables
 from adaptd.commands._tables import Table
+from adaptd.protocol.admin import (
+    MAX_HISTORY,
+    AdminError,
+    HistoryReply,
+    HistoryRequest,
+    HistorySave,
+)
+
+if TYPE_CHECKING:
+    from adaptd.daemon.admin.context import AdminContext
 
 HELP = "show a job's saves (step, reason, blocked, durable, size, ok/error), newest last"
+REQUEST = HistoryRequest
+REPLY = HistoryReply
 
 DEFAULT_LIMIT = 100
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    from adaptd.protocol.admin import MAX_HISTORY
-
     parser.add_argument("job", metavar="JOB", help="the job id (as `adaptd status` shows it)")
     parser.add_argument(
         "--since",
@@ -51,21 +62,38 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from adaptd.cli import UsageError
     from adaptd.commands.report import parse_since
-    from adaptd.protocol import admin
 
-    if not 1 <= args.limit <= admin.MAX_HISTORY:
-        raise UsageError(f"--limit must be in [1, {admin.MAX_HISTORY}], got {args.limit}")
+    if not 1 <= args.limit <= MAX_HISTORY:
+        raise UsageError(f"--limit must be in [1, {MAX_HISTORY}], got {args.limit}")
     since = parse_since(args.since) if args.since else None
-    req = admin.HistoryRequest(job=args.job, since=since, limit=args.limit)
-    reply = _operator.ask("history", args, req, args.answer_timeout)
-    if reply is None:
-        return 1
-    assert isinstance(reply, admin.HistoryReply)
-    if args.json:
-        _operator.print_json(reply)
-    else:
-        tables.emit(parts(reply, since=since, limit=args.limit))
-    return 0
+    req = HistoryRequest(job=args.job, since=since, limit=args.limit)
+    return _operator.call(
+        "history", args, req, lambda r: tables.emit(parts(r, since=since, limit=args.limit))
+    )
+
+
+def answer(req: HistoryRequest, ctx: AdminContext) -> HistoryReply:
+    """The daemon's side: the job's saves from the state database (the newest
+    ``req.limit``, and whether there are older ones in the window)."""
+    if ctx.history is None:
+        raise AdminError(
+            "no_history", "this daemon keeps no save history (it runs without a state "
+            "database); `adaptd serve` keeps one in daemon.state_dir"
+        )  # fmt: skip
+    rows = list(ctx.history(req.job, req.since, req.limit + 1))  # one more: are there?
+    registry = ctx.core.registry
+    if not rows and req.job not in registry.jobs:
+        known = ", ".join(sorted(j.id for j in registry)[:20]) or "none"
+        window = " since then" if req.since is not None else ""
+        raise AdminError(
+            "unknown_job",
+            f"job {req.job!r}: no saves in this daemon's history{window}, and no such job "
+            f"here now (jobs here: {known})",
+        )
+    from adaptd.state.records import copy_fields
+
+    saves = [copy_fields(HistorySave, r) for r in rows[-req.limit :]]
+    return HistoryReply(job=req.job, saves=saves, more=len(rows) > req.limit)
 
 
 def _when(t: float) -> str:
@@ -82,9 +110,7 @@ def _row(s, ranks: bool) -> tuple[str, ...]:
 def parts(reply: object, *, since: float | None = None, limit: int = DEFAULT_LIMIT) -> list:
     """The saves as a table (rank shown when more than one saved), the errors of the
     failed ones, and a line of totals."""
-    from adaptd.protocol import admin
-
-    assert isinstance(reply, admin.HistoryReply)
+    assert isinstance(reply, HistoryReply)
     window = f" since {_when(since)}" if since is not None else ""
     if not reply.saves:
         return [f"{reply.job}: no saves{window}"]

@@ -22,6 +22,7 @@ import json
 import logging
 import sys
 
+from adaptd.config.schema import DRAIN_GRACE_S, LIVENESS_TIMEOUT_S, METRICS_LISTEN
 from adaptd.core import policy
 
 HELP = "run the daemon (one per host)"
@@ -61,14 +62,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         type=float,
         help="a rank that sends nothing for this long is marked lost "
-        "(default: daemon.liveness_timeout_s, 300)",
+        f"(default: daemon.liveness_timeout_s, {LIVENESS_TIMEOUT_S:g})",
     )
     parser.add_argument(
         "--drain-grace",
         metavar="SECONDS",
         type=float,
         help="on SIGTERM/SIGINT, wait this long for the jobs' final saves; 0 stops at once "
-        "(default: daemon.drain_grace_s, 90)",
+        f"(default: daemon.drain_grace_s, {DRAIN_GRACE_S:g})",
     )
     parser.add_argument(
         "--state-dir",
@@ -79,7 +80,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--metrics-listen",
         metavar="HOST:PORT",
-        help='Prometheus endpoint, or "off" (default: metrics.listen, 127.0.0.1:9465)',
+        help='Prometheus endpoint, or "off" (default: metrics.listen, {}:{})'.format(
+            *METRICS_LISTEN
+        ),
     )
     parser.add_argument("--log-level", choices=LEVELS, help="default: daemon.log_level, info")
     parser.add_argument(

@@ -7,53 +7,39 @@ job and destination (newest replicated step, the running and queued uploads, byt
 pending, seconds behind, throughput, failures and the last error); then the host's
 telemetry (GPUs, storage) when the daemon has a sampler.
 Asks the admin socket beside the job socket, with a deadline: with no daemon it
-prints one line and exits 1, it never hangs.
+prints one line and exits 1, it never hangs. The daemon's side is :func:`answer`
+(:class:`~adaptd.daemon.admin.status.StatusView`).
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import msgspec
-
+from adaptd.commands import _operator
 from adaptd.commands import _tables as tables
-from adaptd.commands._operator import seconds
 from adaptd.commands._tables import Table, number
+from adaptd.protocol.admin import StatusReply, StatusRequest
+
+if TYPE_CHECKING:
+    from adaptd.daemon.admin.context import AdminContext
 
 HELP = "show the daemon's jobs, plans and telemetry"
+REQUEST = StatusRequest
+REPLY = StatusReply
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", action="store_true", help="machine-readable output")
-    parser.add_argument("--socket", metavar="PATH", help="the daemon's job socket")
-    parser.add_argument(
-        "--timeout",
-        metavar="SECONDS",
-        type=seconds,
-        default=3.0,
-        help="give up when the daemon does not answer within this long (default: 3)",
-    )
+    _operator.add_socket_args(parser, json_help="machine-readable output", timeout_flag="--timeout")
 
 
 def run(args: argparse.Namespace) -> int:
-    from adaptd.protocol import admin, paths
+    return _operator.call("status", args, StatusRequest(), lambda r: tables.emit(parts(r)))
 
-    try:
-        reply = admin.request(
-            paths.socket_path(args.socket), admin.StatusRequest(), timeout_s=args.timeout
-        )
-    except admin.AdminError as exc:
-        print(f"adaptd status: {exc}", file=sys.stderr)
-        return 1
-    assert isinstance(reply, admin.StatusReply)
-    if args.json:
-        sys.stdout.write(msgspec.json.format(msgspec.json.encode(reply), indent=2).decode())
-        sys.stdout.write("\n")
-    else:
-        tables.emit(parts(reply))
-    return 0
+
+def answer(req: StatusRequest, ctx: AdminContext) -> StatusReply:
+    """The daemon's side: every job and its counters, now."""
+    return ctx.core.status.status(ctx.now)
 
 
 def _ms(seconds: float | None) -> str:

@@ -4,38 +4,32 @@ A kind is a function ``(check, value, dotted key, context) -> value``: it takes 
 value as TOML gave it, raises :class:`ConfigError` through ``check.fail`` (naming
 the key, the value as TOML writes it and what is allowed), and returns the value the
 daemon uses. :mod:`adaptd.config.schema` says which setting has which kind;
-:class:`Check` walks a document with it (a typo gets a did-you-mean).
+:class:`~adaptd.config.check.Check` walks a document with it (a typo gets a
+did-you-mean).
 """
 
 from __future__ import annotations
 
-import difflib
-import importlib.util
-import json
 import logging
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+import os
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from adaptd.config.check import Check, ConfigError, Parse, did_you_mean, show
 from adaptd.core.policy import PolicyError, parse
+from adaptd.fleet.targets import not_a_mount_point, read_mounts
 from adaptd.protocol import paths
-
-if TYPE_CHECKING:
-    from adaptd.config.schema import Setting
+from adaptd.tiers import urls
 
 __all__ = [
     "DB_NAME",
     "JOB_PLACEHOLDER",
     "LOG_LEVELS",
     "OFF",
-    "Check",
-    "ConfigError",
-    "Parse",
-    "did_you_mean",
     "parse_listen",
-    "show",
 ]
 
 DB_NAME = "adaptd.sqlite3"
@@ -51,84 +45,16 @@ LOG_LEVELS = {
 OFF = ("", "off", "none", "disabled")
 
 
-class ConfigError(ValueError):
-    """The configuration cannot be used; the message says where, what and what is allowed.
-
-    ``key`` is the dotted path of the offending setting (``""`` for the file itself).
-    """
-
-    def __init__(self, message: str, *, key: str = "", source: str = "") -> None:
-        prefix = f"{source}: " if source else ""
-        super().__init__(prefix + message)
-        self.key = key
-        self.source = source
-
-
-def show(v: Any) -> str:
-    """A value as TOML writes it, with its TOML type: ``true (boolean)``, ``"x" (string)``."""
-    kinds = {bool: "boolean", int: "integer", float: "float", str: "string"}
-    kind = next((n for t, n in kinds.items() if type(v) is t), None)
-    if kind is None:
-        return (
-            "a table"
-            if isinstance(v, Mapping)
-            else "an array"
-            if isinstance(v, list)
-            else "a value"
-        )
-    return f"{json.dumps(v)} ({kind})"
-
-
-class Check:
-    """Walks a document: each error names the file (``source``), the dotted key and the
-    value; an unknown key gets a did-you-mean."""
-
-    def __init__(self, source: str) -> None:
-        self.source = source
-
-    def fail(self, key: str, message: str) -> ConfigError:
-        return ConfigError(f"{key}: {message}", key=key, source=self.source)
-
-    def table(self, data: Any, where: str, allowed: Sequence[str]) -> Mapping[str, Any]:
-        """``data`` as a table whose keys are all ``allowed`` (``where``: its dotted name,
-        ``""`` for the top level)."""
-        if not isinstance(data, Mapping):
-            raise self.fail(where, f"must be a table, got {show(data)}")
-        for key in data:
-            if key not in allowed:
-                dotted = f"{where}.{key}" if where else key
-                hint = did_you_mean(key, allowed)
-                listed = ", ".join(allowed)
-                what = "setting" if where else "section"
-                raise self.fail(dotted, f"unknown {what}{hint} (allowed here: {listed})")
-        return data
-
-    def read(
-        self, settings: Sequence[Setting], where: str, data: Mapping[str, Any], **context: Any
-    ) -> dict[str, Any]:
-        """The settings' values from table ``data`` (dotted name ``where``), by field:
-        parsed where the table has the key, the default where it has not. ``context``
-        is handed to parsers and defaults beside the values read so far."""
-        values: dict[str, Any] = {}
-        for s in settings:
-            ctx = {**context, **values}
-            if s.key in data:
-                values[s.field] = s.parse(self, data[s.key], f"{where}.{s.key}", ctx)
-            elif s.required:
-                raise self.fail(f"{where}.{s.key}", f"is required{s.required}")
-            else:
-                values[s.field] = s.default(ctx) if callable(s.default) else s.default
-        return values
-
-
-#: ``parse(check, value, dotted key, context) -> value``: check one value of the file.
-Parse = Callable[[Check, Any, str, Mapping[str, Any]], Any]
-
-
 def number(
-    minimum: float, *, exclusive: bool = True, integer: bool = False, then: Callable = float
+    minimum: float,
+    *,
+    exclusive: bool = True,
+    integer: bool = False,
+    maximum: float = math.inf,
+    then: Callable = float,
 ) -> Parse:
-    """A number above ``minimum`` (``exclusive``) or at least it; ``integer``: whole."""
+    """A number above ``minimum`` (``exclusive``) or at least it, and at most ``maximum``;
+    ``integer``: whole."""
 
     def parse(check: Check, v: Any, dotted: str, ctx: Mapping[str, Any]) -> Any:
         kind = "an integer" if integer else "a number"
@@ -138,6 +64,8 @@ def number(
         if (v <= minimum) if exclusive else (v < minimum):
             bound = f"> {minimum:g}" if exclusive else f">= {minimum:g}"
             raise check.fail(dotted, f"must be {bound}, got {show(v)}")
+        if v > maximum:
+            raise check.fail(dotted, f"must be <= {maximum:g}, got {show(v)}")
         return v if integer else then(v)
 
     return parse
@@ -152,6 +80,13 @@ def boolean(check: Check, v: Any, dotted: str, ctx: Mapping[str, Any]) -> bool:
 def string(check: Check, v: Any, dotted: str, ctx: Mapping[str, Any]) -> str:
     if not isinstance(v, str):
         raise check.fail(dotted, f"must be a string, got {show(v)}")
+    return v
+
+
+def text(check: Check, v: Any, dotted: str, ctx: Mapping[str, Any]) -> str:
+    """A non-empty string."""
+    if not isinstance(v, str) or not v:
+        raise check.fail(dotted, f"must be a non-empty string, got {show(v)}")
     return v
 
 
@@ -333,54 +268,15 @@ def replicate_to(check: Check, v: Any, dotted: str, ctx: Mapping[str, Any]) -> t
 
 
 def url(check: Check, v: Any, dotted: str, ctx: Mapping[str, Any]) -> str:
-    """A destination URL: an absolute path, ``file://``, ``s3://bucket[/prefix]`` or
-    another protocol fsspec knows, whose filesystem package (s3fs, gcsfs...) is
-    installed: a missing one is found by ``--check-config``, not at the first upload."""
+    """A destination URL (:mod:`adaptd.tiers.urls` says which are accepted): a missing
+    filesystem package is found by ``--check-config``, not at the first upload."""
     if not isinstance(v, str) or not v.strip():
         raise check.fail(dotted, f"must be a URL or an absolute path, got {show(v)}")
-    scheme, sep, rest = v.partition("://")
-    if not sep:
-        if not Path(v).expanduser().is_absolute():
-            raise check.fail(dotted, f"a local destination must be an absolute path, got {v!r}")
-        return str(Path(v).expanduser())
-    if scheme == "file":
-        if not rest.startswith("/"):
-            raise check.fail(dotted, f"file:// needs an absolute path (file:///...), got {v!r}")
-        return v
-    import fsspec
-
-    if scheme not in fsspec.available_protocols():
-        raise check.fail(
-            dotted, f"unknown protocol {scheme!r} in {v!r} (use s3://, file:// or a path)"
-        )
-    if scheme in ("s3", "s3a") and not rest.split("/", 1)[0]:
-        raise check.fail(dotted, f"needs a bucket: s3://BUCKET[/PREFIX], got {v!r}")
-    from fsspec.registry import known_implementations
-
-    module = known_implementations.get(scheme, {}).get("class", "fsspec").split(".")[0]
-    why = ""
-    if importlib.util.find_spec(module) is None:
-        why = "not installed"
-    else:
-        try:
-            fsspec.get_filesystem_class(scheme)
-        except ImportError as exc:  # a package it needs in turn (aiohttp for http://)
-            why = f"not usable: {exc}"
-    if why:
-        how = "pip install 'adaptd[s3]'" if scheme in ("s3", "s3a") else f"install {module}"
-        raise check.fail(dotted, f"{v!r} needs {module}, which is {why}; {how}")
-    return v
-
-
-def did_you_mean(name: str, choices: Iterable[str], *, ignore_case: bool = False) -> str:
-    """``"; did you mean 'x'?"`` for the choice closest to a misspelt ``name``, else ``""``.
-
-    Shared by the config file's checks and the hook's arguments, so a typo gets the
-    same hint wherever it is made.
-    """
-    keys = {(c.lower() if ignore_case else c): c for c in choices}
-    near = difflib.get_close_matches(name.lower() if ignore_case else name, list(keys), 1, 0.6)
-    return f"; did you mean {keys[near[0]]!r}?" if near else ""
+    try:
+        urls.check(v)
+    except urls.UrlError as exc:
+        raise check.fail(dotted, str(exc)) from None
+    return v if urls.scheme_of(v) else str(Path(v).expanduser())
 
 
 def options(check: Check, v: Any, dotted: str, ctx: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -390,4 +286,45 @@ def options(check: Check, v: Any, dotted: str, ctx: Mapping[str, Any]) -> Mappin
             f"must be a table of fsspec options (e.g. {{ endpoint_url = "
             f'"http://127.0.0.1:9000" }}), got {show(v)}',
         )
+    return MappingProxyType(dict(v))
+
+
+# --------------------------------------------------------------------------- [fleet]
+
+
+def etcd_urls(check: Check, v: Any, dotted: str, ctx: Mapping[str, Any]) -> tuple[str, ...]:
+    """etcd's endpoints: a URL or a list of them (their form is the fleet settings' check,
+    :class:`~adaptd.fleet.session.FleetSettings`)."""
+    if isinstance(v, str):
+        v = [v]
+    if not isinstance(v, list) or not all(isinstance(x, str) and x for x in v):
+        raise check.fail(dotted, f"must be a list of URLs, got {show(v)}")
+    return tuple(v)
+
+
+def existing_file(check: Check, v: Any, dotted: str, ctx: Mapping[str, Any]) -> str:
+    """The path of a file that exists (a certificate, a key)."""
+    v = text(check, v, dotted, ctx)
+    if not os.path.isfile(v):
+        raise check.fail(dotted, f"{v!r} is not a file")
+    return v
+
+
+def shared_mounts(check: Check, v: Any, dotted: str, ctx: Mapping[str, Any]) -> Mapping[str, str]:
+    """``[fleet.shared]``: mount points (absolute paths) -> fleet-wide names. Each must be
+    a mount point of ``ctx["mounts"]`` (default: this host's mount table, symlinks
+    followed): write slots are per mount."""
+    if not isinstance(v, Mapping) or not all(
+        isinstance(k, str) and os.path.isabs(k) and isinstance(x, str) and x for k, x in v.items()
+    ):
+        raise check.fail(
+            dotted,
+            f'must map absolute paths to names, e.g. "/mnt/bucket" = "gcs://b", got {show(v)}',
+        )
+    given = ctx.get("mounts")
+    mounts = read_mounts() if v and given is None else given or []
+    for where in v:
+        why = not_a_mount_point(where, mounts, resolve=given is None)
+        if why is not None:
+            raise check.fail(dotted, why)
     return MappingProxyType(dict(v))

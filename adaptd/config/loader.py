@@ -19,7 +19,7 @@ table)::
     [storage."NAME"]     limits per storage target
     [destinations.NAME]  where the daemon replicates jobs' checkpoints (docs/tiers.md)
     [fleet]              daemons sharing write slots and failures through etcd
-                         (docs/fleet.md; its own schema: :mod:`adaptd.fleet.config`)
+                         (docs/fleet.md; only with etcd endpoints)
 
 :func:`load` is what ``adaptd serve`` and ``adaptd serve --check-config`` call: it
 returns a :class:`Config` or raises :class:`ConfigError` whose message names the
@@ -32,39 +32,28 @@ import fnmatch
 import json
 import math
 import os
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from adaptd.config.kinds import did_you_mean
+from adaptd.config import toml
+from adaptd.config.check import Check, ConfigError, Setting, did_you_mean, show
+from adaptd.config.fleet import read_fleet
+from adaptd.config.kinds import DB_NAME, JOB_PLACEHOLDER, LOG_LEVELS, OFF, parse_listen
 from adaptd.config.schema import (
-    DB_NAME,
     DESTINATION_SETTINGS,
-    JOB_PLACEHOLDER,
+    FLEET_SETTINGS,
     JOB_SETTINGS,
-    LOG_LEVELS,
-    OFF,
     SECTIONS,
     SETTINGS,
     STORAGE_SETTINGS,
     TABLES,
-    Check,
-    ConfigError,
-    Setting,
-    parse_listen,
-    show,
 )
 from adaptd.core.policy import PolicyError, parse
-from adaptd.fleet.config import FleetConfig, endpoints_from, parse_fleet
+from adaptd.fleet.config import FleetConfig, endpoints_from
 from adaptd.protocol import paths
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on 3.10 only
-    import tomli as tomllib
 
 __all__ = [
     "CONFIG_ENV",
@@ -267,21 +256,13 @@ class Config:
                 raise ConfigError(f"--policy {policy!r}: {exc}", key="policy.default") from None
             data["default_policy"] = policy
         if liveness_timeout_s is not None:
-            if not (math.isfinite(liveness_timeout_s) and liveness_timeout_s > 0):
-                raise ConfigError(
-                    f"--silence-timeout must be a number of seconds > 0, got "
-                    f"{liveness_timeout_s!r}",
-                    key="daemon.liveness_timeout_s",
-                )
-            data["liveness_timeout_s"] = float(liveness_timeout_s)
+            data["liveness_timeout_s"] = _seconds_flag(
+                "--silence-timeout", "daemon.liveness_timeout_s", liveness_timeout_s
+            )
         if drain_grace_s is not None:
-            if not (math.isfinite(drain_grace_s) and drain_grace_s >= 0):
-                raise ConfigError(
-                    f"--drain-grace must be a number of seconds >= 0 (0: stop without "
-                    f"draining), got {drain_grace_s!r}",
-                    key="daemon.drain_grace_s",
-                )
-            data["drain_grace_s"] = float(drain_grace_s)
+            data["drain_grace_s"] = _seconds_flag(
+                "--drain-grace", "daemon.drain_grace_s", drain_grace_s, zero="stop without draining"
+            )
         if log_level is not None:
             if log_level.lower() not in LOG_LEVELS:
                 raise ConfigError(
@@ -319,7 +300,7 @@ class Config:
         for dest in out["destinations"].values():
             dest["storage_options"] = _redacted(dest["storage_options"])
         if self.fleet is not None:
-            out["fleet"] = self.fleet.as_table()
+            out["fleet"] = _shown(FLEET_SETTINGS, self.fleet)
         return out
 
     def to_toml(self) -> str:
@@ -330,24 +311,26 @@ class Config:
         head = f"from {self.source}" if self.source else "built-in defaults, no file"
         lines = [f"# adaptd's effective settings ({head})"]
         for section in SECTIONS:
-            if section in SETTINGS:
+            if section in TABLES:
+                where = TABLES[section][0]
+                for entry, values in d[section].items():
+                    lines += ["", f"[{where.format(entry)}]", *_toml_keys(values)]
+            elif section in d:  # an optional section is there only when set
                 lines += ["", f"[{section}]", *_toml_keys(d[section])]
-                continue
-            where = TABLES[section][0]
-            for entry, values in d[section].items():
-                lines += ["", f"[{where.format(entry)}]", *_toml_keys(values)]
-        if "fleet" in d:
-            fleet = dict(d["fleet"])
-            shared = fleet.pop("shared")
-            lines += ["", "[fleet]", *_toml_keys(fleet)]
-            if shared:  # paths as keys: quoted
-                lines += ["", "[fleet.shared]"]
-                lines += [f"{json.dumps(k)} = {_toml_value(v)}" for k, v in shared.items()]
         return "\n".join(lines) + "\n"
 
 
+def _seconds_flag(flag: str, key: str, value: float, *, zero: str = "") -> float:
+    """A flag's number of seconds: > 0, or >= 0 when ``zero`` says what 0 means.
+    Raises :class:`ConfigError` naming the flag (and ``key``, the setting it overrides)."""
+    if not (math.isfinite(value) and (value >= 0 if zero else value > 0)):
+        allowed = f">= 0 (0: {zero})" if zero else "> 0"
+        raise ConfigError(f"{flag} must be a number of seconds {allowed}, got {value!r}", key=key)
+    return float(value)
+
+
 def _shown(settings: tuple[Setting, ...], obj: Any) -> dict[str, Any]:
-    return {s.key: _plain(s.show(getattr(obj, s.field))) for s in settings}
+    return {s.key: _plain(s.shown(obj)) for s in settings}
 
 
 def _toml_keys(values: Mapping[str, Any]) -> list[str]:
@@ -362,7 +345,8 @@ def _toml_value(v: Any) -> str:
     if isinstance(v, int | float):
         return repr(v)
     if isinstance(v, Mapping):
-        return "{ " + ", ".join(f"{json.dumps(k)} = {_toml_value(x)}" for k, x in v.items()) + " }"
+        inner = ", ".join(f"{json.dumps(k)} = {_toml_value(x)}" for k, x in v.items())
+        return "{ " + inner + " }" if inner else "{}"
     if isinstance(v, list | tuple):
         return "[" + ", ".join(_toml_value(x) for x in v) + "]"
     return json.dumps(str(v))
@@ -440,8 +424,8 @@ def load(path: str | os.PathLike[str] | None = None) -> Config:
 def loads(text: str, *, source: str = "<config>") -> Config:
     """Validate TOML ``text``; raises :class:`ConfigError`."""
     try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
+        data = toml.loads(text)
+    except toml.TOMLDecodeError as exc:
         raise ConfigError(f"not valid TOML: {exc}", source=source) from None
     return from_mapping(data, source=source)
 
@@ -449,7 +433,7 @@ def loads(text: str, *, source: str = "<config>") -> Config:
 def from_mapping(data: Mapping[str, Any], *, source: str = "") -> Config:
     """Validate an already-parsed TOML document; raises :class:`ConfigError`."""
     check = Check(source)
-    check.table(data, "", (*SECTIONS, "fleet"))
+    check.table(data, "", SECTIONS)
     values: dict[str, Any] = {}
     for section, settings in SETTINGS.items():
         table = check.table(data.get(section, {}), section, [s.key for s in settings])
@@ -464,11 +448,8 @@ def from_mapping(data: Mapping[str, Any], *, source: str = "") -> Config:
     storage = MappingProxyType(
         _entries(check, data, "storage", lambda n, v: StorageTarget(name=n, **v))
     )
-    try:  # [fleet] has its own schema; ADAPTD_ETCD gives endpoints without a file
-        fleet = parse_fleet(data.get("fleet"), endpoints=endpoints_from(os.environ, None))
-    except ValueError as exc:
-        key, _, message = str(exc).partition(": ")
-        raise check.fail(key, message) from None
+    # ADAPTD_ETCD gives the endpoints without a file
+    fleet = read_fleet(check, data.get("fleet"), endpoints_from(os.environ, None))
     return Config(
         **values,
         jobs=tuple(jobs.values()),

@@ -3,7 +3,10 @@
 :data:`SETTINGS` lists the keys of the ``[daemon]``, ``[policy]``, ``[metrics]`` and
 ``[retention]`` sections; :data:`JOB_SETTINGS`, :data:`STORAGE_SETTINGS` and
 :data:`DESTINATION_SETTINGS` the keys of each ``[jobs."PATTERN"]``,
-``[storage."NAME"]`` and ``[destinations.NAME]`` table. Each :class:`Setting` says
+``[storage."NAME"]`` and ``[destinations.NAME]`` table; :data:`FLEET_SETTINGS` those of
+``[fleet]``, a section there only when the daemon is part of a fleet. A default that
+is a fact of another part (the fleet's lease, a protocol's timeout) is that part's
+constant, named here. Each :class:`Setting` says
 
 - how a value in the file is checked and turned into the value the daemon uses
   (``parse``), with an error naming the dotted key, the value as TOML wrote it and
@@ -15,95 +18,80 @@
 - the default and meaning shown in the table of ``docs/operations.md``, which is
   generated from here (``python -m adaptd.config.schema``) and checked by a test.
 
-The kinds of value, each with its check and message, are in :mod:`adaptd.config.kinds`;
-:mod:`adaptd.config.loader` reads a file with these (:class:`Check` walks it and suggests a
-key for a typo) and builds its :class:`~adaptd.config.loader.Config` from the result.
+What a setting is (:class:`~adaptd.config.check.Setting`) and the walk that checks a
+document against settings (:class:`~adaptd.config.check.Check`, which suggests a key for a
+typo) are in :mod:`adaptd.config.check`; the kinds of value, each with its check and
+message, in :mod:`adaptd.config.kinds`. :mod:`adaptd.config.loader` reads a file with
+these and builds its :class:`~adaptd.config.loader.Config` from the result.
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
-from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any
 
+from adaptd.config.check import Setting
 from adaptd.config.kinds import (
     DB_NAME,
-    JOB_PLACEHOLDER,
-    LOG_LEVELS,
-    OFF,
-    Check,
-    ConfigError,
-    Parse,
     admin_beside,
     admin_socket,
     boolean,
+    etcd_urls,
+    existing_file,
     listen,
     log_level,
     mode,
     name,
     number,
     options,
-    parse_listen,
     path,
     policy_spec,
     replicate_to,
-    show,
+    shared_mounts,
     show_listen,
     show_mode,
     show_path,
     socket,
     staging,
+    text,
     url,
 )
 from adaptd.core.estimators import PRIOR_GPU_MTBF_S
 from adaptd.core.policy import DEFAULT_SPEC
+from adaptd.fleet.config import SLOTS, this_host
+from adaptd.fleet.keys import DEFAULT_PREFIX
+from adaptd.fleet.session import CALL_TIMEOUT_S, LEASE_TTL_RANGE_S, LEASE_TTL_S
 from adaptd.protocol import paths
+from adaptd.protocol.job import LIVENESS_TIMEOUT_S
 
 __all__ = [
-    "DB_NAME",
     "DESTINATION_SETTINGS",
-    "JOB_PLACEHOLDER",
+    "DRAIN_GRACE_S",
+    "FLEET_SETTINGS",
     "JOB_SETTINGS",
-    "LOG_LEVELS",
-    "OFF",
+    "LIVENESS_TIMEOUT_S",
+    "METRICS_LISTEN",
+    "OPTIONAL",
+    "SCRAPE_INTERVAL_S",
     "SECTIONS",
     "SETTINGS",
     "STORAGE_SETTINGS",
     "TABLES",
-    "Check",
-    "ConfigError",
-    "Setting",
     "docs_table",
-    "parse_listen",
-    "show",
 ]
 
-
-@dataclass(frozen=True)
-class Setting:
-    """One key of a section or table. ``field``: the attribute of the config it sets
-    (default: the key). ``required``: a key that must be there (the text says what it
-    is: ``" (the target's mount point)"``)."""
-
-    key: str
-    parse: Parse
-    default: Any
-    meaning: str
-    default_text: str
-    field_name: str = ""
-    show: Callable[[Any], Any] = lambda v: v
-    required: str = ""
-
-    @property
-    def field(self) -> str:
-        return self.field_name or self.key
+#: How long the SIGTERM drain may take (``daemon.drain_grace_s``). (A rank silent for
+#: the protocol's LIVENESS_TIMEOUT_S is lost; it is also the default of a daemon built
+#: without a config, :class:`adaptd.daemon.options.DaemonOptions`.)
+DRAIN_GRACE_S = 90.0
 
 
 # --------------------------------------------------------------------------- the schema
 
 _HOURS = 3600.0
+#: Defaults that other parts name too (the exporter's own defaults, ``serve``'s help).
+METRICS_LISTEN = ("127.0.0.1", 9465)
+SCRAPE_INTERVAL_S = 60.0
 
 #: ``section -> settings`` of the fixed sections, in the order they are read (a default
 #: may use the settings before it).
@@ -153,12 +141,12 @@ SETTINGS: dict[str, tuple[Setting, ...]] = {
                 "`info`"),
         Setting("sample_interval_s", number(0), 1.0,
                 "how often GPUs, disks and host memory are sampled", "1.0"),
-        Setting("liveness_timeout_s", number(0), 300.0,
+        Setting("liveness_timeout_s", number(0), LIVENESS_TIMEOUT_S,
                 "a job silent this long is treated as gone (at least `sample_interval_s`)",
-                "300"),
+                f"{LIVENESS_TIMEOUT_S:g}"),
         # 0: stop without draining, as `serve --drain-grace 0` allows
-        Setting("drain_grace_s", number(0, exclusive=False), 90.0,
-                "how long the SIGTERM drain may take; 0: no drain", "90"),
+        Setting("drain_grace_s", number(0, exclusive=False), DRAIN_GRACE_S,
+                "how long the SIGTERM drain may take; 0: no drain", f"{DRAIN_GRACE_S:g}"),
         Setting("watchdog", boolean, True, "send `WATCHDOG=1` when systemd asks for it", "true"),
     ),
     "policy": (
@@ -171,13 +159,14 @@ SETTINGS: dict[str, tuple[Setting, ...]] = {
                 show=lambda s: round(s / _HOURS, 6)),
     ),
     "metrics": (
-        Setting("listen", listen, ("127.0.0.1", 9465),
-                'Prometheus endpoint; `"off"` disables it', "`127.0.0.1:9465`",
+        Setting("listen", listen, METRICS_LISTEN,
+                'Prometheus endpoint; `"off"` disables it', f"`{show_listen(METRICS_LISTEN)}`",
                 field_name="metrics_listen", show=show_listen),
         Setting("slow_save_s", number(0), 1.0,
                 "a save that blocks the loop longer than this counts as slow", "1.0"),
-        Setting("scrape_interval_s", number(0), 60.0,
-                "Prometheus' `scrape_interval` for this daemon (sets the grace below)", "60"),
+        Setting("scrape_interval_s", number(0), SCRAPE_INTERVAL_S,
+                "Prometheus' `scrape_interval` for this daemon (sets the grace below)",
+                f"{SCRAPE_INTERVAL_S:g}"),
         # 0: remove an ended job's series at once (the behaviour before the grace period)
         Setting("job_series_grace_s", number(0, exclusive=False),
                 lambda ctx: 2 * ctx["scrape_interval_s"],
@@ -252,14 +241,72 @@ DESTINATION_SETTINGS: tuple[Setting, ...] = (
             show=lambda v: dict(v)),
 )  # fmt: skip
 
+
+def _secret(v: str | None) -> str | None:
+    return None if v is None else "***"
+
+
+_LEASE_LOW, _LEASE_HIGH = LEASE_TTL_RANGE_S
+
+#: ``[fleet]`` (docs/fleet.md): daemons on many hosts share write slots and failure
+#: knowledge through etcd. Optional: without endpoints (here, ``serve --etcd`` or
+#: ``$ADAPTD_ETCD``) there is no fleet. The fields are those of
+#: :class:`adaptd.fleet.config.FleetConfig` (``settings.``: its etcd settings).
+FLEET_SETTINGS: tuple[Setting, ...] = (
+    Setting("etcd", etcd_urls, (),
+            "the etcd cluster's endpoints (`http://HOST:PORT` or `https://HOST:PORT`); "
+            "`serve --etcd URL` (repeatable) or `$ADAPTD_ETCD` (comma-separated) replace "
+            "them. Without any there is no fleet: each daemon decides alone (needs "
+            "`pip install 'adaptd[fleet]'`; see [fleet.md](fleet.md))",
+            "none: no fleet", field_name="settings.endpoints", show=list),
+    Setting("prefix", text, DEFAULT_PREFIX,
+            "every key of this fleet lives under it (starts and ends with `/`)",
+            f"`{DEFAULT_PREFIX}`", field_name="settings.prefix"),
+    Setting("host", text, lambda ctx: ctx.get("hostname") or this_host(),
+            "this host's name in the fleet (no `/`)", "the host name",
+            field_name="settings.host"),
+    Setting("user", text, None,
+            "etcd user (a role per host, on its own keys: docs/fleet.md); with a password",
+            "—", field_name="settings.user"),
+    Setting("password", text, None,
+            "the etcd user's password, or `password_file` instead; `--check-config` prints "
+            "it as `***`", "—", show=_secret),
+    Setting("password_file", text, None,
+            "a file holding the etcd user's password (read at start)", "—"),
+    Setting("ca_file", existing_file, None,
+            "TLS: the CA certificate that etcd's certificate is checked against", "—",
+            field_name="settings.ca_file"),
+    Setting("cert_file", existing_file, None,
+            "TLS: a client certificate, if etcd wants one (with `key_file`)", "—",
+            field_name="settings.cert_file"),
+    Setting("key_file", existing_file, None, "TLS: the client certificate's key", "—",
+            field_name="settings.key_file"),
+    Setting("lease_ttl_s", number(_LEASE_LOW, exclusive=False, integer=True,
+                                  maximum=_LEASE_HIGH), LEASE_TTL_S,
+            f"a dead daemon's write slots are free again within this ({_LEASE_LOW}-"
+            f"{_LEASE_HIGH} s)", f"{LEASE_TTL_S}", field_name="settings.lease_ttl_s"),
+    Setting("call_timeout_s", number(0), CALL_TIMEOUT_S,
+            "one etcd request; a call over all endpoints gives up after 2.5 × this "
+            "(at least 2.5 s)", f"{CALL_TIMEOUT_S}", field_name="settings.call_timeout_s"),
+    Setting("slots", number(1, exclusive=False, integer=True), SLOTS,
+            "saves at once, fleet-wide, on a shared target whose `[storage.\"NAME\"]` sets "
+            "no `max_concurrent_saves`", f"{SLOTS}"),
+    Setting("shared", shared_mounts, MappingProxyType({}),
+            "`[fleet.shared]`: mount points the mount table cannot tell are shared (a FUSE "
+            "bucket mount...), each with its fleet-wide name; only mount points (write "
+            "slots are per mount)", "`{}`", show=dict),
+)  # fmt: skip
+
 #: The per-name tables: section -> (how its entries are named in messages, settings).
 TABLES: dict[str, tuple[str, tuple[Setting, ...]]] = {
     "jobs": ('jobs."{}"', JOB_SETTINGS),
     "storage": ('storage."{}"', STORAGE_SETTINGS),
     "destinations": ("destinations.{}", DESTINATION_SETTINGS),
 }
+#: The sections that are there only when the file (or a flag) asks for them.
+OPTIONAL: dict[str, tuple[Setting, ...]] = {"fleet": FLEET_SETTINGS}
 #: Every section of the file.
-SECTIONS = (*SETTINGS, *TABLES)
+SECTIONS = (*SETTINGS, *TABLES, *OPTIONAL)
 
 
 def docs_table() -> str:
@@ -272,6 +319,9 @@ def docs_table() -> str:
         head = "[" + where.format("PATTERN" if where.startswith("jobs") else "NAME") + "]"
         for s in settings:
             rows.append(f"| `{head}` `{s.key}` | {s.default_text} | {s.meaning} |")
+    for section, settings in OPTIONAL.items():
+        for s in settings:
+            rows.append(f"| `{section}.{s.key}` | {s.default_text} | {s.meaning} |")
     return "\n".join(rows) + "\n"
 
 

@@ -32,10 +32,10 @@ from adaptd.core.snapshot import Decision, same_saves
 from adaptd.protocol import job as p
 
 #: Default bound on a round: a rank that has not answered by then is counted missing
-#: (the protocol's figure, shared with the ranks' wait for the decision).
+#: (the protocol's :data:`~adaptd.protocol.job.ROUND_TIMEOUT_S`, the ranks' bound too).
 TIMEOUT_S = p.ROUND_TIMEOUT_S
-#: Default lead of a daemon's proposal: one step report interval (1 s) plus travel.
-LEAD_TIME_S = 1.5
+#: Default lead of a daemon's proposal: one step report interval plus travel.
+LEAD_TIME_S = p.REPORT_INTERVAL_S + 0.5
 #: Decided rounds kept in :attr:`JobRounds.history`.
 HISTORY = 10_000
 

@@ -11,13 +11,15 @@ measured (yet)", never zero.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 __all__ = [
     "Decision",
+    "Figure",
     "GpuSample",
     "HostSample",
     "JobState",
+    "Reading",
     "Snapshot",
     "StorageSample",
     "same_saves",
@@ -103,11 +105,39 @@ class FleetSample:
 
 
 @dataclass(frozen=True, slots=True)
+class Figure:
+    """One figure of a :class:`Reading`. ``name`` is snake_case and ends in its base unit
+    (``some_avg10_ratio``, ``stall_seconds``: it names the figure in the metrics too);
+    ``value`` is ``None`` when it was not measured this time."""
+
+    name: str
+    value: float | None
+    help: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Reading:
+    """What a telemetry source without a field of its own in the snapshot saw: its
+    figures, under the name it is registered by (``adaptd.telemetry.source``)."""
+
+    source: str
+    figures: tuple[Figure, ...] = ()
+
+    def get(self, name: str) -> float | None:
+        """The value of the figure ``name`` (``None``: unknown or not measured)."""
+        return next((f.value for f in self.figures if f.name == name), None)
+
+
+@dataclass(frozen=True, slots=True)
 class Snapshot:
     """Everything observed about the host at one moment.
 
     ``time`` is a monotonic clock reading in seconds; policies compare times only
     with other fields of the same snapshot/job state, never with a clock.
+
+    ``gpus``, ``storage`` and ``host`` are the built-in sources' figures; every other
+    telemetry source's are a :class:`Reading` in ``readings`` (:meth:`reading`,
+    :meth:`figure`), so a new source needs no field here.
     """
 
     time: float
@@ -115,6 +145,22 @@ class Snapshot:
     storage: tuple[StorageSample, ...] = ()
     host: HostSample | None = None
     fleet: FleetSample | None = None  # None: no fleet, or etcd out of reach
+    readings: tuple[Reading, ...] = ()
+
+    def reading(self, source: str) -> Reading | None:
+        """What the telemetry source ``source`` saw, or ``None`` (no such source, or it
+        failed this time)."""
+        return next((r for r in self.readings if r.source == source), None)
+
+    def figure(self, source: str, name: str) -> float | None:
+        """One figure of a source's reading (``None``: not known)."""
+        found = self.reading(source)
+        return found.get(name) if found is not None else None
+
+    def with_reading(self, reading: Reading) -> Snapshot:
+        """This snapshot with ``reading`` (replacing an earlier one of its source)."""
+        others = tuple(r for r in self.readings if r.source != reading.source)
+        return replace(self, readings=(*others, reading))
 
     def storage_for(self, target: str | None) -> StorageSample | None:
         """The sample for ``target``, or ``None`` when it is unknown."""

@@ -1,173 +1,168 @@
-"""The daemon's parts, built once and handed to its loop.
+"""The one place a daemon is put together: :func:`build`.
 
-:class:`DaemonParts` is everything :class:`adaptd.daemon.server.Daemon` runs: the
-transport, the event bus, the registry, the operator settings, the planner, the
-drains, the job and admin handlers and the status view, each given the others it
-needs when it is built. :func:`parts` wires them from values that are already
-valid: ``adaptd serve`` passes what its :class:`~adaptd.config.loader.Config` validated
-(through :class:`adaptd.daemon.service.Service`); ``Daemon(socket, policy=..., ...)`` (tests,
-the demo) checks its keyword arguments first and raises
-:class:`~adaptd.daemon.transport.DaemonError` naming the option.
+A daemon is made from two things: its settings, one frozen and validated
+:class:`~adaptd.daemon.options.DaemonOptions`, and the collaborators of the program that
+embeds it, one :class:`Seams` (where snapshots come from, who hears its events, what
+runs at each tick, the state database's history...). ``adaptd serve`` makes both from its
+config (:class:`adaptd.daemon.service.Service`); the tests and the demo write them out;
+all of them call :func:`build`, which wires every part with the others it needs, in
+order, and hands the result to :class:`~adaptd.daemon.server.Daemon`. Nothing is set on
+a part after it is built.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 
 from adaptd.core import policy as policy_mod
+from adaptd.core.estimators import JobTracker
 from adaptd.core.snapshot import Snapshot
 from adaptd.daemon import events as ev
+from adaptd.daemon.admin.commands import OperatorCommands
 from adaptd.daemon.admin.drains import Drains
-from adaptd.daemon.admin.handler import AdminHandler, HistorySource
+from adaptd.daemon.admin.handler import AdminHandler, HistorySource, admin_gid
 from adaptd.daemon.admin.status import ReplicationSource, StatusExtra, StatusView
-from adaptd.daemon.jobs.handler import RESEND_AFTER_S, JobHandler
+from adaptd.daemon.jobs.delivery import Delivery
+from adaptd.daemon.jobs.handler import JobHandler
 from adaptd.daemon.jobs.ops import JobOps
-from adaptd.daemon.jobs.planner import REPLAN_TOLERANCE, Planner
+from adaptd.daemon.jobs.planner import Planner, snapshot_now
+from adaptd.daemon.jobs.policy_choice import PolicyChoice
 from adaptd.daemon.jobs.registry import Registry
 from adaptd.daemon.jobs.rounds import Agreements
 from adaptd.daemon.jobs.settings import ConfiguredSettings, OperatorSettings
-from adaptd.daemon.stats import DaemonStats
+from adaptd.daemon.jobs.table import JobTable
+from adaptd.daemon.options import DaemonOptions
+from adaptd.daemon.parts import Core, DaemonParts, TickHook
+from adaptd.daemon.refusals import Refusals
+from adaptd.daemon.server import Daemon
 from adaptd.daemon.transport import Transport
-from adaptd.protocol.admin import JobSettings
-from adaptd.protocol.relay_auth import RelayKey
+from adaptd.daemon.waker import Waker
+from adaptd.protocol.job import Hello
 
-__all__ = [
-    "TICK_INTERVAL_S",
-    "DaemonParts",
-    "TickHook",
-    "parts",
-    "snapshot_now",
-]
-
-#: Liveness checks and tick hooks run this often.
-TICK_INTERVAL_S = 1.0
-
-#: Called about once a second in the daemon's loop with the monotonic time; must not block.
-TickHook = Callable[[float], None]
+__all__ = ["Seams", "assemble", "build"]
 
 
-def snapshot_now() -> Snapshot:
-    """An empty snapshot (no telemetry) at the current time: the default snapshot source."""
-    return Snapshot(time=time.monotonic())
+@dataclass(frozen=True, kw_only=True)
+class Seams:
+    """What the program around a daemon gives it; every seam has a working default.
 
-
-@dataclass(frozen=True)
-class DaemonParts:
-    """The collaborators of one daemon, wired to each other."""
-
-    transport: Transport
-    events: ev.EventBus
-    registry: Registry
-    settings: OperatorSettings
-    planner: Planner
-    drains: Drains
-    jobs: JobHandler
-    admin: AdminHandler
-    status: StatusView
-    stats: DaemonStats
-    agreements: Agreements
-    tick_hooks: tuple[TickHook, ...] = ()
-    tick_interval_s: float = TICK_INTERVAL_S
-    clock: Callable[[], float] = time.monotonic
-
-
-def parts(
-    transport: Transport,
-    *,
-    events: ev.EventBus,
-    registry: Registry,
-    default_spec: str,
-    snapshot_source: Callable[[], Snapshot] = snapshot_now,
-    tick_hooks: Iterable[TickHook] = (),
-    job_settings: Mapping[str, JobSettings] | None = None,
-    config_settings: ConfiguredSettings | None = None,
-    status_extra: StatusExtra | None = None,
-    replication_source: ReplicationSource | None = None,
-    admin_group_id: int | None = None,
-    history_source: HistorySource | None = None,
-    relay_key: RelayKey | None = None,
-    resend_after_s: float = RESEND_AFTER_S,
-    tick_interval_s: float = TICK_INTERVAL_S,
-    replan_tolerance: float = REPLAN_TOLERANCE,
-    clock: Callable[[], float] = time.monotonic,
-) -> DaemonParts:
-    """Wire the daemon's parts from values that are already valid.
-
-    ``registry`` must emit through ``events`` (``Registry(emit=events)``), so the
-    sinks see the registry's events and the daemon's own in one order.
-    ``default_spec`` is parsed here (:class:`~adaptd.core.policy.PolicyError` if a plugin
-    went missing since it was validated). ``history_source``: the saves ``adaptd
-    history`` shows (``None``: a daemon without a state database refuses it).
+    - ``snapshot_source``: the newest telemetry (must not block: it runs in the loop).
+    - ``sinks``: called with every :mod:`adaptd.daemon.events` event, in the loop.
+    - ``tick_hooks``: called every ``tick_interval_s`` in the loop with the time.
+    - ``clock``: the loop's monotonic clock.
+    - ``jobs``: the table the registry keeps its records in; pass one to read it (a
+      :class:`~adaptd.daemon.jobs.view.RegistryView`) from seams made before the daemon.
+    - ``tracker_factory``: a new job's tracker from its first hello (default: a fresh one).
+    - ``config_settings``: the config's settings for a job met for the first time.
+    - ``status_extra``, ``replication_source``: more for ``adaptd status``.
+    - ``history_source``: the saves ``adaptd history`` shows (``None``: refused).
+    - ``decide_again``: job ids to decide again at once, read after each tick's hooks
+      (the fleet's jobs just granted a write slot).
+    - ``waker``: wakes the loop (signals, :meth:`~adaptd.daemon.waker.Waker.tick_soon`
+      from other threads); pass one to give it to a part made before the daemon.
     """
+
+    snapshot_source: Callable[[], Snapshot] = snapshot_now
+    sinks: Sequence[ev.Sink] = ()
+    tick_hooks: Sequence[TickHook] = ()
+    clock: Callable[[], float] = time.monotonic
+    jobs: JobTable = field(default_factory=JobTable)
+    tracker_factory: Callable[[Hello], JobTracker] | None = None
+    config_settings: ConfiguredSettings | None = None
+    status_extra: StatusExtra | None = None
+    replication_source: ReplicationSource | None = None
+    history_source: HistorySource | None = None
+    decide_again: Callable[[], Iterable[str]] | None = None
+    waker: Waker = field(default_factory=Waker)
+
+
+def build(options: DaemonOptions, seams: Seams | None = None) -> Daemon:
+    """A daemon, not yet serving (:meth:`Daemon.start` or :meth:`Daemon.serve`). It answers
+    the operator commands of :data:`adaptd.commands.COMMANDS` as the table is now.
+
+    Raises :class:`~adaptd.daemon.transport.DaemonError` for a socket that cannot be
+    used (too long, TCP without CURVE) or an admin group this host lacks, and
+    :class:`~adaptd.daemon.admin.commands.CommandError` for a table naming a module that
+    is not a usable command."""
+    return Daemon(assemble(options, seams if seams is not None else Seams()))
+
+
+def assemble(options: DaemonOptions, seams: Seams) -> DaemonParts:
+    """Every part of a daemon, each built with the parts it needs (see :func:`build`)."""
+    clock = seams.clock
+    events = ev.EventBus(seams.sinks)
+    transport = Transport(options.socket, curve=options.curve, clock=clock, waker=seams.waker)
     stats = transport.stats
+    registry = Registry(
+        seams.jobs,
+        emit=events,
+        silence_timeout_s=options.silence_timeout_s,
+        hostname=options.hostname,
+        tracker_factory=seams.tracker_factory,
+    )
     policies = policy_mod.PolicyCache()
     settings = OperatorSettings(
-        policies=policies, emit=events, initial=job_settings, configured=config_settings
-    )
-    agreements = Agreements(send=transport.send_rank, stats=stats)
-    planner = Planner(
-        default_policy=policies.get(default_spec),
-        default_spec=default_spec,
         policies=policies,
-        settings=settings,
-        snapshot_source=snapshot_source,
+        emit=events,
+        initial=options.job_settings,
+        configured=seams.config_settings,
+    )
+    choice = PolicyChoice(default_spec=options.policy, policies=policies, settings=settings)
+    delivery = Delivery(
         send=transport.send_rank,
+        rounds=Agreements(send=transport.send_rank, stats=stats),
+        stats=stats,
+        resend_after_s=options.resend_after_s,
+    )
+    planner = Planner(
+        settings=settings,
+        snapshot_source=seams.snapshot_source,
+        delivery=delivery,
         emit=events,
         stats=stats,
-        replan_tolerance=replan_tolerance,
-        agreements=agreements,
+        options=options.planner,
     )
-    ops = JobOps(planner=planner, registry=registry, relay_key=relay_key)
-    drains = Drains(registry=registry, save_now=planner.save_now, reply=transport.send_admin)
-    status = StatusView(
+    ops = JobOps(
+        planner=planner,
+        choice=choice,
+        settings=settings,
+        jobs=registry.table,
+        delivery=delivery,
+        hostname=registry.hostname,
+        relay_key=options.relay_key,
+    )
+    status = StatusView(jobs=registry.table, hostname=registry.hostname, settings=settings,
+                        stats=stats, events=events, transport=transport,
+                        default_spec=options.policy, status_extra=seams.status_extra,
+                        replication_source=seams.replication_source)  # fmt: skip
+    core = Core(
+        transport=transport,
+        events=events,
+        stats=stats,
+        refusals=Refusals(stats=stats, emit=events, clock=clock),
+        clock=clock,
         registry=registry,
         settings=settings,
-        stats=stats,
-        events=events,
-        transport=transport,
-        default_spec=default_spec,
-        status_extra=status_extra,
-        replication_source=replication_source,
+        choice=choice,
+        planner=planner,
+        delivery=delivery,
+        ops=ops,
+        drains=Drains(jobs=registry.table, save_now=ops.save_now, reply=transport.send_admin),
+        status=status,
+    )
+    admin = AdminHandler(
+        core,
+        commands=OperatorCommands.from_table(),
+        admin_gid=admin_gid(options.admin_group),
+        history=seams.history_source,
     )
     return DaemonParts(
-        transport=transport,
-        events=events,
-        registry=registry,
-        settings=settings,
-        planner=planner,
-        drains=drains,
-        jobs=JobHandler(
-            registry=registry,
-            planner=planner,
-            settings=settings,
-            drains=drains,
-            transport=transport,
-            stats=stats,
-            emit=events,
-            clock=clock,
-            resend_after_s=resend_after_s,
-            agreements=agreements,
-            ops=ops,
-        ),
-        admin=AdminHandler(
-            registry=registry,
-            planner=planner,
-            drains=drains,
-            status=status,
-            transport=transport,
-            stats=stats,
-            emit=events,
-            clock=clock,
-            admin_gid=admin_group_id,
-            ops=ops,
-            history=history_source,
-        ),
-        status=status,
-        stats=stats,
-        agreements=agreements,
-        tick_hooks=tuple(tick_hooks),
-        tick_interval_s=tick_interval_s,
-        clock=clock,
+        core=core,
+        jobs=JobHandler(core),
+        admin=admin,
+        tick_hooks=tuple(seams.tick_hooks),
+        tick_interval_s=options.tick_interval_s,
+        decide_again=seams.decide_again,
     )

@@ -30,6 +30,7 @@ from adaptd.protocol.job import SaveReport
 __all__ = [
     "Event",
     "EventBus",
+    "JobEvent",
     "JobFinished",
     "JobForgotten",
     "JobLost",
@@ -49,12 +50,19 @@ log = logging.getLogger("adaptd.server")
 
 
 @dataclass(frozen=True, slots=True)
-class JobRegistered:
-    """A rank said hello. ``incarnation`` counts the job's runs (1 for the first)."""
+class JobEvent:
+    """What most events are: a fact about ``job`` learned at ``time`` (monotonic), whose
+    calendar date is ``wall``."""
 
     time: float
     wall: float
     job: str
+
+
+@dataclass(frozen=True, slots=True)
+class JobRegistered(JobEvent):
+    """A rank said hello. ``incarnation`` counts the job's runs (1 for the first)."""
+
     rank: int
     world_size: int
     pid: int
@@ -67,7 +75,7 @@ class JobRegistered:
 
 
 @dataclass(frozen=True, slots=True)
-class JobLost:
+class JobLost(JobEvent):
     """Every rank of the job is gone without a goodbye: a failure candidate.
 
     ``step`` is the newest step any rank reported, ``last_durable_step`` the newest
@@ -77,9 +85,6 @@ class JobLost:
     ``"silent for 300s"``, ``"rank 0 restarted as pid 456"``).
     """
 
-    time: float
-    wall: float
-    job: str
     step: int
     last_durable_step: int | None
     last_seen: float
@@ -90,18 +95,15 @@ class JobLost:
 
 
 @dataclass(frozen=True, slots=True)
-class JobRevived:
+class JobRevived(JobEvent):
     """A job marked lost spoke again from the same processes: retract that loss."""
 
-    time: float
-    wall: float
-    job: str
     lost_at: float
     jobs_active: int | None = None  # active jobs in the registry after this event
 
 
 @dataclass(frozen=True, slots=True)
-class JobResumed:
+class JobResumed(JobEvent):
     """A lost job came back and reported its first step: the restart is over.
 
     This confirms the :class:`JobLost` as a failure. ``lost_at`` is when the loss was
@@ -111,9 +113,6 @@ class JobResumed:
     ``lost_steps`` = ``last_step - resumed_from``, the work redone.
     """
 
-    time: float
-    wall: float
-    job: str
     lost_at: float
     last_step: int
     resumed_from: int
@@ -126,12 +125,9 @@ class JobResumed:
 
 
 @dataclass(frozen=True, slots=True)
-class JobFinished:
+class JobFinished(JobEvent):
     """Every rank said goodbye: a clean end, not a failure."""
 
-    time: float
-    wall: float
-    job: str
     step: int
     reason: str
     jobs_active: int | None = None  # active jobs in the registry after this event
@@ -148,19 +144,16 @@ class JobForgotten:
 
 
 @dataclass(frozen=True, slots=True)
-class SaveReported:
+class SaveReported(JobEvent):
     """A rank reported a save (``report.ok`` False: it failed). ``counted`` is False
     for a duplicate report of a step another rank already reported."""
 
-    time: float
-    wall: float
-    job: str
     report: SaveReport
     counted: bool
 
 
 @dataclass(frozen=True, slots=True)
-class PlanChanged:
+class PlanChanged(JobEvent):
     """The job's plan changed and was pushed to its ranks as plan ``seq``.
 
     ``step_time_s`` is the job's mean step time when it was decided (``None``: not
@@ -168,9 +161,6 @@ class PlanChanged:
     the registry.
     """
 
-    time: float
-    wall: float
-    job: str
     seq: int
     step: int
     decision: Decision
@@ -179,12 +169,9 @@ class PlanChanged:
 
 
 @dataclass(frozen=True, slots=True)
-class SaveRequested:
+class SaveRequested(JobEvent):
     """An urgent save was sent to the job's ranks (operator or urgent policy)."""
 
-    time: float
-    wall: float
-    job: str
     step: int
     reason: str
     ranks: int
@@ -274,29 +261,18 @@ class EventBus:
                     log.exception(logfmt("sink_failed", sink=sink, event=type(event).__name__))
 
 
+#: The job lifecycle events logged as they are emitted: level, event name, fields.
+LIFECYCLE_LOG: dict[type, tuple[int, str, tuple[str, ...]]] = {
+    JobLost: (logging.WARNING, "job_lost", ("job", "step", "last_durable_step", "reason")),
+    JobResumed: (logging.INFO, "job_resumed",
+                 ("job", "resumed_from", "last_step", "lost_steps", "restart_s")),
+    JobRevived: (logging.INFO, "job_revived", ("job",)),
+    JobFinished: (logging.INFO, "job_finished", ("job", "step", "reason")),
+}  # fmt: skip
+
+
 def _log_lifecycle(event: Event) -> None:
-    if isinstance(event, JobLost):
-        log.warning(
-            logfmt(
-                "job_lost",
-                job=event.job,
-                step=event.step,
-                last_durable_step=event.last_durable_step,
-                reason=event.reason,
-            )
-        )
-    elif isinstance(event, JobResumed):
-        log.info(
-            logfmt(
-                "job_resumed",
-                job=event.job,
-                resumed_from=event.resumed_from,
-                last_step=event.last_step,
-                lost_steps=event.lost_steps,
-                restart_s=event.restart_s,
-            )
-        )
-    elif isinstance(event, JobRevived):
-        log.info(logfmt("job_revived", job=event.job))
-    elif isinstance(event, JobFinished):
-        log.info(logfmt("job_finished", job=event.job, step=event.step, reason=event.reason))
+    how = LIFECYCLE_LOG.get(type(event))
+    if how is not None:
+        level, name, fields = how
+        log.log(level, logfmt(name, **{f: getattr(event, f) for f in fields}))

@@ -1,7 +1,8 @@
 """The daemon's loop: one thread, one poller, each message handed to the part that owns it.
 
 :class:`Daemon` owns no logic of its own beyond the loop. Its parts
-(:class:`~adaptd.daemon.assembly.DaemonParts`, built by :mod:`adaptd.daemon.assembly`) do the work:
+(:class:`~adaptd.daemon.parts.DaemonParts`, wired by :func:`adaptd.daemon.assembly.build`,
+the one place a daemon is put together) do the work:
 
 - :class:`~adaptd.daemon.transport.Transport`: the job socket (``ipc://`` per
   :mod:`adaptd.protocol.paths`, or ``tcp://`` with CURVE), the admin socket beside it, the
@@ -9,18 +10,19 @@
 - :class:`~adaptd.daemon.jobs.handler.JobHandler`: each job message validated, checked
   against the connection's credentials, and handed to the
   :class:`~adaptd.daemon.jobs.registry.Registry` and the
-  :class:`~adaptd.daemon.jobs.planner.Planner`, which
-  pushes a new plan to all the job's ranks when the saves change;
+  :class:`~adaptd.daemon.jobs.planner.Planner`, whose decisions the
+  :class:`~adaptd.daemon.jobs.delivery.Delivery` tells the job's ranks (at once, or
+  agreed in rounds);
 - :class:`~adaptd.daemon.admin.handler.AdminHandler`: operator requests (status, save-now,
   drain, set-policy, pause), with :class:`~adaptd.daemon.admin.drains.Drains` and
   :class:`~adaptd.daemon.admin.status.StatusView`;
 - :class:`~adaptd.daemon.events.EventBus`: every fact learned goes to the sinks (store,
   metrics, replicator; see :mod:`adaptd.daemon.events`).
 
-About once a second the loop calls :meth:`Daemon.tick`: liveness, then the tick hooks
-(telemetry sampling, the service's persistence and watchdog). Nothing in the loop
-may block: it waits on nothing but its poller, whose timeout is the next tick or the
-next drain deadline.
+About once a second the loop calls :meth:`Daemon.tick`: liveness, the agreement rounds,
+then the tick hooks (telemetry sampling, the service's persistence and watchdog).
+Nothing in the loop may block: it waits on nothing but its poller, whose timeout is the
+next tick or the next drain deadline.
 
 The daemon runs in the calling thread (:meth:`Daemon.serve`, used by ``adaptd
 serve`` with signals wired to :meth:`Daemon.stop`) or in its own thread
@@ -32,26 +34,18 @@ from __future__ import annotations
 import logging
 import os
 import threading
-import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 import zmq
 
-from adaptd.core import policy as policy_mod
-from adaptd.core.snapshot import Snapshot, same_saves
+from adaptd.core.snapshot import same_saves
 from adaptd.daemon import events as ev
-from adaptd.daemon.admin.handler import admin_gid
-from adaptd.daemon.admin.status import ReplicationSource, StatusExtra
-from adaptd.daemon.assembly import TICK_INTERVAL_S, DaemonParts, TickHook, snapshot_now
-from adaptd.daemon.assembly import parts as build_parts
-from adaptd.daemon.jobs.handler import RESEND_AFTER_S
-from adaptd.daemon.jobs.planner import REPLAN_TOLERANCE
 from adaptd.daemon.jobs.registry import Registry
-from adaptd.daemon.jobs.settings import ConfiguredSettings
 from adaptd.daemon.logfmt import Throttle, logfmt
-from adaptd.daemon.transport import HARD_MAX_FRAME, CurveKeys, DaemonError, Transport
+from adaptd.daemon.parts import DaemonParts
+from adaptd.daemon.transport import HARD_MAX_FRAME, CurveKeys, DaemonError
 from adaptd.protocol import admin
 
 # Also importable from here, as before the daemon was split: the frame limit, the
@@ -69,77 +63,27 @@ log = logging.getLogger("adaptd.server")
 
 
 class Daemon:
-    """The adaptd daemon. Construct, then :meth:`serve` (blocking) or :meth:`start` (thread).
+    """The adaptd daemon. Build with :func:`adaptd.daemon.assembly.build`, then
+    :meth:`serve` (blocking) or :meth:`start` (thread).
 
-    ``Daemon(socket, policy=..., sinks=..., ...)`` checks each argument and builds its
-    parts with :func:`adaptd.daemon.assembly.parts`; ``Daemon(parts=...)`` runs parts built
-    elsewhere (``adaptd serve`` builds them from its validated config; the other
-    arguments are then not used). Raises
-    :class:`DaemonError` from the constructor for a bad argument, and from
-    :meth:`open` when the socket is held by another live daemon or cannot be bound.
+    Raises :class:`DaemonError` from :meth:`open` when the socket is held by another
+    live daemon or cannot be bound.
     """
 
-    def __init__(
-        self,
-        socket: str | os.PathLike[str] | None = None,
-        *,
-        policy: str = policy_mod.DEFAULT_SPEC,
-        snapshot_source: Callable[[], Snapshot] = snapshot_now,
-        sinks: Iterable[ev.Sink] = (),
-        tick_hooks: Iterable[TickHook] = (),
-        silence_timeout_s: float = 300.0,
-        resend_after_s: float = RESEND_AFTER_S,
-        tick_interval_s: float = TICK_INTERVAL_S,
-        replan_tolerance: float = REPLAN_TOLERANCE,
-        clock: Callable[[], float] = time.monotonic,
-        job_settings: Mapping[str, admin.JobSettings] | None = None,
-        status_extra: StatusExtra | None = None,
-        config_settings: ConfiguredSettings | None = None,
-        replication_source: ReplicationSource | None = None,
-        curve: CurveKeys | None = None,
-        admin_group: str | None = None,
-        parts: DaemonParts | None = None,
-    ) -> None:
-        if parts is None:  # today's keyword arguments: check each, then build the parts
-            try:
-                policy_mod.parse(policy)
-            except policy_mod.PolicyError as exc:
-                raise DaemonError(f"--policy {policy!r}: {exc}") from None
-            if not silence_timeout_s > 0:
-                raise DaemonError(f"--silence-timeout must be > 0 seconds, got {silence_timeout_s}")
-            if not 0 <= replan_tolerance < 1:
-                raise DaemonError(f"replan_tolerance must be in [0, 1), got {replan_tolerance}")
-            events = ev.EventBus(sinks)
-            parts = build_parts(
-                Transport(socket, curve=curve, clock=clock),
-                events=events,
-                registry=Registry(emit=events, silence_timeout_s=silence_timeout_s),
-                default_spec=policy,
-                snapshot_source=snapshot_source,
-                tick_hooks=tick_hooks,
-                job_settings=job_settings,
-                config_settings=config_settings,
-                status_extra=status_extra,
-                replication_source=replication_source,
-                admin_group_id=admin_gid(admin_group),
-                resend_after_s=resend_after_s,
-                tick_interval_s=tick_interval_s,
-                replan_tolerance=replan_tolerance,
-                clock=clock,
-            )
+    def __init__(self, parts: DaemonParts) -> None:
         self.parts = parts
-        self.transport = parts.transport
-        self.events = parts.events
-        self.registry: Registry = parts.registry
-        self.stats = parts.stats
-        self.clock = parts.clock
+        core = parts.core
+        self.transport = core.transport
+        self.events = core.events
+        self.registry: Registry = core.registry
+        self.stats = core.stats
+        self.clock = core.clock
         self.tick_hooks = parts.tick_hooks
         self.tick_interval_s = parts.tick_interval_s
         self._throttle = Throttle()
         self._stopping = threading.Event()
         self._stop_requested = False
         self._stop_drain_s = 0.0
-        self._tick_soon = False
         self._thread: threading.Thread | None = None
 
     # ------------------------------------------------------------------ what others read
@@ -180,11 +124,11 @@ class Daemon:
     @property
     def job_settings(self) -> Mapping[str, admin.JobSettings]:
         """The operators' settings by job id, read-only."""
-        return self.parts.settings.as_mapping()
+        return self.parts.core.settings.as_mapping()
 
     def status(self, now: float | None = None) -> admin.StatusReply:
         """What ``adaptd status`` shows: every job and the daemon's counters."""
-        return self.parts.status.status(self.clock() if now is None else now)
+        return self.parts.core.status.status(self.clock() if now is None else now)
 
     def emit(self, event: ev.Event) -> None:
         """Hand ``event`` to every sink (:meth:`adaptd.daemon.events.EventBus.emit`)."""
@@ -197,15 +141,8 @@ class Daemon:
         if self.transport.is_open:
             return
         self.transport.open()
-        log.info(
-            logfmt(
-                "listening",
-                socket=self.endpoint,
-                admin=self.admin_path,
-                policy=self.parts.planner.default_spec,
-                pid=os.getpid(),
-            )
-        )
+        log.info(logfmt("listening", socket=self.endpoint, admin=self.admin_path,
+                        policy=self.parts.core.choice.default_spec, pid=os.getpid()))  # fmt: skip
 
     def serve(self) -> None:
         """Open (if needed) and run the loop in this thread until :meth:`stop`; then close."""
@@ -283,7 +220,7 @@ class Daemon:
     # ------------------------------------------------------------------ loop
 
     def _loop(self) -> None:
-        transport, drains = self.transport, self.parts.drains
+        transport, drains = self.transport, self.parts.core.drains
         next_tick = self.clock() + self.tick_interval_s
         while not self._stopping.is_set():
             if self._stop_requested and not drains.shutting_down:
@@ -303,8 +240,7 @@ class Daemon:
             if admin_ready:
                 self._handle(transport.admin_frames(), self.parts.admin.on_frames)
             now = self.clock()
-            if now >= next_tick or self._tick_soon:
-                self._tick_soon = False
+            if self.transport.waker.take_tick_soon() or now >= next_tick:
                 self.tick(now)
                 next_tick = now + self.tick_interval_s
             if drains:
@@ -315,8 +251,7 @@ class Daemon:
     def tick_soon(self) -> None:
         """Run the tick hooks at once instead of at the next second (safe from any
         thread: the fleet's thread calls it when a write slot is granted)."""
-        self._tick_soon = True
-        self.transport.wake()
+        self.transport.waker.tick_soon()
 
     def _handle(
         self, batch: Iterable[list[zmq.Frame]], handle: Callable[[list[zmq.Frame]], None]
@@ -330,13 +265,27 @@ class Daemon:
 
     def tick(self, now: float) -> None:
         """Once a second: liveness, the agreement rounds that a lost rank or the time
-        decides, then the tick hooks (each guarded)."""
+        decides, the tick hooks (each guarded), then the jobs they asked to have
+        decided again at once (``decide_again``: a job just granted a write slot)."""
+        core = self.parts.core
         self.registry.check(now)
-        self.parts.agreements.tick(self.registry, now)
+        core.delivery.tick(self.registry, now)
         for hook in self.tick_hooks:
-            try:
-                hook(now)
-            except Exception:
-                self.stats.counters["tick_errors"] += 1
-                if self._throttle(f"tick:{getattr(hook, '__name__', hook)!s}"):
-                    log.exception(logfmt("tick_hook_failed", hook=hook))
+            self._guarded(hook, now)
+        if self.parts.decide_again is not None:
+            self._guarded(self._decide_again, now)
+
+    def _decide_again(self, now: float) -> None:
+        assert self.parts.decide_again is not None
+        for job_id in self.parts.decide_again():
+            job = self.registry.jobs.get(job_id)
+            if job is not None:
+                self.parts.core.planner.decide(job, now)
+
+    def _guarded(self, hook: Callable[[float], None], now: float) -> None:
+        try:
+            hook(now)
+        except Exception:
+            self.stats.counters["tick_errors"] += 1
+            if self._throttle(f"tick:{getattr(hook, '__name__', hook)!s}"):
+                log.exception(logfmt("tick_hook_failed", hook=hook))

@@ -16,7 +16,6 @@ import contextlib
 import errno
 import logging
 import os
-import socket as _socket
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -29,6 +28,7 @@ import zmq
 from adaptd.daemon.jobs.records import PeerCred, Rank
 from adaptd.daemon.logfmt import Throttle, logfmt
 from adaptd.daemon.stats import DaemonStats
+from adaptd.daemon.waker import Waker
 from adaptd.protocol import admin, paths
 from adaptd.protocol import job as p
 from adaptd.state import lockfile
@@ -41,6 +41,7 @@ __all__ = [
     "MAX_IPC_PATH",
     "CurveKeys",
     "DaemonError",
+    "SendRank",
     "Transport",
     "peer_cred",
 ]
@@ -60,6 +61,9 @@ HARD_MAX_FRAME = 4 * p.MAX_MESSAGE_BYTES
 BATCH = 500
 #: Longest ipc path (sun_path is 108 bytes with its terminating NUL).
 MAX_IPC_PATH = 107
+
+#: Sends a message to one rank and notes when (:meth:`Transport.send_rank`).
+SendRank = Callable[[Rank, p.Message, float], None]
 
 
 class DaemonError(Exception):
@@ -141,6 +145,7 @@ class Transport:
         curve: CurveKeys | None = None,
         stats: DaemonStats | None = None,
         clock: Callable[[], float] = time.monotonic,
+        waker: Waker | None = None,
     ) -> None:
         text = os.fspath(socket) if socket else os.environ.get("ADAPTD_SOCKET", "")
         #: ``tcp://HOST:PORT`` when jobs connect over TCP (CURVE required), else None.
@@ -172,9 +177,8 @@ class Transport:
         self._admin: zmq.Socket | None = None
         self._poller: zmq.Poller | None = None
         self._lock_fd: int | None = None
-        self._wake_r, self._wake_w = _socket.socketpair()
-        self._wake_r.setblocking(False)
-        self._wake_w.setblocking(False)
+        #: wakes the poll from other threads and signal handlers
+        self.waker = waker if waker is not None else Waker()
 
     @property
     def endpoint(self) -> str:
@@ -188,12 +192,11 @@ class Transport:
     @property
     def wakeup_fd(self) -> int:
         """A non-blocking fd for :func:`signal.set_wakeup_fd`: a signal wakes the poll."""
-        return self._wake_w.fileno()
+        return self.waker.wakeup_fd
 
     def wake(self) -> None:
         """Make the current (or next) :meth:`poll` return at once; safe from any thread."""
-        with contextlib.suppress(OSError):
-            self._wake_w.send(b"\0")
+        self.waker.wake()
 
     # ------------------------------------------------------------------ open, close
 
@@ -232,7 +235,7 @@ class Transport:
         self._poller = zmq.Poller()
         self._poller.register(self._jobs, zmq.POLLIN)
         self._poller.register(self._admin, zmq.POLLIN)
-        self._poller.register(self._wake_r.fileno(), zmq.POLLIN)
+        self._poller.register(self.waker.fileno(), zmq.POLLIN)
         self.opened_at = self.clock()
 
     def close(self) -> None:
@@ -261,10 +264,8 @@ class Transport:
             if exc.errno == errno.EINTR:
                 return False, False
             raise
-        if self._wake_r.fileno() in ready:
-            with contextlib.suppress(BlockingIOError, OSError):
-                while self._wake_r.recv(4096):
-                    pass
+        if self.waker.fileno() in ready:
+            self.waker.drain()
         return self._jobs in ready, self._admin in ready
 
     def job_frames(self) -> Iterator[list[zmq.Frame]]:
@@ -297,9 +298,9 @@ class Transport:
     def send_rank(self, rank: Rank, msg: p.Message, now: float) -> None:
         """:meth:`send` to a registered rank, noting when it last heard from the daemon."""
         if self.send(rank.identity, msg):
-            rank.last_sent = now
+            rank.sent(now)
 
-    def send_admin(self, envelope: Sequence[bytes], reply: admin.AnyReply) -> None:
+    def send_admin(self, envelope: Sequence[bytes], reply: admin.Reply) -> None:
         """Reply to an operator (a reply nobody waits for any more is dropped)."""
         assert self._admin is not None
         with contextlib.suppress(zmq.Again):

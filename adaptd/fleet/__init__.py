@@ -1,6 +1,7 @@
 """The fleet: daemons on many hosts share write slots and failure knowledge through etcd.
 
-Without a ``[fleet]`` section nothing here is imported and each daemon decides alone.
+Without a ``[fleet]`` section no fleet part is built (no thread, no etcd client) and
+each daemon decides alone.
 With one, the daemon runs a :class:`FleetAgent` (all etcd I/O, in its own thread) and
 reads its :class:`FleetView` as facts. Implementation, one concern per module:
 

@@ -1,4 +1,5 @@
-"""The daemon's ``[fleet]`` section: which etcd, who this host is, how slots are shared.
+"""The daemon's ``[fleet]`` section as the fleet uses it: which etcd, who this host is,
+how slots are shared.
 
 ::
 
@@ -18,50 +19,41 @@
     [fleet.shared]                   # paths the mount table cannot tell are shared
     "/mnt/bucket" = "gcs://ckpt-bucket"
 
-``adaptd serve --etcd URL`` (repeatable) and ``ADAPTD_ETCD`` (comma-separated URLs)
-give the endpoints without a file, or replace the file's. :func:`parse_fleet`
-returns ``None`` when neither names an endpoint: no fleet, nothing changes.
+Each key is declared once, with the daemon's other settings, in
+:data:`adaptd.config.schema.FLEET_SETTINGS` (type, default, check, meaning; the docs
+table comes from there), and the config loader reads the section with it into a
+:class:`FleetConfig`. ``adaptd serve --etcd URL`` (repeatable) and ``ADAPTD_ETCD``
+(comma-separated URLs) give the endpoints without a file, or replace the file's;
+without endpoints there is no fleet (``Config.fleet`` is ``None``).
 """
 
 from __future__ import annotations
 
-import os
 import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from types import MappingProxyType
-from typing import Any
 
 from adaptd.fleet.session import FleetSettings
-from adaptd.fleet.targets import not_a_mount_point, read_mounts
-from adaptd.telemetry.storage import Mount
+
+__all__ = ["ETCD_ENV", "SLOTS", "FleetConfig", "endpoints_from", "this_host", "with_endpoints"]
 
 ETCD_ENV = "ADAPTD_ETCD"
-KEYS = (
-    "etcd",
-    "prefix",
-    "host",
-    "user",
-    "password",
-    "password_file",
-    "ca_file",
-    "cert_file",
-    "key_file",
-    "lease_ttl_s",
-    "call_timeout_s",
-    "slots",
-    "shared",
-)
+#: Fleet-wide saves at once on a shared target without a limit of its own.
+SLOTS = 2
 
 
 @dataclass(frozen=True)
 class FleetConfig:
-    """A validated ``[fleet]`` section."""
+    """A validated ``[fleet]`` section: how to reach etcd (``settings``), the slots of a
+    shared target without a limit of its own, the paths declared shared, and the
+    timings that are not settings of the file."""
 
     settings: FleetSettings
-    slots: int = 2
+    slots: int = SLOTS
     shared: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    #: the file the password was read from (``None``: given in the file, or none)
+    password_file: str | None = None
     #: a view older than this reads as "etcd away": decide locally
     stale_after_s: float = 3.0
     #: a granted slot no save started on within this is given back
@@ -71,24 +63,16 @@ class FleetConfig:
     #: an upload waits at most this long for a slot, then goes ahead without one
     upload_wait_s: float = 600.0
 
-    def as_table(self) -> dict[str, Any]:
-        """The section as the file writes it (``serve --check-config``); the password
-        is ``"***"``."""
-        s = self.settings
-        return {
-            "etcd": list(s.endpoints),
-            "prefix": s.prefix,
-            "host": s.host,
-            "user": s.user,
-            "password": None if s.password is None else "***",
-            "ca_file": s.ca_file,
-            "cert_file": s.cert_file,
-            "key_file": s.key_file,
-            "lease_ttl_s": s.lease_ttl_s,
-            "call_timeout_s": s.call_timeout_s,
-            "slots": self.slots,
-            "shared": dict(self.shared),
-        }
+    @property
+    def password(self) -> str | None:
+        """The password as the file gave it: ``None`` when it came from ``password_file``
+        (so the section written back names the file, not a copy of its secret)."""
+        return None if self.password_file is not None else self.settings.password
+
+
+def this_host() -> str:
+    """This host's name in the fleet when ``[fleet] host`` names none."""
+    return socket.gethostname()
 
 
 def endpoints_from(env: Mapping[str, str], flags: Sequence[str] | None) -> tuple[str, ...]:
@@ -100,125 +84,8 @@ def endpoints_from(env: Mapping[str, str], flags: Sequence[str] | None) -> tuple
 
 def with_endpoints(fleet: FleetConfig | None, urls: Sequence[str]) -> FleetConfig:
     """``fleet`` with its etcd endpoints replaced (``serve --etcd``); a fleet of defaults
-    when there was none. Raises :class:`ValueError` for a bad URL."""
+    when there was none. Raises :class:`~adaptd.fleet.session.FleetSettingError` (a
+    :class:`ValueError`) for a bad URL."""
     if fleet is None:
-        made = parse_fleet({}, endpoints=urls)
-        assert made is not None
-        return made
+        return FleetConfig(settings=FleetSettings(endpoints=tuple(urls), host=this_host()))
     return replace(fleet, settings=replace(fleet.settings, endpoints=tuple(urls)))
-
-
-def parse_fleet(
-    table: Any,
-    *,
-    endpoints: Sequence[str] = (),
-    hostname: str | None = None,
-    mounts: Sequence[Mount] | None = None,
-) -> FleetConfig | None:
-    """Validate ``[fleet]`` (``table``: the parsed TOML table or ``None``); ``endpoints``
-    (from the command line or environment) replace its ``etcd``. Every ``[fleet.shared]``
-    path must be a mount point of ``mounts`` (default: this host's mount table,
-    :func:`~adaptd.fleet.targets.read_mounts`). Raises :class:`ValueError` whose
-    message starts with the dotted key at fault."""
-    if table is None:
-        table = {}
-    if not isinstance(table, Mapping):
-        raise ValueError("fleet: must be a table ([fleet])")
-    unknown = sorted(set(table) - set(KEYS))
-    if unknown:
-        raise ValueError(f"fleet.{unknown[0]}: unknown setting; known: {', '.join(KEYS)}")
-    urls = tuple(endpoints) or tuple(_strings(table, "etcd"))
-    if not urls:
-        if table:
-            raise ValueError(
-                'fleet.etcd: give the etcd endpoints, e.g. etcd = ["http://127.0.0.1:2379"] '
-                f"(or --etcd / {ETCD_ENV})"
-            )
-        return None
-    password = _string(table, "password")
-    if "password_file" in table:
-        if password is not None:
-            raise ValueError("fleet.password_file: set password or password_file, not both")
-        path = Path(_string(table, "password_file") or "")
-        try:
-            password = path.read_text().strip()
-        except OSError as exc:
-            raise ValueError(f"fleet.password_file: cannot read {path}: {exc.strerror}") from None
-    files = {k: _string(table, k) for k in ("ca_file", "cert_file", "key_file")}
-    for key, value in files.items():
-        if value is not None and not os.path.isfile(value):
-            raise ValueError(f"fleet.{key}: {value!r} is not a file")
-    try:
-        settings = FleetSettings(
-            endpoints=urls,
-            host=_string(table, "host") or hostname or socket.gethostname(),
-            prefix=_string(table, "prefix") or "/adaptd/",
-            user=_string(table, "user"),
-            password=password,
-            ca_file=files["ca_file"],
-            cert_file=files["cert_file"],
-            key_file=files["key_file"],
-            lease_ttl_s=int(_number(table, "lease_ttl_s", 10, integer=True)),
-            call_timeout_s=_number(table, "call_timeout_s", 1.0),
-            call_deadline_s=max(2.5, 2.5 * _number(table, "call_timeout_s", 1.0)),
-        )
-    except ValueError as exc:
-        raise ValueError(_dotted(str(exc))) from None
-    slots = int(_number(table, "slots", 2, integer=True))
-    if slots < 1:
-        raise ValueError(f"fleet.slots: must be >= 1, got {slots}")
-    shared = table.get("shared", {})
-    if not isinstance(shared, Mapping) or not all(
-        isinstance(k, str) and os.path.isabs(k) and isinstance(v, str) and v
-        for k, v in shared.items()
-    ):
-        raise ValueError(
-            'fleet.shared: must map absolute paths to names, e.g. "/mnt/bucket" = "gcs://b"'
-        )
-    if shared:
-        table_of_mounts = read_mounts() if mounts is None else mounts
-        for path in shared:
-            why = not_a_mount_point(path, table_of_mounts, resolve=mounts is None)
-            if why is not None:
-                raise ValueError(f"fleet.shared: {why}")
-    return FleetConfig(settings=settings, slots=slots, shared=MappingProxyType(dict(shared)))
-
-
-def _string(t: Mapping[str, Any], key: str) -> str | None:
-    v = t.get(key)
-    if v is None:
-        return None
-    if not isinstance(v, str) or not v:
-        raise ValueError(f"fleet.{key}: must be a non-empty string, got {v!r}")
-    return v
-
-
-def _strings(t: Mapping[str, Any], key: str) -> list[str]:
-    v = t.get(key, [])
-    if isinstance(v, str):
-        v = [v]
-    if not isinstance(v, list) or not all(isinstance(x, str) and x for x in v):
-        raise ValueError(f"fleet.{key}: must be a list of URLs, got {v!r}")
-    return v
-
-
-def _number(t: Mapping[str, Any], key: str, default: float, *, integer: bool = False) -> float:
-    v = t.get(key, default)
-    ok = isinstance(v, int) if integer else isinstance(v, int | float)
-    if isinstance(v, bool) or not ok:
-        kind = "an integer" if integer else "a number"
-        raise ValueError(f"fleet.{key}: must be {kind}, got {v!r}")
-    return float(v)
-
-
-def _dotted(message: str) -> str:
-    """A :class:`FleetSettings` message as ``fleet.KEY: ...`` (the config's errors name the
-    key, then say what is wrong): ``fleet: lease_ttl_s must be ...`` named the whole
-    sentence as the key. A message about no one key stays ``fleet: ...``."""
-    head, _, rest = message.partition(": ")
-    key, _, tail = rest.partition(" ")
-    if head != "fleet" or key not in KEYS:
-        return message
-    if tail.startswith(("must", "(")):  # "lease_ttl_s must be ...": the key said once
-        return f"fleet.{key}: {tail}"
-    return f"fleet.{key}: {rest}"

@@ -17,6 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from urllib.parse import quote, unquote
 
+#: Where a fleet's keys live unless ``[fleet] prefix`` says otherwise.
+DEFAULT_PREFIX = "/adaptd/"
 MEMBERS = "members/"
 CLAIMS = "claims/"
 FAILURES = "failures/"
@@ -38,7 +40,7 @@ def range_end(prefix: str) -> str:
 class KeySpace:
     """The fleet's keys under ``prefix`` (e.g. ``/adaptd/``, ending in ``/``)."""
 
-    prefix: str = "/adaptd/"
+    prefix: str = DEFAULT_PREFIX
 
     def __post_init__(self) -> None:
         if not self.prefix.startswith("/") or not self.prefix.endswith("/"):

@@ -52,6 +52,7 @@ from adaptd.fleet.targets import (
     target_of_mount,
 )
 from adaptd.telemetry.storage import Mount
+from adaptd.tiers.urls import local_path
 
 log = logging.getLogger("adaptd.fleet")
 
@@ -108,10 +109,14 @@ class FleetLink:
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
         version: str = "",
+        on_grant: Callable[[], None] | None = None,
     ) -> None:
         """``mounts`` reads the mount table; tests pass a recorded one and
-        ``resolve_paths=False`` (its paths do not exist here)."""
+        ``resolve_paths=False`` (its paths do not exist here). ``on_grant`` is called
+        (from the agent's thread) when one of this host's jobs is granted a slot: the
+        service gives the daemon's ``tick_soon``."""
         self.cfg = cfg
+        self.on_grant = on_grant
         self.resolve_paths = resolve_paths
         self.host = cfg.settings.host
         self.agent = agent or FleetAgent(cfg.settings, clock=clock, wall=wall, version=version)
@@ -139,10 +144,6 @@ class FleetLink:
         """Publish what was learned (bounded) and leave the fleet."""
         self._publish(force=True)
         self.agent.stop()
-
-    #: Called (from the agent's thread) when one of this host's jobs is granted a slot;
-    #: the service points it at the daemon's ``tick_soon``.
-    on_grant: Callable[[], None] | None = None
 
     def _granted(self) -> None:
         if self.on_grant is not None:
@@ -292,8 +293,8 @@ class FleetLink:
         )
         found = object_target(url, endpoint if isinstance(endpoint, str) else None)
         if found is None:
-            path = url.removeprefix("file://")
-            if "://" in path:
+            path = local_path(url)
+            if path is None:
                 return None
             found = shared_target(path, self._mounts(), self.cfg.shared, resolve=self.resolve_paths)
         return found.name if found else None

@@ -1,24 +1,27 @@
 """The fleet as one part of ``adaptd serve``: what :class:`adaptd.daemon.service.Service` calls.
 
-:class:`FleetPart` owns the daemon's :class:`~adaptd.fleet.link.FleetLink` and wires it
-to the service's other parts through the seams they already have:
+:class:`FleetPart` owns the daemon's :class:`~adaptd.fleet.link.FleetLink` and is given
+what it works with when it is built (nothing is wired to it afterwards):
 
-- built before the registry, it gives the trackers' shared failure posterior the
-  fleet's totals (``learned.failure_rate`` becomes the link's pooled one) and restores
-  the lifetimes this host saw before a restart (the store's ``fleet_history``);
-- :meth:`start`: the daemon's loop runs its tick at once when a slot is granted
-  (``Daemon.tick_soon``), the metrics registry gets its collector, the thread starts;
-- :meth:`decorate` (the snapshot source), :meth:`tick` (a tick hook: slot wishes out,
-  and a job just granted a slot decided again at once), :meth:`status`,
-  :meth:`persist` and :meth:`close`.
+- built before the registry, from the host's restored failure posterior: its pooled
+  posterior (:attr:`FleetPart.failure_rate`, the fleet's totals on top of this host's)
+  is the one every tracker shares; it restores the lifetimes this host saw before a
+  restart (the store's ``fleet_history``);
+- ``jobs``: the daemon's job table (read at each tick: each job's latest decision);
+  ``on_grant``: the daemon's ``tick_soon`` (a grant is acted on at once);
+- :meth:`collector` goes into the metrics registry; :meth:`start` starts the thread;
+- :meth:`decorate` (the snapshot source), :meth:`tick` (a tick hook: slot wishes out),
+  :meth:`decide_again` (the jobs just granted a slot: the daemon decides them again at
+  once), :meth:`status`, :meth:`persist` and :meth:`close`.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from adaptd.core.estimators import FailureRate
 from adaptd.core.snapshot import Snapshot
 from adaptd.daemon.logfmt import logfmt
 from adaptd.fleet.config import FleetConfig
@@ -35,21 +38,27 @@ class FleetPart:
     """The fleet's part of the service (see the module docstring)."""
 
     def __init__(
-        self, cfg: FleetConfig, *, learned: Any, store: Any, clock: Callable[[], float]
+        self,
+        cfg: FleetConfig,
+        *,
+        failure_rate: FailureRate,
+        store: Any,
+        jobs: Iterable[Any],
+        clock: Callable[[], float],
+        on_grant: Callable[[], None] | None = None,
     ) -> None:
-        """``learned``: the service's :class:`~adaptd.state.learned.Learned` (its failure rate
-        is replaced by the pooled one); ``store``: the state database."""
+        """``failure_rate``: this host's restored posterior (the pooled one is built on it);
+        ``store``: the state database; ``jobs``: the daemon's job table."""
         from adaptd import __version__
         from adaptd.state.store import GLOBAL
 
         self.store = store
+        self.jobs = jobs
         self.link = FleetLink(
-            cfg, failure_rate=learned.failure_rate, clock=clock, version=__version__
+            cfg, failure_rate=failure_rate, clock=clock, version=__version__, on_grant=on_grant
         )
-        learned.failure_rate = self.link.failure_rate
         self.link.knowledge.load_history(store.param(GLOBAL, FLEET_HISTORY_KEY))
-        self._registry: Any = None
-        self._decide: Callable[[Any, float], Any] | None = None
+        self._granted_now: list[str] = []
         log.info(
             logfmt(
                 "fleet",
@@ -59,20 +68,17 @@ class FleetPart:
             )
         )
 
-    @classmethod
-    def build(
-        cls, cfg: FleetConfig | None, learned: Any, store: Any, clock: Callable[[], float]
-    ) -> FleetPart | None:
-        """The part for ``[fleet]``, or ``None`` without one (nothing changes)."""
-        return None if cfg is None else cls(cfg, learned=learned, store=store, clock=clock)
+    @property
+    def failure_rate(self) -> FailureRate:
+        """The trackers' shared posterior: this host's failures and the fleet's."""
+        return self.link.failure_rate
 
-    def start(self, registry: Any, daemon: Any, metrics_registry: Any) -> None:
-        """Wire to the built daemon (its registry's jobs, its planner, its tick, the
-        metrics registry) and start the fleet's thread."""
-        self._registry = registry
-        self._decide = daemon.parts.planner.decide
-        self.link.on_grant = daemon.tick_soon  # a grant is acted on at once
-        metrics_registry.register(FleetCollector(self.link))
+    def collector(self) -> FleetCollector:
+        """The fleet's series, for the metrics registry."""
+        return FleetCollector(self.link)
+
+    def start(self) -> None:
+        """Start the fleet's thread."""
         self.link.start()
 
     # ------------------------------------------------------------------ the loop's
@@ -86,14 +92,16 @@ class FleetPart:
 
     def tick(self, now: float, snapshot: Snapshot) -> None:
         """Slot wishes out (from each job's latest decision); a job whose slot was just
-        granted is decided again at once, so its save starts at its next step."""
-        assert self._registry is not None and self._decide is not None
+        granted is to be decided again at once (:meth:`decide_again`), so its save
+        starts at its next step."""
         before = self.link.granted()
-        self.link.wishes(now, job_facts(self._registry, snapshot, now))
-        for job_id in self.link.granted() - before:
-            job = self._registry.jobs.get(job_id)
-            if job is not None:
-                self._decide(job, now)
+        self.link.wishes(now, job_facts(self.jobs, snapshot, now))
+        self._granted_now.extend(sorted(self.link.granted() - before))
+
+    def decide_again(self) -> list[str]:
+        """The jobs granted a slot since the last call (the daemon decides them again)."""
+        out, self._granted_now = self._granted_now, []
+        return out
 
     def status(self) -> dict[str, Any]:
         return self.link.status()

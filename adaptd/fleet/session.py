@@ -34,7 +34,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from adaptd.daemon.logfmt import logfmt
-from adaptd.fleet.keys import KeySpace, range_end
+from adaptd.fleet.keys import DEFAULT_PREFIX, KeySpace, range_end
 
 log = logging.getLogger("adaptd.fleet")
 
@@ -64,25 +64,52 @@ class LeaseLost(FleetError):
     leased keys are gone: open a new session."""
 
 
+#: A lease's time to live by default, and the range allowed: a dead daemon's slots are
+#: free again within it.
+LEASE_TTL_S = 10
+LEASE_TTL_RANGE_S = (2, 3600)
+#: One etcd request's timeout by default; a call over all endpoints gives up after
+#: :func:`call_deadline` of it.
+CALL_TIMEOUT_S = 1.0
+
+
+def call_deadline(call_timeout_s: float) -> float:
+    """How long a call may take over all endpoints: 2.5 requests' timeouts, at least 2.5 s."""
+    return max(2.5, 2.5 * call_timeout_s)
+
+
+class FleetSettingError(ValueError):
+    """A :class:`FleetSettings` value that cannot work; ``key`` names the ``[fleet]`` key
+    at fault and ``reason`` says why (the message is ``"fleet: " + reason``)."""
+
+    def __init__(self, key: str, reason: str) -> None:
+        super().__init__(f"fleet: {reason}")
+        self.key = key
+        self.reason = reason
+
+
 @dataclass(frozen=True)
 class FleetSettings:
-    """How to reach etcd and who this daemon is there (the config's ``[fleet]``)."""
+    """How to reach etcd and who this daemon is there (the config's ``[fleet]``, whose
+    keys :mod:`adaptd.config.schema` declares). Raises :class:`FleetSettingError`."""
 
     endpoints: tuple[str, ...]
     host: str
-    prefix: str = "/adaptd/"
+    prefix: str = DEFAULT_PREFIX
     user: str | None = None
     password: str | None = field(default=None, repr=False)
     ca_file: str | None = None
     cert_file: str | None = None
     key_file: str | None = None
-    lease_ttl_s: int = 10
-    call_timeout_s: float = 1.0
-    call_deadline_s: float = 2.5
+    lease_ttl_s: int = LEASE_TTL_S
+    call_timeout_s: float = CALL_TIMEOUT_S
+    call_deadline_s: float = call_deadline(CALL_TIMEOUT_S)
 
     def __post_init__(self) -> None:
         if not self.endpoints:
-            raise ValueError("fleet: give at least one etcd endpoint, e.g. http://127.0.0.1:2379")
+            raise FleetSettingError(
+                "etcd", "give at least one etcd endpoint, e.g. http://127.0.0.1:2379"
+            )
         for url in self.endpoints:
             parts = urlsplit(url)
             if (
@@ -94,22 +121,31 @@ class FleetSettings:
                     "/",
                 )
             ):
-                raise ValueError(
-                    f"fleet: etcd endpoint {url!r} must look like http://HOST:PORT or "
-                    "https://HOST:PORT"
+                raise FleetSettingError(
+                    "etcd",
+                    f"etcd endpoint {url!r} must look like http://HOST:PORT or https://HOST:PORT",
                 )
-        KeySpace(self.prefix)
-        KeySpace.check_host(self.host)
+        for key, check in (("prefix", KeySpace), ("host", KeySpace.check_host)):
+            try:
+                check(getattr(self, key))
+            except ValueError as exc:
+                raise FleetSettingError(key, str(exc)) from None
         if (self.user is None) != (self.password is None):
-            raise ValueError("fleet: user and password go together; set both or neither")
+            raise FleetSettingError("user", "user and password go together; set both or neither")
         if (self.cert_file is None) != (self.key_file is None):
-            raise ValueError("fleet: cert_file and key_file go together; set both or neither")
-        if not 2 <= self.lease_ttl_s <= 3600:
-            raise ValueError(f"fleet: lease_ttl_s must be 2-3600 seconds, got {self.lease_ttl_s}")
+            raise FleetSettingError(
+                "cert_file", "cert_file and key_file go together; set both or neither"
+            )
+        low, high = LEASE_TTL_RANGE_S
+        if not low <= self.lease_ttl_s <= high:
+            raise FleetSettingError(
+                "lease_ttl_s", f"lease_ttl_s must be {low}-{high} seconds, got {self.lease_ttl_s}"
+            )
         if not 0 < self.call_timeout_s <= self.call_deadline_s:
-            raise ValueError(
-                f"fleet: call_timeout_s ({self.call_timeout_s}) must be > 0 and at most "
-                f"call_deadline_s ({self.call_deadline_s})"
+            raise FleetSettingError(
+                "call_timeout_s",
+                f"call_timeout_s ({self.call_timeout_s}) must be > 0 and at most "
+                f"call_deadline_s ({self.call_deadline_s})",
             )
 
     @property

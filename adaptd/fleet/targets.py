@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from adaptd.telemetry.storage import Mount, existing_ancestor, mount_of, parse_mountinfo
+from adaptd.tiers.urls import OBJECT_STORES
 
 NFS = frozenset({"nfs", "nfs4"})
 #: Network filesystems named by their mount source.
@@ -34,7 +35,6 @@ OTHER_NETWORK = frozenset(
     {"cifs", "smb3", "smbfs", "lustre", "ceph", "fuse.ceph", "glusterfs", "fuse.glusterfs"}
     | {"beegfs"}
 )
-OBJECT_SCHEMES = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,7 +135,7 @@ def object_target(url: str, endpoint: str | None = None) -> SharedTarget | None:
     without one, the scheme's public service."""
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
-    if scheme not in OBJECT_SCHEMES or not parts.netloc:
+    if scheme not in OBJECT_STORES or not parts.netloc:
         return None
     where = urlsplit(endpoint).netloc.lower() if endpoint else "default"
     return SharedTarget(f"{scheme}://{where}/{parts.netloc}", "object")

@@ -1,4 +1,4 @@
-"""Prometheus metrics for the daemon, served on 127.0.0.1:9465 by default.
+"""Prometheus metrics for the daemon, served where ``metrics.listen`` says.
 
 :class:`Metrics` owns a dedicated :class:`~prometheus_client.CollectorRegistry`
 (never the process-global one, so tests and embedded uses do not collide).
@@ -46,11 +46,12 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client.exposition import ThreadingWSGIServer, generate_latest, make_wsgi_app
+from prometheus_client.registry import Collector
 
 from adaptd import __version__
 from adaptd.core.snapshot import Snapshot
@@ -65,6 +66,7 @@ __all__ = [
     "MetricsError",
     "MetricsServer",
     "ReplicationView",
+    "upload_histogram",
 ]
 
 
@@ -100,9 +102,14 @@ class Metrics:
         job_series_grace_s: float = DEFAULT_JOB_SERIES_GRACE_S,
         version: str = __version__,
         replication: Callable[[], ReplicationView] | None = None,
+        upload_seconds: Histogram | None = None,
+        collectors: Iterable[Collector] = (),
     ) -> None:
         """``replication``: where the ``adaptd_replication_*`` series come from at
         scrape time (the Replicator's rows and throughput; ``None``: no such series).
+        ``upload_seconds``: the upload-time histogram the Replicator fills as uploads end
+        (made before it by :func:`upload_histogram`; default: a new one).
+        ``collectors``: more series rendered at scrape time (the fleet's).
         Raises :class:`ValueError` for a ``slow_save_s`` that is not positive or a
         negative ``job_series_grace_s``."""
         if not slow_save_s > 0:
@@ -203,13 +210,12 @@ class Metrics:
         )  # fmt: skip
         self._host = SnapshotCollector()
         r.register(self._host)
-        self.upload_seconds = Histogram(
-            "adaptd_replication_upload_seconds",
-            "Time a successful upload of one checkpoint to a destination took.",
-            ["destination"], buckets=SAVE_BUCKETS, registry=r,
-        )  # fmt: skip
+        self.upload_seconds = upload_seconds if upload_seconds is not None else upload_histogram()
+        r.register(self.upload_seconds)
         self._replication = ReplicationCollector(replication)
         r.register(self._replication)
+        for collector in collectors:
+            r.register(collector)
 
         self._lock = threading.Lock()
         self._streaks: dict[str, int] = {}
@@ -424,11 +430,22 @@ class Metrics:
             out.update(family.name + s for s in suffixes)
         return out
 
-    def serve(self, host: str = "127.0.0.1", port: int = 9465) -> MetricsServer:
+    def serve(self, host: str, port: int) -> MetricsServer:
         """Start the HTTP endpoint; raises :class:`MetricsError` if it cannot bind."""
         server = MetricsServer(self, host, port)
         server.start()
         return server
+
+
+def upload_histogram() -> Histogram:
+    """The upload-time histogram (``adaptd_replication_upload_seconds``), not yet in a
+    registry: made before the Replicator that fills it and the :class:`Metrics` that
+    exports it."""
+    return Histogram(
+        "adaptd_replication_upload_seconds",
+        "Time a successful upload of one checkpoint to a destination took.",
+        ["destination"], buckets=SAVE_BUCKETS, registry=None,
+    )  # fmt: skip
 
 
 #: How often the endpoint's thread checks whether it should stop: ``stop()`` (and so

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from adaptd.core.snapshot import Snapshot
+from adaptd.core.snapshot import Snapshot, StorageSample
 
 if TYPE_CHECKING:
     from adaptd.protocol.admin import ReplicationInfo
@@ -42,23 +42,8 @@ class SnapshotCollector(Collector):
         yield from self._families(self.snapshot)
 
     def _families(self, snap: Snapshot | None) -> Iterator[Metric]:
-        gl = ["gpu", "uuid"]
-        util = GaugeMetricFamily(
-            "adaptd_gpu_utilization_ratio", "GPU SM utilisation (0..1).", labels=gl
-        )
-        mem_util = GaugeMetricFamily(
-            "adaptd_gpu_memory_utilization_ratio", "GPU memory-controller utilisation.", labels=gl
-        )
-        mem_used = GaugeMetricFamily(
-            "adaptd_gpu_memory_used_bytes", "GPU memory in use.", labels=gl
-        )
-        mem_total = GaugeMetricFamily(
-            "adaptd_gpu_memory_total_bytes", "GPU memory installed.", labels=gl
-        )
-        power = GaugeMetricFamily("adaptd_gpu_power_watts", "GPU power draw.", labels=gl)
-        temp = GaugeMetricFamily(
-            "adaptd_gpu_temperature_celsius", "GPU core temperature.", labels=gl
-        )
+        gl, sl = ["gpu", "uuid"], ["target", "mountpoint"]
+        gpu = [(GaugeMetricFamily(name, text, labels=gl), attr) for name, text, attr in GPU_GAUGES]
         ecc = CounterMetricFamily(
             "adaptd_gpu_ecc_errors",
             "Volatile ECC error counts from NVML (reset when the driver reloads).",
@@ -69,21 +54,10 @@ class SnapshotCollector(Collector):
             "1 when the GPU has retired pages or remapped rows pending (needs a reset).",
             labels=[*gl, "kind"],
         )
-        sl = ["target", "mountpoint"]
-        busy = GaugeMetricFamily(
-            "adaptd_storage_busy_ratio", "Fraction of time the storage device was busy.", labels=sl
-        )
-        wlat = GaugeMetricFamily(
-            "adaptd_storage_write_latency_seconds", "Mean time per write operation.", labels=sl
-        )
-        wrate = GaugeMetricFamily(
-            "adaptd_storage_write_bytes_per_second",
-            "Write throughput over the last sampling interval.",
-            labels=sl,
-        )
-        writing = GaugeMetricFamily(
-            "adaptd_storage_saves_in_flight", "Jobs with a save in flight on the target.", labels=sl
-        )
+        storage = [
+            (GaugeMetricFamily(name, text, labels=sl), value)
+            for name, text, value in STORAGE_GAUGES
+        ]
         host_mem = GaugeMetricFamily("adaptd_host_memory_available_bytes", "Host memory available.")
         errors, dropped = self.state
         state_err = CounterMetricFamily(
@@ -97,26 +71,45 @@ class SnapshotCollector(Collector):
         if snap is not None:
             for g in snap.gpus:
                 lv = [str(g.index), g.uuid]
-                _add(util, lv, g.util_sm)
-                _add(mem_util, lv, g.util_mem)
-                _add(mem_used, lv, g.mem_used_bytes)
-                _add(mem_total, lv, g.mem_total_bytes)
-                _add(power, lv, g.power_w)
-                _add(temp, lv, g.temperature_c)
+                for family, attr in gpu:
+                    _add(family, lv, getattr(g, attr))
                 _add(ecc, [*lv, "corrected"], g.ecc_corrected)
                 _add(ecc, [*lv, "uncorrected"], g.ecc_uncorrected)
                 _add(pending, [*lv, "retired_pages"], g.retired_pages_pending)
                 _add(pending, [*lv, "remapped_rows"], g.remapped_rows_pending)
             for s in snap.storage:
                 lv = [s.target, s.mountpoint]
-                _add(busy, lv, s.busy_fraction)
-                _add(wlat, lv, s.write_latency_s)
-                _add(wrate, lv, s.write_bytes_per_s)
-                _add(writing, lv, len(s.writing_jobs))
+                for family, value in storage:
+                    _add(family, lv, value(s))
             if snap.host is not None and snap.host.mem_available_bytes is not None:
                 host_mem.add_metric([], snap.host.mem_available_bytes)
-        yield from (util, mem_util, mem_used, mem_total, power, temp, ecc, pending)
-        yield from (busy, wlat, wrate, writing, host_mem, state_err, state_drop)
+        yield from (family for family, _ in gpu)
+        yield from (ecc, pending)
+        yield from (family for family, _ in storage)
+        yield from (host_mem, state_err, state_drop)
+
+
+#: Per-GPU gauges: the series, its help, the :class:`~adaptd.core.snapshot.GpuSample` field.
+GPU_GAUGES = (
+    ("adaptd_gpu_utilization_ratio", "GPU SM utilisation (0..1).", "util_sm"),
+    ("adaptd_gpu_memory_utilization_ratio", "GPU memory-controller utilisation.", "util_mem"),
+    ("adaptd_gpu_memory_used_bytes", "GPU memory in use.", "mem_used_bytes"),
+    ("adaptd_gpu_memory_total_bytes", "GPU memory installed.", "mem_total_bytes"),
+    ("adaptd_gpu_power_watts", "GPU power draw.", "power_w"),
+    ("adaptd_gpu_temperature_celsius", "GPU core temperature.", "temperature_c"),
+)
+#: Per-storage-target gauges: the series, its help, its value from a
+#: :class:`~adaptd.core.snapshot.StorageSample`.
+STORAGE_GAUGES: tuple[tuple[str, str, Callable[[StorageSample], float | None]], ...] = (
+    ("adaptd_storage_busy_ratio", "Fraction of time the storage device was busy.",
+     lambda s: s.busy_fraction),
+    ("adaptd_storage_write_latency_seconds", "Mean time per write operation.",
+     lambda s: s.write_latency_s),
+    ("adaptd_storage_write_bytes_per_second", "Write throughput over the last sampling interval.",
+     lambda s: s.write_bytes_per_s),
+    ("adaptd_storage_saves_in_flight", "Jobs with a save in flight on the target.",
+     lambda s: len(s.writing_jobs)),
+)  # fmt: skip
 
 
 class ReplicationCollector(Collector):

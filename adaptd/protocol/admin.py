@@ -6,6 +6,12 @@ report, only an operator may ask every job to save. Requests and replies are
 msgspec structs over msgpack, tagged by ``op``, strictly validated like the job
 protocol (:mod:`adaptd.protocol.job`) but versioned on their own.
 
+The requests and replies below are those of the built-in operator commands; a new
+command may define its own (a :class:`Request` and a :class:`Reply` subclass with a tag
+of their own) in its module (:mod:`adaptd.commands`). The daemon accepts the requests of
+the commands in its table, decoded by a :class:`RequestDecoder` over their types;
+:func:`decode_request` decodes the built-in ones.
+
 :func:`request` is the client side used by every operator command (``status``,
 ``history``, ``save-now``, ``drain``, ``set-policy``, ``pause``/``resume``): one REQ
 socket per call, a deadline, never a hang. The daemon's side is
@@ -14,6 +20,7 @@ socket per call, a deadline, never a hang. The daemon's side is
 
 from __future__ import annotations
 
+import functools
 import os
 import typing as t
 from pathlib import Path
@@ -26,6 +33,8 @@ from adaptd.protocol.job import MAX_MESSAGE_BYTES, JobId, Text
 
 __all__ = [
     "ADMIN_VERSION",
+    "DRAIN_TIMEOUT_S",
+    "MAX_DRAIN_S",
     "MAX_HISTORY",
     "MAX_REQUEST_BYTES",
     "AdminError",
@@ -48,6 +57,7 @@ __all__ = [
     "ReplicationInfo",
     "Reply",
     "Request",
+    "RequestDecoder",
     "RoundsInfo",
     "SaveInfo",
     "SaveNowReply",
@@ -69,6 +79,8 @@ ADMIN_VERSION = 1
 MAX_REQUEST_BYTES = MAX_MESSAGE_BYTES
 #: Longest drain an operator may ask for (a day); the decoder refuses NaN and inf too.
 MAX_DRAIN_S = 86_400.0
+#: How long a drain waits for the jobs' saves unless the operator says (``--timeout``).
+DRAIN_TIMEOUT_S = 300.0
 #: Most saves one ``history`` reply lists (the newest ones).
 MAX_HISTORY = 10_000
 
@@ -98,7 +110,7 @@ class DrainRequest(Request, frozen=True, tag="drain"):
     deadline must exceed ``timeout_s``.
     """
 
-    timeout_s: t.Annotated[float, msgspec.Meta(gt=0, le=MAX_DRAIN_S)] = 300.0
+    timeout_s: t.Annotated[float, msgspec.Meta(gt=0, le=MAX_DRAIN_S)] = DRAIN_TIMEOUT_S
     reason: Text = "drain"
 
 
@@ -378,7 +390,6 @@ AnyReply = t.Union[  # noqa: UP007
 ]
 
 _encoder = msgspec.msgpack.Encoder()
-_request_decoder = msgspec.msgpack.Decoder(AnyRequest)
 _reply_decoder = msgspec.msgpack.Decoder(AnyReply)
 
 
@@ -397,28 +408,54 @@ def encode(msg: Request | Reply) -> bytes:
     return _encoder.encode(msg)
 
 
+class RequestDecoder:
+    """Decodes an operator's request of one of ``types`` (each a :class:`Request` with a
+    tag of its own); strict: a field it does not know is refused."""
+
+    def __init__(self, types: t.Iterable[type[Request]]) -> None:
+        self.types = tuple(types)
+        self._decoder = msgspec.msgpack.Decoder(t.Union[self.types])  # type: ignore[arg-type]  # noqa: UP007
+
+    def decode(self, frame: bytes) -> Request:
+        """Raises :class:`AdminError` (``invalid``, ``too_large``, ``version``)."""
+        if len(frame) > MAX_REQUEST_BYTES:
+            raise AdminError(
+                "too_large", f"request of {len(frame)} bytes exceeds {MAX_REQUEST_BYTES}"
+            )
+        try:
+            req = self._decoder.decode(frame)
+        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+            raise AdminError("invalid", f"invalid admin request: {exc}") from None
+        if req.v != ADMIN_VERSION:
+            raise AdminError(
+                "version",
+                f"admin protocol {req.v} is not supported (the daemon speaks {ADMIN_VERSION})",
+            )
+        return req
+
+
+_built_in = RequestDecoder(t.get_args(AnyRequest))
+
+
 def decode_request(frame: bytes) -> AnyRequest:
-    """Decode an operator's request; raises :class:`AdminError` (``invalid``, ``too_large``,
-    ``version``)."""
-    if len(frame) > MAX_REQUEST_BYTES:
-        raise AdminError("too_large", f"request of {len(frame)} bytes exceeds {MAX_REQUEST_BYTES}")
-    try:
-        req = _request_decoder.decode(frame)
-    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-        raise AdminError("invalid", f"invalid admin request: {exc}") from None
-    if req.v != ADMIN_VERSION:
-        raise AdminError(
-            "version",
-            f"admin protocol {req.v} is not supported (the daemon speaks {ADMIN_VERSION})",
-        )
-    return req
+    """Decode an operator's request of a built-in command; raises :class:`AdminError`
+    (``invalid``, ``too_large``, ``version``)."""
+    return _built_in.decode(frame)  # type: ignore[return-value]
 
 
-def decode_reply(frame: bytes) -> AnyReply:
+def decode_reply(frame: bytes, reply: type[Reply] | None = None) -> Reply:
+    """A reply of the daemon: one of the built-in ones, or ``reply`` (or an
+    :class:`ErrorReply`). Raises :class:`AdminError` (``bad_reply``)."""
+    decoder = _reply_decoder if reply is None else _decoder_of(reply)
     try:
-        return _reply_decoder.decode(frame)
+        return decoder.decode(frame)
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
         raise AdminError("bad_reply", f"the daemon's reply could not be read: {exc}") from None
+
+
+@functools.cache
+def _decoder_of(reply: type[Reply]) -> msgspec.msgpack.Decoder:
+    return msgspec.msgpack.Decoder(t.Union[reply, ErrorReply])  # type: ignore[valid-type]  # noqa: UP007
 
 
 def admin_path(job_socket: str | os.PathLike[str]) -> Path:
@@ -427,8 +464,14 @@ def admin_path(job_socket: str | os.PathLike[str]) -> Path:
     return paths.admin_socket_path(job_socket)
 
 
-def request(job_socket: str | os.PathLike[str], req: Request, timeout_s: float = 3.0) -> AnyReply:
-    """Send ``req`` to the daemon serving ``job_socket`` and return its reply.
+def request(
+    job_socket: str | os.PathLike[str],
+    req: Request,
+    timeout_s: float = 3.0,
+    reply: type[Reply] | None = None,
+) -> Reply:
+    """Send ``req`` to the daemon serving ``job_socket`` and return its reply (one of the
+    built-in replies, or of type ``reply``: a command's own).
 
     Raises :class:`AdminError`: ``no_daemon`` when the admin socket file is absent,
     ``timeout`` when nothing answers within ``timeout_s`` (a stale socket file, or
@@ -453,9 +496,9 @@ def request(job_socket: str | os.PathLike[str], req: Request, timeout_s: float =
                 f"the adaptd daemon at {path} did not answer within {timeout_s:g}s "
                 "(stale socket, or the daemon is stuck)",
             )
-        reply = decode_reply(sock.recv())
+        answer = decode_reply(sock.recv(), reply)
     finally:
         sock.close(linger=0)
-    if isinstance(reply, ErrorReply):
-        raise AdminError(reply.code, reply.message)
-    return reply
+    if isinstance(answer, ErrorReply):
+        raise AdminError(answer.code, answer.message)
+    return answer

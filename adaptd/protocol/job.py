@@ -34,9 +34,12 @@ import msgspec
 
 __all__ = [
     "KEEPALIVE_S",
+    "LIVENESS_TIMEOUT_S",
     "MAX_MESSAGE_BYTES",
     "MAX_OFFERED",
     "MAX_TEXT",
+    "REPORT_INTERVAL_S",
+    "ROUND_TIMEOUT_S",
     "VERSION",
     "Ack",
     "Action",
@@ -85,11 +88,16 @@ VERSION = 2
 #: would take a live daemon with nothing new to say for dead whenever its timeout is
 #: shorter than this plus its report interval.)
 KEEPALIVE_S = 2.0
-#: The bound on one of the daemon's agreement rounds (ranks without a runtime of their
-#: own): the daemon decides a round no later than this after proposing it, counting a
-#: rank that has not answered as missing, and a rank held at the round's step waits this
-#: long for the decision before it counts the round aborted. One figure for both sides:
-#: a rank that gave up sooner could abort a round the daemon still commits.
+#: How often a rank reports its steps by default (the hook's ``report_interval``): the
+#: daemon's view of a rank's step may be this far behind, so a daemon's round proposes
+#: at least this far ahead.
+REPORT_INTERVAL_S = 1.0
+#: A rank silent this long is taken for gone by default (the daemon's
+#: ``daemon.liveness_timeout_s``, ``serve --silence-timeout``).
+LIVENESS_TIMEOUT_S = 300.0
+#: Bound on a daemon's agreement round (:mod:`adaptd.core.rounds`), both ways: the
+#: daemon counts a rank that has not answered by then as missing, and a rank holding at
+#: the round's step waits that long for the decision before it counts the round aborted.
 ROUND_TIMEOUT_S = 10.0
 #: Largest frame either side accepts. Real messages are a few hundred bytes.
 MAX_MESSAGE_BYTES = 64 * 1024

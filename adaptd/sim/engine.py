@@ -58,6 +58,7 @@ from adaptd.core.model import HOUR
 from adaptd.core.policy import Policy
 from adaptd.core.snapshot import FleetSample, GpuSample, Snapshot, StorageSample
 from adaptd.fleet.history import FleetHistory, draw_history, job_inputs
+from adaptd.protocol.job import REPORT_INTERVAL_S
 from adaptd.sim.classes import FailureKinds
 from adaptd.sim.inflight import Write, Writes
 from adaptd.sim.scenario import Scenario
@@ -78,8 +79,8 @@ __all__ = [
 JOB = "sim"
 TARGET = "sim-storage"
 PID = 1
-#: Seconds between the hook's step reports (its ``report_interval``).
-REPORT_S = 1.0
+#: Seconds between the hook's step reports (its default ``report_interval``).
+REPORT_S = REPORT_INTERVAL_S
 
 
 @dataclass(frozen=True)

@@ -43,19 +43,14 @@ the value and what is expected.
 from __future__ import annotations
 
 import math
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from adaptd.config import toml
 from adaptd.core.model import HOUR, weibull_scale
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on 3.10 only
-    import tomli as tomllib
 
 __all__ = [
     "LocalTier",
@@ -208,8 +203,8 @@ def load(name_or_path: str | Path) -> Scenario:
             f"built-in {name_or_path}",
         )
     try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
+        data = toml.loads(text)
+    except toml.TOMLDecodeError as exc:
         raise ScenarioError(f"{where}: not valid TOML: {exc}") from None
     return from_dict(data, default_name=default_name, where=where)
 

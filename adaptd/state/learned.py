@@ -1,11 +1,12 @@
 """What the daemon learned, kept across its restarts: the host's failure rate and each
 job's save and restore costs.
 
-:class:`Learned` restores both from the state database when ``adaptd serve`` starts,
-gives each new job a tracker that starts from what the store knew about it (and
-shares the host's one failure-rate posterior), and queues what was learned back to
+:func:`restore_failure_rate` and :class:`Learned` restore both from the state database
+when ``adaptd serve`` starts; :class:`Learned` gives each new job a tracker that starts
+from what the store knew about it (and shares the host's one failure-rate posterior),
+and queues what was learned back to
 the store: a job's costs after each counted save, the failure rate after each
-failure, and everything every :data:`adaptd.daemon.service.PERSIST_EVERY_S` and at exit. A
+failure, and everything every :data:`adaptd.daemon.upkeep.PERSIST_EVERY_S` and at exit. A
 record written by another adaptd version is discarded with a warning, never trusted.
 """
 
@@ -22,7 +23,7 @@ from adaptd.daemon.logfmt import logfmt
 from adaptd.protocol.job import Hello
 from adaptd.state.store import GLOBAL, Store, job_scope
 
-__all__ = ["FAILURE_RATE_KEY", "LEARNED_KEY", "Learned"]
+__all__ = ["FAILURE_RATE_KEY", "LEARNED_KEY", "Learned", "restore_failure_rate"]
 
 log = logging.getLogger("adaptd.service")
 
@@ -31,43 +32,46 @@ FAILURE_RATE_KEY = "failure_rate"
 LEARNED_KEY = "learned"
 
 
+def restore_failure_rate(store: Store, gpu_mtbf_s: float) -> FailureRate:
+    """The host's failure-rate posterior as the store kept it, with the configured prior
+    ``gpu_mtbf_s`` (what was observed carries over a restart, the prior is the config's:
+    it may have changed); a fresh one when none was kept or it cannot be used."""
+    fresh = FailureRate(prior_gpu_mtbf_s=gpu_mtbf_s)
+    data = store.param(GLOBAL, FAILURE_RATE_KEY)
+    if data is None:
+        return fresh
+    try:
+        restored = dataclasses.replace(FailureRate.from_dict(data), prior_gpu_mtbf_s=gpu_mtbf_s)
+    except (ValueError, KeyError, TypeError) as exc:
+        log.warning(logfmt("learned_discarded", what="failure_rate", error=str(exc)))
+        return fresh
+    log.info(logfmt("learned_restored", what="failure_rate", gpu_mtbf_s=restored.gpu_mtbf_s))
+    return restored
+
+
 class Learned:
     """The learned parameters of one daemon, restored from ``store`` and written back to it.
 
-    ``gpu_mtbf_s`` is the configured prior: what was observed carries over a restart,
-    the prior is the config's (it may have changed). ``host_gpus``: the host's GPU
-    count now (None: unknown), see :meth:`tracker_for`.
+    ``failure_rate``: the posterior every job's tracker shares (the host's, restored by
+    :func:`restore_failure_rate`, or the fleet's pooled one built on it).
+    ``gpu_mtbf_s`` is the configured prior. ``host_gpus``: the host's GPU count now
+    (None: unknown), see :meth:`tracker_for`.
     """
 
     def __init__(
         self,
         store: Store,
         *,
+        failure_rate: FailureRate,
         gpu_mtbf_s: float,
         host_gpus: Callable[[], int | None] = lambda: None,
     ) -> None:
         self.store = store
+        self.failure_rate = failure_rate
         self.gpu_mtbf_s = gpu_mtbf_s
         #: The host's GPU count now (None: unknown), which bounds what a job's claim
         #: counts in the shared posterior (:mod:`adaptd.core.gpu_claims`).
         self.host_gpus = host_gpus
-        self.failure_rate = FailureRate(prior_gpu_mtbf_s=gpu_mtbf_s)
-        data = store.param(GLOBAL, FAILURE_RATE_KEY)
-        if data is None:
-            return
-        try:
-            restored = FailureRate.from_dict(data)
-            self.failure_rate = dataclasses.replace(restored, prior_gpu_mtbf_s=gpu_mtbf_s)
-        except (ValueError, KeyError, TypeError) as exc:
-            log.warning(logfmt("learned_discarded", what="failure_rate", error=str(exc)))
-        else:
-            log.info(
-                logfmt(
-                    "learned_restored",
-                    what="failure_rate",
-                    gpu_mtbf_s=self.failure_rate.gpu_mtbf_s,
-                )
-            )
 
     def tracker_for(self, msg: Hello) -> JobTracker:
         """A new job's tracker: the host's shared failure rate, the configured GPU
@@ -94,14 +98,8 @@ class Learned:
             except (ValueError, TypeError) as exc:
                 log.warning(logfmt("learned_discarded", job=msg.job, error=str(exc)))
             else:
-                log.info(
-                    logfmt(
-                        "learned_restored",
-                        job=msg.job,
-                        saves=tracker.saves,
-                        save_cost_s=tracker.save_cost_s,
-                    )
-                )
+                log.info(logfmt("learned_restored", job=msg.job, saves=tracker.saves,
+                                save_cost_s=tracker.save_cost_s))  # fmt: skip
         return tracker
 
     def keep_job(self, job: str, learned: dict[str, Any] | None, *, failure: bool) -> None:

@@ -5,11 +5,19 @@ The store keeps these rows (:mod:`adaptd.state.store`), the metrics observe the 
 (:mod:`adaptd.metrics.exporter`), and ``adaptd report`` reads them back: :func:`record_of` is
 the one place where an event becomes a record, so what is stored and what is
 exported cannot drift apart. Times in records are wall-clock seconds since the epoch.
+
+A record made from another one takes the fields they share by name (:func:`copy_fields`,
+the one piece of code that does, also for the admin protocol's views of a save or a plan).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import msgspec
 
 from adaptd.core.snapshot import Decision
 from adaptd.daemon import events
@@ -22,8 +30,25 @@ __all__ = [
     "JobSummary",
     "Record",
     "SaveRecord",
+    "copy_fields",
     "record_of",
 ]
+
+_T = TypeVar("_T")
+
+
+def copy_fields(cls: type[_T], src: object, **given: Any) -> _T:
+    """A ``cls`` (a dataclass or a msgspec Struct) whose fields are ``given``, and for the
+    others the same-named attributes of ``src`` (a field ``src`` lacks keeps its default)."""
+    values = {n: getattr(src, n) for n in _names(cls) if n not in given and hasattr(src, n)}
+    return cls(**values, **given)
+
+
+@functools.cache
+def _names(cls: type) -> tuple[str, ...]:
+    if dataclasses.is_dataclass(cls):
+        return tuple(f.name for f in dataclasses.fields(cls))
+    return tuple(f.name for f in msgspec.structs.fields(cls))
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,21 +73,7 @@ class SaveRecord:
     def from_report(cls, msg: SaveReport, *, received: float) -> SaveRecord:
         """The record for a :class:`~adaptd.protocol.job.SaveReport` received at wall time
         ``received``: the save started ``durable_s`` before it became durable."""
-        return cls(
-            job=msg.job,
-            rank=msg.rank,
-            step=msg.step,
-            started=received - msg.durable_s,
-            ended=received,
-            blocking_s=msg.blocking_s,
-            durable_s=msg.durable_s,
-            bytes=msg.bytes,
-            ok=msg.ok,
-            error=msg.error,
-            path=msg.path,
-            extra_step_s=msg.extra_step_s,
-            reason=msg.reason,
-        )
+        return copy_fields(cls, msg, started=received - msg.durable_s, ended=received)
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,19 +103,7 @@ class DecisionRecord:
         step_time_s: float | None = None,
     ) -> DecisionRecord:
         """The record for ``decision`` taken for ``job`` at wall time ``time``."""
-        return cls(
-            job=job,
-            time=time,
-            step=step,
-            next_step=decision.next_step,
-            every_steps=decision.every_steps,
-            urgent=decision.urgent,
-            policy=decision.policy,
-            reason=decision.reason,
-            interval_s=decision.interval_s,
-            waste=decision.waste,
-            step_time_s=step_time_s,
-        )
+        return copy_fields(cls, decision, job=job, time=time, step=step, step_time_s=step_time_s)
 
 
 @dataclass(frozen=True, slots=True)

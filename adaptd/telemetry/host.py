@@ -25,14 +25,15 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import psutil
 
-from adaptd.core.snapshot import HostSample
+from adaptd.core.snapshot import HostSample, Snapshot
 from adaptd.telemetry.once import OnceLog
+from adaptd.telemetry.source import Sampling
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +116,8 @@ def pid_exists(pid: int) -> bool:
 
 
 class Host:
-    """Samples :class:`~adaptd.core.snapshot.HostSample`: memory and load per core.
+    """Samples :class:`~adaptd.core.snapshot.HostSample`: memory and load per core. A
+    telemetry source (:mod:`adaptd.telemetry.source`): it fills ``Snapshot.host``.
 
     ``memory`` returns an object with ``available`` and ``total`` bytes (psutil's
     ``svmem``); ``loadavg`` the 1, 5 and 15-minute load averages.
@@ -149,6 +151,10 @@ class Host:
         return HostSample(
             mem_available_bytes=available, mem_total_bytes=total, cpu_load=load, draining=draining
         )
+
+    def collect(self, snapshot: Snapshot, sampling: Sampling) -> Snapshot:
+        """The telemetry source: ``snapshot`` with this host's :meth:`sample`."""
+        return replace(snapshot, host=self.sample(sampling.draining))
 
 
 __all__ = [

@@ -21,6 +21,7 @@ __all__ = [
     "THROTTLE_BITS",
     "format_gpus",
     "format_host",
+    "format_readings",
     "format_storage",
     "health",
     "render",
@@ -175,19 +176,35 @@ def format_host(host: Mapping[str, Any] | None) -> str:
     return line + "\n"
 
 
+def format_readings(readings: Sequence[Mapping[str, Any]]) -> str:
+    """One line per telemetry source without a table of its own (a
+    :class:`~adaptd.core.snapshot.Reading`): its name and figures; ``""`` when none."""
+    lines = []
+    for r in readings:
+        figures = ", ".join(
+            f"{f['name']} {'-' if f.get('value') is None else format(f['value'], '.4g')}"
+            for f in r.get("figures") or ()
+        )
+        lines.append(f"{r['source']}: {figures or 'no figures'}\n")
+    return "".join(lines)
+
+
 def parts(data: Mapping[str, Any], *, now: float | None = None) -> list[tables.Part]:
-    """Host line, GPU table and storage table from :func:`to_dict` output, for
-    :func:`adaptd.commands._tables.emit`. ``now`` (same monotonic clock) adds the snapshot's age."""
+    """Host line, GPU table, storage table and a line per other source from
+    :func:`to_dict` output, for :func:`adaptd.commands._tables.emit`. ``now`` (same
+    monotonic clock) adds the snapshot's age."""
     age = "" if now is None else f" ({max(0.0, now - data['time']):.1f}s old)"
     gpus = gpu_table(data.get("gpus") or ())
     storage = storage_table(data.get("storage") or ())
-    return [
+    out: list[tables.Part] = [
         f"telemetry{age}\n" + format_host(data.get("host")).rstrip("\n"),
         "",
         gpus if gpus is not None else "gpus: none seen (no NVIDIA driver, or no GPUs)",
         "",
         storage if storage is not None else "storage: no job has a local checkpoint dir yet",
     ]
+    readings = format_readings(data.get("readings") or ())
+    return [*out, "", readings.rstrip("\n")] if readings else out
 
 
 def render(data: Mapping[str, Any], *, now: float | None = None) -> str:

@@ -1,19 +1,20 @@
-"""The sampling loop: GPUs, storage and host into one frozen :class:`Snapshot`.
+"""The sampling loop: the registered telemetry sources into one frozen :class:`Snapshot`.
 
-:class:`Sampler` owns the three sources (:mod:`.nvml`, :mod:`.storage`,
-:mod:`.host`), calls each in its own guard (a source that raises is counted,
-logged once per exception type, and leaves its part of the snapshot empty; the
-others go on), maps GPU processes to jobs, and keeps a bounded ring buffer of
-past snapshots for trends.
+:class:`Sampler` iterates its sources (:class:`~adaptd.telemetry.source.Sources`:
+anything with ``collect(snapshot, sampling)``, the built-in GPUs, storage and host
+included), each in its own guard: a source that raises is counted, logged once per
+exception type, and leaves its part of the snapshot as it was; the others go on. It
+keeps a bounded ring buffer of past snapshots for trends.
 
 It fits the daemon's seams without a thread of its own (``adaptd serve`` wires it
-this way in :mod:`adaptd.daemon.service`)::
+this way in :mod:`adaptd.daemon.service_parts`)::
 
     sampler = Sampler.default()                 # real NVML (or degraded), /proc, /sys
-    jobs = RegistryView(registry)               # the registry's jobs, read-only
-    Daemon(...,
-           snapshot_source=sampler.latest,      # newest snapshot, no I/O
-           tick_hooks=[lambda now: sampler.tick(now, jobs=jobs.processes)])
+    table = JobTable()                          # the registry's records, to be
+    jobs = RegistryView(table)                  # read through this view
+    build(options, Seams(jobs=table,
+          snapshot_source=sampler.latest,       # newest snapshot, no I/O
+          tick_hooks=[lambda now: sampler.tick(now, jobs=jobs.processes)]))
 
 ``tick(now, jobs=...)`` samples at most once per ``interval`` against a monotonic
 deadline (a late tick does not make the next one early), asking ``jobs`` for each
@@ -24,23 +25,22 @@ daemon a fixed set of jobs.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
-from adaptd.core.snapshot import GpuSample, HostSample, Snapshot, StorageSample
+from adaptd.core.snapshot import GpuSample, Snapshot
+from adaptd.telemetry.gpus import GpuJobs, Gpus, GpuSource
 from adaptd.telemetry.host import Host, ProcessInfo, process_info
 from adaptd.telemetry.once import OnceLog
+from adaptd.telemetry.source import JobInfo, Sampling, Source, Sources
 from adaptd.telemetry.storage import Storage
 
 __all__ = [
     "HISTORY",
-    "MAX_PARENT_DEPTH",
     "GpuSource",
     "JobInfo",
     "JobSource",
@@ -51,21 +51,6 @@ log = logging.getLogger(__name__)
 
 #: Snapshots kept (5 minutes at 1 Hz).
 HISTORY = 300
-#: Parent links followed when mapping a GPU process to a job's pid.
-MAX_PARENT_DEPTH = 16
-
-
-class GpuSource(Protocol):
-    def sample(self) -> tuple[GpuSample, ...]: ...
-    def close(self) -> None: ...
-
-
-@dataclass(frozen=True, slots=True)
-class JobInfo:
-    """What the sampler needs to know about a job."""
-
-    checkpoint_dir: str = ""
-    pids: tuple[int, ...] = ()
 
 
 #: Where a job's :class:`JobInfo` (or its ``(checkpoint_dir, pids)``) comes from:
@@ -76,9 +61,11 @@ JobSource = Callable[[], Mapping[str, "JobInfo | tuple[str, tuple[int, ...]]"]]
 class Sampler:
     """Builds snapshots from the sources; see the module docstring for the wiring.
 
-    ``nvml``/``storage``/``host`` may be ``None`` to leave that part out;
-    ``processes`` tells a pid's parent (psutil by default).
-    Raises :class:`ValueError` for an ``interval`` or ``history`` that is not positive.
+    ``nvml``, ``storage``, ``host``: the built-in sources, registered first when given
+    (as ``gpu`` and ``gpu_jobs``, ``storage``, ``host``); ``sources``: more, by name, in
+    order (each a :class:`~adaptd.telemetry.source.Source`). ``processes`` tells a
+    pid's parent (psutil by default). Raises :class:`ValueError` for an ``interval``
+    or ``history`` that is not positive, or a source name used twice.
     """
 
     def __init__(
@@ -87,6 +74,7 @@ class Sampler:
         nvml: GpuSource | None = None,
         storage: Storage | None = None,
         host: Host | None = None,
+        sources: Mapping[str, Source] | None = None,
         interval: float = 1.0,
         history: int = HISTORY,
         processes: Callable[[int], ProcessInfo | None] = process_info,
@@ -97,10 +85,17 @@ class Sampler:
         if history < 1:
             raise ValueError(f"sampler history must be >= 1 snapshot, got {history!r}")
         self.nvml = nvml
-        self.storage = storage
-        self.host = host
+        self.sources = Sources()
+        if nvml is not None:
+            self.sources.register("gpu", Gpus(nvml))
+            self.sources.register("gpu_jobs", GpuJobs(processes))
+        if storage is not None:
+            self.sources.register("storage", storage)
+        if host is not None:
+            self.sources.register("host", host)
+        for name, source in (sources or {}).items():
+            self.sources.register(name, source)
         self.interval = float(interval)
-        self.processes = processes
         self.clock = clock
         self.history: deque[Snapshot] = deque(maxlen=history)
         self.failures: Counter[str] = Counter()
@@ -113,7 +108,9 @@ class Sampler:
 
     @classmethod
     def default(cls, *, interval: float = 1.0, nvml_library: Any | None = None) -> Sampler:
-        """Real sources: NVML (degraded to no GPUs when unusable), psutil, /proc and /sys."""
+        """The daemon's sources: NVML (degraded to no GPUs when unusable), the storage
+        targets (psutil, /proc, /sys) and the host. A new source of the daemon's is one
+        more entry of ``sources=`` here."""
         from adaptd.telemetry import nvml
 
         return cls(nvml=nvml.open(nvml_library), storage=Storage(), host=Host(), interval=interval)
@@ -166,81 +163,34 @@ class Sampler:
             stop.wait(max(0.0, self._next - self.clock()))
 
     def sample(self, now: float) -> Snapshot:
-        """Sample every source now, each in its own guard; store and return the snapshot."""
-        jobs = self._jobs
-        gpus: tuple[GpuSample, ...] = ()
-        storage: tuple[StorageSample, ...] = ()
-        host: HostSample | None = None
-        if self.nvml is not None:
-            gpus = self._guard("gpu", self.nvml.sample, ())
-            if gpus and jobs:
-                gpus = self._guard("gpu_jobs", lambda: self.map_jobs(gpus), gpus)
-        if self.storage is not None and jobs:
-            dirs = {j: i.checkpoint_dir for j, i in jobs.items() if i.checkpoint_dir}
-            storage = self._guard("storage", lambda: self.storage.sample(dirs, now), ())
-        if self.host is not None:
-            host = self._guard("host", lambda: self.host.sample(self.draining), None)
-        snap = Snapshot(time=now, gpus=gpus, storage=storage, host=host)
+        """Collect every source now, in order, each in its own guard; store and return the
+        snapshot."""
+        sampling = Sampling(now=now, jobs=self._jobs, draining=self.draining)
+        snap = Snapshot(time=now)
+        for name, source in self.sources:
+            snap = self._collect(name, source, snap, sampling)
         self.history.append(snap)
         self._latest = snap
         self.samples += 1
         return snap
 
-    def _guard(self, source: str, fn: Callable[[], Any], fallback: Any) -> Any:
+    def _collect(self, name: str, source: Source, snap: Snapshot, sampling: Sampling) -> Snapshot:
+        """``source``'s figures added to ``snap``; ``snap`` as it was when it raises."""
         try:
-            return fn()
+            return source.collect(snap, sampling)
         except Exception as exc:  # one failing source never stops the others
-            self.failures[source] += 1
+            self.failures[name] += 1
             self.once(
-                (source, type(exc).__name__),
+                (name, type(exc).__name__),
                 logging.WARNING,
                 "telemetry: the %s source failed (%s: %s); logged once per error type, "
                 "counted in failures",
-                source,
+                name,
                 type(exc).__name__,
                 exc,
                 exc_info=True,
             )
-            return fallback
-
-    def map_jobs(self, gpus: tuple[GpuSample, ...]) -> tuple[GpuSample, ...]:
-        """Fill each GPU's ``jobs``: a process belongs to a job when it, or a parent, is a job pid.
-
-        A rank's hello names its own pid, but the process NVML sees may be a child
-        (a launcher that forks workers) or the rank itself.
-        """
-        owner: dict[int, str] = {}
-        for job, info in self._jobs.items():
-            for pid in info.pids:
-                owner[pid] = job
-        cache: dict[int, str | None] = {}
-        out = []
-        for g in gpus:
-            names = sorted({n for pid in g.pids if (n := self._owner(pid, owner, cache))})
-            out.append(dataclasses.replace(g, jobs=tuple(names)) if names else g)
-        return tuple(out)
-
-    def _owner(
-        self, pid: int, owner: Mapping[int, str], cache: dict[int, str | None]
-    ) -> str | None:
-        chain = []
-        found: str | None = None
-        p: int | None = pid
-        for _ in range(MAX_PARENT_DEPTH):
-            if p is None or p <= 1:
-                break
-            if p in cache:
-                found = cache[p]
-                break
-            chain.append(p)
-            if p in owner:
-                found = owner[p]
-                break
-            info = self.processes(p)
-            p = info.ppid if info is not None else None
-        for c in chain:
-            cache[c] = found
-        return found
+            return snap
 
     def gpus_of_job(self, job: str, snapshot: Snapshot | None = None) -> tuple[GpuSample, ...]:
         """The GPUs whose processes belong to ``job`` in ``snapshot`` (default: the latest)."""
@@ -248,6 +198,8 @@ class Sampler:
         return tuple(g for g in snap.gpus if job in g.jobs)
 
     def close(self) -> None:
-        """Release NVML."""
-        if self.nvml is not None:
-            self.nvml.close()
+        """Release what the sources hold (NVML): each one's ``close()``, where it has one."""
+        for _, source in self.sources:
+            close = getattr(source, "close", None)
+            if callable(close):
+                close()

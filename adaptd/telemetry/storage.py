@@ -30,13 +30,14 @@ import logging
 import os
 import re
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TypeVar
 
-from adaptd.core.snapshot import StorageSample
+from adaptd.core.snapshot import Snapshot, StorageSample
 from adaptd.telemetry.host import DiskCounters, disk_counters, procfs
 from adaptd.telemetry.once import OnceLog
+from adaptd.telemetry.source import Sampling
 
 __all__ = [
     "MEMORY_FS",
@@ -193,7 +194,8 @@ def parse_mountstats(text: str) -> dict[str, _NfsCounters]:
 
 
 class Storage:
-    """Maps checkpoint directories to targets and samples their write figures.
+    """Maps checkpoint directories to targets and samples their write figures. A
+    telemetry source (:mod:`adaptd.telemetry.source`): it fills ``Snapshot.storage``.
 
     ``proc`` and ``sys`` are the roots of procfs and sysfs (default: the procfs
     psutil reads, and ``/sys``); ``disks`` returns the block devices' counters.
@@ -316,6 +318,14 @@ class Storage:
         return name, (name,), None
 
     # ---------------------------------------------------------------- sampling
+
+    def collect(self, snapshot: Snapshot, sampling: Sampling) -> Snapshot:
+        """The telemetry source: ``snapshot`` with the targets of the jobs' checkpoint
+        directories (none while there are no jobs)."""
+        if not sampling.jobs:
+            return snapshot
+        dirs = {j: i.checkpoint_dir for j, i in sampling.jobs.items() if i.checkpoint_dir}
+        return replace(snapshot, storage=self.sample(dirs, sampling.now))
 
     def sample(self, jobs: Mapping[str, str], now: float) -> tuple[StorageSample, ...]:
         """One sample per target of ``jobs`` ({job: checkpoint_dir}), rates since the last call.

@@ -6,9 +6,10 @@ imported on first use, so importing this package costs nothing;
 ``adaptd.tiers.restore.restore`` fetches the newest verified checkpoint into a
 directory. See docs/tiers.md.
 
-Modules: ``layout`` (the folder's files and the manifest), ``replica`` (one folder:
-read, verify, prune), ``upload`` (the resumable write path), ``throttle`` (bandwidth
-cap and yielding), ``destination`` (one destination's queue and workers),
+Modules: ``layout`` (the folder's files and the manifest), ``folder`` (one folder as
+readers and the writer see it: its files, read, verify), ``upload`` (the resumable
+write path), ``replica`` (a folder with its write path and retention), ``throttle``
+(bandwidth cap and yielding), ``destination`` (one destination's queue and workers),
 ``replicator`` (the daemon's sink that feeds them), ``restore``.
 """
 

@@ -2,9 +2,10 @@
 
 :class:`DestinationQueue` holds, per job, the one pending upload (a newer checkpoint
 replaces an older pending one) and what was replicated; ``max_concurrent`` worker
-threads take uploads in the order of the pure :func:`next_upload` (the job waiting
-longest first, ties round-robin) and share one :class:`~adaptd.tiers.throttle.Throttle`.
-A failed upload is retried after :func:`retry_delay`; a checkpoint deleted locally
+threads take uploads in the order of the pure :func:`~adaptd.tiers.schedule.next_upload`
+(the job waiting longest first, ties round-robin) and share one
+:class:`~adaptd.tiers.throttle.Throttle`. A failed upload is retried after
+:func:`~adaptd.tiers.schedule.retry_delay`; a checkpoint deleted locally
 before it was uploaded is skipped. A step of a multi-worker job waits until every
 rank's part is in the staging directory (a rank may finish its write after the one
 that reported; :mod:`adaptd.checkpoints.rank_parts`), checked again after each retry delay, and is
@@ -20,7 +21,7 @@ import math
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -30,28 +31,19 @@ from adaptd.config.loader import Destination
 from adaptd.daemon.logfmt import logfmt
 from adaptd.protocol.admin import ReplicationInfo
 from adaptd.tiers.replica import Replica, Throttle, UploadResult
+from adaptd.tiers.schedule import Pending, merge, next_upload, retry_delay
 
 __all__ = [
-    "RETRY_FIRST_S",
-    "RETRY_MAX_S",
     "TAKE_PIECE",
     "THROUGHPUT_WINDOW_S",
     "WAIT_FOR_PARTS",
     "DestinationQueue",
-    "Pending",
     "SlotGate",
     "UploadInterrupted",
-    "merge",
-    "next_upload",
-    "retry_delay",
 ]
 
 log = logging.getLogger("adaptd.replicator")
 
-#: First retry after a failed upload waits this long; each further failure doubles it ...
-RETRY_FIRST_S = 2.0
-#: ... up to this.
-RETRY_MAX_S = 300.0
 #: Throughput is the bytes sent over this window.
 THROUGHPUT_WINDOW_S = 5.0
 #: Throttle.take is asked for at most this much at a time, so a stop is prompt.
@@ -67,59 +59,6 @@ SlotGate = Callable[[Destination, str, Callable[[], bool]], contextlib.AbstractC
 
 class UploadInterrupted(Exception):
     """The replicator is stopping: the upload was abandoned (it resumes at the next start)."""
-
-
-# ---------------------------------------------------------------------- pure scheduling
-
-
-@dataclass(frozen=True)
-class Pending:
-    """One job's next upload to one destination.
-
-    ``waiting_since`` is the wall time of the oldest save of the job still waiting for
-    this destination (kept when a newer step replaces an older pending one), the key
-    that orders jobs. ``not_before`` (monotonic) delays a retry; ``attempts`` counts
-    failures of this step.
-    """
-
-    job: str
-    step: int
-    saved: float  # wall time the local checkpoint was saved
-    waiting_since: float
-    nbytes: int = 0
-    not_before: float = 0.0
-    attempts: int = 0
-
-
-def next_upload(
-    pending: Mapping[str, Pending],
-    uploading: Collection[str],
-    last_started: Mapping[str, float],
-    now: float,
-) -> Pending | None:
-    """The upload to start now, or ``None``: among jobs not uploading to this destination
-    already and not waiting out a retry delay, the one waiting longest; ties go to the job
-    whose last upload started longest ago (round-robin), then by id."""
-    ready = [p for p in pending.values() if p.job not in uploading and p.not_before <= now]
-    if not ready:
-        return None
-    return min(ready, key=lambda p: (p.waiting_since, last_started.get(p.job, -math.inf), p.job))
-
-
-def merge(old: Pending | None, new: Pending) -> Pending:
-    """A newly saved checkpoint ``new`` joining the job's pending ``old``: the newer
-    step wins (a retry delay and failures belong to the old step and are dropped), and
-    the job keeps its place in line."""
-    if old is None:
-        return new
-    if new.step <= old.step:
-        return old
-    return replace(new, waiting_since=min(old.waiting_since, new.waiting_since))
-
-
-def retry_delay(attempts: int) -> float:
-    """Seconds before retry number ``attempts`` (1, 2, ...): 2 s doubling up to 5 min."""
-    return min(RETRY_MAX_S, RETRY_FIRST_S * 2 ** max(0, attempts - 1))
 
 
 # ---------------------------------------------------------------------- per destination
@@ -305,21 +244,12 @@ class DestinationQueue:
             if remote is not None:
                 self.track(job, st.staging, last_step=remote)
             if remote == step:  # there already (a catch-up after a restart, usually)
-                log.info(logfmt("replicate_current", destination=name, job=job, step=step))
+                self._say(logging.INFO, "replicate_current", job, step)
                 return
             if remote is not None and remote > step:
                 self._skipped(item, st, f"the destination's LATEST is already step {remote}")
                 return
-            log.info(
-                logfmt(
-                    "replicate_start",
-                    destination=name,
-                    job=job,
-                    step=step,
-                    bytes=item.nbytes,
-                    url=st.url,
-                )
-            )
+            self._say(logging.INFO, "replicate_start", job, step, bytes=item.nbytes, url=st.url)
             gate = (
                 self._slot_gate(self.dest, job, self._stopping.is_set)
                 if self._slot_gate is not None
@@ -359,19 +289,17 @@ class DestinationQueue:
             st.waiting = {s: t for s, t in st.waiting.items() if s > step}
             st.last_rate = result.bytes_sent / result.seconds if result.seconds > 0 else None
             st.last_error = ""
-        log.info(
-            logfmt(
-                "replicated",
-                destination=name,
-                job=job,
-                step=step,
-                bytes_sent=result.bytes_sent,
-                bytes=result.bytes_total,
-                files=result.files,
-                resumed_files=result.resumed_files,
-                seconds=round(result.seconds, 3),
-                yielded_s=round(result.yielded_s, 3),
-            )
+        self._say(
+            logging.INFO,
+            "replicated",
+            job,
+            step,
+            bytes_sent=result.bytes_sent,
+            bytes=result.bytes_total,
+            files=result.files,
+            resumed_files=result.resumed_files,
+            seconds=round(result.seconds, 3),
+            yielded_s=round(result.yielded_s, 3),
         )
         if self._on_upload is not None:
             try:
@@ -386,25 +314,12 @@ class DestinationQueue:
         try:
             deleted = replica.prune(keep_last=d.keep_last, keep_every_s=keep_every, now=self.wall())
         except Exception as exc:
-            log.warning(
-                logfmt(
-                    "replicate_prune_failed",
-                    destination=d.name,
-                    job=job,
-                    error=f"{type(exc).__name__}: {exc}",
-                )
-            )
+            error = f"{type(exc).__name__}: {exc}"
+            self._say(logging.WARNING, "replicate_prune_failed", job, error=error)
             return
         if deleted:
-            log.info(
-                logfmt(
-                    "replicate_pruned",
-                    destination=d.name,
-                    job=job,
-                    steps=",".join(map(str, deleted)),
-                    keep_last=d.keep_last,
-                )
-            )
+            steps = ",".join(map(str, deleted))
+            self._say(logging.INFO, "replicate_pruned", job, steps=steps, keep_last=d.keep_last)
 
     def _yield(self, st: _JobState) -> bool:
         if self._stopping.is_set():
@@ -438,15 +353,7 @@ class DestinationQueue:
                 self._sent.popleft()
 
     def _skipped(self, item: Pending, st: _JobState, why: str) -> None:
-        log.info(
-            logfmt(
-                "replicate_skipped",
-                destination=self.dest.name,
-                job=item.job,
-                step=item.step,
-                reason=why,
-            )
-        )
+        self._say(logging.INFO, "replicate_skipped", item.job, item.step, reason=why)
         with self._cond:
             st.skipped += 1
             st.waiting = {s: t for s, t in st.waiting.items() if s > item.step}
@@ -459,17 +366,10 @@ class DestinationQueue:
             self._skipped(item, st, f"{why} (still, after {WAIT_FOR_PARTS} checks)")
             return
         delay = retry_delay(attempts)
-        log.info(
-            logfmt(
-                "replicate_waiting",
-                destination=self.dest.name,
-                job=item.job,
-                step=item.step,
-                attempt=attempts,
-                retry_in_s=delay,
-                reason=why,
-            )
-        )
+        self._say(
+            logging.INFO, "replicate_waiting", item.job, item.step,
+            attempt=attempts, retry_in_s=delay, reason=why,
+        )  # fmt: skip
         self._retry(item, st, attempts, delay)
 
     def _retry(self, item: Pending, st: _JobState, attempts: int, delay: float) -> None:
@@ -480,35 +380,28 @@ class DestinationQueue:
             st.pending = retry if st.pending is None else merge(retry, st.pending)
 
     def _interrupted(self, item: Pending, st: _JobState) -> None:
-        log.info(
-            logfmt(
-                "replicate_interrupted",
-                destination=self.dest.name,
-                job=item.job,
-                step=item.step,
-                why="stopping; the upload resumes at the next start",
-            )
-        )
+        why = "stopping; the upload resumes at the next start"
+        self._say(logging.INFO, "replicate_interrupted", item.job, item.step, why=why)
 
     def _failed(self, item: Pending, st: _JobState, error: str) -> None:
         attempts = item.attempts + 1
         delay = retry_delay(attempts)
-        log.warning(
-            logfmt(
-                "replicate_failed",
-                destination=self.dest.name,
-                job=item.job,
-                step=item.step,
-                attempt=attempts,
-                retry_in_s=delay,
-                error=error,
-            )
-        )
+        self._say(
+            logging.WARNING, "replicate_failed", item.job, item.step,
+            attempt=attempts, retry_in_s=delay, error=error,
+        )  # fmt: skip
         with self._cond:
             st.failures += 1
             st.last_error = error
             st.last_error_at = self.wall()
         self._retry(item, st, attempts, delay)
+
+    def _say(self, level: int, event: str, job: str, step: int | None = None, **fields: Any):
+        """One log line about ``job``'s upload (of ``step``) to this destination."""
+        where: dict[str, Any] = {"destination": self.dest.name, "job": job}
+        if step is not None:
+            where["step"] = step
+        log.log(level, logfmt(event, **where, **fields))
 
     # -- status
 

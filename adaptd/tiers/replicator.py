@@ -59,17 +59,9 @@ from adaptd.config.loader import JOB_PLACEHOLDER, Config
 from adaptd.daemon import events as ev
 from adaptd.daemon.logfmt import logfmt
 from adaptd.protocol.admin import ReplicationInfo
-from adaptd.tiers.destination import (
-    DestinationQueue,
-    Pending,
-    SlotGate,
-    UploadInterrupted,
-    merge,
-    next_upload,
-    resolved,
-    retry_delay,
-)
+from adaptd.tiers.destination import DestinationQueue, SlotGate, UploadInterrupted, resolved
 from adaptd.tiers.replica import UploadResult
+from adaptd.tiers.schedule import Pending, merge, next_upload, retry_delay
 
 __all__ = [
     "STOP_TIMEOUT_S",

@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from adaptd.checkpoints.files import STATE_FILE, state_file_text
-from adaptd.tiers.replica import Manifest, Replica, TierError, fsync_dir
+from adaptd.tiers.layout import Manifest, TierError, fsync_dir
+from adaptd.tiers.replica import Replica
 
 __all__ = [
     "RestoreResult",

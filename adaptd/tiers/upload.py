@@ -20,8 +20,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, Any
 
+from adaptd.tiers.folder import OBJECT_BLOCK, Folder
 from adaptd.tiers.layout import (
     MANIFEST_VERSION,
     SHA256_HEX,
@@ -36,15 +37,9 @@ from adaptd.tiers.layout import (
 )
 from adaptd.tiers.throttle import CHUNK, Pacer, Throttle
 
-if TYPE_CHECKING:
-    from adaptd.tiers.replica import Replica
-
-__all__ = ["OBJECT_BLOCK", "Upload", "UploadResult"]
+__all__ = ["Upload", "UploadResult"]
 
 log = logging.getLogger("adaptd.tiers")
-
-#: Part size for object-store writes (s3fs starts a multipart upload beyond it; >= 5 MiB).
-OBJECT_BLOCK = 8 << 20
 
 
 @dataclass(frozen=True)
@@ -66,29 +61,34 @@ class UploadResult:
 
 
 class Upload:
-    """One upload to ``replica``: paced by ``throttle``, pausing while ``should_yield()``,
-    ``progress(n)`` after each chunk sent."""
+    """One upload to the folder ``replica``: paced by ``throttle``, pausing while
+    ``should_yield()`` (polled every ``yield_poll_s``, at most ``max_yield_s`` at a
+    time), ``progress(n)`` after each chunk sent."""
 
     def __init__(
         self,
-        replica: Replica,
+        replica: Folder,
         *,
         throttle: Throttle | None = None,
         should_yield: Callable[[], bool] | None = None,
         progress: Callable[[int], None] | None = None,
+        yield_poll_s: float,
+        max_yield_s: float,
     ) -> None:
         self.replica = replica
         self.throttle = throttle
         self.should_yield = should_yield
         self.progress = progress
+        self.yield_poll_s = yield_poll_s
+        self.max_yield_s = max_yield_s
 
     def pacer(self) -> Pacer:
         return Pacer(
             self.throttle,
             self.should_yield,
             self.progress,
-            yield_poll_s=self.replica.yield_poll_s,
-            max_yield_s=self.replica.max_yield_s,
+            yield_poll_s=self.yield_poll_s,
+            max_yield_s=self.max_yield_s,
         )
 
     def run(self, local_dir: str | os.PathLike[str], step: int, job: str) -> UploadResult:

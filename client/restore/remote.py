@@ -128,28 +128,14 @@ def source(
 
 
 def _check_protocol(url: str, where: str) -> None:
-    """Refuse a URL no filesystem can open now, instead of at the pull on a new host."""
+    """Refuse a URL no filesystem can open now, instead of at the pull on a new host
+    (:func:`adaptd.tiers.urls.check` says which destinations are accepted)."""
+    from adaptd.tiers.urls import UrlError, check
+
     try:
-        import fsspec
-    except ImportError:  # pragma: no cover - fsspec is a core dependency
-        raise ValueError(
-            f"{where}={url!r} needs fsspec: pip install 'adaptd'  (fsspec is a dependency)"
-        ) from None
-    protocol, _ = fsspec.core.split_protocol(url)
-    if protocol is None:
-        return
-    try:
-        fsspec.get_filesystem_class(protocol)
-    except ValueError:
-        raise ValueError(
-            f"{where}={url!r}: fsspec knows no protocol {protocol!r} "
-            f"(use a path, file://, s3://, or another fsspec URL)"
-        ) from None
-    except ImportError as exc:
-        extra = " (pip install 'adaptd[s3]')" if protocol in ("s3", "s3a") else ""
-        raise ValueError(
-            f"{where}={url!r}: the {protocol}:// filesystem is not installed{extra}: {exc}"
-        ) from None
+        check(url, relative=True)
+    except UrlError as exc:
+        raise ValueError(f"{where}={exc}") from None
 
 
 def has_checkpoint(directory: str | os.PathLike[str]) -> bool:

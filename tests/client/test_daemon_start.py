@@ -17,14 +17,15 @@ import pytest
 tf = pytest.importorskip("tensorflow")
 
 from adaptd.client import AdaptiveCheckpointer  # noqa: E402
-from adaptd.daemon.server import Daemon  # noqa: E402
+from adaptd.daemon.assembly import build  # noqa: E402
+from adaptd.daemon.options import DaemonOptions  # noqa: E402
 
 pytestmark = pytest.mark.tf
 
 
 def test_the_daemons_plan_is_in_force_when_restore_returns(short_dir: Path) -> None:
     sock = short_dir / "adaptd.sock"
-    with Daemon(sock, policy="fixed:steps=50").start():
+    with build(DaemonOptions(socket=sock, policy="fixed:steps=50")).start():
         ckptr = AdaptiveCheckpointer(
             short_dir / "ck", job="starts", socket=f"ipc://{sock}", handle_sigterm=False,
             v=tf.Variable(1.0),

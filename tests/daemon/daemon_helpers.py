@@ -18,6 +18,8 @@ import zmq
 
 from adaptd.commands import _spawn as spawn
 from adaptd.commands._spawn import start_daemon, stop_daemon
+from adaptd.daemon.assembly import Seams, build
+from adaptd.daemon.options import DaemonOptions
 from adaptd.daemon.server import Daemon
 from adaptd.protocol import admin
 from adaptd.protocol import job as p
@@ -147,9 +149,12 @@ class EventLog:
 
 @contextlib.contextmanager
 def thread_daemon(socket: Path, **kw) -> Iterator[tuple[Daemon, EventLog]]:
+    """A daemon in a thread, built as every daemon is (:func:`adaptd.daemon.assembly.build`):
+    ``kw`` are its options (:class:`DaemonOptions`) and seams (:class:`Seams`) by name."""
     sink = EventLog()
     kw.setdefault("policy", PINNED)
-    d = Daemon(socket, sinks=[sink], **kw).start()
+    seams = {k: kw.pop(k) for k in list(kw) if k in Seams.__dataclass_fields__}
+    d = build(DaemonOptions(socket=socket, **kw), Seams(sinks=[sink], **seams)).start()
     try:
         yield d, sink
     finally:

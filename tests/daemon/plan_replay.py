@@ -24,7 +24,8 @@ import zmq
 
 from adaptd.client.save.schedule import SaveSchedule
 from adaptd.core.snapshot import Snapshot
-from adaptd.daemon.server import Daemon
+from adaptd.daemon.assembly import Seams, build
+from adaptd.daemon.options import DaemonOptions
 from adaptd.protocol import job as p
 
 BLOCKING_S, EXTRA_S = 0.05, 0.02
@@ -33,12 +34,9 @@ BLOCKING_S, EXTRA_S = 0.05, 0.02
 def main(spec: str, durable_s: float, step_s: float, noise: float, total: int) -> str:
     clock = [1000.0]
     with tempfile.TemporaryDirectory(dir="/tmp") as d:
-        daemon = Daemon(
-            Path(d) / "a.sock",
-            policy=spec,
-            clock=lambda: clock[0],
-            snapshot_source=lambda: Snapshot(time=clock[0]),
-            tick_interval_s=3600,
+        daemon = build(
+            DaemonOptions(socket=Path(d) / "a.sock", policy=spec, tick_interval_s=3600),
+            Seams(clock=lambda: clock[0], snapshot_source=lambda: Snapshot(time=clock[0])),
         ).start()
         ctx = zmq.Context()
         sock = ctx.socket(zmq.DEALER)

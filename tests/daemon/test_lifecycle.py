@@ -14,7 +14,9 @@ import time
 import pytest
 from daemon_helpers import DEADLINE, DaemonProc, Peer
 
-from adaptd.daemon.server import Daemon, DaemonError
+from adaptd.daemon.assembly import build
+from adaptd.daemon.options import DaemonOptions
+from adaptd.daemon.server import DaemonError
 from adaptd.protocol import job as p
 from adaptd.protocol import paths
 
@@ -48,11 +50,13 @@ def test_signal_exits_zero_and_removes_sockets(short_dir, zctx, sig) -> None:
 
 def test_in_process_daemon_stops_at_once_and_refuses_a_twin(short_dir, zctx) -> None:
     """stop() wakes the poll through its wake-up socket, not at the next tick."""
-    d = Daemon(short_dir / "adaptd.sock", policy="phased", tick_interval_s=3600).start()
+    d = build(
+        DaemonOptions(socket=short_dir / "adaptd.sock", policy="phased", tick_interval_s=3600)
+    ).start()
     try:
         assert Peer(zctx, d.endpoint).hello("thread-job").seq == 1
         with pytest.raises(DaemonError, match="another adaptd daemon"):
-            Daemon(short_dir / "adaptd.sock").start()
+            build(DaemonOptions(socket=short_dir / "adaptd.sock")).start()
         assert Peer(zctx, d.endpoint).hello("thread-job-2").seq == 1  # the first serves on
     finally:
         t0 = time.monotonic()
@@ -93,7 +97,7 @@ def test_per_user_runtime_dir_is_created_private(tmp_path, monkeypatch) -> None:
         pytest.skip("tmp_path too long for an ipc path")
     if paths.SYSTEM_RUNTIME_DIR.is_dir() and os.access(paths.SYSTEM_RUNTIME_DIR, os.W_OK):
         pytest.skip("/run/adaptd is writable here and would take precedence")
-    d = Daemon().start()
+    d = build(DaemonOptions()).start()
     try:
         assert d.socket_path.parent == runtime / "adaptd"
         assert stat.S_IMODE(os.stat(runtime / "adaptd").st_mode) == 0o700
@@ -111,7 +115,7 @@ def test_bad_options_are_one_line_and_exit_1(short_dir) -> None:
     r = cli("serve", "--socket", "tcp://127.0.0.1:5555")
     assert r.returncode == 1 and "CURVE" in r.stderr
     with pytest.raises(DaemonError, match="silence-timeout"):
-        Daemon(short_dir / "a.sock", silence_timeout_s=0)
+        DaemonOptions(socket=short_dir / "a.sock", silence_timeout_s=0)
 
 
 def test_status_without_daemon_is_one_line_exit_1(short_dir) -> None:

@@ -25,10 +25,9 @@ from adaptd.commands.status import render
 from adaptd.core.estimators import FailureRate, JobTracker
 from adaptd.core.snapshot import GpuSample, Snapshot
 from adaptd.daemon import events as ev
-from adaptd.daemon.assembly import parts as build_parts
-from adaptd.daemon.jobs.registry import Registry
+from adaptd.daemon.assembly import Seams, build
+from adaptd.daemon.options import DaemonOptions
 from adaptd.daemon.server import Daemon
-from adaptd.daemon.transport import Transport
 from adaptd.protocol import admin
 from adaptd.protocol import job as p
 from adaptd.protocol.relay_auth import RelayKey
@@ -47,24 +46,16 @@ def host(
 ) -> Iterator[tuple[Daemon, EventLog, FailureRate]]:
     """A daemon on host ``name`` whose jobs share one failure rate, as ``adaptd serve``'s do."""
     sink = EventLog()
-    events = ev.EventBus([sink])
     rate = FailureRate()
 
     def tracker(msg: p.Hello) -> JobTracker:
         return JobTracker(msg.job, world_size=msg.world_size, start_step=msg.resumed_from,
                           failure_rate=rate)  # fmt: skip
 
-    registry = Registry(emit=events, hostname=name, tracker_factory=tracker)
     extra: dict = {} if snapshot_source is None else {"snapshot_source": snapshot_source}
-    d = Daemon(
-        parts=build_parts(
-            Transport(sock),
-            events=events,
-            registry=registry,
-            default_spec=PINNED,
-            relay_key=relay_key,
-            **extra,
-        )
+    d = build(
+        DaemonOptions(socket=sock, policy=PINNED, hostname=name, relay_key=relay_key),
+        Seams(sinks=[sink], tracker_factory=tracker, **extra),
     ).start()
     try:
         yield d, sink, rate

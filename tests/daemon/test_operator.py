@@ -20,7 +20,8 @@ from daemon_helpers import DEADLINE, HERE, DaemonProc, FakeJob, LogWatch, Peer, 
 
 from adaptd.cli import main as cli_main
 from adaptd.daemon import events as ev
-from adaptd.daemon.server import Daemon
+from adaptd.daemon.assembly import build
+from adaptd.daemon.options import DaemonOptions
 from adaptd.protocol import admin
 from adaptd.protocol import job as p
 
@@ -271,7 +272,7 @@ def test_every_example_spec_in_the_help_texts_is_accepted(capsys) -> None:
     sub = next(a for a in parser._actions if a.dest == "command")
     specs = []
     for name, command in sub.choices.items():
-        importlib.import_module(f"adaptd.commands.{COMMANDS[name]}").configure(command)
+        importlib.import_module(COMMANDS[name]).configure(command)
         quoted = re.findall(r"'([a-z_]+(?::[^' ]*)?(?:\+[a-z_:=,.;]+)*)'", command.format_help())
         for spec in quoted:
             if ":" in spec or spec in ("phased", "daly", "default"):
@@ -494,7 +495,7 @@ def test_sigterm_drains_a_real_daemon_process(short_dir, jobs) -> None:
 
 
 def test_stop_with_drain_and_no_jobs_is_immediate(short_dir) -> None:
-    d = Daemon(short_dir / "adaptd.sock", policy="phased").start()
+    d = build(DaemonOptions(socket=short_dir / "adaptd.sock", policy="phased")).start()
     t0 = time.monotonic()
     d.stop(timeout_s=DEADLINE, drain_s=30.0)
     assert time.monotonic() - t0 < 1.0 and not d._thread.is_alive()

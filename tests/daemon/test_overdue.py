@@ -22,8 +22,9 @@ import zmq
 
 from adaptd.client.save.schedule import SaveSchedule
 from adaptd.core.snapshot import Decision, Snapshot
+from adaptd.daemon.assembly import Seams, build
 from adaptd.daemon.jobs.planner import ahead_of_the_job
-from adaptd.daemon.server import Daemon
+from adaptd.daemon.options import DaemonOptions
 from adaptd.protocol import admin
 from adaptd.protocol import job as p
 
@@ -37,12 +38,11 @@ SHORT = "daly:save_cost_s=0.0225,mtbf_s=200"
 def test_an_overdue_save_is_made_even_when_the_plan_arrives_a_report_late() -> None:
     clock = [1000.0]
     with tempfile.TemporaryDirectory(prefix="ad-", dir="/tmp") as d:
-        daemon = Daemon(
-            Path(d) / "a.sock",
-            policy="fixed:steps=1000000",
-            clock=lambda: clock[0],
-            snapshot_source=lambda: Snapshot(time=clock[0]),
-            tick_interval_s=3600,
+        daemon = build(
+            DaemonOptions(
+                socket=Path(d) / "a.sock", policy="fixed:steps=1000000", tick_interval_s=3600
+            ),
+            Seams(clock=lambda: clock[0], snapshot_source=lambda: Snapshot(time=clock[0])),
         ).start()
         ctx = zmq.Context()
         sock = ctx.socket(zmq.DEALER)

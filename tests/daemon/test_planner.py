@@ -7,8 +7,10 @@ from dataclasses import dataclass, field
 from adaptd.core.policy import PolicyCache
 from adaptd.core.snapshot import Decision, JobState, Snapshot
 from adaptd.daemon import events as ev
+from adaptd.daemon.jobs.delivery import Delivery
 from adaptd.daemon.jobs.planner import Planner
 from adaptd.daemon.jobs.registry import Registry
+from adaptd.daemon.jobs.rounds import Agreements
 from adaptd.daemon.jobs.settings import OperatorSettings
 from adaptd.daemon.stats import DaemonStats
 from adaptd.protocol import job as p
@@ -30,15 +32,17 @@ def planner_for(settings: dict[str, JobSettings]) -> tuple[Planner, list, list]:
     sent: list[tuple[int, p.Message]] = []
     events: list[ev.Event] = []
     policies = PolicyCache()
+    stats = DaemonStats()
+
+    def send(rank, msg, now) -> None:
+        sent.append((rank.rank, msg))
+
     planner = Planner(
-        default_policy=policies.get("phased"),
-        default_spec="phased",
-        policies=policies,
         settings=OperatorSettings(policies=policies, emit=events.append, initial=settings),
         snapshot_source=lambda: Snapshot(time=0.0),
-        send=lambda rank, msg, now: sent.append((rank.rank, msg)),
+        delivery=Delivery(send=send, rounds=Agreements(send=send, stats=stats), stats=stats),
         emit=events.append,
-        stats=DaemonStats(),
+        stats=stats,
     )
     return planner, sent, events
 

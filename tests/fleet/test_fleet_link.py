@@ -8,10 +8,14 @@ from pathlib import Path
 import pytest
 from fleet_helpers import Etcd, holders, settings
 
+from adaptd.config import loader as config
+from adaptd.config import schema as config_schema
+from adaptd.config.fleet import parse_fleet
+from adaptd.config.schema import FLEET_SETTINGS
 from adaptd.core.estimators import FailureRate
 from adaptd.core.snapshot import GpuSample, Snapshot, StorageSample
 from adaptd.daemon import events as ev
-from adaptd.fleet.config import FleetConfig, endpoints_from, parse_fleet
+from adaptd.fleet.config import FleetConfig, endpoints_from
 from adaptd.fleet.link import FleetLink, JobFacts
 from adaptd.protocol.job import VERSION, SaveReport
 from adaptd.telemetry.storage import parse_mountinfo
@@ -216,6 +220,43 @@ def test_a_full_fleet_section(tmp_path):
 def test_a_bad_fleet_section_names_the_key(table, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(")):
         parse_fleet(table)
+
+
+@pytest.mark.parametrize(
+    ("change", "key"),
+    [
+        ({"prefix": "adaptd"}, "fleet.prefix"),  # was named by the whole message
+        ({"host": "a/b"}, "fleet.host"),
+        ({"cert_file": "/etc/hostname"}, "fleet.cert_file"),
+        ({"lease_ttl_s": 3601}, "fleet.lease_ttl_s"),
+    ],
+)
+def test_the_fleets_own_checks_name_the_key(change, key):
+    """The fleet settings' checks (prefix, host name, pairs, ranges) name the key at fault,
+    as every other section's do."""
+    with pytest.raises(config.ConfigError) as info:
+        parse_fleet({"etcd": ["http://e:2379"], **change})
+    assert info.value.key == key and str(info.value).startswith(f"{key}: "), str(info.value)
+
+
+def test_the_fleet_section_is_the_schemas_and_reads_back_the_same(tmp_path, monkeypatch):
+    """[fleet] is declared, written back and read again like every section: each of its
+    keys is in the schema's docs table, ``--check-config`` writes them all (the password
+    as the file it came from, not a copy of the secret), and that reads back the same."""
+    monkeypatch.delenv("ADAPTD_ETCD", raising=False)
+    assert all(f"`fleet.{s.key}`" in config_schema.docs_table() for s in FLEET_SETTINGS)
+    pw = tmp_path / "pw"
+    pw.write_text("s3cret\n")
+    cfg = config.loads(
+        f'[fleet]\netcd = "http://e:2379"\nhost = "h1"\nuser = "u"\npassword_file = "{pw}"\n'
+        "slots = 3\n"
+    )
+    shown = cfg.as_dict()["fleet"]
+    assert set(shown) == {s.key for s in FLEET_SETTINGS}
+    assert (shown["password"], shown["password_file"], shown["slots"]) == (None, str(pw), 3)
+    again = config.loads(cfg.to_toml())
+    assert again.as_dict() == cfg.as_dict() and again.fleet == cfg.fleet
+    assert again.fleet is not None and again.fleet.settings.password == "s3cret"
 
 
 def test_an_upload_to_a_shared_destination_waits_for_a_slot(etcd: Etcd, fleet_prefix):

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from adaptd.cli import main as cli_main
-from adaptd.fleet.config import parse_fleet
+from adaptd.config.fleet import parse_fleet
 from adaptd.fleet.targets import not_a_mount_point, read_mounts
 from adaptd.telemetry.storage import mount_of, parse_mountinfo
 

@@ -1,7 +1,7 @@
 """Every key of the config file refuses a value of the wrong type, and every number
 key one out of its range, with an error naming the key and the value (issue 26).
 
-The keys come from the schema (:mod:`adaptd.config.schema`, and ``[fleet]``'s own), so
+The keys come from the schema (:mod:`adaptd.config.schema`, ``[fleet]``'s too), so
 a key added later is checked too; the rest of the file is the shipped example
 (systemd/adaptd.toml, uncommented), valid as it is. A refused file starts nothing:
 ``adaptd serve`` exits 1 with that one line and writes no state.
@@ -24,7 +24,8 @@ import tomllib
 from adaptd.config import loader as config
 from adaptd.config import schema as config_schema
 from adaptd.config.kinds import options
-from adaptd.fleet.config import KEYS as FLEET_KEYS
+
+FLEET_KEYS = [s.key for s in config_schema.FLEET_SETTINGS]
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = tomllib.loads(

@@ -11,8 +11,10 @@ from pathlib import Path
 import zmq
 from nvml_fixture import FixtureNvml
 
+from adaptd.daemon.assembly import Seams, build
+from adaptd.daemon.jobs.table import JobTable
 from adaptd.daemon.jobs.view import RegistryView
-from adaptd.daemon.server import Daemon
+from adaptd.daemon.options import DaemonOptions
 from adaptd.protocol import job as p
 from adaptd.telemetry import nvml
 from adaptd.telemetry.host import Host
@@ -34,14 +36,17 @@ def test_hello_reaches_the_sampler_and_its_snapshots_feed_the_daemon(tmp_path: P
             ready.set()
 
     ckpt = tmp_path / "ckpt" / "job-a"
-    daemon = Daemon(
-        tmp_path / "a.sock",
-        snapshot_source=sampler.latest,
-        # the sampler learns the jobs' directories and pids from the registry (read-only)
-        tick_hooks=[lambda now: sampler.tick(now, jobs=jobs.processes), until_mapped],
-        tick_interval_s=0.05,
+    table = JobTable()
+    jobs = RegistryView(table)
+    daemon = build(
+        DaemonOptions(socket=tmp_path / "a.sock", tick_interval_s=0.05),
+        Seams(
+            snapshot_source=sampler.latest,
+            jobs=table,
+            # the sampler learns the jobs' directories and pids from the registry (read-only)
+            tick_hooks=[lambda now: sampler.tick(now, jobs=jobs.processes), until_mapped],
+        ),
     )
-    jobs = RegistryView(daemon.registry)
     daemon.start()
     ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)

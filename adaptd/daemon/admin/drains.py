@@ -16,10 +16,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from adaptd.daemon.jobs.records import Job, Rank
-from adaptd.daemon.jobs.registry import Registry
+from adaptd.daemon.jobs.table import JobTable
 from adaptd.daemon.logfmt import logfmt
 from adaptd.protocol import admin
 from adaptd.protocol import job as p
+from adaptd.state.records import copy_fields
 
 __all__ = ["Drain", "DrainJob", "Drains"]
 
@@ -53,18 +54,19 @@ class Drain:
 
 
 class Drains:
-    """The drains in progress. ``save_now(job, reason, now)`` asks a job's ranks to save
-    (:meth:`adaptd.daemon.jobs.planner.Planner.save_now`); ``reply(envelope, reply)`` answers an
-    operator (:meth:`adaptd.daemon.transport.Transport.send_admin`)."""
+    """The drains in progress over the jobs of ``jobs``. ``save_now(job, reason, now)``
+    asks a job's ranks to save (:meth:`adaptd.daemon.jobs.ops.JobOps.save_now`);
+    ``reply(envelope, reply)`` answers an operator
+    (:meth:`adaptd.daemon.transport.Transport.send_admin`)."""
 
     def __init__(
         self,
         *,
-        registry: Registry,
+        jobs: JobTable,
         save_now: Callable[[Job, str, float], int],
-        reply: Callable[[Sequence[bytes], admin.AnyReply], None],
+        reply: Callable[[Sequence[bytes], admin.Reply], None],
     ) -> None:
-        self.registry = registry
+        self.jobs = jobs
         self.save_now = save_now
         self.reply = reply
         self._drains: list[Drain] = []
@@ -89,25 +91,18 @@ class Drains:
         """SaveNow to every active job with live ranks; track their reports.
         ``envelope=None`` is the shutdown drain."""
         drain = Drain(envelope, reason, now, now + timeout_s)
-        for job in self.registry:
+        for job in self.jobs:
             ranks = job.live_ranks()
             if job.state != "active" or not ranks:
                 continue
-            job.urgent = reason
             sent = self.save_now(job, reason, now)
             drain.jobs[job.id] = DrainJob(job.id, sent, {r.rank: r.step for r in ranks})
         self._drains.append(drain)
         if envelope is None:
             self._shutdown = drain
-        log.info(
-            logfmt(
-                "operator_action" if envelope is not None else "shutdown_drain",
-                action="drain",
-                jobs=len(drain.jobs),
-                timeout_s=timeout_s,
-                reason=reason,
-            )
-        )
+        log.info(logfmt("operator_action" if envelope is not None else "shutdown_drain",
+                        action="drain", jobs=len(drain.jobs), timeout_s=timeout_s,
+                        reason=reason))  # fmt: skip
         return drain
 
     def on_report(self, job: Job, rank: Rank, msg: p.SaveReport, now: float) -> None:
@@ -133,7 +128,7 @@ class Drains:
             for entry in drain.jobs.values():
                 if entry.done_at is not None:
                     continue
-                job = self.registry.jobs.get(entry.job)
+                job = self.jobs.get(entry.job)
                 if job is None or job.state != "active":
                     entry.error = f"job {job.state if job else 'forgotten'} before its save"
                     entry.done_at = now
@@ -161,14 +156,7 @@ class Drains:
                 )
             seconds = (entry.done_at if entry.done_at is not None else now) - drain.started
             jobs.append(
-                admin.DrainJob(
-                    job=entry.job,
-                    ranks=entry.ranks,
-                    step=entry.step,
-                    durable=durable,
-                    seconds=seconds,
-                    error=error,
-                )
+                copy_fields(admin.DrainJob, entry, durable=durable, seconds=seconds, error=error)
             )
             (log.info if durable else log.warning)(
                 logfmt(
@@ -181,16 +169,9 @@ class Drains:
                     reason=drain.reason,
                 )
             )
-        log.info(
-            logfmt(
-                "drain_done",
-                reason=drain.reason,
-                jobs=len(jobs),
-                durable=sum(j.durable for j in jobs),
-                seconds=now - drain.started,
-                timed_out=timed_out,
-            )
-        )
+        log.info(logfmt("drain_done", reason=drain.reason, jobs=len(jobs),
+                        durable=sum(j.durable for j in jobs),
+                        seconds=now - drain.started, timed_out=timed_out))  # fmt: skip
         if drain.envelope is not None:
             reply = admin.DrainReply(jobs=jobs, seconds=now - drain.started, timed_out=timed_out)
             self.reply(drain.envelope, reply)

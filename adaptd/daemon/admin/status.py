@@ -18,12 +18,13 @@ from adaptd import __version__
 from adaptd.core.snapshot import Decision
 from adaptd.daemon.events import EventBus
 from adaptd.daemon.jobs.records import Job
-from adaptd.daemon.jobs.registry import Registry
 from adaptd.daemon.jobs.settings import OperatorSettings
+from adaptd.daemon.jobs.table import JobTable
 from adaptd.daemon.logfmt import Throttle, logfmt
 from adaptd.daemon.stats import DaemonStats
 from adaptd.daemon.transport import Transport
 from adaptd.protocol import admin
+from adaptd.state.records import copy_fields
 
 __all__ = ["ReplicationSource", "StatusExtra", "StatusView"]
 
@@ -34,14 +35,23 @@ StatusExtra = Callable[[], "dict[str, Any] | None"]
 #: The Replicator's rows for the status.
 ReplicationSource = Callable[[], "list[admin.ReplicationInfo]"]
 
+#: What :class:`~adaptd.protocol.admin.JobInfo` shows of a job's tracker, as it is named.
+TRACKER_FIGURES = ("step", "start_step", "step_time_s", "saves", "failed_saves",
+                   "save_cost_s", "save_latency_s", "last_durable_step", "restore_s")  # fmt: skip
+#: What it shows of the job's record, as it is named.
+JOB_FACTS = ("state", "world_size", "failures", "incarnation", "checkpoint_dir", "urgent",
+             "restore_fallback", "agreement")  # fmt: skip
+
 
 class StatusView:
-    """Builds the status reply from the daemon's parts; reads, never changes them."""
+    """Builds the status reply from the daemon's parts; reads, never changes them.
+    ``hostname``: this host, shown as the one deciding the jobs decided here."""
 
     def __init__(
         self,
         *,
-        registry: Registry,
+        jobs: JobTable,
+        hostname: str,
         settings: OperatorSettings,
         stats: DaemonStats,
         events: EventBus,
@@ -50,7 +60,8 @@ class StatusView:
         status_extra: StatusExtra | None = None,
         replication_source: ReplicationSource | None = None,
     ) -> None:
-        self.registry = registry
+        self.jobs = jobs
+        self.hostname = hostname
         self.settings = settings
         self.stats = stats
         self.events = events
@@ -63,7 +74,7 @@ class StatusView:
     def status(self, now: float) -> admin.StatusReply:
         """Every job and the daemon's counters, as of ``now``."""
         c = self.stats.counters
-        by_state = self.registry.by_state
+        by_state = self.jobs.by_state
         daemon = admin.DaemonInfo(
             version=__version__,
             pid=os.getpid(),
@@ -81,11 +92,11 @@ class StatusView:
             sink_errors=self.events.errors,
             jobs_active=by_state["active"],
             jobs_lost=by_state["lost"],
-            peers=self.registry.peers,
+            peers=self.jobs.peers,
         )
         return admin.StatusReply(
             daemon=daemon,
-            jobs=[self._job_info(j, now) for j in self.registry],
+            jobs=[self._job_info(j, now) for j in self.jobs],
             telemetry=self._guarded("status_extra_failed", self.status_extra),
             replication=self._guarded("replication_status_failed", self.replication_source),
         )
@@ -106,76 +117,36 @@ class StatusView:
         shown, plan_from = _shown_plan(job)
         plan = None
         if shown is not None:
-            d = shown
-            plan = admin.PlanInfo(
-                seq=job.plan_seq,
-                next_step=d.next_step,
-                every_steps=d.every_steps,
-                policy=d.policy or job.policy_spec,
-                reason=d.reason,
-                interval_s=d.interval_s,
-                waste=d.waste,
-            )
+            policy = shown.policy or job.policy_spec
+            plan = copy_fields(admin.PlanInfo, shown, seq=job.plan_seq, policy=policy)
         last = None
         if job.last_save is not None and job.last_save_time is not None:
-            s = job.last_save
-            last = admin.SaveInfo(
-                step=s.step,
-                ok=s.ok,
-                blocking_s=s.blocking_s,
-                durable_s=s.durable_s,
-                bytes=s.bytes,
-                extra_step_s=s.extra_step_s,
-                age_s=now - job.last_save_time,
-                rank=s.rank,
-                error=s.error,
-                reason=s.reason,
-            )
+            age_s = now - job.last_save_time
+            last = copy_fields(admin.SaveInfo, job.last_save, age_s=age_s)
+        ranks = [
+            copy_fields(admin.RankInfo, r, last_seen_s=now - r.last_seen)
+            for r in sorted(job.ranks.values(), key=lambda r: r.rank)
+        ]
         setting = self.settings.get(job.id) or admin.JobSettings()
+        lost = job.state == "lost"
         return admin.JobInfo(
             job=job.id,
-            state=job.state,
-            world_size=job.world_size,
-            ranks=[
-                admin.RankInfo(
-                    rank=r.rank,
-                    pid=r.pid,
-                    hostname=r.hostname,
-                    alive=r.alive,
-                    step=r.step,
-                    last_seen_s=now - r.last_seen,
-                    lost_reason=r.lost_reason,
-                )
-                for r in sorted(job.ranks.values(), key=lambda r: r.rank)
-            ],
-            step=t.step,
-            start_step=t.start_step,
-            step_time_s=t.step_time_s,
+            ranks=ranks,
             policy=job.policy_spec,
             plan=plan,
             next_save_step=shown.due_after(t.step - 1) if shown is not None else None,
-            saves=t.saves,
-            failed_saves=t.failed_saves,
-            save_cost_s=t.save_cost_s,
-            save_latency_s=t.save_latency_s,
             last_save=last,
-            last_durable_step=t.last_durable_step,
             waste=job.latest.waste if job.latest is not None else None,
-            restore_s=t.restore_s,
-            failures=job.failures,
-            incarnation=job.incarnation,
-            checkpoint_dir=job.checkpoint_dir,
-            urgent=job.urgent,
-            lost_reason=job.lost_reason if job.state == "lost" else "",
-            lost_s=(now - job.lost_at) if job.state == "lost" and job.lost_at is not None else None,
+            lost_reason=job.lost_reason if lost else "",
+            lost_s=(now - job.lost_at) if lost and job.lost_at is not None else None,
             paused=setting.paused,
             policy_set=setting.policy is not None,
-            restore_fallback=job.restore_fallback,
-            agreement=job.agreement,
-            decided_by=self.registry.hostname if job.decides else _agreed_by(job),
+            decided_by=self.hostname if job.decides else _agreed_by(job),
             decided_here=job.decides,
             plan_from_step=plan_from,
             rounds=_rounds_info(job),
+            **{name: getattr(t, name) for name in TRACKER_FIGURES},
+            **{name: getattr(job, name) for name in JOB_FACTS},
         )
 
 

@@ -27,9 +27,12 @@ from __future__ import annotations
 import logging
 
 from adaptd.core.policy import PolicyError
+from adaptd.daemon.jobs.delivery import Delivery
 from adaptd.daemon.jobs.planner import Planner
+from adaptd.daemon.jobs.policy_choice import PolicyChoice
 from adaptd.daemon.jobs.records import Job, Rank
-from adaptd.daemon.jobs.registry import Registry
+from adaptd.daemon.jobs.settings import OperatorSettings
+from adaptd.daemon.jobs.table import JobTable
 from adaptd.daemon.logfmt import logfmt
 from adaptd.protocol import job as p
 from adaptd.protocol.relay_auth import NEEDS_SIGNATURE, RelayKey
@@ -45,37 +48,60 @@ class NoRankToRelay(Exception):
 
 
 class JobOps:
-    """The operator's actions on one job (used by the admin and the job handler)."""
+    """The operator's actions on one job (used by the admin and the job handler).
+
+    ``hostname``: this host, named as the origin of the requests relayed from here.
+    ``relay_key`` signs those, and checks the ones relayed here.
+    """
 
     def __init__(
-        self, *, planner: Planner, registry: Registry, relay_key: RelayKey | None = None
+        self,
+        *,
+        planner: Planner,
+        choice: PolicyChoice,
+        settings: OperatorSettings,
+        jobs: JobTable,
+        delivery: Delivery,
+        hostname: str,
+        relay_key: RelayKey | None = None,
     ) -> None:
         self.planner = planner
-        self.settings = planner.settings
-        self.registry = registry
-        self.hostname = registry.hostname
-        #: Signs the operator's requests relayed from here, checks those relayed here.
+        self.choice = choice
+        self.settings = settings
+        self.jobs = jobs
+        self.delivery = delivery
+        self.hostname = hostname
         self.relay_key = relay_key
 
     # ------------------------------------------------------------------ on this host
 
     def set_policy(self, job: Job, spec: str, now: float) -> tuple[str, int]:
-        """Returns ``(previous spec, plan seq)``; raises :class:`PolicyError`."""
-        return self.planner.set_policy(job, spec, now)
+        """The operator's policy for ``job``, its plan pushed at once. Returns
+        ``(previous spec, plan seq)``; raises :class:`PolicyError`."""
+        previous = self.choice.set(job, spec, now)
+        return previous, self.planner.replan(job, now)
+
+    def clear_policy(self, job: Job, now: float) -> tuple[str | None, str, str, int]:
+        """``set-policy --clear`` (:meth:`PolicyChoice.clear`), the new plan pushed when
+        the policy changed. Returns ``(spec taken back or None, spec now, its source,
+        plan seq)``."""
+        cleared, spec, source, changed = self.choice.clear(job, now)
+        return cleared, spec, source, self.planner.replan(job, now) if changed else 0
 
     def pause(self, job_id: str, paused: bool, now: float) -> bool:
         """Hold or release ``job_id``'s non-urgent saves; True when that changed."""
         if self.settings.paused(job_id) == paused:
             return False
         self.settings.change(job_id, now, paused=paused)
-        job = self.registry.jobs.get(job_id)
+        job = self.jobs.get(job_id)
         if job is not None:
             self.planner.replan(job, now)
         return True
 
     def save_now(self, job: Job, reason: str, now: float) -> int:
-        """Every live rank saves at one step soon; returns how many ranks were asked."""
-        job.urgent = reason
+        """Every live rank saves at one step soon (an operator's request, or a drain's,
+        answered by the job's next durable save); returns how many ranks were asked."""
+        job.ask_save(reason)
         return self.planner.save_now(job, reason, now)
 
     # ------------------------------------------------------------------ across hosts
@@ -107,7 +133,7 @@ class JobOps:
         msg = p.Relay(
             v=p.VERSION, job=job.id, op=op, spec=spec, reason=reason, origin=origin, auth=auth
         )
-        self.planner.send(rank, msg, now)
+        self.delivery.send(rank, msg, now)
         log.info(logfmt("relayed", job=job.id, op=op, spec=spec or None, rank=rank.rank,
                         decided_by=decider or None))  # fmt: skip
         return decider or "the job's chief (rank 0)"

@@ -1,21 +1,26 @@
 """What the daemon knows about one job: its ranks, who is behind each connection, its plan.
 
-These are the :class:`~adaptd.daemon.jobs.registry.Registry`'s records. The registry changes
-them (hello, reports, liveness); the daemon's planner sets a job's policy and plan;
-everything else (status views, the sinks' read-only :class:`~adaptd.daemon.jobs.view.RegistryView`)
-only reads them.
+These are the records the :class:`~adaptd.daemon.jobs.registry.Registry` keeps (in its
+:class:`~adaptd.daemon.jobs.table.JobTable`). A record changes only through its own
+methods, each named for the fact that changes it (a rank joined, a save was counted, a
+plan was pushed, the job was lost); every other module only reads the fields. The
+methods keep the record consistent with itself; which part calls which is in the
+module that calls it (the registry: hello, reports, liveness; the planner: policy and
+plan; the rounds: the job's agreement rounds).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
 from adaptd.core.estimators import JobTracker
 from adaptd.core.policy import Policy
 from adaptd.core.rounds import JobRounds
-from adaptd.core.snapshot import Decision
-from adaptd.protocol.job import AgreementKind, JobPlan, SaveReport
+from adaptd.core.snapshot import Decision, same_saves
+from adaptd.daemon.jobs.costs import SaveCosts
+from adaptd.protocol.job import AgreementKind, Hello, JobPlan, SaveCost, SaveReport, Steps
 
 __all__ = ["HelloKind", "Job", "JobStateName", "PeerCred", "PendingResume", "Rank"]
 
@@ -72,6 +77,24 @@ class Rank:
     def checkable(self) -> bool:
         return self.pid > 0 and self.start_time is not None
 
+    def reached(self, step: int) -> None:
+        """The rank reported ``step`` (steps only move forward)."""
+        self.step = max(self.step, step)
+
+    def sent(self, now: float) -> None:
+        """The daemon sent the rank a message (its liveness signal counts from here)."""
+        self.last_sent = now
+
+    def heard(self, now: float) -> None:
+        """The rank spoke: it is alive, whatever liveness concluded before."""
+        self.last_seen = now
+        self.alive = True
+        self.lost_reason = ""
+
+    def lose(self, reason: str) -> None:
+        self.alive = False
+        self.lost_reason = reason
+
 
 @dataclass
 class PendingResume:
@@ -111,9 +134,8 @@ class Job:
     pending_resume: PendingResume | None = None
     last_save: SaveReport | None = None
     last_save_time: float | None = None
-    counted_save_steps: set[int] = field(default_factory=set)
-    #: Costs other ranks reported (SaveCost) for saves not counted yet: step -> slowest.
-    slower_costs: dict[int, float] = field(default_factory=dict)
+    #: The saves counted, and the other ranks' costs of them (δ of the job).
+    costs: SaveCosts = field(default_factory=SaveCosts)
     finished_reason: str = ""
     owner: str | None = None  # the principal (PeerCred.owner) that started this run
     restore_fallback: str = ""  # this run resumed past a damaged checkpoint: which, why
@@ -126,21 +148,32 @@ class Job:
     rounds: JobRounds | None = None
     #: The plan the job's ranks agreed on, as a rank reported it (``JobPlan``).
     agreed: JobPlan | None = None
+    #: Whether this daemon runs the job's agreement rounds: ranks without a runtime of
+    #: their own (``agreement == "daemon"``), more than one of them. Kept by
+    #: :meth:`join` and :meth:`new_run`, which change what it depends on.
+    runs_rounds: bool = False
+    #: Whether this daemon decides the job's plan: always, except for a job whose ranks
+    #: agree on TensorFlow's coordination service (``agreement == "coordination"``),
+    #: whose chief (rank 0) proposes its own daemon's plan: then only the daemon that
+    #: rank 0 said hello to decides; the others show the plan the ranks report
+    #: (:class:`~adaptd.protocol.job.JobPlan`) and relay requests. Kept like
+    #: :attr:`runs_rounds`.
+    decides: bool = True
 
-    @property
-    def runs_rounds(self) -> bool:
-        """Whether this daemon runs the job's agreement rounds: ranks without a runtime
-        of their own (``agreement == "daemon"``), more than one of them."""
-        return self.agreement == "daemon" and self.world_size > 1
+    @classmethod
+    def first(cls, msg: Hello, tracker: JobTracker, now: float) -> Job:
+        """A job new to the daemon, from its first hello; its failures are what the
+        tracker restored (a restarted daemon's), else 0."""
+        return cls(
+            id=msg.job,
+            tracker=tracker,
+            world_size=msg.world_size,
+            created=now,
+            failures=tracker.failures,
+            last_seen=now,
+        )
 
-    @property
-    def decides(self) -> bool:
-        """Whether this daemon decides the job's plan: always, except for a job whose
-        ranks agree on TensorFlow's coordination service (``agreement ==
-        "coordination"``), whose chief (rank 0) proposes its own daemon's plan: then
-        only the daemon that rank 0 said hello to decides; the others show the plan
-        the ranks report (:class:`~adaptd.protocol.job.JobPlan`) and relay requests."""
-        return self.agreement != "coordination" or 0 in self.joined
+    # ------------------------------------------------------------------ reading
 
     def live_ranks(self) -> list[Rank]:
         return [r for r in self.ranks.values() if r.alive]
@@ -180,3 +213,225 @@ class Job:
         if saved is None or saved <= floor:
             return None
         return saved
+
+    # ------------------------------------------------------------------ runs and ranks
+
+    def move(self, state: JobStateName) -> JobStateName:
+        """Enter ``state``; returns the state left (the job table counts jobs by state:
+        only :meth:`adaptd.daemon.jobs.table.JobTable.set_state` calls this)."""
+        before, self.state = self.state, state
+        return before
+
+    def new_run(self, msg: Hello, now: float, *, failed_at: float | None = None) -> list[Rank]:
+        """A new run of this job (a resume or a restart): its ranks, plan, rounds and
+        per-run facts are forgotten, what was learned is kept. ``failed_at``: the
+        previous run died then, which the tracker counts as one failure of the job
+        before the new run starts. Returns the previous run's ranks (their connections
+        no longer speak for the job)."""
+        old = list(self.ranks.values())
+        self.ranks.clear()
+        self.incarnation += 1
+        self.world_size = msg.world_size
+        self.urgent = None
+        self.urgent_sent = False
+        self.restore_fallback = ""  # set again by this run's hello if it fell back
+        self.policy = None  # chosen again from this run's hello
+        self.plan = None  # a new run: its ranks need a plan for their own steps
+        t = self.tracker
+        if failed_at is not None:
+            t.on_failure(failed_at)
+        t.on_resume(now, msg.resumed_from)
+        t.world_size = msg.world_size
+        t.gpus = max(1, msg.gpus * msg.world_size)
+        if msg.state_bytes:
+            t.state_bytes = msg.state_bytes
+        self.costs.clear()
+        self.joined.clear()
+        self.rounds = None  # a new run's ranks start new rounds
+        self.agreed = None
+        self._agreement_changed()
+        return old
+
+    def resuming(self, pending: PendingResume) -> None:
+        """The new run resumes a lost one; its first step report ends the restart."""
+        self.pending_resume = pending
+
+    def join(self, rank: Rank, msg: Hello, kind: HelloKind, now: float) -> Rank | None:
+        """``rank`` said hello (understood as ``kind``); returns the rank it replaces.
+
+        A reconnect keeps the step the old connection reached; the principal behind
+        the hello that starts a run owns the run (a later rank's only if none did)."""
+        old = self.ranks.get(msg.rank)
+        if old is not None and kind == "reconnect":
+            rank.reached(old.step)
+        owner = rank.peer.owner if rank.peer is not None else None
+        if kind in ("new", "resume", "restart") or (self.owner is None and rank.peer is not None):
+            self.owner = owner
+        self.ranks[msg.rank] = rank
+        self.last_seen = now
+        self.agreement = msg.agreement
+        self.joined.add(msg.rank)
+        self._agreement_changed()
+        # one failure per job failure: only the daemon deciding the job's plan counts it
+        self.tracker.counts_failures = self.decides
+        if msg.checkpoint_dir:
+            self.checkpoint_dir = msg.checkpoint_dir
+        if msg.restore_fallback:
+            self.restore_fallback = msg.restore_fallback
+        return old
+
+    def _agreement_changed(self) -> None:
+        self.runs_rounds = self.agreement == "daemon" and self.world_size > 1
+        self.decides = self.agreement != "coordination" or 0 in self.joined
+
+    def on_steps(self, rank: Rank, msg: Steps, now: float) -> PendingResume | None:
+        """A batch of step timings from ``rank`` (it is alive). The step is the newest of
+        any rank; timings count from the lead rank only (the others would count the job
+        N times); a save in flight that the tracker does not know of yet is placed on
+        the plan (:meth:`in_flight_step`). Returns the restart this report ends (the
+        first step report of a resumed run), whose time the tracker learns."""
+        self.heard(rank, now)
+        rank.reached(msg.step)
+        t = self.tracker
+        if msg.save_in_flight and not t.save_in_flight:
+            self._save_started(msg.step, now)
+        if rank.rank == self.lead_rank():
+            t.on_steps(now, msg.step, msg.count, msg.mean_s, msg.save_in_flight,
+                       max_s=msg.max_s, max_steps=msg.max_steps, warmup=msg.warmup)  # fmt: skip
+        else:  # other ranks move the step only; their timings would count the job twice
+            t.on_steps(now, msg.step, 0, 0.0, t.save_in_flight)
+        pending, self.pending_resume = self.pending_resume, None
+        if pending is not None:
+            t.on_restart(max(0.0, now - pending.last_seen))
+        return pending
+
+    def _save_started(self, step: int, now: float) -> None:
+        """A rank reports a save in flight that the tracker does not know of yet: tell the
+        tracker now (:meth:`in_flight_step` says at which step), not when the save report
+        arrives after the write is durable."""
+        saved = self.in_flight_step(step)
+        if saved is None:
+            return
+        t = self.tracker
+        # when the save began: that many steps before this report (never before the last)
+        when = now - (step - saved) * (t.step_time_s or 0.0)
+        t.on_save_requested(max(when, min(t.time, now)), saved)
+
+    def leave(self, rank: Rank, step: int, now: float) -> None:
+        """``rank`` said goodbye at ``step``: it is no longer one of the job's ranks."""
+        rank.reached(step)
+        self.tracker.on_steps(now, step, 0, 0.0, False)
+        del self.ranks[rank.rank]
+
+    def heard(self, rank: Rank, now: float) -> None:
+        """Any message from ``rank``: it is alive, and so is its job."""
+        rank.heard(now)
+        self.last_seen = now
+
+    def lose(self, now: float, reason: str, last_seen: float) -> None:
+        """Every rank is gone without a goodbye (the job table sets the state): a
+        failure candidate, from ``last_seen``."""
+        self.lost_at = now
+        self.lost_last_seen = last_seen
+        self.lost_reason = reason
+        self.failures += 1
+
+    def revive(self, now: float) -> float:
+        """The lost job spoke again from the same processes: the loss was a false
+        alarm. Returns when it had been found lost."""
+        lost_at = self.lost_at if self.lost_at is not None else now
+        self.failures = max(0, self.failures - 1)
+        self.lost_at = None
+        return lost_at
+
+    def finish(self, reason: str) -> None:
+        """The last rank said goodbye (the job table sets the state)."""
+        self.finished_reason = reason
+
+    # ------------------------------------------------------------------ saves
+
+    def count_save(self, rank: Rank, msg: SaveReport, now: float) -> bool:
+        """``rank``'s save report: what the job learns from it (see
+        :class:`~adaptd.daemon.jobs.costs.SaveCosts`); the saved step moves the job's
+        step, as a step report does. A durable save answers an operator's request.
+        Returns whether the tracker counted it."""
+        self.heard(rank, now)
+        rank.reached(msg.step)
+        counted = self.costs.on_report(self.tracker, msg, now)
+        self.tracker.on_steps(now, msg.step, 0, 0.0, self.tracker.save_in_flight)
+        if msg.ok:
+            self.urgent = None
+        self.last_save = msg
+        self.last_save_time = now
+        return counted
+
+    def save_cost(self, msg: SaveCost) -> None:
+        """Another rank's cost of a save, forwarded by the job's chief."""
+        self.costs.on_save_cost(self.tracker, msg)
+
+    def ask_save(self, reason: str) -> None:
+        """An operator (or a drain) asked the job to save now; a durable save answers it."""
+        self.urgent = reason
+
+    # ------------------------------------------------------------------ policy and plan
+
+    def asks_for(self, spec: str) -> None:
+        """A rank's hello asked for policy ``spec`` (kept to fall back on)."""
+        if spec:
+            self.asked_spec = spec
+
+    def use_policy(self, policy: Policy, spec: str) -> str:
+        """Run ``policy`` (written ``spec``) from now on; returns the spec it replaces."""
+        previous, self.policy, self.policy_spec = self.policy_spec, policy, spec
+        return previous
+
+    def decided(
+        self, decision: Decision, step: int, tolerance: float
+    ) -> Literal["urgent", "plan"] | None:
+        """The policy's newest decision (shown as the job's predicted waste), made at
+        ``step``: ``"urgent"`` when it is an urgent save to send now (once per episode:
+        :meth:`urgent_once`), ``"plan"`` when it is the job's new plan (its saves moved by
+        more than ``tolerance`` of the interval: :func:`~adaptd.core.snapshot.same_saves`;
+        its sequence number is the next), ``None`` when nothing is to be told."""
+        self.latest = decision
+        if self.urgent_once(decision.urgent):
+            return "urgent"
+        if decision.urgent:
+            return None
+        if self.plan is not None and same_saves(self.plan, decision, step, tolerance):
+            return None
+        self.plan = decision
+        self.plan_seq += 1
+        return "plan"
+
+    def forget_plan(self) -> None:
+        """Decide afresh: the next decision is pushed even if its saves are the same."""
+        self.plan = None
+        self.urgent_sent = False
+
+    def urgent_once(self, urgent: bool) -> bool:
+        """Whether an urgent decision is to be sent now: once per episode (until a
+        decision that is not urgent ends it)."""
+        if not urgent:
+            self.urgent_sent = False
+            return False
+        first, self.urgent_sent = not self.urgent_sent, True
+        return first
+
+    # ------------------------------------------------------------------ agreement
+
+    def agree(self, msg: JobPlan) -> bool:
+        """A rank reported the plan the job's ranks agreed on; returns whether it is a
+        new one (another step, another plan)."""
+        new = self.agreed is None or (self.agreed.at_step, self.agreed.next_step) != (
+            msg.at_step,
+            msg.next_step,
+        )
+        self.agreed = msg
+        return new
+
+    def rounds_made(self, make: Callable[[], JobRounds]) -> JobRounds:
+        """This run's agreement rounds (made by ``make`` at first use)."""
+        if self.rounds is None:
+            self.rounds = make()
+        return self.rounds

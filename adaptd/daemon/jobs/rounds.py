@@ -3,8 +3,9 @@
 A job whose ranks said ``Hello.agreement = "daemon"`` (independent processes of one
 job on this host) must save at the same steps on every rank, so its plans are never
 pushed as plain :class:`~adaptd.protocol.job.Plan` messages that each rank switches to
-on arrival. :class:`Agreements` turns what the planner wants for such a job (a new
-plan, an urgent save) into rounds of the job's :class:`~adaptd.core.rounds.JobRounds`
+on arrival. :class:`Agreements` turns what is wanted for such a job (a new plan, an
+urgent save: :class:`~adaptd.daemon.jobs.delivery.Delivery`, the one part that calls it,
+hands them over) into rounds of the job's :class:`~adaptd.core.rounds.JobRounds`
 (pure; the rules are :mod:`adaptd.core.agreement`) and does their I/O:
 
 - a proposal goes to every live rank, once every rank of the job has said hello in
@@ -18,9 +19,7 @@ plan, an urgent save) into rounds of the job's :class:`~adaptd.core.rounds.JobRo
   again further ahead), a rank left (it is not waited for) or it timed out (checked
   every tick); the :class:`~adaptd.protocol.job.Decide` goes to every live rank;
 - a rank that (re)joins gets the round in flight and, in the next round, the job's
-  current plan again (it may not know the plan agreed before it came);
-- a rank whose daemon has nothing to tell it gets its Welcome again every
-  ``resend_after_s`` (the client's sign that its daemon is alive): never a plan.
+  current plan again (it may not know the plan agreed before it came).
 
 A restarted daemon starts again at round 0 with no agreed plan; a rank that still
 holds at a step of the dead daemon's round gives that round up at its own timeout
@@ -32,13 +31,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
-from adaptd import __version__
-from adaptd.core.rounds import LEAD_TIME_S, TIMEOUT_S, JobRounds
+from adaptd.core.rounds import TIMEOUT_S, JobRounds
 from adaptd.core.snapshot import Decision
-from adaptd.daemon.jobs.planner import SendRank
 from adaptd.daemon.jobs.records import Job, Rank
 from adaptd.daemon.logfmt import logfmt
 from adaptd.daemon.stats import DaemonStats
+from adaptd.daemon.transport import SendRank
 from adaptd.protocol import job as p
 
 __all__ = ["Agreements"]
@@ -50,31 +48,21 @@ class Agreements:
     """The rounds of every job that :attr:`~adaptd.daemon.jobs.records.Job.runs_rounds`;
     called from the daemon's loop."""
 
-    def __init__(
-        self,
-        *,
-        send: SendRank,
-        stats: DaemonStats,
-        timeout_s: float = TIMEOUT_S,
-        lead_time_s: float = LEAD_TIME_S,
-    ) -> None:
+    def __init__(self, *, send: SendRank, stats: DaemonStats, timeout_s: float = TIMEOUT_S) -> None:
+        """``timeout_s``: a round's bound, and how long the rounds wait for ranks not heard
+        of after a daemon restart."""
         self.send = send
         self.stats = stats
         self.timeout_s = timeout_s
-        self.lead_time_s = lead_time_s
 
     def rounds(self, job: Job) -> JobRounds:
         """The job's rounds (made at first use; a new run of the job gets new ones)."""
-        if job.rounds is None:
-            job.rounds = JobRounds(
-                job.id, job.world_size, timeout_s=self.timeout_s, lead_time_s=self.lead_time_s
-            )
-        return job.rounds
+        return job.rounds_made(lambda: JobRounds(job.id, job.world_size, timeout_s=self.timeout_s))
 
     # ------------------------------------------------------------------ wishes
 
     def want_plan(self, job: Job, decision: Decision, now: float) -> None:
-        """The planner's new plan for ``job``: proposed in a round, never sent as such."""
+        """The job's new plan: proposed in a round, never sent as such."""
         self.rounds(job).want_plan(decision)
         self.advance(job, now)
 
@@ -113,11 +101,6 @@ class Agreements:
             if job.runs_rounds:
                 self.check(job, now)
 
-    def keep_alive(self, job: Job, rank: Rank, now: float) -> None:
-        """The client's liveness signal for a rank that is sent no plans: its Welcome."""
-        welcome = p.Welcome(v=p.VERSION, job=job.id, rank=rank.rank, daemon_version=__version__)
-        self.send(rank, welcome, now)
-
     # ------------------------------------------------------------------ rounds
 
     def advance(self, job: Job, now: float) -> None:
@@ -135,19 +118,10 @@ class Agreements:
         for r in live:
             self.send(r, proposal, now)
         self.stats.counters["rounds_proposed"] += 1
-        log.info(
-            logfmt(
-                "round_proposed",
-                job=job.id,
-                round=proposal.round,
-                action=proposal.action,
-                at_step=proposal.at_step,
-                next_step=proposal.next_step,
-                every_steps=proposal.every_steps,
-                reason=proposal.reason,
-                ranks=len(live),
-            )
-        )
+        log.info(logfmt("round_proposed", job=job.id, round=proposal.round,
+                        action=proposal.action, at_step=proposal.at_step,
+                        next_step=proposal.next_step, every_steps=proposal.every_steps,
+                        reason=proposal.reason, ranks=len(live)))  # fmt: skip
 
     def _stop_waiting(self, job: Job, rounds: JobRounds, now: float) -> bool:
         """Whether the rounds go on without the ranks that have not said hello in this
@@ -170,17 +144,9 @@ class Agreements:
         for r in live:  # one loop: a daemon dying here is the one window of disagreement
             self.send(r, decision, now)
         self.stats.counters["rounds_committed" if decision.commit else "rounds_aborted"] += 1
-        log.info(
-            logfmt(
-                "round_decided",
-                job=job.id,
-                round=decision.round,
-                commit=decision.commit,
-                reason=decision.reason or None,
-                retry_from=decision.retry_from,
-                ranks=len(live),
-            )
-        )
+        log.info(logfmt("round_decided", job=job.id, round=decision.round,
+                        commit=decision.commit, reason=decision.reason or None,
+                        retry_from=decision.retry_from, ranks=len(live)))  # fmt: skip
         self.advance(job, now)
 
 
