@@ -75,7 +75,9 @@ def fitted(
         tau,
         policy=policy,
         reason=reason(delta, mtbf, tau),
-        waste=model.waste_approx(tau, delta, mtbf, job.save_latency_s or 0.0, job.restore_s or 0.0),
+        waste=model.waste_approx(
+            tau, delta, mtbf, latency_s=job.save_latency_s or 0.0, restart_s=job.restore_s or 0.0
+        ),
     )
 
 

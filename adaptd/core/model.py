@@ -135,10 +135,12 @@ def waste_approx(
     interval_s: float,
     save_cost_s: float,
     mtbf_s: float,
+    *,
     latency_s: float = 0.0,
     restart_s: float = 0.0,
 ) -> float:
-    """First-order waste per unit time, δ/τ + (τ/2 + L + R)/M: the figure to report."""
+    """First-order waste per unit time, δ/τ + (τ/2 + L + R)/M: the figure to report
+    (``latency_s`` L and ``restart_s`` R by name: they are easy to swap)."""
     check_positive("interval_s", interval_s)
     check_positive("mtbf_s", mtbf_s)
     return save_cost_s / interval_s + (interval_s / 2.0 + latency_s + restart_s) / mtbf_s

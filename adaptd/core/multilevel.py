@@ -254,9 +254,9 @@ def _single(durable: Tier, rates: Rates) -> tuple[float, float, float]:
     tau = model.daly_interval(delta, mtbf)
     covered = rates.covered * rates.covered_cost_s
     lat, rst = durable.latency_s, durable.restart_s
-    reported = model.waste_approx(tau, delta, mtbf, lat, rst) + covered
+    reported = model.waste_approx(tau, delta, mtbf, latency_s=lat, restart_s=rst) + covered
     young = model.young_interval(delta, mtbf)
-    best = model.waste_approx(young, delta, mtbf, lat, rst) + covered
+    best = model.waste_approx(young, delta, mtbf, latency_s=lat, restart_s=rst) + covered
     return tau, reported, best
 
 

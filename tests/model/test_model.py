@@ -85,7 +85,7 @@ def test_waste_fraction_reduces_to_dalys_model_and_first_order() -> None:
     assert model.waste_fraction(tau, delta, m, 0.0, r) == pytest.approx(1 - tau / daly_total)
     # for τ ≪ M the exact waste is close to δ/τ + (τ/2 + L + R)/M
     exact = model.waste_fraction(tau, delta, m, 100.0, r, blocking_s=20.0)
-    approx = model.waste_approx(tau, delta, m, 100.0, r)
+    approx = model.waste_approx(tau, delta, m, latency_s=100.0, restart_s=r)
     assert exact == pytest.approx(approx, rel=0.1)
 
 
@@ -224,7 +224,9 @@ def test_waste_fraction_matches_hand_computed_values(args, kwargs, waste) -> Non
 
 def test_waste_approx_is_the_first_order_sum() -> None:
     # δ/τ + (τ/2 + L + R)/M = 30/800 + (400 + 100 + 600)/11000 = 0.0375 + 0.1
-    assert model.waste_approx(800.0, 30.0, 11000.0, 100.0, 600.0) == pytest.approx(0.1375)
+    assert model.waste_approx(
+        800.0, 30.0, 11000.0, latency_s=100.0, restart_s=600.0
+    ) == pytest.approx(0.1375)
     # defaults L = R = 0: 0.0375 + 400/11000
     assert model.waste_approx(800.0, 30.0, 11000.0) == pytest.approx(0.0375 + 400 / 11000)
 

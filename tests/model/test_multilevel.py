@@ -96,7 +96,10 @@ def test_without_a_local_tier_the_answer_is_dalys_exactly() -> None:
             model.daly_interval(max(delta, 1e-6), mtbf), rel=1e-12
         )
         assert got.waste == pytest.approx(
-            model.waste_approx(got.interval_s, max(delta, 1e-6), mtbf, 120.0, 600.0), rel=1e-12
+            model.waste_approx(
+                got.interval_s, max(delta, 1e-6), mtbf, latency_s=120.0, restart_s=600.0
+            ),
+            rel=1e-12,
         )
 
 
