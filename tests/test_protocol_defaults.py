@@ -9,6 +9,7 @@ from adaptd.client.agreement.daemon_rounds import DaemonRounds
 from adaptd.config import loader as config
 from adaptd.core.rounds import JobRounds
 from adaptd.daemon.jobs.registry import Registry
+from adaptd.daemon.options import DaemonOptions
 from adaptd.protocol import job as p
 from adaptd.sim import engine
 
@@ -22,7 +23,8 @@ def test_a_round_is_bounded_alike_on_both_sides() -> None:
 
 def test_a_silent_rank_is_gone_after_the_same_time_everywhere() -> None:
     assert config.from_mapping({}).liveness_timeout_s == p.LIVENESS_TIMEOUT_S
-    assert Registry().silence_timeout_s == p.LIVENESS_TIMEOUT_S
+    assert Registry().liveness.silence_timeout_s == p.LIVENESS_TIMEOUT_S
+    assert DaemonOptions().silence_timeout_s == p.LIVENESS_TIMEOUT_S
 
 
 def test_the_simulated_hook_reports_as_the_real_one() -> None:

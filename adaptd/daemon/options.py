@@ -18,12 +18,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from adaptd.config.schema import LIVENESS_TIMEOUT_S
 from adaptd.core import policy as policy_mod
 from adaptd.daemon.jobs.delivery import RESEND_AFTER_S
 from adaptd.daemon.jobs.planner import REPLAN_TOLERANCE, PlannerOptions
 from adaptd.daemon.transport import CurveKeys, DaemonError
 from adaptd.protocol.admin import JobSettings
+from adaptd.protocol.job import LIVENESS_TIMEOUT_S
 from adaptd.protocol.relay_auth import RelayKey
 
 __all__ = ["TICK_INTERVAL_S", "DaemonOptions"]

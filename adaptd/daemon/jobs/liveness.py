@@ -19,10 +19,10 @@ import time as _time
 from collections.abc import Callable
 from typing import Protocol
 
-from adaptd.config.schema import LIVENESS_TIMEOUT_S
 from adaptd.daemon import events as ev
 from adaptd.daemon.jobs.records import Job
 from adaptd.daemon.jobs.table import JobTable
+from adaptd.protocol.job import LIVENESS_TIMEOUT_S
 from adaptd.telemetry.host import ProcessInfo, pid_exists, process_info
 
 __all__ = ["MAX_INACTIVE_JOBS", "Liveness", "ProcProbe", "ProcessProbe"]

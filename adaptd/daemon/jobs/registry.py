@@ -29,7 +29,6 @@ import time as _time
 from collections import Counter
 from collections.abc import Callable, Iterator
 
-from adaptd.config.schema import LIVENESS_TIMEOUT_S
 from adaptd.core.estimators import JobTracker
 from adaptd.daemon import events as ev
 from adaptd.daemon.jobs.liveness import (
@@ -40,7 +39,7 @@ from adaptd.daemon.jobs.liveness import (
 )
 from adaptd.daemon.jobs.records import HelloKind, Job, JobStateName, PeerCred, PendingResume, Rank
 from adaptd.daemon.jobs.table import JobTable
-from adaptd.protocol.job import Goodbye, Hello, SaveCost, SaveReport, Steps
+from adaptd.protocol.job import LIVENESS_TIMEOUT_S, Goodbye, Hello, SaveCost, SaveReport, Steps
 
 __all__ = [
     "MAX_INACTIVE_JOBS",
