@@ -217,9 +217,19 @@ class Etcd:
         self.proc = None
 
     def pause(self) -> None:
-        """SIGSTOP: connections are accepted, nothing is answered (slow / partitioned)."""
+        """SIGSTOP: connections are accepted, nothing is answered (slow / partitioned).
+
+        Returns once the kernel shows the process stopped (a signal is delivered
+        asynchronously: a request sent at once could otherwise still be answered).
+        Raises RuntimeError when it is not stopped within 5 s."""
         assert self.proc is not None
         self.proc.send_signal(signal.SIGSTOP)
+        stat = Path(f"/proc/{self.proc.pid}/stat")
+        deadline = time.monotonic() + 5.0
+        while stat.read_text().rsplit(")", 1)[1].split()[0] not in ("T", "t"):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"etcd (pid {self.proc.pid}) not stopped 5 s after SIGSTOP")
+            time.sleep(0.005)
 
     def resume(self) -> None:
         assert self.proc is not None
