@@ -32,3 +32,33 @@ def test_the_script_names_what_is_over(tmp_path: Path) -> None:
     assert r.returncode == 1
     assert "class" in r.stdout and "Big: 501 lines (over 400)" in r.stdout
     assert "module" in r.stdout and "big.py: 701 lines (over 600)" in r.stdout
+
+
+def test_no_import_cycle_among_the_runtime_modules() -> None:
+    """issue 22: 0 cycles, lazy and TYPE_CHECKING imports included (scripts/imports.py)."""
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "imports.py")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_a_lazy_import_back_is_a_cycle(tmp_path: Path) -> None:
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import imports
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    pkg = tmp_path / "adaptd"
+    (pkg / "core").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "core" / "__init__.py").write_text("")
+    (pkg / "core" / "a.py").write_text("from adaptd.core import b\n")
+    (pkg / "core" / "b.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    pass\n"
+        "def f():\n    from adaptd.core.a import x  # lazy, still a cycle\n"
+    )
+    (pkg / "core" / "c.py").write_text("from . import a\n")  # one way only: no cycle
+    assert imports.cycles(imports.graph(tmp_path)) == [["adaptd.core.a", "adaptd.core.b"]]
