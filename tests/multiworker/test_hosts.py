@@ -203,6 +203,8 @@ def test_three_workers_on_one_daemon_random_set_policy_every_rank_saves_the_same
                 assert isinstance(reply, admin.SaveNowReply), reply
             time.sleep(rng.uniform(0.0, 0.04))
         wait_for("the last policy", lambda: policy_is(a, spec), cluster)
+        # enough saves to compare, however slowly a loaded machine ran the job meanwhile
+        wait_for("ten saves", lambda: (j := job_info(a)) and j.saves >= 10, cluster)
         results = stop_job(cluster)
     r0, r1, r2 = results
     assert r0["kind"] == r1["kind"] == r2["kind"] == "coordination"
