@@ -114,5 +114,8 @@ class Daly:
             save_cost_s=self.save_cost_s,
             mtbf_s=self.mtbf_s,
             interval=model.daly_interval,
-            reason=lambda d, m, tau: f"Daly: δ={d:.3g}s, M={m:.4g}s → every {tau:.4g}s",
+            reason=lambda d, m, tau: (
+                f"Daly: δ={model.duration_text(d)}, M={model.duration_text(m)} "
+                f"→ every {model.duration_text(tau)}"
+            ),
         )

@@ -51,7 +51,8 @@ class Weibull:
             mtbf_s=self.mtbf_s,
             interval=lambda d, m: model.weibull_interval(age, d, m, k, job.restore_s or 0.0),
             reason=lambda d, m, tau: (
-                f"Weibull k={k:g}: age {age:.4g}s, δ={d:.3g}s, M={m:.4g}s → every {tau:.4g}s"
+                f"Weibull k={k:g}: age {model.duration_text(age)}, δ={model.duration_text(d)}, "
+                f"M={model.duration_text(m)} → every {model.duration_text(tau)}"
             ),
         )
 

@@ -93,3 +93,35 @@ def test_requests_stay_strict() -> None:
     with pytest.raises(admin.AdminError) as info:
         admin.decode_request(msgspec.msgpack.encode(data))
     assert info.value.code == "invalid" and "at_step" in str(info.value)
+
+
+class _OlderSetPolicy(admin.Request, frozen=True, tag="set_policy"):
+    """``set_policy`` as the release before ``--clear`` declared it."""
+
+    job: str
+    spec: str = ""
+
+
+def test_an_older_daemon_takes_a_newer_commands_request_that_needs_no_new_field() -> None:
+    older = admin.RequestDecoder([_OlderSetPolicy])
+    plain = older.decode(admin.encode(admin.SetPolicyRequest(job="j", spec="young")))
+    assert plain == _OlderSetPolicy(job="j", spec="young")
+    # what the older daemon cannot do is still refused, never dropped
+    with pytest.raises(admin.AdminError, match="clear"):
+        older.decode(admin.encode(admin.SetPolicyRequest(job="j", clear=True)))
+
+
+@pytest.mark.parametrize(
+    "request_",
+    [
+        admin.StatusRequest(),
+        admin.SaveNowRequest(job="j", reason="x"),
+        admin.DrainRequest(timeout_s=3.0),
+        admin.SetPolicyRequest(job="j", spec="young"),
+        admin.SetPolicyRequest(job="j", clear=True),
+    ],
+)
+def test_a_request_round_trips_with_its_version(request_: admin.Request) -> None:
+    frame = admin.encode(request_)
+    assert msgspec.msgpack.decode(frame)["v"] == admin.ADMIN_VERSION
+    assert admin.decode_request(frame) == request_

@@ -25,6 +25,7 @@ __all__ = [
     "check_non_negative",
     "check_positive",
     "daly_interval",
+    "duration_text",
     "job_mtbf",
     "optimal_interval",
     "waste_approx",
@@ -37,6 +38,19 @@ __all__ = [
 
 #: Seconds in an hour, for the GPU-hour figures users quote.
 HOUR = 3600.0
+
+
+def duration_text(seconds: float) -> str:
+    """A duration as a decision's reason says it: ``8 s``, ``27.8 min``, ``48.6 h``,
+    ``50667 h`` (3 significant figures below 1000 h, whole hours above: never exponent
+    notation, as ``M=1.824e+08s`` was); ``inf`` says ``never``."""
+    if math.isinf(seconds):
+        return "never"
+    if seconds >= 2 * HOUR:
+        return f"{seconds / HOUR:.3g} h" if seconds < 1000 * HOUR else f"{seconds / HOUR:.0f} h"
+    if seconds >= 120:
+        return f"{seconds / 60:.3g} min"
+    return f"{seconds:.3g} s"
 
 
 def check_positive(name: str, value: float) -> None:

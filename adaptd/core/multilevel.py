@@ -293,15 +293,7 @@ def plan(
 
 
 def _mtbf(rate: float) -> str:
-    return "never" if rate <= 0 else f"every {_duration(1.0 / rate)}"
-
-
-def _duration(seconds: float) -> str:
-    if seconds >= 2 * model.HOUR:
-        return f"{seconds / model.HOUR:.3g} h"
-    if seconds >= 120:
-        return f"{seconds / 60:.3g} min"
-    return f"{seconds:.3g} s"
+    return "never" if rate <= 0 else f"every {model.duration_text(1.0 / rate)}"
 
 
 def _failures(rates: Rates) -> str:
@@ -314,7 +306,7 @@ def _failures(rates: Rates) -> str:
 
 def _single_reason(tau: float, durable: Tier, rates: Rates, w: float) -> str:
     return (
-        f"one tier: every {_duration(tau)} (δ={durable.save_cost_s:.3g} s); "
+        f"one tier: every {model.duration_text(tau)} (δ={durable.save_cost_s:.3g} s); "
         f"{_failures(rates)} → waste {w:.1%}"
     )
 
@@ -325,8 +317,8 @@ def _two_reason(
     assert local is not None
     nth = "every save" if k == 1 else f"every {_ordinal(k)}"
     return (
-        f"two tiers: local every {_duration(tau)} (δ₁={local.save_cost_s:.3g} s), durable "
-        f"{nth} (δ₂={durable.save_cost_s:.3g} s); {_failures(rates)} → waste {w:.1%}"
+        f"two tiers: local every {model.duration_text(tau)} (δ₁={local.save_cost_s:.3g} s), "
+        f"durable {nth} (δ₂={durable.save_cost_s:.3g} s); {_failures(rates)} → waste {w:.1%}"
     )
 
 

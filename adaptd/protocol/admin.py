@@ -405,7 +405,22 @@ class AdminError(Exception):
 
 
 def encode(msg: Request | Reply) -> bytes:
-    return _encoder.encode(msg)
+    """A message as it crosses the admin socket.
+
+    A request carries only the fields its sender set away from their defaults (and
+    always ``op`` and ``v``): a daemon one release older refuses fields it does not know
+    (requests are strict), so a field added since, left at its default (``set-policy``'s
+    ``clear=False``), must not be sent. A reply is sent whole (readers ignore the
+    fields they do not know)."""
+    if not isinstance(msg, Request):
+        return _encoder.encode(msg)
+    config = type(msg).__struct_config__
+    out: dict[str, t.Any] = {str(config.tag_field): config.tag, "v": msg.v}
+    for f in msgspec.structs.fields(msg):
+        value = getattr(msg, f.name)
+        if f.encode_name != "v" and (f.default is msgspec.NODEFAULT or value != f.default):
+            out[f.encode_name] = value
+    return _encoder.encode(out)
 
 
 class RequestDecoder:

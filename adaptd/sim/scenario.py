@@ -258,10 +258,9 @@ def _from_dict(data: Mapping[str, Any], default_name: str) -> Scenario:
     # [checkpoint.local] is a table of its own, checked by _local
     plain = {key: value for key, value in ck.items() if key != "local"}
     _known(plain, "checkpoint", {"blocking_s", "latency_s", "slowdown", "restore_s"})
-    # the failure classes' keys (issues 23, 24) are accepted beside the four of the
-    # failure process, which alone the refusal lists (its wording is a tested contract)
-    plain = {key: value for key, value in fl.items() if key not in _CLASS_KEYS}
-    _known(plain, "failures", {"distribution", "mtbf_gpu_hours", "weibull_shape", "trace"})
+    _known(
+        fl, "failures", {"distribution", "mtbf_gpu_hours", "weibull_shape", "trace", *_CLASS_KEYS}
+    )
     steps = _get(job, "job", "steps", int)
     step_time = _get(job, "job", "step_time_s", float)
     first_step = _get(job, "job", "first_step_s", float, None)

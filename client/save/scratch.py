@@ -51,8 +51,12 @@ def base_dir(scratch_dir: str | os.PathLike[str] | None, environ: Mapping[str, s
 class Scratch:
     """One process's scratch directory for its saves (created on first use).
 
+    A process killed before :meth:`close` leaves its directory behind; the next scratch
+    of the same job and rank on the host removes those whose process is gone (the
+    directory names its process: ``adaptd-<job>-rank<rank>-pid<pid>-XXXX``).
+
     Args:
-        job, rank: name the directory (``adaptd-<job>-rank<rank>-XXXX``).
+        job, rank: name the directory.
         scratch_dir: where to create it (see :func:`base_dir`).
         environ: the environment to read ``$ADAPTD_SCRATCH`` from.
     """
@@ -65,14 +69,23 @@ class Scratch:
         environ: Mapping[str, str] | None = None,
     ) -> None:
         self._base = base_dir(scratch_dir, os.environ if environ is None else environ)
-        self._prefix = f"adaptd-{job}-rank{rank}-"
+        self._stem = f"adaptd-{job}-rank{rank}-pid"
+        self._prefix = f"{self._stem}{os.getpid()}-"
         self.root: Path | None = None
 
     def prefix(self, step: int) -> str:
         """The checkpoint prefix for the save of ``step`` (the directory is created)."""
         if self.root is None or not self.root.is_dir():
+            self._remove_left_behind()
             self.root = Path(tempfile.mkdtemp(prefix=self._prefix, dir=self._base))
         return str(self.root / f"ckpt-{step}")
+
+    def _remove_left_behind(self) -> None:
+        for old in self._base.glob(f"{self._stem}*-*"):
+            pid = old.name[len(self._stem) :].split("-", 1)[0]
+            if pid.isdigit() and not _alive(int(pid)):
+                log.info("removing %s: scratch of a process that is gone", old)
+                shutil.rmtree(old, ignore_errors=True)
 
     def write(self, checkpoint: Any, step: int, options: Any) -> str:
         """Start the asynchronous write of ``checkpoint`` as the save of ``step`` (not the
@@ -96,6 +109,16 @@ class Scratch:
         if root is not None:
             with contextlib.suppress(FileNotFoundError):
                 shutil.rmtree(root)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: alive
+        return True
+    return True
 
 
 __all__ = ["ENV", "Scratch", "base_dir"]

@@ -40,3 +40,32 @@ def test_a_directory_that_cannot_be_made_is_a_clear_error(tmp_path) -> None:
     (tmp_path / "file").write_text("x")
     with pytest.raises(ValueError, match=r"cannot be created.*host-local directory"):
         base_dir(tmp_path / "file" / "sub", {})
+
+
+def test_a_killed_processs_scratch_goes_when_the_rank_comes_back(tmp_path) -> None:
+    import signal
+    import subprocess
+    import sys
+
+    base = tmp_path / "local"
+    code = (
+        "import os, signal, sys\n"
+        "from adaptd.client.save.scratch import Scratch\n"
+        f"s = Scratch('job', 1, scratch_dir={str(base)!r})\n"
+        "open(s.prefix(5) + '.index', 'w').write('i')\n"
+        "print(s.root, flush=True)\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == -signal.SIGKILL, r.stderr
+    left = Path(r.stdout.strip())
+    assert left.is_dir()  # SIGKILL: nothing of the process ran to tidy up
+    other_rank = Scratch("job", 2, scratch_dir=base)
+    other_rank.prefix(1)
+    assert left.is_dir()  # not this rank's: kept
+    mine = Scratch("job", 1, scratch_dir=base)
+    mine.prefix(10)
+    assert not left.exists()
+    alive = Scratch("job", 1, scratch_dir=base)  # a live process's (this one's) is kept
+    alive.prefix(11)
+    assert mine.root is not None and mine.root.is_dir()

@@ -81,7 +81,8 @@ def test_a_new_daemon_starts_from_the_fleets_failures(own_etcd: Etcd, hosts_root
                 break
             assert time.monotonic() < end, job.plan
             time.sleep(0.1)  # polling the admin socket
-        m = float(job.plan.reason.split("M=")[1].split("s")[0])
+        value, unit = job.plan.reason.split("M=")[1].split()[:2]  # "M=12.5 h"
+        m = float(value) * {"s": 1.0, "min": 60.0, "h": 3600.0}[unit]
         assert m * 8 == pytest.approx(f["gpu_mtbf_s"], rel=0.05)  # 8 GPUs: the job's M
     finally:
         h.stop()

@@ -362,3 +362,18 @@ def test_the_weibull_interval_minimises_the_cost_ratio(age, delta, m, restart) -
     kwargs = {} if restart is None else {"restart_s": restart}
     got = model.weibull_interval(age, delta, m, 0.7, **kwargs)
     assert got == pytest.approx(math.exp(res.x), rel=1e-3)
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [
+        (8.0, "8 s"),
+        (119.0, "119 s"),
+        (1668.0, "27.8 min"),
+        (175_000.0, "48.6 h"),
+        (1.824e8, "50667 h"),
+        (math.inf, "never"),
+    ],
+)
+def test_a_reason_says_a_duration_without_exponent_notation(seconds: float, text: str) -> None:
+    assert model.duration_text(seconds) == text

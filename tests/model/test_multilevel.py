@@ -243,9 +243,10 @@ def test_the_descent_reaches_the_least_waste_from_any_start_and_keeps_the_smalle
 
 
 def test_durations_and_ordinals_in_reasons() -> None:
-    from adaptd.core.multilevel import _duration, _ordinal
+    from adaptd.core.model import duration_text
+    from adaptd.core.multilevel import _ordinal
 
-    assert [_duration(x) for x in (119.0, 120.0, 7199.0, 7200.0)] == [
+    assert [duration_text(x) for x in (119.0, 120.0, 7199.0, 7200.0)] == [
         "119 s", "2 min", "120 min", "2 h",
     ]  # fmt: skip
     assert [_ordinal(n) for n in (1, 2, 3, 4, 10, 11, 12, 13, 20, 21, 22, 111, 121)] == [

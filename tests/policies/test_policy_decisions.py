@@ -143,9 +143,11 @@ def test_pinned_figures_replace_the_job_s_own(cls, name, tau_of) -> None:
 def test_the_reasons_show_the_figures() -> None:
     j = job()
     assert Young().decide(NONE, j).reason == "Young: √(2·8s·1.75e+05s) = 1673s"
-    assert Daly().decide(NONE, j).reason == "Daly: δ=8s, M=1.75e+05s → every 1668s"
+    assert Daly().decide(NONE, j).reason == "Daly: δ=8 s, M=48.6 h → every 27.8 min"
     w = Weibull().decide(NONE, j)
-    assert w.reason == f"Weibull k=0.7: age 2900s, δ=8s, M=1.75e+05s → every {w.interval_s:.4g}s"
+    assert w.reason == (
+        f"Weibull k=0.7: age 48.3 min, δ=8 s, M=48.6 h → every {model.duration_text(w.interval_s)}"
+    )
     assert Budget().decide(NONE, j).reason == "budget 3.50%: δ=8s → every 228.6s"
 
 

@@ -166,7 +166,8 @@ def without(path: str) -> dict:
         (
             changed("failures.rate", 1),
             "[failures] has unknown key(s) rate; "
-            "known: distribution, mtbf_gpu_hours, trace, weibull_shape",
+            "known: distribution, jit_save_s, mtbf_gpu_hours, peer_share, process_share, trace, "
+            "weibull_shape",
         ),
         (
             {**FULL, "phases": [{"start_s": 5.0, "end_s": 5.0}]},
