@@ -68,7 +68,10 @@ def main(argv: list[str] | None = None) -> int:
     import tensorflow as tf
 
     from adaptd.client import AdaptiveCheckpointer
-    from adaptd.commands._spawn import running_daemon
+    try:
+        from adaptd.commands._spawn import running_daemon
+    except ImportError:  # a revision before issue 22's folders (benchmarks/side_by_side.py)
+        from adaptd.spawn import running_daemon  # type: ignore[no-redef]
 
     results = {}
     ranks = {"rank": 0, "world_size": args.world_size} if args.world_size > 1 else {}
