@@ -27,13 +27,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from faults.zygote import Zygote
 
 from adaptd.checkpoints import rank_parts
 from adaptd.commands._spawn import stop_daemon
 from adaptd.telemetry.storage import existing_ancestor, mount_of, parse_mountinfo
-from multiworker.cluster import HERE, REPO, Cluster
 from multiworker.daemons import serve
-from multiworker.rank_jobs import COMPARED, EVERY, KEEP, STEPS, run
+from multiworker.forked import ForkedCluster
+from multiworker.rank_jobs import COMPARED, EVERY, HERE, KEEP, REPO, STEPS
 
 sys.path.insert(0, str(REPO / "scripts"))
 from local_etcd import EtcdMissing, running
@@ -110,11 +111,31 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(root: Path) -> list[dict[str, Any]]:
+def zygote(root: Path) -> Iterator[Zygote]:
+    """Every worker of the module is forked from it (one TensorFlow import)."""
+    z = Zygote(root / "zygote")
+    try:
+        yield z
+    finally:
+        z.close()
+
+
+def job(zygote: Zygote, work: Path, ckpt: Path, env: dict[str, str]) -> ForkedCluster:
+    """The job of tests/multiworker/rank_worker.py on WORKERS workers (not started)."""
+    env = {"CKPT": str(ckpt), **env}
+    return ForkedCluster(zygote, work, WORKERS, HERE / "rank_worker.py", env=env)
+
+
+def run(zygote: Zygote, work: Path, ckpt: Path, env: dict[str, str]) -> list[dict[str, Any]]:
+    """The job to its end; its results."""
+    with job(zygote, work, ckpt, env) as cluster:
+        return cluster.wait_ok(PHASE_S)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(root: Path, zygote: Zygote) -> list[dict[str, Any]]:
     """The same job without a fault: what every cell must end with."""
-    results = run(root / "reference", WORKERS, root / "reference" / "ckpt", **JOB)
-    assert results is not None
-    return results
+    return run(zygote, root / "reference", root / "reference" / "ckpt", JOB)
 
 
 # ------------------------------------------------------------------ hosts and etcd
@@ -140,28 +161,37 @@ def fleet_config(url: str, ckpt: Path) -> str:
     )
 
 
+@dataclasses.dataclass
+class Hosts:
+    """Each rank's ``adaptd serve`` (``daemons``, sockets under ``root``) and the fleet's
+    etcd (or None)."""
+
+    root: Path
+    daemons: list[Any]
+    etcd: Any = None
+
+    def sockets(self) -> str:
+        return ",".join(f"ipc://{self.root / name / 'd.sock'}" for name in ("a", "b"))
+
+
 @contextlib.contextmanager
-def hosts(short: Path, cell: Cell, ckpt: Path) -> Iterator[tuple[list[Any], Any]]:
-    """Each rank's ``adaptd serve`` (none unless ``cell.daemons``) and the fleet's etcd
-    (None unless ``cell.stop_etcd``); every one ended on the way out."""
+def hosts(short: Path, cell: Cell, ckpt: Path) -> Iterator[Hosts]:
+    """The hosts of ``cell`` (no daemon unless ``cell.daemons``, no etcd unless
+    ``cell.stop_etcd``); every one ended on the way out."""
     with contextlib.ExitStack() as stack:
-        etcd, config = None, ""
+        got = Hosts(short, [])
+        config = ""
         if cell.stop_etcd:
             try:
-                etcd = stack.enter_context(running(short / "etcd"))
+                got.etcd = stack.enter_context(running(short / "etcd"))
             except EtcdMissing as exc:
                 pytest.skip(str(exc))
-            stack.callback(etcd.resume)  # a stopped etcd is killed, not left stopped
-            config = fleet_config(etcd.url, ckpt)
-        procs = []
+            stack.callback(got.etcd.resume)  # a stopped etcd is killed, not left stopped
+            config = fleet_config(got.etcd.url, ckpt)
         for name in ("a", "b")[: WORKERS if cell.daemons else 0]:
-            procs.append(serve(short, name, f"fixed:steps={EVERY}", config))
-            stack.callback(stop_daemon, procs[-1])
-        yield procs, etcd
-
-
-def sockets(short: Path) -> str:
-    return ",".join(f"ipc://{short / name / 'd.sock'}" for name in ("a", "b"))
+            got.daemons.append(serve(short, name, f"fixed:steps={EVERY}", config))
+            stack.callback(stop_daemon, got.daemons[-1])
+        yield got
 
 
 # ------------------------------------------------------------------ the run with the fault
@@ -174,7 +204,7 @@ def stopped(pid: int) -> bool:
     return False
 
 
-def wait_until(what: str, check: Any, cluster: Cluster, timeout: float = PHASE_S) -> None:
+def wait_until(what: str, check: Any, cluster: ForkedCluster, timeout: float = PHASE_S) -> None:
     deadline = time.monotonic() + timeout
     while not check():
         if time.monotonic() > deadline:
@@ -183,33 +213,29 @@ def wait_until(what: str, check: Any, cluster: Cluster, timeout: float = PHASE_S
         time.sleep(0.02)
 
 
-def inject(cell: Cell, cluster: Cluster, procs: list[Any], etcd: Any, hold: Path) -> None:
+def inject(cell: Cell, cluster: ForkedCluster, hosts: Hosts, hold: Path) -> None:
     """Every rank waits after step HOLD_AT (no collective in flight): kill the daemons
     (or stop etcd) the cell names, then let the ranks go on."""
     held = [Path(f"{hold}.{r}") for r in range(WORKERS)]
     wait_until(f"hold at step {HOLD_AT}", lambda: all(p.exists() for p in held), cluster)
     for i in cell.kill_daemons:
-        procs[i].kill()
-        procs[i].wait(10)
+        hosts.daemons[i].kill()
+        hosts.daemons[i].wait(10)
     if cell.stop_etcd:
-        etcd.pause()
+        hosts.etcd.pause()
     Path(f"{hold}.go").write_text("go")
 
 
-def faulted_run(
-    cell: Cell, work: Path, ckpt: Path, procs: list[Any], etcd: Any, short: Path
-) -> dict[str, Any]:
+def faulted_run(zygote: Zygote, cell: Cell, work: Path, ckpt: Path, hosts: Hosts) -> dict[str, Any]:
     """The job with its fault, until every worker ended: what it measured."""
     env = cell.env(work / "mark")
     if cell.daemons:
-        env.update(SOCKETS=sockets(short), STEP_S="0.04", HOLD_AT=str(HOLD_AT))
+        env.update(SOCKETS=hosts.sockets(), STEP_S="0.04", HOLD_AT=str(HOLD_AT))
         env["HOLD_FILE"] = str(work / "hold")
     survivors = [r for r in range(WORKERS) if r != cell.victim]
-    with Cluster(
-        work / "faulted", WORKERS, HERE / "rank_worker.py", env={"CKPT": str(ckpt), **env}
-    ) as cluster:
+    with job(zygote, work / "faulted", ckpt, env) as cluster:
         if cell.daemons:
-            inject(cell, cluster, procs, etcd, work / "hold")
+            inject(cell, cluster, hosts, work / "hold")
         victim = cluster.procs[cell.victim]
         if cell.sig == "SIGSTOP":
             wait_until("stopped victim", lambda: stopped(victim.pid), cluster)
@@ -224,7 +250,6 @@ def faulted_run(
             ended_s = time.monotonic() - fault
             if cell.sig == "SIGSTOP":  # the stopped rank is the fault, not a hang: reap it
                 victim.kill()
-                victim.wait(10)
         codes = [cluster.procs[r].returncode for r in survivors]
         tails = cluster.tails()
     # a survivor ends with an error (its collective or its coordination service
@@ -240,16 +265,17 @@ def complete_steps(ckpt: Path) -> list[int]:
 
 
 @pytest.mark.parametrize("name", list(CELLS))
-def test_the_job_resumes_from_one_step_exactly_after(name, root, uninterrupted, short_dir) -> None:
+def test_the_job_resumes_from_one_step_exactly_after(
+    name, root, zygote, uninterrupted, short_dir
+) -> None:
     cell = CELLS[name]
     work = root / name
     ckpt = work / "ckpt"
-    with hosts(short_dir, cell, ckpt) as (procs, etcd):
-        outcome = faulted_run(cell, work, ckpt, procs, etcd, short_dir)
+    with hosts(short_dir, cell, ckpt) as on:
+        outcome = faulted_run(zygote, cell, work, ckpt, on)
         saved = complete_steps(ckpt / "plain")
-        env = {**JOB, "SOCKETS": sockets(short_dir)} if cell.daemons else JOB
-        resumed = run(work / "resumed", WORKERS, ckpt, **env)
-    assert resumed is not None
+        env = {**JOB, "SOCKETS": on.sockets()} if cell.daemons else JOB
+        resumed = run(zygote, work / "resumed", ckpt, env)
     starts = [r["plain"]["resumed_from"] for r in resumed]
     outcome.update(complete=saved, resumed_from=starts)
     mark = work / "mark"
