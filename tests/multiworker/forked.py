@@ -1,7 +1,8 @@
 """A multi-worker job whose workers are forked from a zygote (tests/faults/zygote.py):
 the same workers as :class:`adaptd.sim.local_cluster.Cluster` starts (a ``TF_CONFIG``
 on free localhost ports each, no GPU, ``$RESULT``), without TensorFlow's import in each
-(about 3.5 s of CPU per worker). For tests that start many short jobs; a forked job's
+(about 3.5 s of CPU per worker); each ends as a process does (its ``atexit`` handlers,
+the hook's close among them, run). For tests that start many short jobs; a forked job's
 results are bit-identical to a started one's (tests/multiworker/test_crash_matrix.py's
 uninterrupted run has the digests of scripts/exact_resume.py's).
 
@@ -55,7 +56,10 @@ class ForkedCluster:
                 **self.env,
             }
             unset = ("ADAPTD_SOCKET", "RANK", "WORLD_SIZE")
-            self.procs.append(self.zygote.spawn([], script=self.script, env=env, unset=unset))
+            child = self.zygote.spawn(
+                [], script=self.script, env=env, unset=unset, normal_exit=True
+            )
+            self.procs.append(child)
         return self
 
     def result_path(self, rank: int) -> Path:

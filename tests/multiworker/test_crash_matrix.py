@@ -90,6 +90,7 @@ CELLS = {
     "chief-sigkill": Cell(victim=0, at=23),
     "rank-sigkill": Cell(victim=1, at=27),
     "rank-sigstop": Cell(victim=1, at=23, sig="SIGSTOP"),
+    "chief-killed-in-write": Cell(victim=0, at=20, how="write"),
     "rank-killed-in-write": Cell(victim=1, at=20, how="write"),
     "rank-killed-in-round": Cell(victim=1, at=23, how="round"),
     "chief-daemon-killed": Cell(victim=1, at=43, daemons=True, kill_daemons=(0,)),
@@ -252,10 +253,17 @@ def faulted_run(zygote: Zygote, cell: Cell, work: Path, ckpt: Path, hosts: Hosts
                 victim.kill()
         codes = [cluster.procs[r].returncode for r in survivors]
         tails = cluster.tails()
+        why = [failure(cluster.procs[r].log.lines) for r in survivors]
     # a survivor ends with an error (its collective or its coordination service
     # failed): never 0, as if the job had finished
     assert all(c not in (0, None) for c in codes), tails
-    return {"ended_s": round(ended_s, 2), "survivor_exit": codes}
+    return {"ended_s": round(ended_s, 2), "survivor_exit": codes, "why": why}
+
+
+def failure(lines: list[str]) -> str:
+    """The error a worker ended with (the last line naming one)."""
+    errors = [ln.strip() for ln in lines if "Error" in ln or "rror:" in ln or "abort" in ln]
+    return errors[-1][:160] if errors else ""
 
 
 def complete_steps(ckpt: Path) -> list[int]:
@@ -278,6 +286,9 @@ def test_the_job_resumes_from_one_step_exactly_after(
         resumed = run(zygote, work / "resumed", ckpt, env)
     starts = [r["plain"]["resumed_from"] for r in resumed]
     outcome.update(complete=saved, resumed_from=starts)
+    skipped = {r["plain"]["skipped"] for r in resumed if "skipped" in r["plain"]["skipped"]}
+    if skipped:  # why the newest step on disk was not resumed from (told the daemon)
+        outcome["skipped"] = sorted(skipped)
     mark = work / "mark"
     last = json.loads(mark.read_text())["step"] if mark.exists() else cell.at
     exact = all(
