@@ -31,6 +31,7 @@ from faults.zygote import Zygote
 
 from adaptd.checkpoints import rank_parts
 from adaptd.commands._spawn import stop_daemon
+from adaptd.protocol import admin
 from adaptd.telemetry.storage import existing_ancestor, mount_of, parse_mountinfo
 from multiworker.daemons import serve
 from multiworker.forked import ForkedCluster
@@ -223,8 +224,18 @@ def inject(cell: Cell, cluster: ForkedCluster, hosts: Hosts, hold: Path) -> None
         hosts.daemons[i].kill()
         hosts.daemons[i].wait(10)
     if cell.stop_etcd:
+        for sock in hosts.sockets().split(","):  # both daemons were in the fleet
+            wait_until("fleet of both hosts", lambda s=sock: in_fleet(s[len("ipc://") :]), cluster)
         hosts.etcd.pause()
     Path(f"{hold}.go").write_text("go")
+
+
+def in_fleet(sock: str) -> bool:
+    """Whether the daemon at ``sock`` is in a fleet of both hosts, up."""
+    reply = admin.request(Path(sock), admin.StatusRequest(), timeout_s=10.0)
+    assert isinstance(reply, admin.StatusReply) and reply.telemetry is not None
+    fleet = reply.telemetry["fleet"]
+    return bool(fleet["up"]) and len(fleet["hosts"]) == WORKERS
 
 
 def faulted_run(zygote: Zygote, cell: Cell, work: Path, ckpt: Path, hosts: Hosts) -> dict[str, Any]:
@@ -262,7 +273,11 @@ def faulted_run(zygote: Zygote, cell: Cell, work: Path, ckpt: Path, hosts: Hosts
 
 def failure(lines: list[str]) -> str:
     """The error a worker ended with (the last line naming one)."""
-    errors = [ln.strip() for ln in lines if "Error" in ln or "rror:" in ln or "abort" in ln]
+    errors = [
+        ln.strip()
+        for ln in lines
+        if ("Error" in ln or "abort" in ln) and not ln.startswith("WARNING")
+    ]
     return errors[-1][:160] if errors else ""
 
 
