@@ -275,13 +275,14 @@ def faulted_run(zygote: Zygote, cell: Cell, work: Path, ckpt: Path, hosts: Hosts
 
 
 def failure(lines: list[str]) -> str:
-    """The error a worker ended with (the last line naming one)."""
+    """The error a worker ended with (the last line naming one; else its last line)."""
     errors = [
         ln.strip()
         for ln in lines
         if ("Error" in ln or "abort" in ln) and not ln.startswith("WARNING")
     ]
-    return errors[-1][:160] if errors else ""
+    last = [ln.strip() for ln in lines if ln.strip()]
+    return (errors or last or [""])[-1][:160]
 
 
 def complete_steps(ckpt: Path) -> list[int]:
