@@ -21,6 +21,7 @@ zygote (``PR_SET_PDEATHSIG``); the zygote exits when its stdin closes.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
 import fcntl
@@ -32,6 +33,7 @@ import select
 import signal
 import subprocess
 import sys
+import threading
 import traceback
 from collections.abc import Iterator
 from pathlib import Path
@@ -115,11 +117,21 @@ def _child(req: dict, fd: int) -> None:
             code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
         except BaseException:
             traceback.print_exc()
+        if req.get("normal_exit"):
+            _exit_as_python_does()
     finally:
         with contextlib.suppress(Exception):
             sys.stdout.flush()
             sys.stderr.flush()
         os._exit(code)
+
+
+def _exit_as_python_does() -> None:
+    """What the interpreter does before a process ends by itself (and ``os._exit``
+    skips): join the non-daemon threads, run the ``atexit`` handlers (the hook's close,
+    TensorFlow's own). For jobs whose end is under test (a worker ending on an error)."""
+    threading._shutdown()  # type: ignore[attr-defined]  # what Py_FinalizeEx calls first
+    atexit._run_exitfuncs()
 
 
 def serve() -> None:
@@ -239,8 +251,11 @@ class Zygote:
         env: dict[str, str] | None = None,
         unset: tuple[str, ...] = ("ADAPTD_SOCKET",),
         deadline_s: float = 120.0,
+        normal_exit: bool = False,
     ) -> Child:
-        """Fork ``python SCRIPT ARGV`` (or ``python -m MODULE ARGV``) from the zygote."""
+        """Fork ``python SCRIPT ARGV`` (or ``python -m MODULE ARGV``) from the zygote.
+        ``normal_exit``: the child ends as a process does (non-daemon threads joined,
+        ``atexit`` handlers run), not at once."""
         if (script is None) == (module is None):
             raise ValueError("give exactly one of script= or module=")
         self._n += 1
@@ -249,7 +264,7 @@ class Zygote:
         os.mkfifo(fifo)
         rfd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
         req = {"id": ident, "out": str(fifo), "argv": [str(a) for a in argv],
-               "env": env or {}, "unset": list(unset)}  # fmt: skip
+               "env": env or {}, "unset": list(unset), "normal_exit": normal_exit}  # fmt: skip
         if script is not None:
             req["script"] = str(script)
         else:

@@ -24,12 +24,14 @@ ENDLESS = "1000000"
 JOB = "mw"
 
 
-def serve(root: Path, name: str, policy: str) -> subprocess.Popen:
+def serve(root: Path, name: str, policy: str, config: str = "") -> subprocess.Popen:
     """``adaptd serve`` of host ``name``: socket ``root/name/d.sock``, its state beside
     it, its log ``root/daemon-<name>.log`` (appended to: a restart keeps the first
     run's lines). A socket file left by a killed daemon is removed first. Every host
     has the same relay key (``root/relay.key``), so an operator's set-policy, pause and
-    resume typed on any host are relayed signed to the deciding one."""
+    resume typed on any host are relayed signed to the deciding one. ``config``: more
+    lines of its configuration file (sections after ``[metrics]``; ``{host}`` is the
+    host's name)."""
     (root / name).mkdir(exist_ok=True)
     sock = root / name / "d.sock"
     for stale in (sock, paths.admin_socket_path(sock)):
@@ -38,22 +40,26 @@ def serve(root: Path, name: str, policy: str) -> subprocess.Popen:
     if not key.exists():
         key.write_bytes(os.urandom(32))
         key.chmod(0o600)
-    config = root / name / "adaptd.toml"
-    config.write_text(
+    path = root / name / "adaptd.toml"
+    path.write_text(
         f"[daemon]\nstate_dir = {json.dumps(str(root / name / 'state'))}\n"
         f'relay_key_file = {json.dumps(str(key))}\n[metrics]\nlisten = "off"\n'
+        + config.replace("{host}", name)
     )
     with open(root / f"daemon-{name}.log", "ab") as log:
-        return start_daemon(sock, ["--policy", policy, "--config", str(config)], log=log)
+        return start_daemon(sock, ["--policy", policy, "--config", str(path)], log=log)
 
 
 @contextlib.contextmanager
-def hosts(root: Path, policy: str, names: Sequence[str] = ("a", "b")) -> Iterator[list[Path]]:
-    """One ``adaptd serve`` per host, each with its own socket and state; their sockets."""
+def hosts(
+    root: Path, policy: str, names: Sequence[str] = ("a", "b"), config: str = ""
+) -> Iterator[list[Path]]:
+    """One ``adaptd serve`` per host, each with its own socket and state (and ``config``,
+    as for :func:`serve`); their sockets."""
     procs = []
     try:
         for name in names:
-            procs.append(serve(root, name, policy))
+            procs.append(serve(root, name, policy, config))
         yield [root / name / "d.sock" for name in names]
     finally:
         for proc in procs:

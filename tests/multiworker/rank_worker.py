@@ -18,6 +18,17 @@ returned while that save's write is in flight, in whichever style it is first so
 digests of the model's weights, of the optimizer's variables (slots and iteration
 count), the hook's step and the rank's next three batches after the last step, and
 the step it resumed from; rank 0 adds the weights plain TensorFlow reads back.
+
+The crash matrix (tests/multiworker/test_crash_matrix.py) adds: ``KILL_SIGNAL``
+(default ``SIGKILL``; ``SIGSTOP``: the rank stops itself and the test reaps it);
+``KILL_IN_ROUND=1``: after step ``KILL_AT`` the next rank asks for a save (one agreement
+round) and ``KILL_RANK`` kills itself as it reads that round's proposal, before its
+acknowledgement; ``COLLECTIVE_TIMEOUT``: the strategy's collective timeout in seconds
+(``CommunicationOptions``, as a user sets it); ``SOCKETS``: each rank's daemon,
+comma-separated (default: none there); ``HOLD_AT`` with ``HOLD_FILE``: after that step
+every rank writes ``HOLD_FILE.<rank>`` and waits (at most 60 s) for ``HOLD_FILE.go``
+(the test injects a fault while no collective is in flight); ``STEP_S``: each step takes
+at least that long (time for a fault to be noticed mid-run).
 """
 
 from __future__ import annotations
@@ -27,6 +38,8 @@ import json
 import os
 import signal
 import sys
+import time
+from pathlib import Path
 from typing import Any
 
 import tensorflow as tf
@@ -100,9 +113,12 @@ class Trainee:
             self.it = iter(strategy.distribute_datasets_from_function(fn))
         else:
             raise SystemExit(f"unknown input style {style!r}")
+        socket = f"ipc://{os.environ['CKPT']}-none.sock"
+        if os.environ.get("SOCKETS"):
+            socket = os.environ["SOCKETS"].split(",")[rank]
         self.hook = AdaptiveCheckpointer(
             self.directory, job=f"ranks-{style}", policy=f"fixed:steps={EVERY}", max_to_keep=KEEP,
-            socket=f"ipc://{os.environ['CKPT']}-none.sock", daemon_timeout=0.5,
+            socket=socket, daemon_timeout=0.5,
             handle_sigterm=False, save_on_close=False,
             model=self.model, optimizer=self.opt, data_iterator=self.it, **extra,
         )  # fmt: skip
@@ -152,27 +168,80 @@ class Trainee:
         return digest(model.weights)
 
 
+def strategy_of_the_job() -> Any:
+    if not os.environ.get("COLLECTIVE_TIMEOUT"):
+        return tf.distribute.MultiWorkerMirroredStrategy()
+    options = tf.distribute.experimental.CommunicationOptions(
+        timeout_seconds=float(os.environ["COLLECTIVE_TIMEOUT"])
+    )
+    return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+
+
+def die(sig: int) -> None:
+    os.kill(os.getpid(), sig)
+    if sig == signal.SIGSTOP:  # stopped until the test reaps us; never go on
+        time.sleep(3600)
+
+
+def die_in_the_next_round(hook: Any, sig: int) -> None:
+    """Die as this rank reads the next round's proposal (before acknowledging it)."""
+    agreement = hook._authority.agreement  # the in-band agreement's rank side
+
+    def acknowledge(proposal: Any) -> Any:
+        die(sig)
+
+    agreement.acknowledge = acknowledge
+
+
+def hold(step: int, rank: int) -> None:
+    """Tell the test this rank finished ``step``; wait (bounded) for its go-ahead."""
+    base = os.environ["HOLD_FILE"]
+    Path(f"{base}.{rank}").write_text(str(step))
+    deadline = time.monotonic() + 60
+    while not Path(f"{base}.go").exists():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"rank {rank}: no go-ahead within 60 s after step {step}")
+        time.sleep(0.01)
+
+
 def main() -> int:
-    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    strategy = strategy_of_the_job()
     rank, world = ranks.resolve()
     trainees = [Trainee(style, strategy, rank, world) for style in INPUTS]
     # each style is a job of its own: one may resume from an older step than another
     # (its part of the newer step was still being written when a rank died)
     starts = [t.hook.restore_or_initialize() for t in trainees]
-    victim = rank == int(os.environ.get("KILL_RANK", "-1"))
+    victim_rank = int(os.environ.get("KILL_RANK", "-1"))
+    victim = rank == victim_rank
     kill_at = int(os.environ.get("KILL_AT", "0")) if victim else 0
+    sig = getattr(signal, os.environ.get("KILL_SIGNAL", "SIGKILL"))
     in_write = bool(os.environ.get("KILL_IN_WRITE"))
+    in_round = bool(os.environ.get("KILL_IN_ROUND"))
+    asks_at = int(os.environ.get("KILL_AT", "0")) if rank == (victim_rank + 1) % world else 0
+    hold_at = int(os.environ.get("HOLD_AT", "0"))
+    step_s = float(os.environ.get("STEP_S", "0"))
     for step in range(min(starts), STEPS):
         done = step + 1
+        began = time.monotonic()
         for t, start in zip(trainees, starts, strict=True):
             if step >= start:
                 t.step()
             if in_write and kill_at and done >= kill_at and t.hook.save_in_flight:
                 with open(os.environ["KILL_MARK"], "w") as f:  # first, then the kill
                     json.dump({"step": done, "style": t.style}, f)
-                os.kill(os.getpid(), signal.SIGKILL)
-        if kill_at and not in_write and done >= kill_at:
-            os.kill(os.getpid(), signal.SIGKILL)
+                die(sig)
+        if step_s:
+            time.sleep(max(0.0, step_s - (time.monotonic() - began)))
+        if in_round and done == kill_at:
+            for t in trainees:
+                die_in_the_next_round(t.hook, sig)
+        if in_round and done == asks_at:
+            for t in trainees:
+                t.hook.request_save("crash matrix: a round")
+        if kill_at and not in_write and not in_round and done >= kill_at:
+            die(sig)
+        if done == hold_at:
+            hold(done, rank)
     for t in trainees:
         t.hook.close()
     results: dict[str, Any] = {"rank": rank, **{t.style: t.result() for t in trainees}}

@@ -1,0 +1,69 @@
+"""A multi-worker job whose workers are forked from a zygote (tests/faults/zygote.py):
+the workers of :class:`adaptd.sim.local_cluster.Cluster` (a ``TF_CONFIG`` on free
+localhost ports each, no GPU, ``$RESULT``, every wait with a deadline), without
+TensorFlow's import in each (about 3.5 s of CPU per worker); each ends as a process
+does (its ``atexit`` handlers, the hook's close among them, run). For tests that start
+many short jobs; a forked job's results are bit-identical to a started one's
+(tests/multiworker/test_crash_matrix.py's uninterrupted run has the digests of
+scripts/exact_resume.py's). Leaving the ``with`` block kills what still runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from faults.zygote import Child, Zygote
+
+from adaptd.sim import local_cluster
+
+__all__ = ["ForkedCluster"]
+
+
+class ForkedCluster(local_cluster.Cluster):
+    """``n`` workers of ``script`` forked from ``zygote``; rank ``r`` writes its results
+    to ``<workdir>/rank<r>.json``. ``env`` is added to each worker's environment.
+    :attr:`procs` are the zygote's :class:`Child` handles (``poll``, ``pid``,
+    ``returncode``, ``kill``); their output is in memory (:meth:`tails`)."""
+
+    def __init__(
+        self,
+        zygote: Zygote,
+        workdir: Path,
+        n: int,
+        script: Path,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(workdir, n, script, env=env)
+        self.zygote = zygote
+        self.procs: list[Any] = []
+
+    def start(self) -> ForkedCluster:
+        ports = local_cluster.free_ports(self.n)
+        for rank in range(self.n):
+            env = {
+                "TF_CONFIG": local_cluster.tf_config(ports, rank),
+                "CUDA_VISIBLE_DEVICES": "",
+                "RESULT": str(self.result_path(rank)),
+                **self.env,
+            }
+            unset = ("ADAPTD_SOCKET", "RANK", "WORLD_SIZE")
+            child = self.zygote.spawn(
+                [], script=self.script, env=env, unset=unset, normal_exit=True
+            )
+            self.procs.append(child)
+        return self
+
+    def kill(self) -> None:
+        child: Child
+        for child in self.procs:
+            with contextlib.suppress(TimeoutError):
+                child.kill()
+
+    def tails(self, lines: int = 40) -> str:
+        return "\n".join(
+            f"--- rank {rank} ---\n" + "\n".join(child.log.lines[-lines:])
+            for rank, child in enumerate(self.procs)
+        )
