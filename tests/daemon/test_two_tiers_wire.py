@@ -1,0 +1,58 @@
+"""Two tiers on the wire and in the daemon's figures (issue 24): a plan carries
+``durable_every``, a save report its tier, a hello the local tier and whether the run
+found it intact; a one-tier message is byte for byte what an older peer knows; the
+daemon learns δ₁ apart from δ and tells a process failure from a host failure."""
+
+from __future__ import annotations
+
+import msgspec
+
+from adaptd.core.snapshot import Decision
+from adaptd.daemon.jobs.costs import SaveCosts
+from adaptd.daemon.jobs.records import failure_kind
+from adaptd.protocol import job as p
+
+
+def _report(step: int, tier: str, cost: float) -> p.SaveReport:
+    return p.SaveReport(v=p.VERSION, job="j", rank=0, step=step, blocking_s=cost,
+                        durable_s=cost * 2, bytes=1, tier=tier)  # fmt: skip
+
+
+def test_one_tier_messages_carry_no_new_field():
+    plan = p.Plan(v=p.VERSION, job="j", seq=1, next_step=10, every_steps=10)
+    raw = msgspec.msgpack.decode(p.encode(plan))
+    assert "durable_every" not in raw
+    hello = msgspec.msgpack.decode(p.encode(p.Hello(v=p.VERSION, job="j")))
+    assert not {"local_tier", "resumed_tier", "local_intact"} & set(hello)
+    assert "tier" not in msgspec.msgpack.decode(p.encode(_report(5, "", 0.1)))
+
+
+def test_two_tier_plan_and_report_round_trip():
+    plan = p.Plan(v=p.VERSION, job="j", seq=1, next_step=10, every_steps=10, durable_every=4)
+    back = p.decode_daemon(p.encode(plan))
+    assert back.durable_every == 4
+    from adaptd.client.save.schedule import decision_of
+
+    d = decision_of(back)
+    assert isinstance(d, Decision) and d.durable_every == 4
+    assert [d.durable_at(s, 0) for s in (10, 20, 30, 40)] == [False, False, False, True]
+    assert p.decode_client(p.encode(_report(5, "local", 0.1))).tier == "local"
+
+
+def test_the_daemon_learns_the_local_cost_apart_from_the_durable_one():
+    from adaptd.core.estimators import JobTracker
+
+    t = JobTracker("j", local_tier=True)
+    costs = SaveCosts()
+    costs.on_report(t, _report(5, "local", 0.01), 1.0)
+    costs.on_report(t, _report(10, "", 0.5), 2.0)
+    state = t.state()
+    assert state.local_save_cost_s == 0.01 and state.save_cost_s == 0.5
+    assert state.last_durable_step == 10  # a local save makes nothing durable
+
+
+def test_a_return_with_the_local_tier_intact_is_a_process_failure():
+    base = {"v": p.VERSION, "job": "j"}
+    assert failure_kind(p.Hello(**base, local_tier="memory", local_intact=True)) == "process"
+    assert failure_kind(p.Hello(**base, local_tier="memory")) == "host"
+    assert failure_kind(p.Hello(**base)) is None
