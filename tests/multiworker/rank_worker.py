@@ -18,6 +18,8 @@ returned while that save's write is in flight, in whichever style it is first so
 digests of the model's weights, of the optimizer's variables (slots and iteration
 count), the hook's step and the rank's next three batches after the last step, and
 the step it resumed from; rank 0 adds the weights plain TensorFlow reads back.
+``POLICY`` replaces the policy (default ``fixed:steps=$EVERY``); the hook's other
+settings from the environment apply too (``ADAPTD_LOCAL_TIER``: two tiers).
 """
 
 from __future__ import annotations
@@ -101,7 +103,8 @@ class Trainee:
         else:
             raise SystemExit(f"unknown input style {style!r}")
         self.hook = AdaptiveCheckpointer(
-            self.directory, job=f"ranks-{style}", policy=f"fixed:steps={EVERY}", max_to_keep=KEEP,
+            self.directory, job=f"ranks-{style}", max_to_keep=KEEP,
+            policy=os.environ.get("POLICY", f"fixed:steps={EVERY}"),
             socket=f"ipc://{os.environ['CKPT']}-none.sock", daemon_timeout=0.5,
             handle_sigterm=False, save_on_close=False,
             model=self.model, optimizer=self.opt, data_iterator=self.it, **extra,
