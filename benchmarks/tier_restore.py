@@ -104,12 +104,15 @@ def main(argv: list[str] | None = None) -> int:
         if args.durable_dir is None:
             shutil.rmtree(work, ignore_errors=True)
     med = {k: statistics.median(v) for k, v in results.items() if v}
+    low = {k: min(v) for k, v in results.items() if v}
     out = {
         "bytes": size,
         "seconds": results,
         "median_s": med,
+        "min_s": low,
         "ratio_memory_vs_disk": med["memory"] / med["disk"],
         "ratio_memory_vs_slowfs": med["memory"] / med["slowfs"] if "slowfs" in med else None,
+        "ratio_min_memory_vs_slowfs": low["memory"] / low["slowfs"] if "slowfs" in low else None,
         "nfs_mib_s": None if args.no_slowfs else args.nfs_mib_s,
     }
     if args.json:
@@ -118,11 +121,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"checkpoint: {size / 1e9:.2f} GB, {args.rounds} restores per tier, alternating")
     for k, v in results.items():
         if v:
-            print(f"  {k:7s} median {med[k]:.2f} s  ({', '.join(f'{x:.2f}' for x in v)})")
+            times = ", ".join(f"{x:.2f}" for x in v)
+            print(f"  {k:7s} median {med[k]:.2f} s, min {low[k]:.2f} s  ({times})")
     print(f"memory / local disk (page cache, not a network fs): {out['ratio_memory_vs_disk']:.2f}")
     if out["ratio_memory_vs_slowfs"] is not None:
         print(f"memory / slowfs at {args.nfs_mib_s:g} MiB/s (NFS stand-in): "
-              f"{out['ratio_memory_vs_slowfs']:.2f}  (goal <= 0.2)")  # fmt: skip
+              f"{out['ratio_memory_vs_slowfs']:.2f} (medians), "
+              f"{out['ratio_min_memory_vs_slowfs']:.2f} (minima)  (goal <= 0.2)")  # fmt: skip
     return 0
 
 

@@ -56,3 +56,41 @@ def test_a_return_with_the_local_tier_intact_is_a_process_failure():
     assert failure_kind(p.Hello(**base, local_tier="memory", local_intact=True)) == "process"
     assert failure_kind(p.Hello(**base, local_tier="memory")) == "host"
     assert failure_kind(p.Hello(**base)) is None
+
+
+def test_failure_classes_are_learned_per_job_and_kept_across_a_daemon_restart(tmp_path):
+    """A job with a local tier gets failure classes of its own; its returns teach them
+    (intact: a process failure, gone: a host failure), and the store keeps them."""
+    from adaptd.core.estimators import FailureRate
+    from adaptd.daemon.jobs.records import Job
+    from adaptd.state.learned import Learned
+    from adaptd.state.store import Store
+
+    def learned(store: Store) -> Learned:
+        return Learned(store, failure_rate=FailureRate(), gpu_mtbf_s=1e6)
+
+    hello = p.Hello(v=p.VERSION, job="j", local_tier="memory")
+    store = Store.open(tmp_path / "state.db")
+    job = Job.first(hello, learned(store).tracker_for(hello), 0.0)
+    classes = job.tracker.failure_classes
+    assert classes is not None and job.tracker.local_tier
+    back = p.Hello(v=p.VERSION, job="j", local_tier="memory", resumed_from=10,
+                   resumed_tier="local", local_intact=True)  # fmt: skip
+    job.new_run(back, 100.0, failed_at=90.0)
+    job.new_run(p.Hello(v=p.VERSION, job="j", local_tier="memory", resumed_from=20),
+                200.0, failed_at=190.0)  # fmt: skip
+    job.new_run(back, 300.0, failed_at=290.0)
+    classes = job.tracker.failure_classes
+    assert (classes.process.failures, classes.host.failures) == (2, 1)
+    learned(store).keep_job("j", job.tracker.learned(), failure=True)
+    store.flush()
+    store.close()
+
+    store = Store.open(tmp_path / "state.db")  # the daemon restarted
+    again = learned(store).tracker_for(hello).failure_classes
+    store.close()
+    assert again is not None and (again.process.failures, again.host.failures) == (2, 1)
+    # one tier: no classes (every failure a lost host, as before)
+    store = Store.open(tmp_path / "other.db")
+    assert learned(store).tracker_for(p.Hello(v=p.VERSION, job="k")).failure_classes is None
+    store.close()
