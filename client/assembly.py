@@ -124,6 +124,7 @@ def parts(
     )
     schedule = SaveSchedule()
     authority: Authority = Solo(schedule)
+    local, local_part = local_tier(state, part, job, who.rank, options)
     restorer: Restorer = Alone(directory, source)
     scratch = None
     if coordinated:
@@ -131,8 +132,9 @@ def parts(
         agreement = Agreement(coordination.Coordination(who.rank, who.world_size), who,
                               position=position, wake=wake)  # fmt: skip
         authority = Coordinated(schedule, agreement)
-        job_restore = JobRestore(agreement.store, agreement.keys, who, directory, source)
-        restorer = Agreed(job_restore, part)
+        job_restore = JobRestore(agreement.store, agreement.keys, who, directory, source,
+                                 local=local.home if local is not None else None)  # fmt: skip
+        restorer = Agreed(job_restore, part, local_part)
         scratch = None if who.chief else Scratch(job, who.rank)
     elif who.world_size > 1:
         # the rank holds at a step until its daemon decides a round: meanwhile the
@@ -142,8 +144,7 @@ def parts(
 
         authority = ViaDaemon(schedule, DaemonRounds(job, who.rank), link,
                               position=position, pump=pump)  # fmt: skip
-    local, local_part = local_tier(state, part, job, who.rank, options)
-    if local is not None and isinstance(restorer, Alone):
+    if local is not None and who.world_size == 1:  # ranks of a job restore one step
         restorer = Alone(directory, source, local.directories)
     saves = Saves(state, durable, writer, job=job, rank=who.rank, scratch=scratch, part=part,
                   local=local, local_part=local_part)  # fmt: skip

@@ -83,10 +83,12 @@ class Agreed:
 
     job_restore: JobRestore
     part: RankPart
+    local_part: RankPart | None = None  # this rank's part in its local tier (two tiers)
 
     def restore(self, state: CheckpointState) -> Resumed:
         tidy = self.job_restore.who.chief  # the others must not touch the leftovers
-        return restore_agreed(self.job_restore, state, self.part, tidy=tidy)
+        return restore_agreed(self.job_restore, state, self.part, tidy=tidy,
+                              local_part=self.local_part)  # fmt: skip
 
 
 def restore_alone(
@@ -146,12 +148,18 @@ def restore_alone(
 
 
 def restore_agreed(
-    job_restore: JobRestore, state: CheckpointState, part: RankPart, *, tidy: bool
+    job_restore: JobRestore,
+    state: CheckpointState,
+    part: RankPart,
+    *,
+    tidy: bool,
+    local_part: RankPart | None = None,
 ) -> Resumed:
     """Agree with the other ranks on one step, pull it if this rank lacks it, load it
     (the replicated part, then this rank's own), and wait until every rank did.
     ``tidy``: remove leftovers of interrupted writes first (the chief; the others
-    must not touch the directory's leftovers).
+    must not touch the directory's leftovers). A step this rank offered from its local
+    tier (two tiers) is loaded from there, its own part with ``local_part``.
 
     Raises:
         RestoreAgreementError: the ranks cannot restore one step, or one of them
@@ -173,12 +181,16 @@ def restore_agreed(
                                             directory=str(directory),
                                             restore_from=job_restore.restore_from))  # fmt: skip
         return Resumed(0, None, intact.Resume(None, skipped))
-    prefix = os.path.join(str(directory), f"ckpt-{choice.step}")
+    local = job_restore.local
+    from_tier = (
+        local is not None and local_part is not None and choice.step in job_restore.tier_steps
+    )
+    prefix = os.path.join(str(local if from_tier else directory), f"ckpt-{choice.step}")
     error = ""
     try:
         job_restore.fetch(choice)
         state.restore(prefix)
-        part.restore(choice.step)
+        (local_part if from_tier and local_part is not None else part).restore(choice.step)
     except RestoreAgreementError as exc:
         error = str(exc)
     except Exception as exc:  # said to every rank first, so none waits for this one
@@ -188,12 +200,16 @@ def restore_agreed(
         raise RestoreAgreementError(error)
     restore_s = perf_counter() - t0
     pulled = choice.source.get(rank) == "pull"
+    tier = resume_notes.tier(job_restore.restore_from, pulled)
     resume_notes.say(resume_notes.resumed(
         rank=rank, world_size=world, step=choice.step, checkpoint=prefix, seconds=restore_s,
-        tier=resume_notes.tier(job_restore.restore_from, pulled),
-        where=job_restore.restore_from if pulled else str(directory), agreed=True,
+        tier=resume_notes.LOCAL if from_tier else tier,
+        where=str(local) if from_tier else job_restore.restore_from if pulled else str(directory),
+        agreed=True,
     ))  # fmt: skip
-    return Resumed(choice.step, restore_s, intact.Resume(prefix, skipped))
+    held = bool(job_restore.tier_steps)
+    return Resumed(choice.step, restore_s, intact.Resume(prefix, skipped),
+                   tier="local" if from_tier else "", local_intact=held)  # fmt: skip
 
 
 def _newer(damaged: intact.Damaged, step: int | None) -> bool:
