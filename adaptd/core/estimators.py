@@ -395,6 +395,7 @@ class JobTracker:
             self._local[1].add(max(durable_s, blocking_s))
             return
         self.last_durable_step = max(step, self.last_durable_step or 0)
+        self.last_durable_save_step = max(step, self.last_durable_save_step or 0)
         self._costs.add(blocking_s + extra)
         self._cost_step = step
         self._latencies.add(max(durable_s, blocking_s))

@@ -181,10 +181,10 @@ def restore_agreed(
                                             directory=str(directory),
                                             restore_from=job_restore.restore_from))  # fmt: skip
         return Resumed(0, None, intact.Resume(None, skipped))
-    local = job_restore.local
-    from_tier = (
-        local is not None and local_part is not None and choice.step in job_restore.tier_steps
-    )
+    # a rank with a local tier (two tiers) loads a step it offered from there
+    held = local_part is not None and bool(job_restore.tier_steps)
+    from_tier = held and choice.step in job_restore.tier_steps
+    local = job_restore.local if from_tier else None
     prefix = os.path.join(str(local if from_tier else directory), f"ckpt-{choice.step}")
     error = ""
     try:
@@ -207,7 +207,6 @@ def restore_agreed(
         where=str(local) if from_tier else job_restore.restore_from if pulled else str(directory),
         agreed=True,
     ))  # fmt: skip
-    held = bool(job_restore.tier_steps)
     return Resumed(choice.step, restore_s, intact.Resume(prefix, skipped),
                    tier="local" if from_tier else "", local_intact=held)  # fmt: skip
 

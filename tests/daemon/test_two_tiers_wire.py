@@ -94,3 +94,25 @@ def test_failure_classes_are_learned_per_job_and_kept_across_a_daemon_restart(tm
     store = Store.open(tmp_path / "other.db")
     assert learned(store).tracker_for(p.Hello(v=p.VERSION, job="k")).failure_classes is None
     store.close()
+
+
+def test_the_daemon_counts_the_durable_cadence_from_the_durable_saves_only():
+    """A save the daemon learns of from a step report (in flight) is counted as durable
+    only where the plan's rule says so, as the hook decides: the anchor io_aware and
+    the next durable save count from stays at the last durable save."""
+    from adaptd.daemon.jobs.records import Job
+
+    hello = p.Hello(v=p.VERSION, job="j", local_tier="memory")
+    from adaptd.daemon.jobs.registry import default_tracker
+
+    job = Job.first(hello, default_tracker(hello), 0.0)
+    job.plan = Decision(next_step=10, every_steps=10, durable_every=2)
+    t = job.tracker
+    job._save_started(10, 1.0)  # local: 10 - 0 < 2 x 10
+    assert t.last_durable_save_step is None and t.state().durable_anchor == 0
+    t.on_save_report(2.0, 10, blocking_s=0.01, durable_s=0.02, tier="local")
+    job._save_started(20, 3.0)  # durable
+    assert t.state().durable_anchor == 20
+    t.on_save_report(4.0, 20, blocking_s=0.5, durable_s=1.0)
+    job._save_started(30, 5.0)  # local again
+    assert t.state().durable_anchor == 20

@@ -340,7 +340,15 @@ class Job:
         t = self.tracker
         # when the save began: that many steps before this report (never before the last)
         when = now - (step - saved) * (t.step_time_s or 0.0)
-        t.on_save_requested(max(when, min(t.time, now)), saved)
+        # two tiers: whether it goes to durable storage, by the rule the hook applies
+        anchor = t.last_durable_save_step
+        plan = self.plan
+        durable = (
+            not t.local_tier
+            or plan is None
+            or plan.durable_at(saved, anchor if anchor is not None else t.start_step)
+        )
+        t.on_save_requested(max(when, min(t.time, now)), saved, durable=durable)
 
     def leave(self, rank: Rank, step: int, now: float) -> None:
         """``rank`` said goodbye at ``step``: it is no longer one of the job's ranks."""
