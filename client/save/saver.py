@@ -74,6 +74,8 @@ class Saver:
         self._tracker: JobTracker | None = None
         #: The newest save went to the local tier only (two tiers).
         self.newest_local = False
+        #: This run made a save to the local tier (two tiers).
+        self.local_started = False
 
     def start(self, tracker: JobTracker, clock: StepClock, baseline: Baseline) -> None:
         """The run starts: measure from here (``tracker`` gives the step time the
@@ -93,6 +95,7 @@ class Saver:
         interval = self.schedule.interval_s(self._tracker.step_time_s)
         prev = self.saves.save(step, reason, interval, durable=durable)
         self.newest_local = not durable and self.saves.local is not None
+        self.local_started = self.local_started or self.newest_local
         if prev is not None:
             self.listener.saved(prev, perf_counter())
         started = self.saves.pending
@@ -109,11 +112,16 @@ class Saver:
         """Whether the plan's save at ``step`` is made durable: always with one tier;
         with two, every ``durable_every``-th (:meth:`~adaptd.core.snapshot.Decision.
         durable_at`, counted from the newest save made durable, else the step the run
-        resumed from: every rank counts alike)."""
+        resumed from: every rank counts alike), except that the first saves stay local
+        until the run made one local save (the ``tiers`` policy probes with
+        ``durable_every`` 1 until it knows δ₁, which only a local save teaches; every
+        rank made the same saves, so every rank decides alike)."""
         d = self.schedule.decision
         t = self._tracker
         if self.saves.local is None or d is None or t is None:
             return True
+        if d.durable_every is not None and not self.local_started:
+            return False  # a two-tier plan: measure δ₁ first, or it is never measured
         anchor = t.last_durable_save_step
         return d.durable_at(step, anchor if anchor is not None else t.start_step)
 

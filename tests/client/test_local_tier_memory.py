@@ -79,3 +79,29 @@ def test_a_bad_share_is_refused_naming_the_option():
         MemoryBudget(0.0)
     with pytest.raises(ValueError, match="local_tier_memory"):
         MemoryBudget("half")  # type: ignore[arg-type]
+
+
+def test_a_two_tier_plan_first_measures_a_local_save_then_follows_its_cadence(tmp_path):
+    """``tiers`` probes with durable_every 1 until it knows δ₁: were every save durable,
+    no local save would ever be measured. The run's first planned save goes to the local
+    tier; then every k-th is durable; an unplanned save (the run's last) is durable."""
+    import warnings
+
+    from adaptd.client import AdaptiveCheckpointer
+
+    v = tf.Variable(0.0)
+    ckptr = AdaptiveCheckpointer(
+        tmp_path / "ckpts", job="t", socket=f"ipc://{tmp_path}/none.sock",
+        daemon_timeout=0.2, handle_sigterm=False, policy="fixed:steps=2,durable_every=1",
+        local_tier=tmp_path / "local", v=v,
+    )  # fmt: skip
+    assert ckptr.restore_or_initialize() == 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # "no daemon": expected here
+        for _ in range(7):
+            v.assign_add(1.0)
+            ckptr.step()
+    ckptr.close()
+    tiers = [(r.step, r.tier) for r in ckptr.history]
+    assert tiers == [(2, "local"), (4, ""), (6, ""), (7, "")], tiers
+    assert not (tmp_path / "local").exists(), "superseded local copies are freed"
