@@ -126,8 +126,9 @@ class Saver:
         return d.durable_at(step, anchor if anchor is not None else t.start_step)
 
     def save_unless_saved(self, step: int, reason: str) -> bool:
-        """Save ``step`` unless it is the newest step saved; True when it did."""
-        if self.schedule.last_saved_step == step:
+        """Save ``step`` unless it is the newest step saved (and durable: a step saved
+        to the local tier only is saved again, durably); True when it did."""
+        if self.schedule.last_saved_step == step and not self.newest_local:
             return False
         self.save(step, reason)
         return True

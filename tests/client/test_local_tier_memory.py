@@ -105,3 +105,25 @@ def test_a_two_tier_plan_first_measures_a_local_save_then_follows_its_cadence(tm
     tiers = [(r.step, r.tier) for r in ckptr.history]
     assert tiers == [(2, "local"), (4, ""), (6, ""), (7, "")], tiers
     assert not (tmp_path / "local").exists(), "superseded local copies are freed"
+
+
+def test_a_requested_save_of_a_step_saved_only_locally_makes_it_durable(tmp_path):
+    import warnings
+
+    from adaptd.client import AdaptiveCheckpointer
+
+    v = tf.Variable(0.0)
+    ckptr = AdaptiveCheckpointer(
+        tmp_path / "ckpts", job="t", socket=f"ipc://{tmp_path}/none.sock",
+        daemon_timeout=0.2, handle_sigterm=False, policy="fixed:steps=2,durable_every=3",
+        local_tier=tmp_path / "local", save_on_close=False, v=v,
+    )  # fmt: skip
+    assert ckptr.restore_or_initialize() == 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # "no daemon": expected here
+        for _ in range(2):
+            v.assign_add(1.0)
+            ckptr.step()
+        ckptr.save("before the evaluation")  # step 2 was saved to the local tier only
+    ckptr.close()
+    assert [(r.step, r.tier) for r in ckptr.history] == [(2, "local"), (2, "")]
