@@ -137,9 +137,13 @@ class Saves:
         self._thread.start()
 
     def stop(self) -> None:
-        """End the watcher thread once the writes queued for it are done."""
+        """End the watcher thread once the writes queued for it are done; with no write
+        in flight, the local tier's emptied directories go now (not when the thread
+        gets to it: the process may be exiting)."""
         if self._thread is not None:
             self._queue.put(None)
+        if self.local is not None and not self.in_flight:
+            self.local.close()
 
     @property
     def in_flight(self) -> bool:
