@@ -68,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     import tensorflow as tf
 
     from adaptd.client import AdaptiveCheckpointer
+
     try:
         from adaptd.commands._spawn import running_daemon
     except ImportError:  # a revision before issue 22's folders (benchmarks/side_by_side.py)

@@ -13,6 +13,7 @@ before; nothing is wired afterwards.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,11 +35,12 @@ from adaptd.client.restore import remote
 from adaptd.client.restore.job_restore import JobRestore
 from adaptd.client.restore.resume import Agreed, Alone, Restorer
 from adaptd.client.save import per_rank
+from adaptd.client.save.local_tier import LocalTier, MemoryBudget
 from adaptd.client.save.rank_state import RankPart
 from adaptd.client.save.saver import Saver
 from adaptd.client.save.saves import Saves
 from adaptd.client.save.schedule import SaveSchedule
-from adaptd.client.save.scratch import Scratch
+from adaptd.client.save.scratch import Scratch, base_dir
 from adaptd.client.save.state import CheckpointState
 from adaptd.client.save.targets import Durable
 from adaptd.client.save.writer import Writer
@@ -122,6 +124,7 @@ def parts(
     )
     schedule = SaveSchedule()
     authority: Authority = Solo(schedule)
+    local, local_part = local_tier(state, part, job, who.rank, options)
     restorer: Restorer = Alone(directory, source)
     scratch = None
     if coordinated:
@@ -129,8 +132,9 @@ def parts(
         agreement = Agreement(coordination.Coordination(who.rank, who.world_size), who,
                               position=position, wake=wake)  # fmt: skip
         authority = Coordinated(schedule, agreement)
-        job_restore = JobRestore(agreement.store, agreement.keys, who, directory, source)
-        restorer = Agreed(job_restore, part)
+        job_restore = JobRestore(agreement.store, agreement.keys, who, directory, source,
+                                 local=local.home if local is not None else None)  # fmt: skip
+        restorer = Agreed(job_restore, part, local_part)
         scratch = None if who.chief else Scratch(job, who.rank)
     elif who.world_size > 1:
         # the rank holds at a step until its daemon decides a round: meanwhile the
@@ -140,7 +144,10 @@ def parts(
 
         authority = ViaDaemon(schedule, DaemonRounds(job, who.rank), link,
                               position=position, pump=pump)  # fmt: skip
-    saves = Saves(state, durable, writer, job=job, rank=who.rank, scratch=scratch, part=part)
+    if local is not None and who.world_size == 1:  # ranks of a job restore one step
+        restorer = Alone(directory, source, local.directories)
+    saves = Saves(state, durable, writer, job=job, rank=who.rank, scratch=scratch, part=part,
+                  local=local, local_part=local_part)  # fmt: skip
     session = DaemonSession(
         link, schedule, authority, who, directory, policy,
         report_s=float(options.report_interval), decide_s=float(options.decide_interval),
@@ -152,18 +159,68 @@ def parts(
     )  # fmt: skip
 
 
+def local_tier(
+    state: CheckpointState, part: RankPart | None, job: str, rank: int, options: HookOptions
+) -> tuple[LocalTier | None, RankPart | None]:
+    """The job's local tier (``options.local_tier``, else ``$ADAPTD_LOCAL_TIER``; None:
+    one tier) and this rank's own part of each local save (a multi-worker rank)."""
+    chosen = options.local_tier if options.local_tier is not None else os.environ.get(LOCAL_ENV)
+    if not chosen:
+        return None, None
+    home = _placed("local_tier", chosen, job, rank)
+    fallback = (
+        _placed("local_tier_disk", options.local_tier_disk, job, rank)
+        if options.local_tier_disk
+        else base_dir(None, os.environ) / f"adaptd-local-{job}-rank{rank}"
+    )
+    local = LocalTier(state.checkpoint, home, fallback=fallback,
+                      budget=MemoryBudget(options.local_tier_memory))  # fmt: skip
+    local_part = None
+    if part is not None:
+        local_part = RankPart(part.trackables, rank=rank, world_size=part.world_size,
+                              directory=local.directory, keep=local.keep)  # fmt: skip
+    return local, local_part
+
+
+def _placed(name: str, template: str | os.PathLike[str], job: str, rank: int) -> Path:
+    """``template`` with ``{job}`` and ``{rank}`` replaced, as a directory path."""
+    text = os.fspath(template)
+    try:
+        return Path(text.format(job=job, rank=rank)).expanduser()
+    except (KeyError, IndexError, ValueError) as exc:
+        raise ValueError(
+            f"{name} {text!r}: only {{job}} and {{rank}} can be replaced ({exc})"
+        ) from None
+
+
 def tracker(
-    job: str, world_size: int, start: int, state_bytes: int, restore_s: float | None
+    job: str,
+    world_size: int,
+    start: int,
+    state_bytes: int,
+    restore_s: float | None,
+    *,
+    local_tier: bool = False,
+    restored_tier: str = "",
 ) -> tuple[JobTracker, int]:
     """The embedded estimates of a run that starts at step ``start`` (after a restore
-    that took ``restore_s``, None: fresh), and the GPUs this process sees."""
+    that took ``restore_s``, None: fresh; from ``restored_tier``, "local" or ""), and
+    the GPUs this process sees; ``local_tier``: the job saves to a local tier."""
     gpus = len(tf.config.list_physical_devices("GPU"))
     tracker = JobTracker(
-        job, world_size=world_size, gpus=max(1, gpus), start_step=start, state_bytes=state_bytes
+        job,
+        world_size=world_size,
+        gpus=max(1, gpus),
+        start_step=start,
+        state_bytes=state_bytes,
+        local_tier=local_tier,
     )
     if restore_s is not None:
-        tracker.on_restart(restore_s)
+        tracker.on_restart(restore_s, "local" if restored_tier == "local" else "durable")
     return tracker, gpus
 
 
-__all__ = ["HookParts", "parts", "tracker"]
+#: The environment variable naming the local tier's directory (``local_tier``).
+LOCAL_ENV = "ADAPTD_LOCAL_TIER"
+
+__all__ = ["LOCAL_ENV", "HookParts", "local_tier", "parts", "tracker"]

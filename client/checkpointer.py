@@ -40,6 +40,7 @@ from adaptd.client.hook_views import HookViews
 from adaptd.client.options import HookOptions
 from adaptd.client.restore import intact, remote
 from adaptd.client.restore import notes as resume_notes
+from adaptd.client.restore.resume import Resumed
 from adaptd.client.save.costs import Baseline, StepClock
 from adaptd.client.save.saver import FINAL_SAVE_REASON, final_reason
 from adaptd.client.save.schedule import NEVER
@@ -72,7 +73,8 @@ class AdaptiveCheckpointer(HookViews):
             ``handle_sigterm=``, ``poll_interval=``, ``report_interval=``,
             ``decide_interval=``, ``writer_nice=``, ``restore_from=``,
             ``storage_options=``, ``curve_server_key=``, ``curve_client_key=``,
-            ``save_on_close=``, ``per_rank=``: each documented on
+            ``save_on_close=``, ``per_rank=``, ``local_tier=``, ``local_tier_memory=``,
+            ``local_tier_disk=``: each documented on
             :class:`~adaptd.client.options.HookOptions`; it replaces that field of
             ``options``), or else what to checkpoint (``model=``, ``optimizer=``,
             ``data_iterator=``, ``rng=``, any ``tf`` trackable, or a ``tf.distribute``
@@ -131,6 +133,10 @@ class AdaptiveCheckpointer(HookViews):
         self.restore_s: float | None = None
         #: What restore_or_initialize() restored and the damaged checkpoints it skipped.
         self.resume = intact.Resume(None)
+        #: The tier restore_or_initialize() restored from: "local" (the local tier, a
+        #: restart in place) or "" (the directory, a destination, or nothing).
+        self.resumed_tier = ""
+        self._restored: Resumed | None = None
         self.state_bytes = 0
         self._atexit = _weak_close(self)
         atexit.register(self._atexit)
@@ -166,6 +172,7 @@ class AdaptiveCheckpointer(HookViews):
         if self.resume.skipped or (self.pulled is not None and self.pulled.step is not None):
             self._durable.reopen()  # the manager read the state file before it changed
         intact.warn_skipped(self.resume, self.directory)
+        self._restored, self.resumed_tier = done, done.tier
         self._start(done.start, done.restore_s)
         self._session.await_welcome(self._n, self._store_due)
         return done.start
@@ -233,14 +240,22 @@ class AdaptiveCheckpointer(HookViews):
         self.restore_s = restore_s
         self._n = start
         self.state_bytes = self._state.nbytes() + (self._part.nbytes() if self._part else 0)
+        local = self._saver.saves.local
+        done = self._restored
         self._tracker, gpus = assembly.tracker(
-            self.job, self.world_size, start, self.state_bytes, restore_s
-        )
+            self.job, self.world_size, start, self.state_bytes, restore_s,
+            local_tier=local is not None, restored_tier=done.tier if done else "",
+        )  # fmt: skip
         clock = StepClock(start, now)
         self._last, self._slowest, self._slowest_n = now, 0.0, 1
         self._schedule.last_saved_step = start if start else None
         self._saver.start(self._tracker, clock, Baseline(start, now))
-        facts = HelloFacts(self.state_bytes, start, gpus, self.resume.describe())
+        facts = HelloFacts(
+            self.state_bytes, start, gpus, self.resume.describe(),
+            local_tier=local.kind if local is not None else "",
+            resumed_tier=done.tier if done else "",
+            local_intact=done.local_intact if done else False,
+        )  # fmt: skip
         self._session.start(facts, self._tracker, clock, now)
         self._session.decide(start, now, False)
         if self._sigterm is not None:
@@ -317,7 +332,8 @@ class AdaptiveCheckpointer(HookViews):
                 reason = final_reason(
                     n, last, signaled=signum is not None, save_on_close=save_on_close
                 )
-                self._saver.finish(n, reason, timeout)
+                clean = save_on_close or signum is not None
+                self._saver.finish(n, reason, timeout, clean=clean)
                 now = perf_counter()
                 self._session.report_steps(n, now, False, (self._slowest, self._slowest_n))
                 self._session.goodbye(n, goodbye, now)

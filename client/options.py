@@ -25,6 +25,7 @@ from typing import Any
 
 from adaptd.client.checks import check_seconds
 from adaptd.client.daemon.link import DAEMON_TIMEOUT_S
+from adaptd.client.save.local_tier import MEMORY_SHARE, MemoryBudget
 from adaptd.client.save.writer import AUTO, WriterNice, WriterPriority
 from adaptd.core.policy import Policy, parse
 from adaptd.protocol.job import REPORT_INTERVAL_S
@@ -80,6 +81,17 @@ class HookOptions:
             job, beside those that do by their kind (data iterators, generators made
             outside the strategy's scope): each rank saves and restores its own (see
             :mod:`adaptd.client.save.per_rank`).
+        local_tier: a directory for the job's local tier (two tiers, docs/tiers.md):
+            host memory when it is on a tmpfs (``"/dev/shm/adaptd/{job}"``), else a
+            local disk; ``{job}`` and ``{rank}`` are replaced. The plan's saves go
+            there, and every ``durable_every``-th (the plan's) to ``directory`` too;
+            a restart on the same host restores the newest of either. Default
+            ``$ADAPTD_LOCAL_TIER``; None or "": one tier, every save to ``directory``.
+        local_tier_memory: the share (0-1] of the host's available memory a memory
+            tier may hold (the copies kept and the one being written).
+        local_tier_disk: the local-disk directory a full memory tier falls back to
+            (``{job}``/``{rank}`` replaced; default: ``adaptd-local-<job>-rank<rank>``
+            in ``$ADAPTD_SCRATCH`` or the system's temporary directory).
 
     Raises:
         ValueError: a field is invalid (the message names it and the value).
@@ -104,6 +116,9 @@ class HookOptions:
     storage_options: Mapping[str, Any] | None = None
     save_on_close: bool = True
     per_rank: Collection[str] = ()
+    local_tier: str | os.PathLike[str] | None = None
+    local_tier_memory: float = MEMORY_SHARE
+    local_tier_disk: str | os.PathLike[str] | None = None
 
     def __post_init__(self) -> None:
         keep = self.max_to_keep
@@ -112,6 +127,13 @@ class HookOptions:
         for name in ("daemon_timeout", "poll_interval", "report_interval", "decide_interval"):
             check_seconds(name, getattr(self, name))
         _check_writer_nice(self.writer_nice)
+        MemoryBudget(self.local_tier_memory)  # raises naming local_tier_memory
+        for name in ("local_tier", "local_tier_disk"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, (str, os.PathLike)):
+                raise ValueError(
+                    f"{name} must be a directory path or None, got {type(value).__name__}"
+                )
         storage = self.storage_options
         if storage is not None and not isinstance(storage, Mapping):
             raise ValueError(

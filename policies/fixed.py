@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from adaptd.core.policy import PolicyError, next_multiple
 from adaptd.core.snapshot import Decision, JobState, Snapshot
@@ -30,6 +30,10 @@ class Fixed:
 
     steps: int | None = None
     seconds: float | None = None
+    #: Two tiers fixed by hand (as Orbax's and DLRover's are): with a local tier, every
+    #: ``durable_every``-th save is made durable, the others stay local (None: every
+    #: save durable). A job without a local tier saves every one durably.
+    durable_every: int | None = None
 
     def __post_init__(self) -> None:
         if (self.steps is None) == (self.seconds is None):
@@ -41,8 +45,17 @@ class Fixed:
             raise PolicyError(f"fixed: steps must be >= 1, got {self.steps}")
         if self.seconds is not None and not self.seconds > 0:
             raise PolicyError(f"fixed: seconds must be > 0, got {self.seconds}")
+        if self.durable_every is not None and self.durable_every < 1:
+            raise PolicyError(f"fixed: durable_every must be >= 1, got {self.durable_every}")
 
     def decide(self, snapshot: Snapshot, job: JobState) -> Decision:
+        d = self._decide(job)
+        if self.durable_every is None or not job.local_tier or d.next_step is None:
+            return d
+        reason = f"{d.reason}, every {self.durable_every}th durable"
+        return replace(d, durable_every=self.durable_every, reason=reason)
+
+    def _decide(self, job: JobState) -> Decision:
         if self.steps is not None:
             every = self.steps
             return Decision(

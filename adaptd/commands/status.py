@@ -97,7 +97,8 @@ def parts(reply: object) -> list[tables.Part]:
                 number(j.step_time_s, "s"),
                 j.policy + ("*" if j.policy_set else ""),
                 "paused" if j.paused else number(j.next_save_step),
-                number(plan.every_steps if plan else None),
+                number(plan.every_steps if plan else None)
+                + (f" k={plan.durable_every}" if plan and plan.durable_every else ""),
                 number(plan.interval_s if plan else None, "s"),
                 f"{j.saves}" + (f"+{j.failed_saves}err" if j.failed_saves else ""),
                 _ms(j.save_cost_s),

@@ -161,6 +161,7 @@ def plan_proposal(
         waste=decision.waste,
         decided_by=decided_by[: p.MAX_TEXT],
         source=source[: p.MAX_TEXT],
+        durable_every=decision.durable_every,
     )
 
 
@@ -190,6 +191,7 @@ def decision_of(proposal: p.Propose) -> Decision:
         policy=proposal.policy,
         interval_s=proposal.interval_s,
         waste=proposal.waste,
+        durable_every=proposal.durable_every,
     )
 
 

@@ -395,6 +395,7 @@ class JobTracker:
             self._local[1].add(max(durable_s, blocking_s))
             return
         self.last_durable_step = max(step, self.last_durable_step or 0)
+        self.last_durable_save_step = max(step, self.last_durable_save_step or 0)
         self._costs.add(blocking_s + extra)
         self._cost_step = step
         self._latencies.add(max(durable_s, blocking_s))
@@ -564,6 +565,8 @@ class JobTracker:
             out.update(
                 {key: level.values() for key, level in zip(_LOCAL_KEYS, self._local, strict=True)}
             )
+        if self.failure_classes is not None:
+            out["failure_classes"] = self.failure_classes.to_dict()
         return out
 
     def load_learned(self, data: Mapping[str, Any]) -> None:
@@ -584,6 +587,9 @@ class JobTracker:
         for key, level in zip(_LOCAL_KEYS, self._local, strict=True):
             if key in data:
                 level.load(data[key])
+        classes = data.get("failure_classes")
+        if classes is not None and self.failure_classes is not None:
+            self.failure_classes = FailureClasses.from_dict(classes)
         st = data.get("step_time_s")
         if st is not None:
             self._step_time.load(float(st))

@@ -173,6 +173,12 @@ class Metrics:
         self.interval_steps = Gauge(
             "adaptd_job_interval_steps", "Planned steps between saves.", [JOB], registry=r
         )
+        self.durable_every = Gauge(
+            "adaptd_job_durable_every",
+            "Two tiers: every how many saves (to the local tier) one is made durable; "
+            "absent with one tier.",
+            [JOB], registry=r,
+        )  # fmt: skip
         self.waste = Gauge(
             "adaptd_job_predicted_waste_ratio",
             "Expected fraction of time lost to saves and to re-done work after failures.",
@@ -364,7 +370,8 @@ class Metrics:
         for metric in (
             self.save_blocking, self.save_durable, self.save_bytes, self.bad_streak,
             self.last_save, self.started, self.interval_s, self.interval_steps, self.waste,
-            self.step_time, self.paused, self.decisions, self.failures, self.restore_fallbacks,
+            self.durable_every, self.step_time, self.paused, self.decisions, self.failures,
+            self.restore_fallbacks,
         ):  # fmt: skip
             _remove(metric, job)
         for result in ("ok", "failed"):
@@ -391,6 +398,12 @@ class Metrics:
             self.on_save(rec, counted=ev.counted)
         elif isinstance(rec, DecisionRecord) and not rec.urgent:
             self.on_decision(rec)
+            if isinstance(ev, events.PlanChanged):
+                every = ev.decision.durable_every
+                if every is None:
+                    _remove(self.durable_every, ev.job)
+                else:
+                    self.durable_every.labels(ev.job).set(every)
         elif isinstance(rec, FailureRecord):
             self.on_failure(rec)
         elif isinstance(ev, events.JobRegistered):

@@ -188,6 +188,7 @@ class PlanInfo(msgspec.Struct, frozen=True):
     reason: str
     interval_s: float | None = None
     waste: float | None = None
+    durable_every: int | None = None  # two tiers: every k-th save durable (None: one tier)
 
 
 class SaveInfo(msgspec.Struct, frozen=True):

@@ -71,6 +71,7 @@ __all__ = [
     "Seconds",
     "Steps",
     "Text",
+    "Tier",
     "Welcome",
     "decode_client",
     "decode_daemon",
@@ -137,6 +138,9 @@ AgreementKind = _t.Literal["none", "daemon", "coordination"]
 Action = _t.Literal["plan", "save", "stop"]
 #: Operator requests that travel to the host deciding a job's plan.
 Operation = _t.Literal["set_policy", "pause", "resume", "save_now"]
+#: Where a save went, or a run was restored from (two tiers, docs/tiers.md): "" is the
+#: job's durable checkpoint directory (the only tier before), "local" its local tier.
+Tier = _t.Literal["", "local"]
 
 
 class Message(
@@ -174,6 +178,15 @@ class Hello(Message, frozen=True, tag="hello"):
     # without a runtime of their own: the daemon runs Propose/Ack/Decide rounds) or
     # "coordination" (tf.distribute: the ranks agree among themselves, rank 0 leads)
     agreement: AgreementKind = "none"
+    # Two tiers (docs/tiers.md): the job saves to a local tier beside its directory
+    # ("memory": host memory, "disk": local disk; "" none), and which tier this run
+    # restored from ("" durable, or fresh). Left out when unused, so an older daemon
+    # reads the hello it knows.
+    local_tier: _t.Literal["", "memory", "disk"] = ""
+    resumed_tier: Tier = ""
+    # the run found a local tier copy of the previous run on this host (a restart in
+    # place after a process failure); False: it was gone, or the run is on a new host
+    local_intact: bool = False
 
 
 class Steps(Message, frozen=True, tag="steps"):
@@ -214,6 +227,7 @@ class SaveReport(Message, frozen=True, tag="save_report"):
     # under coordination): the slowest rank's blocking + extra step time, and its rank.
     job_cost_s: Seconds | None = None
     slowest_rank: Count | None = None
+    tier: Tier = ""  # "local": the save went to the local tier only, not made durable
 
 
 class Goodbye(Message, frozen=True, tag="goodbye"):
@@ -251,6 +265,7 @@ class JobPlan(Message, frozen=True, tag="job_plan"):
     reason: Text = ""
     decided_by: Text = ""
     source: Text = ""
+    durable_every: Every | None = None  # two tiers: every k-th save made durable
 
 
 class Request(Message, frozen=True, tag="request"):
@@ -286,6 +301,8 @@ class Plan(Message, frozen=True, tag="plan"):
     reason: Text = ""
     interval_s: Figure | None = None
     waste: Figure | None = None
+    # two tiers: every save to the local tier, every k-th also durable (None: one tier)
+    durable_every: Every | None = None
 
 
 class SaveNow(Message, frozen=True, tag="save_now"):
@@ -323,6 +340,7 @@ class Propose(Message, frozen=True, tag="propose"):
     waste: Figure | None = None
     decided_by: Text = ""  # the host whose daemon or embedded policy made the plan
     source: Text = ""  # "daemon" or "embedded"
+    durable_every: Every | None = None  # two tiers: every k-th save made durable
 
 
 class Decide(Message, frozen=True, tag="decide"):

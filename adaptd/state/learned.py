@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from adaptd.core.estimators import FailureRate, JobTracker
+from adaptd.core.failure_rates import FailureClasses
 from adaptd.core.gpu_claims import vouched_gpus
 from adaptd.daemon.logfmt import logfmt
 from adaptd.protocol.job import Hello
@@ -86,6 +87,9 @@ class Learned:
             state_bytes=msg.state_bytes or None,
             gpu_mtbf_s=self.gpu_mtbf_s,
             failure_rate=self.failure_rate,
+            local_tier=bool(msg.local_tier),
+            # two tiers: the job's failures are told apart (failure_kind), per job
+            failure_classes=FailureClasses() if msg.local_tier else None,
         )
         spans_hosts = msg.agreement == "coordination"
         tracker.exposure_gpus = lambda: vouched_gpus(

@@ -7,9 +7,10 @@ staging directory to its durable destinations, in the background, staggered.
 (:mod:`adaptd.daemon.events`):
 
 - a :class:`~adaptd.daemon.events.SaveReported` that is ``ok`` queues ``(job, step)`` for
-  each of the job's destinations. The hook reports only after TensorFlow finalised
-  the write, and the files are read from the job's *configured* staging directory,
-  never from a path in a message;
+  each of the job's destinations, unless the save went to the job's local tier only
+  (two tiers, ``tier="local"``: only the durable saves are replicated). The hook
+  reports only after TensorFlow finalised the write, and the files are read from the
+  job's *configured* staging directory, never from a path in a message;
 - a :class:`~adaptd.daemon.events.JobRegistered` (and the daemon's start) *catches up*: the
   staging directory's newest checkpoint (TF's ``checkpoint`` state file) is queued,
   and uploaded unless the destination's ``LATEST`` already has it;
@@ -171,7 +172,7 @@ class Replicator:
         elif isinstance(event, ev.JobLost | ev.JobFinished):
             self._writing = self._writing - {event.job}
         elif (
-            (isinstance(event, ev.SaveReported) and event.report.ok)
+            (isinstance(event, ev.SaveReported) and event.report.ok and not event.report.tier)
             or isinstance(event, ev.JobRegistered)
         ) and self.cfg.replication_for(event.job) is not None:
             self._intake.put(event)

@@ -49,6 +49,12 @@ class HelloFacts:
     resumed_from: int
     gpus: int
     restore_fallback: str
+    #: Two tiers: the local tier's kind ("memory", "disk"; "" none), the tier the run
+    #: restored from ("local", "" durable or fresh), and whether it found a copy of
+    #: the previous run in its local tier (a restart in place).
+    local_tier: str = ""
+    resumed_tier: str = ""
+    local_intact: bool = False
 
 
 class DaemonSession:
@@ -143,6 +149,9 @@ class DaemonSession:
             hostname=self.who.host[: protocol.MAX_TEXT],
             restore_fallback=facts.restore_fallback[: protocol.MAX_TEXT],
             agreement=self.authority.kind,  # type: ignore[arg-type]
+            local_tier=facts.local_tier,  # type: ignore[arg-type]
+            resumed_tier=facts.resumed_tier,  # type: ignore[arg-type]
+            local_intact=facts.local_intact,
         )
         sent = self.link.send(hello, now)
         self._hello_at = now + HELLO_RETRY_S

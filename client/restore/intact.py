@@ -139,8 +139,6 @@ def restore_newest_intact(
     are checkpoints but none is intact, :class:`ForeignStateFile` when the state file
     names a checkpoint outside ``directory``.
     """
-    import tensorflow as tf
-
     from adaptd.checkpoints.files import STATE_FILE, state_file_outside
     from adaptd.client.restore import verify
 
@@ -151,22 +149,35 @@ def restore_newest_intact(
             raise ForeignStateFile(directory, *outside)
     skipped: list[Damaged] = []
     for prefix in verify.candidates(directory):
-        report = verify.verify(prefix, read_tensors=False)
-        if not report.ok:
-            why = "; ".join(f"{p.kind}: {p.message}" for p in report.problems)
-            skipped.append(Damaged(prefix.name, why[:_MAX_WHY]))
-            continue
-        try:
-            restore(str(prefix))
-        except (tf.errors.DataLossError, tf.errors.OutOfRangeError, IndexError) as exc:
-            # a checksum mismatch (flipped bytes) or a short read while restoring
-            message = " ".join((getattr(exc, "message", None) or str(exc)).split())
-            skipped.append(Damaged(prefix.name, f"{verify.CORRUPTED}: {message}"[:_MAX_WHY]))
+        damaged = try_restore(prefix, restore)
+        if damaged is not None:
+            skipped.append(damaged)
             continue
         return Resume(str(prefix), tuple(skipped))
     if skipped:
         raise NoIntactCheckpoint(directory, skipped)
     return Resume(None)
+
+
+def try_restore(prefix: Path, restore: Callable[[str], None]) -> Damaged | None:
+    """Restore the checkpoint ``prefix`` with ``restore`` after the quick check; what
+    is wrong with it (None: restored). A checkpoint that does not match the state
+    raises, as :func:`restore_newest_intact` says."""
+    import tensorflow as tf
+
+    from adaptd.client.restore import verify
+
+    report = verify.verify(prefix, read_tensors=False)
+    if not report.ok:
+        why = "; ".join(f"{p.kind}: {p.message}" for p in report.problems)
+        return Damaged(prefix.name, why[:_MAX_WHY])
+    try:
+        restore(str(prefix))
+    except (tf.errors.DataLossError, tf.errors.OutOfRangeError, IndexError) as exc:
+        # a checksum mismatch (flipped bytes) or a short read while restoring
+        message = " ".join((getattr(exc, "message", None) or str(exc)).split())
+        return Damaged(prefix.name, f"{verify.CORRUPTED}: {message}"[:_MAX_WHY])
+    return None
 
 
 def set_aside(directory: str | os.PathLike[str], resume: Resume) -> list[Path]:

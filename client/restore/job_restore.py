@@ -72,6 +72,8 @@ class JobRestore:
         options: the bounds on the two waits.
         check: the quick check of one local checkpoint (default
             :func:`~adaptd.client.restore.job_steps.quick_check`).
+        local: this rank's local tier (two tiers), whose steps are offered beside the
+            directory's (:func:`~adaptd.client.restore.job_steps.tier_offer`), or None.
     """
 
     def __init__(
@@ -84,6 +86,7 @@ class JobRestore:
         *,
         options: JobRestoreOptions = JobRestoreOptions(),
         check: job_steps.Check = job_steps.quick_check,
+        local: str | os.PathLike[str] | None = None,
     ) -> None:
         self.store = store
         self.keys = keys
@@ -97,6 +100,9 @@ class JobRestore:
         self.offers: dict[int, p.RestoreOffer] = {}
         #: This rank's directory as it offered it (the steps skipped, and why).
         self.offerable = job_steps.Offerable()
+        self.local = Path(local) if local is not None else None
+        #: The steps this rank offered from its local tier (it restores them from there).
+        self.tier_steps: list[int] = []
 
     @property
     def restore_from(self) -> str | None:
@@ -112,6 +118,11 @@ class JobRestore:
             CoordinationError: the store stopped answering.
         """
         mine = job_steps.local_offer(self.directory, self.rank, self.world_size, self._check)
+        if self.local is not None:
+            self.tier_steps = job_steps.tier_offer(
+                self.local, self.rank, self.world_size, self._check
+            )
+        here = sorted({*mine.local, *self.tier_steps}, reverse=True)[: p.MAX_OFFERED]
         remote = job_steps.pullable(self.source, self.world_size)
         self.offerable = mine
         other, other_size = mine.other_world, mine.other_world_size
@@ -121,7 +132,7 @@ class JobRestore:
             v=p.VERSION,
             job=self.job,
             rank=self.rank,
-            local=mine.local,
+            local=here,
             pullable=remote.steps,
             directory=str(self.directory)[: p.MAX_TEXT],
             url=(self.restore_from or "")[: p.MAX_TEXT],

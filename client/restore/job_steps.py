@@ -29,7 +29,7 @@ from adaptd.protocol import job as p
 
 log = logging.getLogger("adaptd.client")
 
-__all__ = ["Offerable", "Pullable", "local_offer", "pullable", "quick_check"]
+__all__ = ["Offerable", "Pullable", "local_offer", "pullable", "quick_check", "tier_offer"]
 
 #: ``check(prefix)``: "" when the checkpoint at ``prefix`` looks whole, else why not.
 Check = Callable[[Path], str]
@@ -88,6 +88,33 @@ def local_offer(
     return Offerable(
         local, replicated, own, [s for s, _ in other], other[0][1] if other else 0, skipped
     )
+
+
+def tier_offer(
+    directory: str | os.PathLike[str], rank: int, world: int, check: Check = quick_check
+) -> list[int]:
+    """The steps this rank's local tier (two tiers, ``directory``) can restore, newest
+    first: its copy of the replicated state and its own part of the step, both whole
+    and intact (a rank's local tier holds no other rank's part: the job's other ranks
+    offer theirs). A damaged or incomplete copy is logged and not offered."""
+    root = Path(directory)
+    names = rank_parts.listing(root)
+    found: list[int] = []
+    for step in rank_parts.steps(names)[: p.MAX_OFFERED]:
+        whys: list[str] = []
+        mine = rank_parts.part_name(step, rank, world)
+        if rank_parts.pending_name(step, rank, world) in names:
+            whys.append(f"{mine} was being written")
+        elif f"{mine}.index" not in names:
+            whys.append(f"{mine} is missing")
+        else:
+            _damaged(check, root / mine, whys)
+        _damaged(check, root / f"ckpt-{step}", whys)
+        if whys:
+            log.warning("not offering the local tier's step %d: %s", step, "; ".join(whys))
+        else:
+            found.append(step)
+    return found
 
 
 def _damaged(check: Check, prefix: Path, whys: list[str]) -> bool:

@@ -23,6 +23,7 @@ from adaptd.commands._tables import number
 __all__ = [
     "DESTINATION",
     "DURABLE",
+    "LOCAL",
     "STAGING",
     "fresh",
     "not_restored",
@@ -39,6 +40,7 @@ log = logging.getLogger("adaptd.client")
 DURABLE = "durable"
 STAGING = "local staging"
 DESTINATION = "restore_from destination"
+LOCAL = "local"  # the job's local tier (two tiers): a restart in place
 
 
 def tier(restore_from: str | None, pulled: bool) -> str:

@@ -28,7 +28,7 @@ from time import perf_counter
 from typing import Protocol
 
 from adaptd.checkpoints import rank_parts
-from adaptd.client.restore import intact, remote
+from adaptd.client.restore import intact, remote, tiers
 from adaptd.client.restore import notes as resume_notes
 from adaptd.client.restore.intact import WorldSizeChanged
 from adaptd.client.restore.job_restore import JobRestore, RestoreAgreementError
@@ -49,6 +49,10 @@ class Resumed:
     restore_s: float | None
     resume: intact.Resume
     pulled: remote.Pull | None = None
+    #: Two tiers: "local" when restored from the local tier (else "": durable or
+    #: fresh), and whether the local tier held a copy of a previous run.
+    tier: str = ""
+    local_intact: bool = False
 
 
 class Restorer(Protocol):
@@ -66,9 +70,10 @@ class Alone:
 
     directory: Path
     source: remote.Source | None = None
+    local: tuple[Path, ...] = ()  # the local tier's directories (two tiers)
 
     def restore(self, state: CheckpointState) -> Resumed:
-        return restore_alone(self.directory, state, self.source)
+        return restore_alone(self.directory, state, self.source, self.local)
 
 
 @dataclass(frozen=True)
@@ -78,15 +83,24 @@ class Agreed:
 
     job_restore: JobRestore
     part: RankPart
+    local_part: RankPart | None = None  # this rank's part in its local tier (two tiers)
 
     def restore(self, state: CheckpointState) -> Resumed:
         tidy = self.job_restore.who.chief  # the others must not touch the leftovers
-        return restore_agreed(self.job_restore, state, self.part, tidy=tidy)
+        return restore_agreed(self.job_restore, state, self.part, tidy=tidy,
+                              local_part=self.local_part)  # fmt: skip
 
 
-def restore_alone(directory: Path, state: CheckpointState, source: remote.Source | None) -> Resumed:
+def restore_alone(
+    directory: Path,
+    state: CheckpointState,
+    source: remote.Source | None,
+    local: tuple[Path, ...] = (),
+) -> Resumed:
     """Restore the newest intact checkpoint of ``directory`` (pulled first from
-    ``source`` when the directory has none).
+    ``source`` when the directory has none); with a local tier (``local``: its
+    directories), its newest intact copy instead when it is at least as new
+    (:func:`adaptd.client.restore.tiers.restore_local`).
 
     Raises:
         NoIntactCheckpoint: there are checkpoints, every one damaged.
@@ -94,6 +108,20 @@ def restore_alone(directory: Path, state: CheckpointState, source: remote.Source
     """
     files.remove_orphans(directory)
     t0 = perf_counter()
+    held = False
+    if local:
+        found = tiers.restore_local(local, directory, state.restore)
+        held = found.intact
+        if found.restored is not None:
+            tiers.remove(found)
+            start = state.restored_step(found.restored)
+            restore_s = perf_counter() - t0
+            resume_notes.say(resume_notes.resumed(
+                step=start, checkpoint=found.restored, seconds=restore_s,
+                tier=resume_notes.LOCAL, where=str(Path(found.restored).parent),
+            ))  # fmt: skip
+            resume = intact.Resume(found.restored, found.skipped)
+            return Resumed(start, restore_s, resume, None, "local", held)
     pulled = None
     restore_from = source.url if source is not None else None
     if source is not None:
@@ -101,11 +129,13 @@ def restore_alone(directory: Path, state: CheckpointState, source: remote.Source
     refuse_other_world(directory, 1)
     resume = intact.restore_newest_intact(directory, state.restore)
     intact.set_aside(directory, resume)
+    if local:
+        tiers.remove(found)
     if not resume.restored:
         why = pulled.reason if pulled is not None else ""
         resume_notes.say(resume_notes.fresh(directory=str(directory), restore_from=restore_from,
                                             why=why))  # fmt: skip
-        return Resumed(0, None, resume, pulled)
+        return Resumed(0, None, resume, pulled, local_intact=held)
     start = state.restored_step(resume.restored)
     restore_s = perf_counter() - t0
     from_destination = pulled is not None and pulled.step is not None
@@ -114,16 +144,22 @@ def restore_alone(directory: Path, state: CheckpointState, source: remote.Source
         tier=resume_notes.tier(restore_from, from_destination),
         where=pulled.url if from_destination else str(directory),
     ))  # fmt: skip
-    return Resumed(start, restore_s, resume, pulled)
+    return Resumed(start, restore_s, resume, pulled, local_intact=held)
 
 
 def restore_agreed(
-    job_restore: JobRestore, state: CheckpointState, part: RankPart, *, tidy: bool
+    job_restore: JobRestore,
+    state: CheckpointState,
+    part: RankPart,
+    *,
+    tidy: bool,
+    local_part: RankPart | None = None,
 ) -> Resumed:
     """Agree with the other ranks on one step, pull it if this rank lacks it, load it
     (the replicated part, then this rank's own), and wait until every rank did.
     ``tidy``: remove leftovers of interrupted writes first (the chief; the others
-    must not touch the directory's leftovers).
+    must not touch the directory's leftovers). A step this rank offered from its local
+    tier (two tiers) is loaded from there, its own part with ``local_part``.
 
     Raises:
         RestoreAgreementError: the ranks cannot restore one step, or one of them
@@ -145,12 +181,16 @@ def restore_agreed(
                                             directory=str(directory),
                                             restore_from=job_restore.restore_from))  # fmt: skip
         return Resumed(0, None, intact.Resume(None, skipped))
-    prefix = os.path.join(str(directory), f"ckpt-{choice.step}")
+    # a rank with a local tier (two tiers) loads a step it offered from there
+    held = local_part is not None and bool(job_restore.tier_steps)
+    from_tier = held and choice.step in job_restore.tier_steps
+    local = job_restore.local if from_tier else None
+    prefix = os.path.join(str(local if from_tier else directory), f"ckpt-{choice.step}")
     error = ""
     try:
         job_restore.fetch(choice)
         state.restore(prefix)
-        part.restore(choice.step)
+        (local_part if from_tier and local_part is not None else part).restore(choice.step)
     except RestoreAgreementError as exc:
         error = str(exc)
     except Exception as exc:  # said to every rank first, so none waits for this one
@@ -160,12 +200,15 @@ def restore_agreed(
         raise RestoreAgreementError(error)
     restore_s = perf_counter() - t0
     pulled = choice.source.get(rank) == "pull"
+    tier = resume_notes.tier(job_restore.restore_from, pulled)
     resume_notes.say(resume_notes.resumed(
         rank=rank, world_size=world, step=choice.step, checkpoint=prefix, seconds=restore_s,
-        tier=resume_notes.tier(job_restore.restore_from, pulled),
-        where=job_restore.restore_from if pulled else str(directory), agreed=True,
+        tier=resume_notes.LOCAL if from_tier else tier,
+        where=str(local) if from_tier else job_restore.restore_from if pulled else str(directory),
+        agreed=True,
     ))  # fmt: skip
-    return Resumed(choice.step, restore_s, intact.Resume(prefix, skipped))
+    return Resumed(choice.step, restore_s, intact.Resume(prefix, skipped),
+                   tier="local" if from_tier else "", local_intact=held)  # fmt: skip
 
 
 def _newer(damaged: intact.Damaged, step: int | None) -> bool:

@@ -72,6 +72,10 @@ class Saver:
         self.durable = durable
         self.listener = listener
         self._tracker: JobTracker | None = None
+        #: The newest save went to the local tier only (two tiers).
+        self.newest_local = False
+        #: This run made a save to the local tier (two tiers).
+        self.local_started = False
 
     def start(self, tracker: JobTracker, clock: StepClock, baseline: Baseline) -> None:
         """The run starts: measure from here (``tracker`` gives the step time the
@@ -79,13 +83,19 @@ class Saver:
         self._tracker = tracker
         self.saves.start(tracker, clock, baseline)
 
-    def save(self, step: int, reason: str) -> None:
+    def save(self, step: int, reason: str, planned: bool = False) -> None:
         """Save ``step`` now (asynchronously); the previous save's report, if it had to
-        be waited for, and this save's start go to the listener."""
+        be waited for, and this save's start go to the listener. ``planned``: the
+        plan's save (with two tiers it may go to the local tier only, see
+        :meth:`durable_save`); any other save (urgent, requested, the run's last) is made
+        durable."""
         assert self._tracker is not None
+        durable = not planned or self.durable_save(step)
         self.schedule.saved(step)
         interval = self.schedule.interval_s(self._tracker.step_time_s)
-        prev = self.saves.save(step, reason, interval)
+        prev = self.saves.save(step, reason, interval, durable=durable)
+        self.newest_local = not durable and self.saves.local is not None
+        self.local_started = self.local_started or self.newest_local
         if prev is not None:
             self.listener.saved(prev, perf_counter())
         started = self.saves.pending
@@ -96,11 +106,29 @@ class Saver:
         """Save ``step`` if the schedule has a save due by it."""
         schedule = self.schedule
         if step >= schedule.due:
-            self.save(step, schedule.due_reason)
+            self.save(step, schedule.due_reason, planned=not schedule.due_urgent)
+
+    def durable_save(self, step: int) -> bool:
+        """Whether the plan's save at ``step`` is made durable: always with one tier;
+        with two, every ``durable_every``-th (:meth:`~adaptd.core.snapshot.Decision.
+        durable_at`, counted from the newest save made durable, else the step the run
+        resumed from: every rank counts alike), except that the first saves stay local
+        until the run made one local save (the ``tiers`` policy probes with
+        ``durable_every`` 1 until it knows δ₁, which only a local save teaches; every
+        rank made the same saves, so every rank decides alike)."""
+        d = self.schedule.decision
+        t = self._tracker
+        if self.saves.local is None or d is None or t is None:
+            return True
+        if d.durable_every is not None and not self.local_started:
+            return False  # a two-tier plan: measure δ₁ first, or it is never measured
+        anchor = t.last_durable_save_step
+        return d.durable_at(step, anchor if anchor is not None else t.start_step)
 
     def save_unless_saved(self, step: int, reason: str) -> bool:
-        """Save ``step`` unless it is the newest step saved; True when it did."""
-        if self.schedule.last_saved_step == step:
+        """Save ``step`` unless it is the newest step saved (and durable: a step saved
+        to the local tier only is saved again, durably); True when it did."""
+        if self.schedule.last_saved_step == step and not self.newest_local:
             return False
         self.save(step, reason)
         return True
@@ -111,10 +139,16 @@ class Saver:
         if report is not None:
             self.listener.saved(report, now)
 
-    def finish(self, step: int, reason: str | None, timeout: float | None) -> None:
+    def finish(
+        self, step: int, reason: str | None, timeout: float | None, *, clean: bool = False
+    ) -> None:
         """The run ends at ``step``: save it first when ``reason`` says so (see
-        :func:`final_reason`), then wait up to ``timeout`` seconds for the save in
-        flight and report it."""
+        :func:`final_reason`), or, on a ``clean`` end (``save_on_close`` or a SIGTERM)
+        whose newest save went to the local tier only, durably (so the run's end is
+        durable and its memory copies are freed); then wait up to ``timeout`` seconds
+        for the save in flight and report it."""
+        if reason is None and clean and self.newest_local:
+            reason = FINAL_SAVE_REASON
         if reason is not None:
             self.save(step, reason)
         report = self.saves.wait(step, timeout)

@@ -27,6 +27,7 @@ import tensorflow as tf
 from adaptd.client.save import files
 from adaptd.client.save.async_writes import clear_async_error, wait_for_write
 from adaptd.client.save.costs import Baseline, SaveWindow, StepClock
+from adaptd.client.save.local_tier import LocalTier
 from adaptd.client.save.rank_state import RankPart
 from adaptd.client.save.scratch import Scratch
 from adaptd.client.save.state import CheckpointState
@@ -52,12 +53,16 @@ class Pending:
         "reason",
         "started_at",
         "step",
+        "target",
         "window",
         "written_at",
     )
 
-    def __init__(self, step: int, path: str, started_at: float, reason: str) -> None:
+    def __init__(
+        self, step: int, path: str, started_at: float, reason: str, target: Target | None = None
+    ) -> None:
         self.step = step
+        self.target = target  # where it is written (None: the durable side)
         self.path = path
         self.started_at = started_at
         self.reason = reason
@@ -87,6 +92,9 @@ class Saves:
         scratch: where this rank's copies go instead of ``durable`` (a worker that is
             not the chief of a mirrored job), or None.
         part: this rank's own part of each save (a rank of a multi-worker job), or None.
+        local: the job's local tier (two tiers), where a save that is not made durable
+            goes (:meth:`save`'s ``durable``), or None.
+        local_part: this rank's own part of each local save (in the local tier), or None.
     """
 
     def __init__(
@@ -99,6 +107,8 @@ class Saves:
         rank: int,
         scratch: Scratch | None = None,
         part: RankPart | None = None,
+        local: LocalTier | None = None,
+        local_part: RankPart | None = None,
     ) -> None:
         self.state = state
         self.durable = durable
@@ -108,6 +118,8 @@ class Saves:
         self.job = job
         self.rank = rank
         self.part = part
+        self.local = local
+        self.local_part = local_part
         self.pending: Pending | None = None
         #: Every finished save, as sent to the daemon (failed ones too).
         self.history: list[protocol.SaveReport] = []
@@ -125,9 +137,13 @@ class Saves:
         self._thread.start()
 
     def stop(self) -> None:
-        """End the watcher thread once the writes queued for it are done."""
+        """End the watcher thread once the writes queued for it are done; with no write
+        in flight, the local tier's emptied directories go now (not when the thread
+        gets to it: the process may be exiting)."""
         if self._thread is not None:
             self._queue.put(None)
+        if self.local is not None and not self.in_flight:
+            self.local.close()
 
     @property
     def in_flight(self) -> bool:
@@ -135,10 +151,13 @@ class Saves:
         p = self.pending
         return p is not None and not p.done.is_set()
 
-    def save(self, n: int, reason: str, interval_s: float | None) -> protocol.SaveReport | None:
+    def save(
+        self, n: int, reason: str, interval_s: float | None, durable: bool = True
+    ) -> protocol.SaveReport | None:
         """Start the save of step ``n`` (``interval_s``: the planned interval, for the
-        writer's priority). One save is in flight at a time: the previous one is
-        waited for first and its report returned (None when there was none)."""
+        writer's priority; ``durable`` False: to the local tier only, when there is
+        one). One save is in flight at a time: the previous one is waited for first
+        and its report returned (None when there was none)."""
         assert self._tracker is not None and self._baseline is not None
         assert self._clock is not None
         t0 = perf_counter()
@@ -148,8 +167,11 @@ class Saves:
             prev.done.wait()
             report = self.report(prev, n, t0)
         baseline = self._baseline.close(n, t0)
-        self._tracker.on_save_requested(t0, n)
-        pending = Pending(n, self.target.prefix(n), t0, reason)
+        local = not durable and self.local is not None
+        target: Target = self.local if local and self.local is not None else self.target
+        part = self.local_part if local else self.part
+        self._tracker.on_save_requested(t0, n, durable=not local)
+        pending = Pending(n, target.prefix(n), t0, reason, target if local else None)
         self._writer.prepare(  # between writes: the previous one is done
             interval_s=interval_s,
             latency_s=self._tracker.save_latency_s,
@@ -157,13 +179,13 @@ class Saves:
         )
         try:
             self.state.before_save(n)
-            if self.part is not None:  # first: its marker must precede the chief's write
-                self.part.start(n)
+            if part is not None:  # first: its marker must precede the chief's write
+                part.start(n)
                 pending.part = True
             options = tf.train.CheckpointOptions(
                 enable_async=True, experimental_write_callbacks=[pending.written]
             )
-            pending.path = self.target.write(self.state.checkpoint, n, options)
+            pending.path = target.write(self.state.checkpoint, n, options)
             self._writer.apply()  # the first save created TF's writer thread
         except Exception as exc:  # reported, never raised into the training loop
             pending.error = f"{type(exc).__name__}: {exc}"
@@ -171,8 +193,8 @@ class Saves:
             if not pending.part:  # nothing is being written: done now
                 pending.finished_at = perf_counter()
                 pending.done.set()
-                if self.part is not None:
-                    self.part.abandon(n)
+                if part is not None:
+                    part.abandon(n)
         t1 = perf_counter()
         pending.blocking_s = t1 - t0
         pending.window = SaveWindow(baseline, n, t1)
@@ -189,6 +211,8 @@ class Saves:
             pending = self._queue.get()
             if pending is None:
                 self.target.close()
+                if self.local is not None:
+                    self.local.close()
                 return
             try:
                 wait_for_write(ckpt)
@@ -203,12 +227,14 @@ class Saves:
                 files.remove_checkpoint(pending.path)
             else:
                 pending.nbytes = files.checkpoint_bytes(pending.path)
-            if pending.part and self.part is not None:  # a failed part fails the save
-                part_error, part_bytes = self.part.finish()
+            part = self.local_part if pending.target is not None else self.part
+            if pending.part and part is not None:  # a failed part fails the save
+                part_error, part_bytes = part.finish()
                 pending.error = "; ".join(e for e in (pending.error, part_error) if e)
                 pending.nbytes += part_bytes
             pending.finished_at = perf_counter()
-            self.target.ended(pending.path)  # e.g. a scratch copy: it served the collectives
+            target = pending.target if pending.target is not None else self.target
+            target.ended(pending.path)  # e.g. a scratch copy: it served the collectives
             pending.done.set()
 
     def report_done(self, n: int, now: float) -> protocol.SaveReport | None:
@@ -253,6 +279,7 @@ class Saves:
             error=pending.error[: protocol.MAX_TEXT],
             path=pending.path[: protocol.MAX_TEXT],
             reason=pending.reason[: protocol.MAX_TEXT],
+            tier="local" if pending.target is not None else "",
         )
         self.history.append(report)
         self._tracker.on_save_report(
@@ -262,12 +289,16 @@ class Saves:
             durable_s=report.durable_s,
             extra_step_s=extra,
             ok=ok,
+            tier="local" if pending.target is not None else "durable",
         )
         self._baseline.restart(n, now)
+        if ok and pending.target is None and self.local is not None:
+            self.local.superseded(pending.step)  # the older local copies are not needed
         if ok:
             log.info(
-                "saved step %d: blocking %.1f ms, durable %.1f ms, %.2f MB, extra step %.1f ms",
+                "saved step %d%s: blocking %.1f ms, durable %.1f ms, %.2f MB, extra step %.1f ms",
                 pending.step,
+                " to the local tier" if report.tier else "",
                 report.blocking_s * 1e3,
                 report.durable_s * 1e3,
                 report.bytes / 1e6,

@@ -9,7 +9,9 @@ the step, ``start N`` after restoring, ``saved N ok=...`` when a save report arr
 ``mode daemon|embedded N`` when the plan's source changes, and writes the final
 model, optimizer and RNG state as raw bytes to OUT_FILE. ``--timings FILE`` also
 writes each step's wall time and the time spent in ``ckptr.step()`` (float64 pairs);
-``--stop-file F`` ends the loop (``stopped N``) at the first step after F exists.
+``--stop-file F`` ends the loop (``stopped N``) at the first step after F exists;
+``--local-tier DIR`` gives the hook a local tier (``saved N ok=True tier=local`` for a
+save made there only, ``tier local`` after a restore from it).
 Keras model with Dropout, Adam, a shuffled tf.data pipeline and a tf.random.Generator.
 """
 
@@ -42,6 +44,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-to-keep", type=int, default=5, help="0: keep every checkpoint")
     p.add_argument("--timings", default=None)
     p.add_argument("--stop-file", default=None, help="end the loop once this file exists")
+    p.add_argument("--local-tier", default=None, help="the hook's local_tier (two tiers)")
+    p.add_argument("--local-tier-memory", type=float, default=0.25)
+    p.add_argument("--local-tier-disk", default=None)
     p.add_argument(
         "--writer-nice", default="auto", help="the hook's writer_nice: auto, 0-19, or none"
     )
@@ -97,6 +102,9 @@ def main(argv: list[str] | None = None) -> int:
         daemon_timeout=1.0,
         max_to_keep=args.max_to_keep or None,
         writer_nice=writer_nice,
+        local_tier=args.local_tier,
+        local_tier_memory=args.local_tier_memory,
+        local_tier_disk=args.local_tier_disk,
         model=model,
         optimizer=opt,
         data_iterator=it,
@@ -105,6 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     start = ckptr.restore_or_initialize()
     print(f"start {start}", flush=True)
+    if ckptr.resumed_tier:
+        print(f"tier {ckptr.resumed_tier}", flush=True)
     reported = 0
     mode = None
     timings = []
@@ -128,7 +138,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"inflight {step + 1}", flush=True)
         while reported < len(ckptr.history):
             r = ckptr.history[reported]
-            print(f"saved {r.step} ok={r.ok}", flush=True)
+            tier = f" tier={r.tier}" if r.tier else ""
+            print(f"saved {r.step} ok={r.ok}{tier}", flush=True)
             reported += 1
         if args.step_sleep:
             time.sleep(args.step_sleep)

@@ -29,6 +29,8 @@ comma-separated (default: none there); ``HOLD_AT`` with ``HOLD_FILE``: after tha
 every rank writes ``HOLD_FILE.<rank>`` and waits (at most 60 s) for ``HOLD_FILE.go``
 (the test injects a fault while no collective is in flight); ``STEP_S``: each step takes
 at least that long (time for a fault to be noticed mid-run).
+``POLICY`` replaces the policy (default ``fixed:steps=$EVERY``); the hook's other
+settings from the environment apply too (``ADAPTD_LOCAL_TIER``: two tiers).
 """
 
 from __future__ import annotations
@@ -117,7 +119,8 @@ class Trainee:
         if os.environ.get("SOCKETS"):
             socket = os.environ["SOCKETS"].split(",")[rank]
         self.hook = AdaptiveCheckpointer(
-            self.directory, job=f"ranks-{style}", policy=f"fixed:steps={EVERY}", max_to_keep=KEEP,
+            self.directory, job=f"ranks-{style}", max_to_keep=KEEP,
+            policy=os.environ.get("POLICY", f"fixed:steps={EVERY}"),
             socket=socket, daemon_timeout=0.5,
             handle_sigterm=False, save_on_close=False,
             model=self.model, optimizer=self.opt, data_iterator=self.it, **extra,

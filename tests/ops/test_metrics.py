@@ -260,3 +260,16 @@ def test_registries_are_independent() -> None:
     assert value(b.render().decode(), "adaptd_jobs_connected") == 0
     with pytest.raises(ValueError, match="slow_save_s"):
         Metrics(slow_save_s=0)
+
+
+def test_a_two_tier_plan_shows_its_durable_cadence() -> None:
+    from adaptd.core.snapshot import Decision
+    from adaptd.daemon import events
+
+    m = Metrics()
+    two = Decision(next_step=10, every_steps=10, durable_every=4, reason="two tiers")
+    m.on_event(events.PlanChanged(1.0, T, "j", 1, 0, two, 1, step_time_s=0.5))
+    assert value(m.render().decode(), "adaptd_job_durable_every", job_id="j") == 4
+    one = Decision(next_step=10, every_steps=10, reason="one tier")
+    m.on_event(events.PlanChanged(2.0, T, "j", 2, 0, one, 1, step_time_s=0.5))
+    assert value(m.render().decode(), "adaptd_job_durable_every", job_id="j") is None

@@ -268,6 +268,13 @@ def test_budget_refuses_bad_settings(kw, message) -> None:
 # ---------------------------------------------------------------------- fixed / phased
 
 
+def test_fixed_two_tiers_by_hand_only_for_a_job_with_a_local_tier() -> None:
+    two = Fixed(steps=300, durable_every=4)
+    d = two.decide(NONE, job(step_time_s=0.5, local_tier=True))
+    assert (d.every_steps, d.durable_every) == (300, 4) and "every 4th durable" in d.reason
+    assert two.decide(NONE, job(step_time_s=0.5)).durable_every is None  # one tier
+
+
 def test_fixed_reports_its_grid_in_steps_and_seconds() -> None:
     assert Fixed(steps=300).decide(NONE, job(step_time_s=0.5)) == Decision(
         next_step=1200, every_steps=300, reason="every 300 steps", policy="fixed", interval_s=150.0
@@ -296,6 +303,7 @@ def test_fixed_reports_its_grid_in_steps_and_seconds() -> None:
         ({"steps": 0}, "fixed: steps must be >= 1, got 0"),
         ({"seconds": 0.0}, "fixed: seconds must be > 0, got 0.0"),
         ({"seconds": math.nan}, "fixed: seconds must be > 0, got nan"),
+        ({"steps": 5, "durable_every": 0}, "fixed: durable_every must be >= 1, got 0"),
     ],
 )
 def test_fixed_refuses_bad_settings(kw, message) -> None:

@@ -311,3 +311,23 @@ def test_replication_metrics_render_the_replicators_rows_and_pass_promtool():
     assert checked.returncode == 0 and not (checked.stdout + checked.stderr).strip(), (
         checked.stdout + checked.stderr
     )
+
+
+def test_only_the_durable_saves_of_two_tiers_are_replicated(tmp_path: Path):
+    """A save to the job's local tier (two tiers) is not queued for the destinations:
+    its files are not in the staging directory, and only every k-th save is durable."""
+    from adaptd.daemon import events as ev
+    from adaptd.protocol import job as p
+    from adaptd.tiers.replicator import Replicator
+
+    rep = Replicator(config.loads(GOOD.format(dest=tmp_path / "nfs")))
+
+    def reported(step: int, tier: str) -> None:
+        report = p.SaveReport(v=p.VERSION, job="llama-7", rank=0, step=step, blocking_s=0.1,
+                              durable_s=0.2, bytes=1, tier=tier)  # fmt: skip
+        rep.on_event(ev.SaveReported(1.0, 1.0, "llama-7", report, True))
+
+    reported(5, "local")
+    assert rep._intake.empty()
+    reported(10, "")
+    assert rep._intake.get_nowait().report.step == 10

@@ -54,6 +54,7 @@ class SaveCosts:
                 durable_s=msg.durable_s,
                 extra_step_s=msg.extra_step_s,
                 ok=msg.ok,
+                tier="local" if msg.tier == "local" else "durable",
             )
             if msg.ok:
                 self.counted.add(msg.step)

@@ -138,6 +138,7 @@ def plan_message(job: Job) -> p.Plan:
         reason=d.reason[: p.MAX_TEXT],
         interval_s=_figure(d.interval_s),
         waste=_figure(d.waste),
+        durable_every=d.durable_every if d.durable_every and d.durable_every >= 1 else None,
     )
 
 

@@ -22,7 +22,27 @@ from adaptd.core.snapshot import Decision, same_saves
 from adaptd.daemon.jobs.costs import SaveCosts
 from adaptd.protocol.job import AgreementKind, Hello, JobPlan, SaveCost, SaveReport, Steps
 
-__all__ = ["HelloKind", "Job", "JobStateName", "PeerCred", "PendingResume", "Rank"]
+__all__ = [
+    "HelloKind",
+    "Job",
+    "JobStateName",
+    "PeerCred",
+    "PendingResume",
+    "Rank",
+    "failure_kind",
+]
+
+
+def failure_kind(msg: Hello) -> str | None:
+    """The class of the failure a job's new run (its ``msg``) returns from: "process"
+    when it found its local tier's copies on this host (the host survived), "host"
+    when the tier was gone (a reboot); None for a job without a local tier, whose
+    failures are not told apart. A run that returns on another host says hello to
+    that host's daemon, where it is a new job, not a failure counted here."""
+    if not msg.local_tier:
+        return None
+    return "process" if msg.local_intact else "host"
+
 
 JobStateName = Literal["active", "lost", "finished"]
 #: How a hello was understood.
@@ -132,6 +152,8 @@ class Job:
     lost_reason: str = ""
     failures: int = 0
     pending_resume: PendingResume | None = None
+    #: The tier this run restored from ("local": a restart in place; "" durable).
+    resumed_tier: str = ""
     last_save: SaveReport | None = None
     last_save_time: float | None = None
     #: The saves counted, and the other ranks' costs of them (δ of the job).
@@ -238,9 +260,11 @@ class Job:
         self.policy = None  # chosen again from this run's hello
         self.plan = None  # a new run: its ranks need a plan for their own steps
         t = self.tracker
+        t.local_tier = bool(msg.local_tier)
+        self.resumed_tier = msg.resumed_tier
         if failed_at is not None:
-            t.on_failure(failed_at)
-        t.on_resume(now, msg.resumed_from)
+            t.on_failure(failed_at, failure_kind(msg))
+        t.on_resume(now, msg.resumed_from, "local" if msg.resumed_tier == "local" else None)
         t.world_size = msg.world_size
         t.gpus = max(1, msg.gpus * msg.world_size)
         if msg.state_bytes:
@@ -302,7 +326,8 @@ class Job:
             t.on_steps(now, msg.step, 0, 0.0, t.save_in_flight)
         pending, self.pending_resume = self.pending_resume, None
         if pending is not None:
-            t.on_restart(max(0.0, now - pending.last_seen))
+            tier = "local" if self.resumed_tier == "local" else "durable"
+            t.on_restart(max(0.0, now - pending.last_seen), tier)
         return pending
 
     def _save_started(self, step: int, now: float) -> None:
@@ -315,7 +340,15 @@ class Job:
         t = self.tracker
         # when the save began: that many steps before this report (never before the last)
         when = now - (step - saved) * (t.step_time_s or 0.0)
-        t.on_save_requested(max(when, min(t.time, now)), saved)
+        # two tiers: whether it goes to durable storage, by the rule the hook applies
+        anchor = t.last_durable_save_step
+        plan = self.plan
+        durable = (
+            not t.local_tier
+            or plan is None
+            or plan.durable_at(saved, anchor if anchor is not None else t.start_step)
+        )
+        t.on_save_requested(max(when, min(t.time, now)), saved, durable=durable)
 
     def leave(self, rank: Rank, step: int, now: float) -> None:
         """``rank`` said goodbye at ``step``: it is no longer one of the job's ranks."""

@@ -86,6 +86,7 @@ def default_tracker(msg: Hello) -> JobTracker:
         gpus=max(1, msg.gpus * msg.world_size),
         start_step=msg.resumed_from,
         state_bytes=msg.state_bytes or None,
+        local_tier=bool(msg.local_tier),
     )
 
 
