@@ -106,6 +106,9 @@ AT_LEAST_ONE = {
     ("plan", "every_steps"),
     ("propose", "every_steps"),
     ("job_plan", "every_steps"),
+    ("plan", "durable_every"),
+    ("propose", "durable_every"),
+    ("job_plan", "durable_every"),
 }
 #: Fields naming one of a few words, and those words.
 CHOICES = {
@@ -113,6 +116,10 @@ CHOICES = {
     ("propose", "action"): ("plan", "save", "stop"),
     ("request", "op"): ("set_policy", "pause", "resume", "save_now"),
     ("relay", "op"): ("set_policy", "pause", "resume", "save_now"),
+    # two tiers (docs/tiers.md): "" is no local tier / the durable directory
+    ("hello", "local_tier"): ("", "memory", "disk"),
+    ("hello", "resumed_tier"): ("", "local"),
+    ("save_report", "tier"): ("", "local"),
 }
 #: Counts with a smaller ceiling: a job's GPUs weigh in the host's failure rate.
 CEILING = {("hello", "world_size"): 2**20, ("hello", "gpus"): 1024}
@@ -220,12 +227,11 @@ def edges(kind: Kind, name: str, t: mi.Type) -> list[Edge]:
             Edge("false", False, True),
         ]
     elif isinstance(inner, mi.LiteralType) and (tag, name) in CHOICES:
-        out = [Edge(f"{word!r}", word, True) for word in CHOICES[(tag, name)]]
-        out += [
-            Edge("another word", "other", False),
-            Edge("empty", "", False),
-            Edge("an int", 1, False),
-        ]
+        words = CHOICES[(tag, name)]
+        out = [Edge(f"{word!r}", word, True) for word in words]
+        out += [Edge("another word", "other", False), Edge("an int", 1, False)]
+        if "" not in words:
+            out.append(Edge("empty", "", False))
     else:
         raise TypeError(
             f"{kind.cls.__name__}.{name} has a type the contract does not know ({t}): "
