@@ -50,7 +50,7 @@ from adaptd.checkpoints import rank_parts
 from adaptd.client.save import files, replay
 from adaptd.client.save.peer_failure import peer_failure
 from adaptd.client.save.rank_state import RankPart
-from adaptd.client.save.state import CheckpointState
+from adaptd.client.save.state import CheckpointState, number_of
 
 log = logging.getLogger("adaptd.client")
 
@@ -248,6 +248,9 @@ class JustInTime:
         if why:
             return refuse(why)
         names = rank_parts.listing(self.directory)
+        newer = [s for s in rank_parts.steps(names) if s > step]
+        if any(rank_parts.status(names, s).complete for s in newer):
+            return refuse(f"a newer step ({max(newer)}) is complete: another survivor saved it")
         bases = {}
         for rank in range(self.part.world_size):
             base = self._base(names, step, rank)
@@ -303,7 +306,7 @@ def _name_in_state_file(directory: Path, prefix: str) -> None:
     (plain TensorFlow's ``latest_checkpoint`` and the manager at restart read it)."""
     state = tf.train.get_checkpoint_state(str(directory))
     paths = list(state.all_model_checkpoint_paths) if state is not None else []
-    paths = [p for p in paths if p != prefix] + [prefix]
+    paths = sorted({*paths, prefix}, key=number_of)  # another survivor's newer step stays last
     tf.compat.v1.train.update_checkpoint_state(
-        str(directory), prefix, all_model_checkpoint_paths=paths
+        str(directory), paths[-1], all_model_checkpoint_paths=paths
     )
