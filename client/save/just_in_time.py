@@ -293,6 +293,9 @@ class JustInTime:
         prefix = str(self.directory / f"ckpt-{step}")
         if not done.replicated:
             self.state.before_save(step)
+            # a worker other than the chief wrote with write(), never save(): its
+            # checkpoint has no save_counter yet, which every restore expects to find
+            _ = self.state.checkpoint.save_counter
             self.state.checkpoint.write(prefix)  # synchronous, local values, no collective
             _name_in_state_file(self.directory, prefix)
         seconds = perf_counter() - t0

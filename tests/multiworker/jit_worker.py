@@ -7,7 +7,9 @@ Environment: ``CKPT``, ``STEPS``, ``EVERY``; ``FORM`` = ``with`` (the hook's ``w
 block sees the error) or ``explicit`` (the loop catches it and calls
 ``save_on_peer_failure``); ``KILL_RANK``/``KILL_AT``: that rank SIGKILLs itself once
 step ``KILL_AT`` is done (``KILL_IN_WRITE=1``: at the first save call at or after it,
-while its write is in flight); ``STOP_RANK``/``STOP_AT``: it SIGSTOPs itself there;
+while its write is in flight; ``KILL_BEFORE_HOOK=1``: after step ``KILL_AT``'s training
+and before its ``hook.step()``, so a save due there never starts; ``KILL_MARK``: a file
+it first writes the step it completed to); ``STOP_RANK``/``STOP_AT``: it SIGSTOPs itself there;
 ``SLOW_RANK``/``SLOW_AT``/``SLOW_S``: it sleeps ``SLOW_S`` seconds before that step;
 ``RAISE_RANK``/``RAISE_AT``: it raises ``ValueError`` in that step;
 ``COLLECTIVE_TIMEOUT``: the hook's ``collective_timeout``.
@@ -94,6 +96,14 @@ def main() -> int:
         return rank == env_int(f"{name}_RANK")
 
     in_write = bool(os.environ.get("KILL_IN_WRITE"))
+    before_hook = bool(os.environ.get("KILL_BEFORE_HOOK"))
+
+    def die(step: int) -> None:
+        if os.environ.get("KILL_MARK"):  # first the step it completed, then the kill
+            with open(os.environ["KILL_MARK"], "w") as f:
+                json.dump({"step": step}, f)
+        os.kill(os.getpid(), signal.SIGKILL)
+
     result: dict[str, Any] = {"rank": rank, "error": None, "failed_after_s": None}
     last = time.monotonic()
 
@@ -108,10 +118,12 @@ def main() -> int:
             if me("RAISE") and step == env_int("RAISE_AT"):
                 raise ValueError(f"rank {rank} fails at step {step} by itself")
             train(x, y)
+            if me("KILL") and step == env_int("KILL_AT") and before_hook:
+                die(step)  # its step done, its hook not told: a save due here never starts
             hook.step()
             last = time.monotonic()
             if me("KILL") and step >= env_int("KILL_AT") and (not in_write or hook.save_in_flight):
-                os.kill(os.getpid(), signal.SIGKILL)
+                die(step)
             if me("STOP") and step == env_int("STOP_AT"):
                 os.kill(os.getpid(), signal.SIGSTOP)
 
@@ -128,10 +140,12 @@ def main() -> int:
             hook.close()
     except Exception as exc:
         result["error"] = type(exc).__name__
+        result["message"] = str(exc)[:2000]
         result["failed_after_s"] = time.monotonic() - last
     jit = hook.just_in_time
-    result["jit"] = None if jit is None else {"step": jit.step, "saved": jit.saved,
-                                              "reason": jit.reason}  # fmt: skip
+    result["jit"] = None if jit is None else {
+        "step": jit.step, "saved": jit.saved, "reason": jit.reason, "seconds": jit.seconds,
+    }  # fmt: skip
     result["history"] = [(r.step, r.reason, r.ok) for r in hook.history]
     if result["error"] is None:
         nxt = [t for _ in range(3) for t in next(it)]

@@ -70,15 +70,17 @@ def test_a_sigkilled_peer_costs_one_step_and_the_resume_is_exact(root: Path) -> 
     resumed_exactly(root, "kill2", 2, step)
 
 
-def test_three_workers_a_peer_dead_in_its_write_the_explicit_call(root: Path) -> None:
-    """3 workers, the loop catches its errors and calls save_on_peer_failure(): rank 1
-    dies at its save of step 15 while that write is in flight; one of the two survivors
-    writes the last completed step (rank 1's position replayed from its newest whole
-    part), the other says another survivor does, and the job resumes there exactly."""
-    env = {"KILL_RANK": "1", "KILL_AT": "14", "KILL_IN_WRITE": "1", "FORM": "explicit"}
+def test_three_workers_the_chief_dead_in_its_write_the_explicit_call(root: Path) -> None:
+    """3 workers, the loop catches its errors and calls save_on_peer_failure(): the
+    chief (and with it the coordination service) dies at its save of step 15 while that
+    write is in flight; one of the two other workers writes the last completed step
+    (the replicated state from its own replica, the chief's position replayed from its
+    newest whole part), the other says another survivor does, and the job resumes
+    there exactly."""
+    env = {"KILL_RANK": "0", "KILL_AT": "14", "KILL_IN_WRITE": "1", "FORM": "explicit"}
     killed = run(root / "kill3" / "killed", 3, root / "kill3" / "ckpt", **env)
-    assert killed.codes[1] == -9 and killed.codes[0] == killed.codes[2] == 3
-    outcomes = [jit_of(killed, r) for r in (0, 2)]
+    assert killed.codes[0] == -9 and killed.codes[1] == killed.codes[2] == 3
+    outcomes = [jit_of(killed, r) for r in (1, 2)]
     step = max(o["step"] for o in outcomes)
     assert step in (14, 15) and any(o["saved"] and o["step"] == step for o in outcomes), outcomes
     # the other survivor: the same step (one writes it, the other says so), or one step
