@@ -41,7 +41,6 @@ from adaptd.client.options import HookOptions
 from adaptd.client.restore import intact, remote
 from adaptd.client.restore import notes as resume_notes
 from adaptd.client.save.costs import Baseline, StepClock
-from adaptd.client.save.just_in_time import JIT_REASON
 from adaptd.client.save.just_in_time import Outcome as JitOutcome
 from adaptd.client.save.peer_failure import peer_failure
 from adaptd.client.save.saver import FINAL_SAVE_REASON, final_reason
@@ -50,6 +49,7 @@ from adaptd.client.save.sigterm import SIGTERM_REASON, SigtermHandler
 from adaptd.client.save.state import SEEDS_KEY, STEP_KEY
 from adaptd.core.estimators import JobTracker
 from adaptd.core.policy import PolicyError
+from adaptd.protocol.job import JIT_REASON
 
 log = logging.getLogger("adaptd.client")
 

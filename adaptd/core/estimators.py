@@ -39,6 +39,7 @@ from adaptd.core.failure_rates import (
     FailureClasses,
     FailureRate,
 )
+from adaptd.core.jit_coverage import JitCoverage
 from adaptd.core.snapshot import JobState
 
 __all__ = [
@@ -286,6 +287,8 @@ class JobTracker:
         self.local_tier = local_tier
         #: Process and host failure rates and the covered share, when learned.
         self.failure_classes = failure_classes
+        #: Which failures a just-in-time save covered, and what such a save took.
+        self.jit = JitCoverage()
         self._cost_step: int | None = None  # the save the newest cost observation is of
         self.step = start_step
         self.time = 0.0
@@ -444,6 +447,7 @@ class JobTracker:
         self.failures += 1
         self.last_failure_time = time
         if self.counts_failures:
+            self.jit.failure(covered)
             self.failure_rate.failure()
             classes = self.failure_classes
             if classes is not None:
@@ -539,6 +543,8 @@ class JobTracker:
                 fields[name] = level.value
         if self.failure_classes is not None:
             fields.update(self.failure_classes.fields(self.gpus))
+        else:
+            fields.update(self.jit.fields())
         if overrides:
             fields.update(overrides)
         return JobState(**fields)  # one constructor call: the simulator calls this a lot
@@ -559,6 +565,7 @@ class JobTracker:
             "step_time_s": self.step_time_s,
             "saves": self.saves,
             "failures": self.failures,
+            "jit": self.jit.to_dict(),
         }
         if self.local_tier:
             out.update(
@@ -589,3 +596,5 @@ class JobTracker:
             self._step_time.load(float(st))
         self.saves = int(data.get("saves", self.saves))
         self.failures = int(data.get("failures", self.failures))
+        if "jit" in data:
+            self.jit = JitCoverage.from_dict(data["jit"])

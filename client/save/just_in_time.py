@@ -54,10 +54,7 @@ from adaptd.client.save.state import CheckpointState, number_of
 
 log = logging.getLogger("adaptd.client")
 
-__all__ = ["JIT_REASON", "Counters", "JustInTime", "Outcome", "counters_of"]
-
-#: The reason of a just-in-time save, in its report to the daemon.
-JIT_REASON = "just-in-time"
+__all__ = ["Counters", "JustInTime", "Outcome", "counters_of"]
 
 
 @dataclass(frozen=True)
@@ -131,6 +128,8 @@ class Counters:
     def _at(self, name: str, step: int) -> tuple[int | None, int | None, str]:
         """``(value at step, move per step, why unknown)``."""
         pts = self.points.get(name, [])
+        if len(pts) == 1 and step > pts[0][0]:
+            return self._inferred(name, step)
         if not pts:
             return None, None, f"counter {name} was never read"
         (n0, v0), (n1, v1) = pts[0], pts[-1]
@@ -145,6 +144,21 @@ class Counters:
         if rate is None:
             return None, None, f"no save in this run yet tells how far counter {name} moves a step"
         return v1 + rate * (step - n1), rate, ""
+
+    def _inferred(self, name: str, step: int) -> tuple[int | None, int | None, str]:
+        """Read once only (no save since the start): the move per step is the one
+        that explains the value now, if exactly one does (the failed step moved the
+        counter, or it did not)."""
+        n0, v0 = self.points[name][0]
+        d = step - n0
+        moved = int(self.variables[name].numpy()) - v0
+        rates = {r for k in (d, d + 1) if moved >= 0 and moved % k == 0 for r in [moved // k]}
+        if len(rates) != 1:
+            why = (f"counter {name} moved {moved} in {d} step(s) (or {d + 1} with the failed "
+                   "one): no save in this run yet tells how far it moves a step")  # fmt: skip
+            return None, None, why
+        rate = rates.pop()
+        return v0 + rate * d, rate, ""
 
     def put_back(self, step: int) -> str:
         """Set every counter to its value at ``step``; "" when done, else why not (and

@@ -84,8 +84,10 @@ def test_counters_are_put_back_to_the_last_completed_step_and_refused_when_unpro
     its = tf.Variable(0, dtype=tf.int64)
     counters = Counters({"opt.iterations": its})
     counters.observe(0)
-    its.assign(10)  # two per step: steps_per_execution, or two optimizer calls
-    assert "no save in this run yet" in counters.put_back(7)
+    its.assign(2)  # one step and the failed one at 1 each, or one step at 2: unknown
+    assert "no save in this run yet tells how far" in counters.put_back(1)
+    its.assign(10)  # 5 steps at 2 (not moved), or 6 at 10/6 (moved): only one fits
+    assert counters.put_back(5) == "" and int(its.numpy()) == 10
     counters.observe(5)
     its.assign(14)  # step 7 done, the failed step 8 did not move it
     assert counters.put_back(7) == "" and int(its.numpy()) == 14
