@@ -565,8 +565,9 @@ class JobTracker:
             "step_time_s": self.step_time_s,
             "saves": self.saves,
             "failures": self.failures,
-            "jit": self.jit.to_dict(),
         }
+        if self.jit.covered or self.jit.durations:  # a job that saves just in time
+            out["jit"] = self.jit.to_dict()
         if self.local_tier:
             out.update(
                 {key: level.values() for key, level in zip(_LOCAL_KEYS, self._local, strict=True)}
