@@ -166,3 +166,25 @@ print("ok")
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                           text=True, timeout=120)  # fmt: skip
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
+
+
+def test_adaptd_verify_checks_the_part_a_replay_note_starts_from(tmp_path) -> None:
+    """A just-in-time step (replicated part, one replay note per rank) verifies as
+    whole, checking each rank's base part; without a base part its rank is missing."""
+    from adaptd.client.restore import verify
+
+    for rank in (0, 1):
+        part = RankPart({"it": iter(shuffled())}, rank=rank, world_size=2, directory=tmp_path,
+                        keep=3)  # fmt: skip
+        part.start(5)
+        assert part.finish()[0] == ""
+        (tmp_path / rank_parts.replay_name(7, rank, 2, 5)).touch()
+    tf.train.Checkpoint(v=tf.Variable(1.0)).write(str(tmp_path / "ckpt-7"))
+    report = verify.verify(tmp_path / "ckpt-7")
+    assert report.ok and report.parts == 2, report.problems
+    assert any("rebuilt at restore from step 5" in n for n in report.notes)
+    for name in list(tmp_path.iterdir()):
+        if name.name.startswith(rank_parts.part_name(5, 1, 2)):
+            name.unlink()
+    report = verify.verify(tmp_path / "ckpt-7")
+    assert not report.ok and "rank(s) 1 of 2 have no complete part" in str(report.problems)
