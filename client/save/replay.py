@@ -20,7 +20,6 @@ later step, and :func:`why_not` says so.
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -63,22 +62,20 @@ def advance(trackables: Mapping[str, Any], batches: int) -> None:
 
 
 def restore(part: RankPart, step: int) -> None:
-    """Load this rank's part of ``step``: as written, or rebuilt from its replay note.
+    """Load this rank's part of ``step``: as written, or, where only a replay note stands
+    for it, rebuilt from the part the note names.
 
     Raises:
-        FileNotFoundError: neither the part nor a usable replay note is there.
-        PartMismatch, AssertionError: as :meth:`RankPart.restore`.
+        PartMismatch, AssertionError: as :meth:`RankPart.restore` (also for a part
+            that is neither written nor noted).
     """
     names = rank_parts.listing(part.directory)
-    own = rank_parts.part_name(step, part.rank, part.world_size)
-    if f"{own}.index" in names:
+    base = None
+    if not rank_parts.written(names, step, part.rank, part.world_size):
+        base = rank_parts.replay_base(names, step, part.rank, part.world_size)
+    if base is None:
         part.restore(step)
         return
-    base = rank_parts.replay_base(names, step, part.rank, part.world_size)
-    if base is None:
-        raise FileNotFoundError(
-            f"{os.path.join(part.directory, own)}: rank {part.rank} has no part of step {step}"
-        )
     if base:
         part.restore(base)
     advance(part.trackables, step - base)
