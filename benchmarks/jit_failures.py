@@ -13,7 +13,9 @@ moments:
   so the victim never starts that periodic save while the survivors do;
 
 then starts every rank again and lets the job finish. It prints per trial the step the
-victim had completed, the step the job resumed from, the steps lost (the difference),
+victim had completed, the step the job resumed from, the steps lost (the difference;
+beside it, from the newest step the periodic saves had made whole, what a restart
+without the just-in-time save would have lost),
 whether a survivor saved just in time, whether every rank ended bit-identical to the
 uninterrupted run of the same size (weights, optimizer variables, step, next three
 batches: a mixed or inexact resume is one that does not) and whether any run hung
@@ -39,6 +41,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 
 from multiworker.jit_jobs import COMPARED, EVERY, STEPS, run  # noqa: E402
+
+from adaptd.checkpoints import rank_parts  # noqa: E402
 
 MOMENTS = ("between", "in-write", "at-save")
 
@@ -73,6 +77,7 @@ def one(root: Path, i: int, n: int, moment: str, pick: random.Random, ref: list[
         row["jit_saved"] = bool(saved)
         row["jit_s"] = max((o["seconds"] for o in saved), default=None)
         row["refused"] = sorted({o["reason"] for o in outcomes if not o["saved"]})
+        row["periodic"] = newest_periodic(work / "ckpt", n)
         again = run(work / "resumed", n, work / "ckpt", timeout=timeout)
     except AssertionError as exc:  # a run past the timeout: a hang
         row.update(hang=True, error=str(exc).splitlines()[0])
@@ -86,7 +91,19 @@ def one(root: Path, i: int, n: int, moment: str, pick: random.Random, ref: list[
         for r, w in zip(again.results, ref, strict=True)
     )
     row["lost"] = row["completed"] - row["resumed_from"]
+    row["lost_without"] = row["completed"] - row["periodic"]
     return row
+
+
+def newest_periodic(ckpt: Path, n: int) -> int:
+    """The step a restart resumes from without the just-in-time save: the newest one
+    whose replicated part and every rank's part were written by the periodic saves."""
+    names = rank_parts.listing(ckpt)
+    for step in rank_parts.steps(names):
+        whole = all(rank_parts.written(names, step, r, n) for r in range(n))
+        if f"ckpt-{step}.index" in names and step % EVERY == 0 and whole:
+            return step
+    return 0
 
 
 def main() -> int:
@@ -123,6 +140,10 @@ def main() -> int:
         "mixed": sum(1 for r in rows if r.get("mixed")),
         "hangs": sum(1 for r in rows if r["hang"]),
         "jit_saved": sum(1 for r in rows if r.get("jit_saved")),
+        "mean_lost": sum(lost) / len(lost) if lost else None,
+        "mean_lost_without": (
+            sum(r["lost_without"] for r in rows if "lost" in r) / len(lost) if lost else None
+        ),
         "seconds": round(time.monotonic() - t0, 1),
     }
     if args.json:
@@ -132,7 +153,9 @@ def main() -> int:
         print(f"\n{s['trials']} trials: lost <= 1 step in {s['lost_at_most_1']} "
               f"({s['share_lost_at_most_1']:.0%}, goal >= 95%), inexact or mixed resumes "
               f"{s['inexact']} (goal 0), hangs {s['hangs']} (goal 0), a just-in-time save "
-              f"in {s['jit_saved']}; {s['seconds']} s")  # fmt: skip
+              f"in {s['jit_saved']}; steps lost per failure {s['mean_lost']:.2f} on average, "
+              f"{s['mean_lost_without']:.2f} from the newest periodic save without it; "
+              f"{s['seconds']} s")  # fmt: skip
     return 0
 
 
@@ -143,6 +166,7 @@ def _line(r: dict[str, Any]) -> str:
     jit = f"{r['jit_s']:.2f}s" if r["jit_s"] is not None else "no: " + "; ".join(r["refused"])
     return (f"{r['trial']:>3} {r['workers']} {r['moment']:<8} rank {r['victim']} {r['form']:<8} "
             f"done {r['completed']:>2} resumed {r['resumed_from']:>2} lost {r['lost']} "
+            f"(periodic {r['periodic']:>2}: {r['lost_without']}) "
             f"exact {'yes' if r['exact'] else 'NO'} jit {jit}")  # fmt: skip
 
 
