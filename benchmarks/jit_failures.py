@@ -79,8 +79,9 @@ def one(root: Path, i: int, n: int, moment: str, pick: random.Random, ref: list[
         row["refused"] = sorted({o["reason"] for o in outcomes if not o["saved"]})
         row["periodic"] = newest_periodic(work / "ckpt", n)
         again = run(work / "resumed", n, work / "ckpt", timeout=timeout)
-    except AssertionError as exc:  # a run past the timeout: a hang
-        row.update(hang=True, error=str(exc).splitlines()[0])
+    except AssertionError as exc:  # a run past the timeout (a hang), or a worker crashed
+        said = str(exc).splitlines()[0]
+        row.update(hang="hung" in said, error=said, exact=False)
         return row
     row["hang"] = False
     starts = {r["resumed_from"] for r in again.results if r}
@@ -160,9 +161,9 @@ def main() -> int:
 
 
 def _line(r: dict[str, Any]) -> str:
-    if r["hang"]:
+    if "error" in r:
         head = f"{r['trial']:>3} {r['workers']} {r['moment']:<8} rank {r['victim']}"
-        return f"{head}  HANG {r['error']}"
+        return f"{head}  {'HANG' if r['hang'] else 'FAILED'}: {r['error']}"
     jit = f"{r['jit_s']:.2f}s" if r["jit_s"] is not None else "no: " + "; ".join(r["refused"])
     return (f"{r['trial']:>3} {r['workers']} {r['moment']:<8} rank {r['victim']} {r['form']:<8} "
             f"done {r['completed']:>2} resumed {r['resumed_from']:>2} lost {r['lost']} "

@@ -31,6 +31,7 @@ import time
 from typing import Any
 
 import tensorflow as tf
+from rank_worker import mirrored_train  # this script's folder is on the path
 
 from adaptd.client import AdaptiveCheckpointer
 from adaptd.client.agreement import ranks
@@ -81,16 +82,7 @@ def main() -> int:
         model=model, optimizer=opt, data_iterator=it,
     )  # fmt: skip
 
-    @tf.function
-    def train(x: Any, y: Any) -> None:
-        def replica(x: Any, y: Any) -> None:
-            with tf.GradientTape() as tape:
-                loss = tf.reduce_mean((model(x) - y) ** 2)
-            grads = tape.gradient(loss, model.trainable_variables)
-            grads = tf.distribute.get_replica_context().all_reduce("sum", grads)
-            opt.apply_gradients(zip(grads, model.trainable_variables, strict=True))
-
-        strategy.run(replica, args=(x, y))
+    train = mirrored_train(strategy, model, opt)
 
     def me(name: str) -> bool:
         return rank == env_int(f"{name}_RANK")
