@@ -565,9 +565,8 @@ class JobTracker:
             "step_time_s": self.step_time_s,
             "saves": self.saves,
             "failures": self.failures,
+            **self.jit.learned(),
         }
-        if self.jit.covered or self.jit.durations:  # a job that saves just in time
-            out["jit"] = self.jit.to_dict()
         if self.local_tier:
             out.update(
                 {key: level.values() for key, level in zip(_LOCAL_KEYS, self._local, strict=True)}
@@ -597,5 +596,4 @@ class JobTracker:
             self._step_time.load(float(st))
         self.saves = int(data.get("saves", self.saves))
         self.failures = int(data.get("failures", self.failures))
-        if "jit" in data:
-            self.jit = JitCoverage.from_dict(data["jit"])
+        self.jit = JitCoverage.from_learned(data, self.jit)

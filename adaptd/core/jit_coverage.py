@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, field
+from collections.abc import Mapping
 from typing import Any
 
 __all__ = ["JitCoverage"]
@@ -71,12 +72,21 @@ class JitCoverage:
             out["jit_save_s"] = self.save_s
         return out
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"covered": self.covered, "uncovered": self.uncovered, "save_s": self.durations}
+    def learned(self) -> dict[str, Any]:
+        """Its part of what the tracker learned (``{"jit": ...}``), only for a job that
+        saves just in time: a tracker without it exports what it exported before."""
+        if not (self.covered or self.durations):
+            return {}
+        return {"jit": {"covered": self.covered, "uncovered": self.uncovered,
+                        "save_s": self.durations}}  # fmt: skip
 
     @classmethod
-    def from_dict(cls, data: Any) -> JitCoverage:
-        """Read :meth:`to_dict`'s output back; anything unreadable is a fresh start."""
+    def from_learned(cls, learned: Any, default: JitCoverage) -> JitCoverage:
+        """Read :meth:`learned`'s part of ``learned`` back (``default`` when it has none;
+        anything unreadable is a fresh start)."""
+        data = learned.get("jit") if isinstance(learned, Mapping) else None
+        if data is None:
+            return default
         if not isinstance(data, dict):
             return cls()
         try:
