@@ -15,8 +15,8 @@ policy plans the periodic interval for the uncovered failures only
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass, field
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = ["JitCoverage"]
