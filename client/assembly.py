@@ -34,7 +34,8 @@ from adaptd.client.options import HookOptions
 from adaptd.client.restore import remote
 from adaptd.client.restore.job_restore import JobRestore
 from adaptd.client.restore.resume import Agreed, Alone, Restorer
-from adaptd.client.save import per_rank
+from adaptd.client.save import collective_timeout, just_in_time, per_rank
+from adaptd.client.save.just_in_time import JustInTime
 from adaptd.client.save.local_tier import LocalTier, MemoryBudget
 from adaptd.client.save.rank_state import RankPart
 from adaptd.client.save.saver import Saver
@@ -58,6 +59,7 @@ class HookParts:
     source: remote.Source | None  # where an empty directory is filled from
     state: CheckpointState
     part: RankPart | None  # this rank's own part of each save (a multi-worker rank)
+    jit: JustInTime | None  # the save after a peer's failure (a multi-worker rank)
     writer: Writer
     durable: Durable
     schedule: SaveSchedule
@@ -106,11 +108,17 @@ def parts(
     prepared = per_rank.prepared(trackables)  # a tf.distribute iterator made saveable
     coordinated = who.world_size > 1 and coordination.service_configured()
     part = None
+    jit = None
     if coordinated:
         replicated, own = per_rank.split(prepared, marked)
         part = RankPart(own, rank=who.rank, world_size=who.world_size, directory=directory,
                         keep=options.max_to_keep)  # fmt: skip
         state = CheckpointState(replicated)
+        moved = just_in_time.counters_of(trackables, options.step_counters)
+        counters = just_in_time.Counters(moved)
+        jit = JustInTime(state, part, counters, directory, enabled=options.just_in_time)
+        collective_timeout.apply(collective_timeout.strategy_of(trackables),
+                                 options.collective_timeout)  # fmt: skip
     else:
         state = CheckpointState(prepared)
     writer = Writer(state.checkpoint, options.writer_nice)
@@ -154,7 +162,7 @@ def parts(
     )  # fmt: skip
     saver = Saver(schedule, saves, durable, session)
     return HookParts(
-        directory, who, policy.policy, endpoint, source, state, part, writer, durable,
+        directory, who, policy.policy, endpoint, source, state, part, jit, writer, durable,
         schedule, saver, authority, restorer, link, session,
     )  # fmt: skip
 

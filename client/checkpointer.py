@@ -42,12 +42,15 @@ from adaptd.client.restore import intact, remote
 from adaptd.client.restore import notes as resume_notes
 from adaptd.client.restore.resume import Resumed
 from adaptd.client.save.costs import Baseline, StepClock
+from adaptd.client.save.just_in_time import Outcome as JitOutcome
+from adaptd.client.save.peer_failure import peer_failure
 from adaptd.client.save.saver import FINAL_SAVE_REASON, final_reason
 from adaptd.client.save.schedule import NEVER
 from adaptd.client.save.sigterm import SIGTERM_REASON, SigtermHandler
 from adaptd.client.save.state import SEEDS_KEY, STEP_KEY
 from adaptd.core.estimators import JobTracker
 from adaptd.core.policy import PolicyError
+from adaptd.protocol.job import JIT_REASON
 
 log = logging.getLogger("adaptd.client")
 
@@ -74,7 +77,8 @@ class AdaptiveCheckpointer(HookViews):
             ``decide_interval=``, ``writer_nice=``, ``restore_from=``,
             ``storage_options=``, ``curve_server_key=``, ``curve_client_key=``,
             ``save_on_close=``, ``per_rank=``, ``local_tier=``, ``local_tier_memory=``,
-            ``local_tier_disk=``: each documented on
+            ``local_tier_disk=``, ``just_in_time=``, ``step_counters=``,
+            ``collective_timeout=``: each documented on
             :class:`~adaptd.client.options.HookOptions`; it replaces that field of
             ``options``), or else what to checkpoint (``model=``, ``optimizer=``,
             ``data_iterator=``, ``rng=``, any ``tf`` trackable, or a ``tf.distribute``
@@ -110,6 +114,9 @@ class AdaptiveCheckpointer(HookViews):
         self._poll_s = float(settings.poll_interval)
         self._save_on_close = bool(settings.save_on_close)
         self._state, self._part, self._writer = built.state, built.part, built.writer
+        self._jit = built.jit
+        #: What the last peer failure led to (:meth:`save_on_peer_failure`; None: none).
+        self.just_in_time: JitOutcome | None = None
         self._durable, self._schedule, self._saver = built.durable, built.schedule, built.saver
         self._saves = built.saver.saves
         self._authority, self._restorer = built.authority, built.restorer
@@ -205,6 +212,8 @@ class AdaptiveCheckpointer(HookViews):
         if not self._started:
             raise resume_notes.not_restored("save()", self.directory)
         if self._saver.save_unless_saved(self._n, reason):
+            if self._jit is not None:
+                self._jit.observe(self._n)
             self._store_due()
 
     def request_save(self, reason: str = "requested") -> None:
@@ -222,13 +231,39 @@ class AdaptiveCheckpointer(HookViews):
         """
         self._finish(timeout, goodbye="closed", save_on_close=self._save_on_close)
 
+    def save_on_peer_failure(self, exc: BaseException) -> JitOutcome | None:
+        """After ``exc`` raised out of a training step, save the last completed step
+        just in time if ``exc`` is a peer's failure in a multi-worker job, then close.
+
+        For loops that catch their own errors (the ``with`` form does this by itself).
+        Returns None, doing nothing, for any other exception (re-raise it), in a job of
+        one rank, and before :meth:`restore_or_initialize` or after :meth:`close`;
+        otherwise the outcome (also in :attr:`just_in_time`): what was saved, or why
+        nothing was (:mod:`adaptd.client.save.just_in_time`). The save in flight is
+        waited for (and reported) first; the checkpointer is closed afterwards, since
+        every later collective of the process fails too. Never raises.
+        """
+        if self._jit is None or not self._started or self._closed or peer_failure(exc) is None:
+            return None
+        self._saver.finish(self._n, None, CLOSE_TIMEOUT_S)  # its part may be a replay's base
+        outcome = self._jit.save(self._n, exc)
+        assert outcome is not None
+        self.just_in_time = outcome
+        if outcome.saved:
+            report = self._saves.record(outcome.step, JIT_REASON, outcome.prefix,
+                                        outcome.seconds, outcome.nbytes)  # fmt: skip
+            self._session.saved(report, perf_counter())
+        self._finish(CLOSE_TIMEOUT_S, goodbye=f"peer failure: {outcome.failure}")
+        return outcome
+
     def __enter__(self) -> AdaptiveCheckpointer:
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         if exc_type is None:
             self._finish(CLOSE_TIMEOUT_S, goodbye="closed", save_on_close=self._save_on_close)
-        else:  # the state may be that of a half-done step: not saved (save.saver.final_reason)
+        elif self.save_on_peer_failure(exc) is None:
+            # the state may be that of a half-done step: not saved (save.saver.final_reason)
             self._finish(CLOSE_TIMEOUT_S, goodbye=f"exception: {exc_type.__name__}")
 
     # ------------------------------------------------------------------ start
@@ -250,6 +285,8 @@ class AdaptiveCheckpointer(HookViews):
         self._last, self._slowest, self._slowest_n = now, 0.0, 1
         self._schedule.last_saved_step = start if start else None
         self._saver.start(self._tracker, clock, Baseline(start, now))
+        if self._jit is not None:
+            self._jit.observe(start, start=True)
         facts = HelloFacts(
             self.state_bytes, start, gpus, self.resume.describe(),
             local_tier=local.kind if local is not None else "",
@@ -287,6 +324,8 @@ class AdaptiveCheckpointer(HookViews):
             return
         stop = self._authority.boundary(n, self._tracker.step_time_s, now)
         self._saver.save_if_due(n)
+        if self._jit is not None and self._schedule.last_saved_step == n:
+            self._jit.observe(n)  # the counters at a save: how far a step moves them
         if stop:
             self._finish(None, goodbye=SIGTERM_REASON, stop=True)
             return

@@ -25,6 +25,7 @@ from typing import Any
 
 from adaptd.client.checks import check_seconds
 from adaptd.client.daemon.link import DAEMON_TIMEOUT_S
+from adaptd.client.save.collective_timeout import COLLECTIVE_TIMEOUT_S
 from adaptd.client.save.local_tier import MEMORY_SHARE, MemoryBudget
 from adaptd.client.save.writer import AUTO, WriterNice, WriterPriority
 from adaptd.core.policy import Policy, parse
@@ -92,6 +93,22 @@ class HookOptions:
         local_tier_disk: the local-disk directory a full memory tier falls back to
             (``{job}``/``{rank}`` replaced; default: ``adaptd-local-<job>-rank<rank>``
             in ``$ADAPTD_SCRATCH`` or the system's temporary directory).
+        just_in_time: in a multi-worker job, when a peer fails (TensorFlow's error for a
+            lost peer or a timed-out collective reaches the hook's ``with`` block or
+            :meth:`~adaptd.client.checkpointer.AdaptiveCheckpointer.save_on_peer_failure`),
+            a survivor saves the last completed step before the process exits, where it
+            can prove that step's state (:mod:`adaptd.client.save.just_in_time`,
+            docs/multiworker.md). False: a peer failure saves nothing.
+        step_counters: keywords of scalar integer variables among the state that each
+            step moves (as ``optimizer.iterations``, which is found by itself): a
+            just-in-time save puts them back to the last completed step's value.
+        collective_timeout: seconds after which a collective of a multi-worker job with
+            a silent peer fails, set on the ``MultiWorkerMirroredStrategy`` when its
+            ``CommunicationOptions`` has none (the user's own timeout is kept, never
+            replaced); None leaves the strategy as it is. It bounds what TensorFlow's
+            heartbeat (about 10 s) does not see, a peer whose process lives but does
+            not take part; it must exceed the longest wait between two collectives of a
+            healthy rank (see docs/multiworker.md, "Just-in-time saves").
 
     Raises:
         ValueError: a field is invalid (the message names it and the value).
@@ -119,6 +136,9 @@ class HookOptions:
     local_tier: str | os.PathLike[str] | None = None
     local_tier_memory: float = MEMORY_SHARE
     local_tier_disk: str | os.PathLike[str] | None = None
+    just_in_time: bool = True
+    step_counters: Collection[str] = ()
+    collective_timeout: float | None = COLLECTIVE_TIMEOUT_S
 
     def __post_init__(self) -> None:
         keep = self.max_to_keep
@@ -126,6 +146,10 @@ class HookOptions:
             raise ValueError(f"max_to_keep must be an integer >= 1 or None, got {keep!r}")
         for name in ("daemon_timeout", "poll_interval", "report_interval", "decide_interval"):
             check_seconds(name, getattr(self, name))
+        if self.collective_timeout is not None:
+            check_seconds("collective_timeout", self.collective_timeout)
+        if not isinstance(self.just_in_time, bool):
+            raise ValueError(f"just_in_time must be True or False, got {self.just_in_time!r}")
         _check_writer_nice(self.writer_nice)
         MemoryBudget(self.local_tier_memory)  # raises naming local_tier_memory
         for name in ("local_tier", "local_tier_disk"):
@@ -145,6 +169,13 @@ class HookOptions:
         object.__setattr__(self, "storage_options", MappingProxyType(dict(storage or {})))
         if isinstance(self.per_rank, Collection) and not isinstance(self.per_rank, str):
             object.__setattr__(self, "per_rank", tuple(self.per_rank))  # else refused at assembly
+        counters = self.step_counters
+        if isinstance(counters, str) or not isinstance(counters, Collection):
+            raise ValueError(
+                f"step_counters must be a collection of the state's keywords, e.g. "
+                f"step_counters=('steps',), got {counters!r}"
+            )
+        object.__setattr__(self, "step_counters", tuple(counters))
 
     @classmethod
     def names(cls) -> tuple[str, ...]:

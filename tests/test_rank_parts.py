@@ -114,3 +114,38 @@ def test_step_bytes_count_the_replicated_part_and_every_part(tmp_path) -> None:
         (tmp_path / name).write_bytes(b"x" * 10)
     assert rp.step_bytes(tmp_path, 3) == 10 * len(step(3, 2))
     assert rp.step_bytes(tmp_path / "absent", 3) == 0
+
+
+def test_a_replay_note_stands_for_a_part_while_the_part_it_names_is_whole() -> None:
+    """A just-in-time step's parts are replay notes (client/save/just_in_time.py): rank
+    r's part of 12 is its part of 10 plus two steps' batches, or a fresh input (base 0)."""
+    note = rp.replay_name(12, 1, 2, 10)
+    assert note == "ckpt-12.rank-00001-of-00002.replay-from-10"
+    assert rp.part_of(note) == (12, 1, 2) and rp.step_of(note) == 12
+    jit = bundle("ckpt-12", 1) | {rp.replay_name(12, r, 2, 10) for r in range(2)}
+    assert rp.status(step(10, 2) | jit, 12).complete
+    assert rp.replay_base(step(10, 2) | jit, 12, 1, 2) == 10
+    # the base part gone (or never whole): the step is not complete, and says whose part
+    gone = step(10, 2, ranks=(0,)) | jit
+    st = rp.status(gone, 12)
+    assert not st.complete and st.missing == (1,) and not rp.written(gone, 12, 0, 2)
+    # a note from step 0 needs no part; a note from the step itself or later counts for nothing
+    fresh = bundle("ckpt-4", 1) | {rp.replay_name(4, r, 2, 0) for r in range(2)}
+    assert rp.status(fresh, 4).complete
+    assert not rp.status(
+        bundle("ckpt-4", 1) | {rp.replay_name(4, r, 2, 4) for r in range(2)}, 4
+    ).complete
+
+
+def test_a_part_a_kept_replay_note_starts_from_is_not_stale() -> None:
+    """ckpt-10's replicated part rotated out while ckpt-12 (just in time) replays from its
+    parts: they stay; once ckpt-12 is gone too they go."""
+    names = (
+        step(10, 2, main=False)
+        | bundle("ckpt-12")
+        | {rp.replay_name(12, r, 2, 10) for r in range(2)}
+    )
+    names |= step(15, 2)
+    assert rp.stale_parts(names, range(2), 2, 3) == []
+    without = {n for n in names if not n.startswith("ckpt-12.index")}
+    assert (10, 0) in rp.stale_parts(without, range(2), 2, 3)

@@ -11,6 +11,8 @@ differs between ranks (each rank's data iterator with its shuffle buffer, a per-
     ckpt-50.rank-00000-of-00002.index, .data-...       rank 0's part, in a 2-rank job
     ckpt-50.rank-00001-of-00002.index, .data-...       rank 1's part
     ckpt-50.rank-00001-of-00002.pending                rank 1's write has not ended
+    ckpt-57.rank-00001-of-00002.replay-from-50         rank 1's part of 57 (just in time):
+                                                       its part of 50, then 7 steps' batches
 
 A part's name holds its rank and the job's world size, so the names of a step say
 alone whether it is whole and for how many ranks. A rank creates its ``.pending``
@@ -26,6 +28,13 @@ index last). A step with no part-named file at all is a one-rank step (a single
 process): complete with its replicated part. Every reader decides with
 :func:`status` over a listing of file names (the hook's restore, ``adaptd verify``,
 retention, the replicator, manifests and ``adaptd restore``), so all apply one rule.
+
+A *replay note* (empty, :func:`replay_name`) stands for a rank's part of a step saved
+just in time after a peer failed (:mod:`adaptd.client.save.just_in_time`): the rank's
+position is its part of an older step ``S`` (``S`` = 0: a fresh input, the job's
+start) advanced by the batches of the steps since, so the rank rebuilds it at restore
+by replaying them (:mod:`adaptd.client.save.replay`). A noted part is whole while the
+part it names is whole (or names step 0).
 
 A rank writes its part alone, without collectives; :func:`stale_parts` says which of
 its own parts it may delete. Nothing here imports TensorFlow (the daemon uses it).
@@ -50,21 +59,28 @@ __all__ = [
     "part_name",
     "part_of",
     "pending_name",
+    "replay_base",
+    "replay_name",
     "stale_parts",
     "status",
     "step_bytes",
     "step_of",
     "steps",
     "world_changed",
+    "written",
 ]
 
 #: A file of a rank's part: group 1 the step, 2 the rank, 3 the world size, 4 what it
-#: is (``index``, ``data-SSSSS-of-NNNNN`` or ``pending``), 5/6 shard and shard count.
+#: is (``index``, ``data-SSSSS-of-NNNNN``, ``pending`` or ``replay-from-S``), 5/6 shard
+#: and shard count, 7 the step a replay note starts from.
 RANK_FILE = re.compile(
-    r"^ckpt-(\d+)\.rank-(\d{5})-of-(\d{5})\.(index|data-(\d{5})-of-(\d{5})|pending)$"
+    r"^ckpt-(\d+)\.rank-(\d{5})-of-(\d{5})\."
+    r"(index|data-(\d{5})-of-(\d{5})|pending|replay-from-(\d+))$"
 )
 #: The suffix of the marker a rank keeps while its part is being written.
 PENDING = "pending"
+#: The suffix of a replay note, before its base step.
+REPLAY = "replay-from-"
 
 
 def part_name(step: int, rank: int, world: int) -> str:
@@ -74,6 +90,26 @@ def part_name(step: int, rank: int, world: int) -> str:
 
 def pending_name(step: int, rank: int, world: int) -> str:
     return f"{part_name(step, rank, world)}.{PENDING}"
+
+
+def replay_name(step: int, rank: int, world: int, base: int) -> str:
+    """The replay note saying that ``rank``'s part of ``step`` is its part of ``base``
+    advanced by the batches of steps ``base+1 .. step`` (``base`` 0: from a fresh input)."""
+    return f"{part_name(step, rank, world)}.{REPLAY}{base}"
+
+
+def replay_base(names: Collection[str], step: int, rank: int, world: int) -> int | None:
+    """The base step of ``rank``'s replay note for ``step`` whose base is usable (step 0,
+    or a whole part of that rank), the newest if several; None when there is none."""
+    lead = f"{part_name(step, rank, world)}.{REPLAY}"
+    bases = sorted(
+        (int(n[len(lead) :]) for n in names if n.startswith(lead) and n[len(lead) :].isdigit()),
+        reverse=True,
+    )
+    for base in bases:
+        if base < step and (base == 0 or _bundle_complete(names, part_name(base, rank, world))):
+            return base
+    return None
 
 
 def part_of(name: str) -> tuple[int, int, int] | None:
@@ -146,8 +182,16 @@ def status(names: Collection[str], step: int) -> StepStatus:
     return StepStatus(step, world, not whys, why, missing, replicated, parts)
 
 
-def _part_complete(names: Collection[str], step: int, rank: int, world: int) -> bool:
+def written(names: Collection[str], step: int, rank: int, world: int) -> bool:
+    """``rank``'s part of ``step`` is written whole (not merely noted for replay)."""
     return _bundle_complete(names, part_name(step, rank, world))
+
+
+def _part_complete(names: Collection[str], step: int, rank: int, world: int) -> bool:
+    """The part is written, or a replay note stands for it (:func:`replay_base`)."""
+    if _bundle_complete(names, part_name(step, rank, world)):
+        return True
+    return replay_base(names, step, rank, world) is not None
 
 
 def steps(names: Iterable[str]) -> list[int]:
@@ -202,14 +246,32 @@ def stale_parts(
         if p is not None and p[2] == world and p[1] in ranks:
             held.setdefault(p[1], set()).add(p[0])
     mains = [s for s in steps(names) if f"ckpt-{s}.index" in names]
+    based = _replay_bases(names, mains, world)  # parts a kept step's replay note needs
     stale: set[tuple[int, int]] = set()
     for rank, mine in held.items():
         ordered = sorted(mine)
         if mains:
-            stale |= {(s, rank) for s in ordered if f"ckpt-{s}.index" not in names and s < mains[0]}
+            stale |= {
+                (s, rank)
+                for s in ordered
+                if f"ckpt-{s}.index" not in names and s < mains[0] and (s, rank) not in based
+            }
         elif keep is not None:
             stale |= {(s, rank) for s in ordered[: max(0, len(ordered) - (keep + 1))]}
     return sorted(stale)
+
+
+def _replay_bases(
+    names: Collection[str], kept: Collection[int], world: int
+) -> set[tuple[int, int]]:
+    """``(base, rank)`` of the parts that replay notes of the ``kept`` steps start from."""
+    kept = set(kept)
+    out = set()
+    for name in names:
+        m = RANK_FILE.match(name)
+        if m and m.group(7) is not None and int(m.group(3)) == world and int(m.group(1)) in kept:
+            out.add((int(m.group(7)), int(m.group(2))))
+    return out
 
 
 def world_changed(step: int, where: str, was: int, now: int) -> str:

@@ -34,6 +34,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from adaptd.protocol.job import JIT_REASON
 from adaptd.state.store import DecisionRecord, FailureRecord, SaveRecord, Store
 
 __all__ = [
@@ -96,6 +97,12 @@ class History:
     @property
     def failed(self) -> int:
         return sum(not s.ok for s in self.saves)
+
+    @property
+    def covered(self) -> int:
+        """Job failures a just-in-time save covered: the job resumed from one."""
+        jit = {s.step for s in self.saves if s.ok and s.reason == JIT_REASON}
+        return sum(f.resumed_step in jit for f in self.failures)
 
 
 @dataclass(frozen=True, slots=True)
@@ -400,7 +407,7 @@ def png_bytes(h: History, *, slow_save_s: float = 1.0) -> bytes:
                 color="black",
                 ls="--",
                 lw=1.2,
-                label=f"job failure ({len(h.failures)})" if i == 0 and ax is ax_int else None,
+                label=f"job failure ({_failures(h)})" if i == 0 and ax is ax_int else None,
             )
         ax.grid(True, which="major", alpha=0.3)
     for ax, vals in ((ax_block, "blocking_s"), (ax_dur, "durable_s")):
@@ -459,9 +466,16 @@ def png_bytes(h: History, *, slow_save_s: float = 1.0) -> bytes:
 # --------------------------------------------------------------------------- HTML
 
 
+def _failures(h: History) -> str:
+    n, covered = len(h.failures), h.covered
+    return f"{n}: {covered} covered just in time, {n - covered} not" if covered else str(n)
+
+
 def _stats_rows(h: History) -> list[tuple[str, str]]:
     ok = [s for s in h.saves if s.ok]
     rows = [("saves", f"{len(h.saves)} ({h.failed} failed)"), ("decisions", str(len(h.decisions)))]
+    if h.failures:
+        rows.append(("job failures", _failures(h)))
     if ok:
         for label, attr in (("blocking", "blocking_s"), ("durable", "durable_s")):
             vals = sorted(getattr(s, attr) for s in ok)

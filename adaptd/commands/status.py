@@ -127,6 +127,10 @@ def parts(reply: object) -> list[tables.Part]:
             note += f"  (resumed past a damaged checkpoint: {j.restore_fallback})"
         if j.agreement != "none":
             note += f"  ({_agreement(j)})"
+        if j.failures_covered:
+            share = f", planned with {j.jit_coverage:.0%}" if j.jit_coverage is not None else ""
+            note += (f"  (failures: {j.failures_covered} covered just in time, "
+                     f"{j.failures - j.failures_covered} not{share})")  # fmt: skip
         notes.append(f"{j.job}: {note}")
     out.append("\n" + "\n".join(notes))
     return out + _replication(reply) + _telemetry(reply)

@@ -238,6 +238,10 @@ class JobInfo(msgspec.Struct, frozen=True):
     incarnation: int
     checkpoint_dir: str
     urgent: str | None = None
+    # of the failures, those a just-in-time save covered (the job resumed from one), and
+    # the share the daemon plans with (None: no failure seen)
+    failures_covered: int = 0
+    jit_coverage: float | None = None
     lost_reason: str = ""
     lost_s: float | None = None  # seconds since it was lost
     paused: bool = False  # ``adaptd pause``: non-urgent saves held

@@ -104,6 +104,10 @@ ROUND_TIMEOUT_S = 10.0
 MAX_MESSAGE_BYTES = 64 * 1024
 #: Longest free-text field (reasons, error text, paths).
 MAX_TEXT = 4096
+#: The ``reason`` of a just-in-time save's :class:`SaveReport` (a survivor saved the last
+#: completed step after a peer failed): the daemon counts it apart from the periodic
+#: saves' cost, and a job that resumes from it had its failure covered.
+JIT_REASON = "just-in-time"
 #: Largest count or step: SQLite's INTEGER (and int64) limit. A larger one would be
 #: accepted and then make every later write of the daemon's store fail.
 MAX_COUNT = 2**63 - 1

@@ -76,7 +76,10 @@ def local_offer(
         has_replicated = st.replicated and not _damaged(check, root / f"ckpt-{step}", whys)
         has_own = st.world == world and rank in st.parts
         mine = root / rank_parts.part_name(step, rank, world)
-        has_own = has_own and not _damaged(check, mine, whys)
+        if has_own and not (root / f"{mine.name}.index").exists():  # a replay note (just in time)
+            base = rank_parts.replay_base(names, step, rank, world)
+            mine = root / rank_parts.part_name(base, rank, world) if base else None
+        has_own = has_own and (mine is None or not _damaged(check, mine, whys))
         replicated += [step] if has_replicated else []
         own += [step] if has_own else []
         if st.complete and st.world != world:

@@ -32,7 +32,7 @@ from adaptd.client.restore import intact, remote, tiers
 from adaptd.client.restore import notes as resume_notes
 from adaptd.client.restore.intact import WorldSizeChanged
 from adaptd.client.restore.job_restore import JobRestore, RestoreAgreementError
-from adaptd.client.save import files
+from adaptd.client.save import files, replay
 from adaptd.client.save.rank_state import RankPart
 from adaptd.client.save.state import CheckpointState
 
@@ -190,7 +190,8 @@ def restore_agreed(
     try:
         job_restore.fetch(choice)
         state.restore(prefix)
-        (local_part if from_tier and local_part is not None else part).restore(choice.step)
+        # as written, or rebuilt (just in time); from the local tier when it has it
+        replay.restore(local_part if from_tier and local_part is not None else part, choice.step)
     except RestoreAgreementError as exc:
         error = str(exc)
     except Exception as exc:  # said to every rank first, so none waits for this one

@@ -339,6 +339,12 @@ def _check_parts(
     total = _Bundle()
     for rank in st.parts:
         part = prefix.parent / rank_parts.part_name(step, rank, st.world)
+        if not rank_parts.written(names, step, rank, st.world):  # a replay note: its base
+            base = rank_parts.replay_base(names, step, rank, st.world)
+            acc.notes.append(f"{part.name}: rebuilt at restore from step {base} (just in time)")
+            if not base:
+                continue
+            part = prefix.parent / rank_parts.part_name(base, rank, st.world)
         sub = _Acc()
         got = _bundle(part, sub, read_tensors)
         acc.problems += [Problem(x.kind, f"{part.name}: {x.message}") for x in sub.problems]

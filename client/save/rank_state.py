@@ -154,6 +154,10 @@ class RankPart:
             files.remove_checkpoint(str(self.directory / name))
             with contextlib.suppress(FileNotFoundError):
                 (self.directory / f"{name}.{rank_parts.PENDING}").unlink()
+            for note in rank_parts.listing(self.directory):  # a just-in-time save's notes
+                if note.startswith(f"{name}.{rank_parts.REPLAY}"):
+                    with contextlib.suppress(FileNotFoundError):
+                        (self.directory / note).unlink()
         if stale:
             log.debug("rank %d removed the superseded parts %s", self.rank, stale)
         return stale

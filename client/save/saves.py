@@ -258,6 +258,21 @@ class Saves:
         )
         return None
 
+    def record(
+        self, step: int, reason: str, path: str, seconds: float, nbytes: int
+    ) -> protocol.SaveReport:
+        """The report of a save made synchronously outside this class (a just-in-time
+        save, :mod:`adaptd.client.save.just_in_time`: it blocked the loop ``seconds`` and
+        was durable then), recorded in :attr:`history`; not a sample of the periodic
+        saves' cost, so the tracker does not hear of it."""
+        report = protocol.SaveReport(
+            v=protocol.VERSION, job=self.job, rank=self.rank, step=step, blocking_s=seconds,
+            durable_s=seconds, bytes=nbytes, extra_step_s=0.0, ok=True,
+            path=path[: protocol.MAX_TEXT], reason=reason[: protocol.MAX_TEXT],
+        )  # fmt: skip
+        self.history.append(report)
+        return report
+
     def report(self, pending: Pending, n: int, now: float) -> protocol.SaveReport:
         """The report of ``pending`` (whose write ended), recorded in :attr:`history`
         and in the tracker; ``n`` and ``now``: where the training thread is."""

@@ -199,6 +199,7 @@ class _Part:
 
     def __init__(self) -> None:
         self.restored: list[int] = []
+        self.directory, self.rank, self.world_size = "/nonexistent", 1, 2  # no replay note
 
     def restore(self, step: int) -> None:
         self.restored.append(step)

@@ -218,3 +218,33 @@ def test_same_saves(old: Decision, new: Decision, step: int, same: bool) -> None
 )
 def test_same_saves_with_tolerance(old: Decision, new: Decision, step: int, same: bool) -> None:
     assert same_saves(old, new, step, tolerance=0.05) is same
+
+
+def test_a_failure_covered_by_a_just_in_time_save_is_learned_as_covered() -> None:
+    """Rank 1 dies, rank 0 saves step 12 just in time (reported, reason ``just-in-time``)
+    and leaves: a job that returns resuming from 12 had its failure covered, one that
+    returns from a periodic save's step did not; the policy sees the share and what a
+    just-in-time save took, and the just-in-time save is no sample of the periodic δ."""
+    reg = Registry(silence_timeout_s=1)
+    job, r0, _ = reg.hello(b"a", hello("j", 0), 0.0)
+    _, r1, _ = reg.hello(b"b", hello("j", 1), 0.0)
+    reg.save_report(job, r0, save("j", 0, 10, blocking=0.5), 0.2)
+    reg.save_report(job, r1, save("j", 1, 10, blocking=0.5), 0.2)
+    jit = p.SaveReport(v=V, job="j", rank=0, step=12, blocking_s=3.0, durable_s=3.0, bytes=1,
+                       ok=True, reason=p.JIT_REASON)  # fmt: skip
+    assert reg.save_report(job, r0, jit, 0.4) is False
+    assert job.tracker.saves == 1 and job.tracker.save_cost_s == pytest.approx(0.5)
+    reg.goodbye(job, r0, p.Goodbye(v=V, job="j", rank=0, step=12, reason="peer failure"), 0.5)
+    reg.check(3.0)  # rank 1 silent: the job is lost
+    assert job.state == "lost"
+    job, r0, _ = reg.hello(b"c", hello("j", 0, resumed_from=12), 5.0)
+    reg.hello(b"d", hello("j", 1, resumed_from=12), 5.0)
+    t = job.tracker
+    assert job.failures == job.failures_covered == 1 and (t.jit.covered, t.jit.uncovered) == (1, 0)
+    state = t.state()
+    assert state.jit_coverage == pytest.approx(0.5) and state.jit_save_s == pytest.approx(3.0)
+    reg.steps(job, job.ranks[0], steps("j", 0, 20), 6.0)
+    reg.check(9.0)  # lost again, and back from step 10 (no just-in-time save this time)
+    job, _, _ = reg.hello(b"e", hello("j", 0, resumed_from=10), 10.0)
+    assert job.failures == 2 and job.failures_covered == 1
+    assert job.tracker.state().jit_coverage == pytest.approx(1 / 3)

@@ -266,3 +266,17 @@ def test_a_foreign_failure_rate_record_is_named() -> None:
     assert str(err.value) == (
         "failure-rate record has version 2, expected 1; discard it to start from the prior"
     )
+
+
+def test_what_just_in_time_saves_taught_round_trips() -> None:
+    """A daemon restart keeps the covered and uncovered failures and the just-in-time
+    save durations (adaptd/core/jit_coverage.py); the policy sees the same state."""
+    t = JobTracker("j", gpus=4)
+    t.jit.saved(0.5)
+    t.on_failure(10.0, covered=True)
+    t.on_failure(20.0, covered=False)
+    t.on_failure(30.0, covered=True)
+    again = JobTracker("j", gpus=4)
+    again.load_learned(t.learned())
+    assert (again.jit.covered, again.jit.uncovered, again.jit.save_s) == (2, 1, 0.5)
+    assert again.state().jit_coverage == t.state().jit_coverage == 0.5

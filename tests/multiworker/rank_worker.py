@@ -88,6 +88,24 @@ def digest(values: Any) -> str:
     return h.hexdigest()
 
 
+def mirrored_train(strategy: Any, model: Any, opt: Any) -> Any:
+    """One training step of ``model`` on every replica: the gradients all-reduced (the
+    step's one collective, before the update), then applied."""
+
+    @tf.function
+    def train(x: Any, y: Any) -> None:
+        def replica(x: Any, y: Any) -> None:
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean((model(x) - y) ** 2)
+            grads = tape.gradient(loss, model.trainable_variables)
+            grads = tf.distribute.get_replica_context().all_reduce("sum", grads)
+            opt.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+
+        strategy.run(replica, args=(x, y))
+
+    return train
+
+
 class Trainee:
     """One model with its optimizer, its input of one style and its hook."""
 
@@ -125,20 +143,7 @@ class Trainee:
             handle_sigterm=False, save_on_close=False,
             model=self.model, optimizer=self.opt, data_iterator=self.it, **extra,
         )  # fmt: skip
-        model, opt = self.model, self.opt
-
-        @tf.function
-        def train(x: Any, y: Any) -> None:
-            def replica(x: Any, y: Any) -> None:
-                with tf.GradientTape() as tape:
-                    loss = tf.reduce_mean((model(x) - y) ** 2)
-                grads = tape.gradient(loss, model.trainable_variables)
-                grads = tf.distribute.get_replica_context().all_reduce("sum", grads)
-                opt.apply_gradients(zip(grads, model.trainable_variables, strict=True))
-
-            strategy.run(replica, args=(x, y))
-
-        self.train = train
+        self.train = mirrored_train(strategy, self.model, self.opt)
 
     def batch(self) -> tuple[Any, Any]:
         x, y = next(self.it)

@@ -39,8 +39,8 @@ ReplicationSource = Callable[[], "list[admin.ReplicationInfo]"]
 TRACKER_FIGURES = ("step", "start_step", "step_time_s", "saves", "failed_saves",
                    "save_cost_s", "save_latency_s", "last_durable_step", "restore_s")  # fmt: skip
 #: What it shows of the job's record, as it is named.
-JOB_FACTS = ("state", "world_size", "failures", "incarnation", "checkpoint_dir", "urgent",
-             "restore_fallback", "agreement")  # fmt: skip
+JOB_FACTS = ("state", "world_size", "failures", "failures_covered", "incarnation",
+             "checkpoint_dir", "urgent", "restore_fallback", "agreement")  # fmt: skip
 
 
 class StatusView:
@@ -145,6 +145,7 @@ class StatusView:
             decided_here=job.decides,
             plan_from_step=plan_from,
             rounds=_rounds_info(job),
+            jit_coverage=t.jit.coverage if t.jit.covered + t.jit.uncovered else None,
             **{name: getattr(t, name) for name in TRACKER_FIGURES},
             **{name: getattr(job, name) for name in JOB_FACTS},
         )

@@ -20,7 +20,15 @@ from adaptd.core.policy import Policy
 from adaptd.core.rounds import JobRounds
 from adaptd.core.snapshot import Decision, same_saves
 from adaptd.daemon.jobs.costs import SaveCosts
-from adaptd.protocol.job import AgreementKind, Hello, JobPlan, SaveCost, SaveReport, Steps
+from adaptd.protocol.job import (
+    JIT_REASON,
+    AgreementKind,
+    Hello,
+    JobPlan,
+    SaveCost,
+    SaveReport,
+    Steps,
+)
 
 __all__ = [
     "HelloKind",
@@ -151,6 +159,10 @@ class Job:
     lost_last_seen: float | None = None  # the lost run's last message
     lost_reason: str = ""
     failures: int = 0
+    #: Of them, those a just-in-time save covered (the job came back resuming from one).
+    failures_covered: int = 0
+    #: The steps the job saved just in time (reports with reason ``JIT_REASON``).
+    jit_steps: set[int] = field(default_factory=set)
     pending_resume: PendingResume | None = None
     #: The tier this run restored from ("local": a restart in place; "" durable).
     resumed_tier: str = ""
@@ -262,8 +274,10 @@ class Job:
         t = self.tracker
         t.local_tier = bool(msg.local_tier)
         self.resumed_tier = msg.resumed_tier
-        if failed_at is not None:
-            t.on_failure(failed_at, failure_kind(msg))
+        if failed_at is not None:  # covered: it comes back from a just-in-time save
+            covered = msg.resumed_from in self.jit_steps
+            self.failures_covered += covered
+            t.on_failure(failed_at, failure_kind(msg), covered=covered)
         t.on_resume(now, msg.resumed_from, "local" if msg.resumed_tier == "local" else None)
         t.world_size = msg.world_size
         t.gpus = max(1, msg.gpus * msg.world_size)
@@ -390,7 +404,13 @@ class Job:
         Returns whether the tracker counted it."""
         self.heard(rank, now)
         rank.reached(msg.step)
-        counted = self.costs.on_report(self.tracker, msg, now)
+        if msg.reason == JIT_REASON:  # not a sample of the periodic saves' cost
+            counted = False
+            if msg.ok:
+                self.jit_steps.add(msg.step)
+                self.tracker.jit.saved(msg.durable_s)
+        else:
+            counted = self.costs.on_report(self.tracker, msg, now)
         self.tracker.on_steps(now, msg.step, 0, 0.0, self.tracker.save_in_flight)
         if msg.ok:
             self.urgent = None

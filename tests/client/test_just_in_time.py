@@ -1,0 +1,190 @@
+"""Just-in-time saves in one process: which errors are a peer's failure
+(client/save/peer_failure.py), the counters put back (client/save/just_in_time.py), a
+rank's data position rebuilt by replay (client/save/replay.py), the collective timeout
+(client/save/collective_timeout.py). The real multi-worker job is in
+tests/multiworker/test_just_in_time.py."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+tf = pytest.importorskip("tensorflow")
+
+from adaptd.checkpoints import rank_parts  # noqa: E402
+from adaptd.client.save import replay  # noqa: E402
+from adaptd.client.save.just_in_time import Counters, counters_of  # noqa: E402
+from adaptd.client.save.peer_failure import TYPES, peer_failure  # noqa: E402
+from adaptd.client.save.rank_state import RankPart  # noqa: E402
+
+pytestmark = pytest.mark.tf
+
+#: What TF 2.21 raised on the survivor, measured (client/save/peer_failure.py).
+KILLED = (
+    "Graph execution error:\n\nDetected at node CollectiveReduceV2 defined at ...\n"
+    "Collective ops is aborted by: recvmsg:Connection reset by peer\nAdditional GRPC error "
+    "information from remote target /job:worker/replica:0/task:1 ..."
+)
+STOPPED = (
+    "Collective ops is aborted by: Error reported from /job:worker/task:1: The following "
+    "tasks are unhealthy (stopped sending heartbeats):\n/job:worker/replica:0/task:1"
+)
+TIMED_OUT = "Collective has timed out during execution.\n\t [[{{node CollectiveReduceV2}}]]"
+
+
+def test_tensorflows_error_types_for_a_lost_peer_are_still_there() -> None:
+    """Fails when TensorFlow renames or moves the types the hook catches."""
+    names = {t.__name__ for t in TYPES}
+    assert names == {
+        "UnavailableError",
+        "DeadlineExceededError",
+        "CancelledError",
+        "AbortedError",
+        "InternalError",
+    }
+    assert all(issubclass(t, tf.errors.OpError) for t in TYPES)
+
+
+@pytest.mark.parametrize(
+    ("kind", "text", "said"),
+    [
+        (tf.errors.UnavailableError, KILLED, "UnavailableError: Collective ops is aborted"),
+        (tf.errors.UnavailableError, STOPPED, "UnavailableError: Collective ops is aborted"),
+        (tf.errors.DeadlineExceededError, TIMED_OUT, "DeadlineExceededError: Collective has"),
+    ],
+)
+def test_a_lost_peer_and_a_timed_out_collective_are_peer_failures(kind, text, said) -> None:
+    exc = kind(None, None, text)
+    assert peer_failure(exc).startswith(said)
+    try:  # a loop that wraps the error keeps it recognisable
+        raise RuntimeError("step failed") from exc
+    except RuntimeError as wrapped:
+        assert peer_failure(wrapped) is not None
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        ValueError("Collective ops is aborted"),  # the words, not TF's type
+        tf.errors.InternalError(None, None, "Blas GEMM launch failed"),  # TF's type, not the words
+        tf.errors.DeadlineExceededError(None, None, "key not found in 100ms"),  # a KV wait
+        tf.errors.InvalidArgumentError(None, None, "Collective has timed out"),  # other type
+        KeyboardInterrupt(),
+        None,
+    ],
+)
+def test_anything_else_is_not_a_peer_failure(exc) -> None:
+    assert peer_failure(exc) is None
+
+
+def test_counters_are_put_back_to_the_last_completed_step_and_refused_when_unproven() -> None:
+    its = tf.Variable(0, dtype=tf.int64)
+    counters = Counters({"opt.iterations": its})
+    counters.observe(0)
+    its.assign(2)  # one step and the failed one at 1 each, or one step at 2: unknown
+    assert "no save in this run yet tells how far" in counters.put_back(1)
+    its.assign(10)  # 5 steps at 2 (not moved), or 6 at 10/6 (moved): only one fits
+    assert counters.put_back(5) == "" and int(its.numpy()) == 10
+    counters.observe(5)
+    its.assign(14)  # step 7 done, the failed step 8 did not move it
+    assert counters.put_back(7) == "" and int(its.numpy()) == 14
+    its.assign(16)  # the failed step 8 moved it: put back
+    assert counters.put_back(7) == "" and int(its.numpy()) == 14
+    its.assign(15)  # half a step: refused, and nothing changed
+    why = counters.put_back(7)
+    assert "reads 15; at step 7 it was 14 (or 16" in why and int(its.numpy()) == 15
+
+
+def test_the_counters_found_are_optimizers_and_the_named_scalars() -> None:
+    opt = tf.keras.optimizers.Adam()
+    steps = tf.Variable(0, dtype=tf.int64)
+    found = counters_of({"optimizer": opt, "steps": steps, "w": tf.Variable(1.0)}, ("steps",))
+    assert set(found) == {"optimizer.iterations", "steps"}
+    with pytest.raises(ValueError, match="step_counters names 'w'"):
+        counters_of({"w": tf.Variable(1.0)}, ("w",))
+
+
+def shuffled() -> tf.data.Dataset:
+    return tf.data.Dataset.range(200).shuffle(64, seed=3).repeat().batch(4)
+
+
+def take(it, n: int) -> list[list[int]]:
+    return [next(it).numpy().tolist() for _ in range(n)]
+
+
+@pytest.mark.parametrize("base", [5, 0])
+def test_a_part_noted_for_replay_restores_the_position_of_its_step(tmp_path, base) -> None:
+    """Rank 1's part of step 9 as a replay note from step ``base``: a fresh iterator
+    restored from it hands out what the uninterrupted one hands out after 9 steps."""
+    it = iter(shuffled())
+    part = RankPart({"it": it}, rank=1, world_size=2, directory=tmp_path, keep=3)
+    take(it, 5)
+    part.start(5)
+    error, nbytes = part.finish()
+    assert error == "" and nbytes > 0
+    take(it, 4)
+    expected = take(it, 3)
+    (tmp_path / rank_parts.replay_name(9, 1, 2, base)).touch()
+    fresh = iter(shuffled())
+    replay.restore(RankPart({"it": fresh}, rank=1, world_size=2, directory=tmp_path, keep=3), 9)
+    assert take(fresh, 3) == expected
+    (tmp_path / rank_parts.replay_name(9, 1, 2, base)).unlink()
+    with pytest.raises(tf.errors.NotFoundError):  # neither written nor noted
+        replay.restore(RankPart({"it": iter(shuffled())}, rank=1, world_size=2,
+                                directory=tmp_path, keep=3), 9)  # fmt: skip
+
+
+def test_only_iterators_can_be_replayed() -> None:
+    assert replay.why_not({"it": iter(shuffled())}) == ""
+    why = replay.why_not({"it": iter(shuffled()), "rng": tf.random.Generator.from_seed(1)})
+    assert "'rng' (Generator) is not a data iterator" in why
+
+
+def test_the_hooks_collective_timeout_is_set_unless_the_user_set_one() -> None:
+    """On a (one-worker) MultiWorkerMirroredStrategy, in a process of its own (it
+    configures the process's collectives): no timeout -> the hook's; the user's own ->
+    kept; a strategy without collectives -> none."""
+    code = """
+import tensorflow as tf
+from adaptd.client.save import collective_timeout as ct
+strategy = tf.distribute.MultiWorkerMirroredStrategy()
+with strategy.scope():
+    v = tf.Variable(1.0)
+assert ct.strategy_of({"v": v}) is strategy
+assert ct.apply(strategy, 7.0) == 7.0
+assert strategy.extended._communication_options.timeout_seconds == 7.0
+assert strategy.extended._host_cross_device_ops._options.timeout_seconds == 7.0
+assert ct.apply(strategy, 9.0) == 7.0
+assert ct.apply(tf.distribute.get_strategy(), 7.0) is None
+print("ok")
+"""
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "TF_CPP_MIN_LOG_LEVEL": "2"}
+    env.pop("TF_CONFIG", None)
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
+
+
+def test_adaptd_verify_checks_the_part_a_replay_note_starts_from(tmp_path) -> None:
+    """A just-in-time step (replicated part, one replay note per rank) verifies as
+    whole, checking each rank's base part; without a base part its rank is missing."""
+    from adaptd.client.restore import verify
+
+    for rank in (0, 1):
+        part = RankPart({"it": iter(shuffled())}, rank=rank, world_size=2, directory=tmp_path,
+                        keep=3)  # fmt: skip
+        part.start(5)
+        assert part.finish()[0] == ""
+        (tmp_path / rank_parts.replay_name(7, rank, 2, 5)).touch()
+    tf.train.Checkpoint(v=tf.Variable(1.0)).write(str(tmp_path / "ckpt-7"))
+    report = verify.verify(tmp_path / "ckpt-7")
+    assert report.ok and report.parts == 2, report.problems
+    assert any("rebuilt at restore from step 5" in n for n in report.notes)
+    for name in list(tmp_path.iterdir()):
+        if name.name.startswith(rank_parts.part_name(5, 1, 2)):
+            name.unlink()
+    report = verify.verify(tmp_path / "ckpt-7")
+    assert not report.ok and "rank(s) 1 of 2 have no complete part" in str(report.problems)

@@ -1,0 +1,65 @@
+"""Running tests/multiworker/jit_worker.py's job: to its end, or until a rank fails and
+the survivors have ended. Shared by tests/multiworker/test_just_in_time.py and
+benchmarks/jit_failures.py."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from adaptd.sim import local_cluster
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent.parent
+
+STEPS, EVERY = 16, 5
+#: The digests a resumed run must share with the uninterrupted one.
+COMPARED = ("weights", "optimizer", "step", "next_batches")
+
+
+@dataclass
+class Ended:
+    """How each rank ended: ``codes`` (None: still running when the others were done,
+    e.g. SIGSTOPped: then killed), ``results`` (None where a rank wrote none),
+    ``seconds`` the run took."""
+
+    codes: list[int | None]
+    results: list[dict[str, Any] | None]
+    seconds: float
+
+    def survivors(self) -> list[dict[str, Any]]:
+        return [r for r, c in zip(self.results, self.codes, strict=True) if c == 3 and r]
+
+
+def run(workdir: Path, n: int, ckpt: Path, timeout: float = 240, **env: str) -> Ended:
+    """The job on ``n`` workers until every rank that is not the ``KILL_RANK`` or
+    ``STOP_RANK`` ended; past ``timeout`` seconds AssertionError (a hang) with the logs."""
+    full = {"CKPT": str(ckpt), "STEPS": str(STEPS), "EVERY": str(EVERY), **env}
+    out = {int(env[k]) for k in ("KILL_RANK", "STOP_RANK") if k in env}
+    t0 = time.monotonic()
+    with local_cluster.Cluster(workdir, n, HERE / "jit_worker.py", env=full, cwd=REPO) as cluster:
+        deadline = t0 + timeout
+        waited = [p for r, p in enumerate(cluster.procs) if r not in out]
+        while any(p.poll() is None for p in waited):
+            if time.monotonic() > deadline:
+                tails = cluster.tails()
+                cluster.kill()
+                raise AssertionError(f"the job hung for {timeout:g}s\n{tails}")
+            time.sleep(0.05)
+        seconds = time.monotonic() - t0
+        codes = [p.poll() for p in cluster.procs]
+        for r in out:  # a stopped rank would never end: its group is killed
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(cluster.procs[r].pid, signal.SIGKILL)
+        results = [cluster.result(r) if cluster.result_path(r).exists() else None for r in range(n)]
+        if any(c not in (0, 3, -9, None) for c in codes):
+            raise AssertionError(f"workers exited with {codes}\n{cluster.tails()}")
+        return Ended(codes, results, seconds)
+
+
+__all__ = ["COMPARED", "EVERY", "STEPS", "Ended", "run"]
