@@ -57,7 +57,10 @@ AREAS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
             "tests/policies/test_tiers_policy.py",
         ),
     ),
-    "estimators": (("adaptd/core/estimators.py", "adaptd/core/failure_rates.py"), ("tests/model",)),
+    "estimators": (
+        ("adaptd/core/estimators.py", "adaptd/core/levels.py", "adaptd/core/failure_rates.py"),
+        ("tests/model",),
+    ),
     "sim": (
         (
             "adaptd/sim/engine.py",
@@ -90,6 +93,7 @@ MODULES = {
     "adaptd.core.multilevel": "model",
     "adaptd.core.estimators": "estimators",
     "adaptd.core.failure_rates": "estimators",
+    "adaptd.core.levels": "estimators",
     "adaptd.sim.engine": "sim",
     "adaptd.sim.runner": "sim",
     "adaptd.sim.scenario": "sim",

@@ -16,15 +16,13 @@ import statistics
 
 import pytest
 
-from adaptd.core.estimators import (
+from adaptd.core.estimators import PRIOR_GPU_MTBF_S, FailureRate, JobTracker
+from adaptd.core.levels import (
     LEVEL_JUMP,
-    PRIOR_GPU_MTBF_S,
     SAVE_WINDOW,
     STEP_JUMP,
     STEP_OUTLIER,
     STEP_WINDOW,
-    FailureRate,
-    JobTracker,
     LevelEstimate,
     StepTime,
     extra_time_from_util,
