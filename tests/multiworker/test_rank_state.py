@@ -80,7 +80,9 @@ def resume_and_compare(
     return resumed
 
 
-@pytest.mark.parametrize(("n", "victim"), [(2, 0), (3, 2)], ids=["2w-chief", "3w-rank2"])
+# Two workers (the chief SIGKILLed, a worker killed in its write) are cells of the crash
+# matrix (test_crash_matrix.py, the plain input); here three workers and every input style.
+@pytest.mark.parametrize(("n", "victim"), [(3, 2)], ids=["3w-rank2"])
 def test_resume_is_exact_after_a_rank_dies_at_a_random_step(root, n, victim) -> None:
     step = PICK.choice(BETWEEN)
     resumed = resume_and_compare(root, f"random-{n}", n, kill_rank=victim, kill_at=step,
@@ -88,7 +90,7 @@ def test_resume_is_exact_after_a_rank_dies_at_a_random_step(root, n, victim) -> 
     assert {r[s]["resumed_from"] for r in resumed for s in STYLES} == {step // EVERY * EVERY}
 
 
-@pytest.mark.parametrize(("n", "victim"), [(2, 1), (3, 0)], ids=["2w-rank1", "3w-chief"])
+@pytest.mark.parametrize(("n", "victim"), [(3, 0)], ids=["3w-chief"])
 def test_resume_is_exact_after_a_rank_dies_while_its_write_is_in_flight(root, n, victim) -> None:
     work = root / f"writing-{n}"
     resumed = resume_and_compare(
