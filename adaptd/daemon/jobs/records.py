@@ -166,6 +166,11 @@ class Job:
     pending_resume: PendingResume | None = None
     #: The tier this run restored from ("local": a restart in place; "" durable).
     resumed_tier: str = ""
+    #: The run's local tier as its hello said ("memory", "disk"; "" none).
+    local_tier: str = ""
+    #: The bytes its memory tier may hold, given by the daemon
+    #: (:mod:`adaptd.daemon.jobs.memory_tier`; None: not budgeted yet).
+    memory_budget: int | None = None
     last_save: SaveReport | None = None
     last_save_time: float | None = None
     #: The saves counted, and the other ranks' costs of them (δ of the job).
@@ -205,6 +210,7 @@ class Job:
             created=now,
             failures=tracker.failures,
             last_seen=now,
+            local_tier=msg.local_tier,
         )
 
     # ------------------------------------------------------------------ reading
@@ -273,6 +279,8 @@ class Job:
         self.plan = None  # a new run: its ranks need a plan for their own steps
         t = self.tracker
         t.local_tier = bool(msg.local_tier)
+        self.local_tier = msg.local_tier
+        self.memory_budget = None  # budgeted again at the next tick
         self.resumed_tier = msg.resumed_tier
         if failed_at is not None:  # covered: it comes back from a just-in-time save
             covered = msg.resumed_from in self.jit_steps
