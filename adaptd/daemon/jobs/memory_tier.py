@@ -81,10 +81,7 @@ class MemoryTiers:
         tiers = [j for j in self.jobs if j.state == "active" and j.local_tier == "memory"]
         given = budgets(host.mem_available_bytes, self.share, (j.id for j in tiers))
         for job in tiers:
-            new, old = given[job.id], job.memory_budget
-            job.memory_budget = new
-            if old is not None and abs(new - old) <= RESEND_CHANGE * old:
-                job.memory_budget = old  # unchanged as far as the job is told
+            if not job.budget_memory(given[job.id], RESEND_CHANGE):
                 continue
             if job.decides and not job.runs_rounds and job.plan is not None:
                 msg = plan_message(job)

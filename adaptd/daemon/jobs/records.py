@@ -465,6 +465,16 @@ class Job:
         self.plan_seq += 1
         return "plan"
 
+    def budget_memory(self, nbytes: int, change: float) -> bool:
+        """The daemon gives the job's memory tier ``nbytes``; True when that is news to
+        its ranks (the first budget, or one that moved by more than ``change`` of the
+        last told), which is then the budget the plan carries."""
+        old = self.memory_budget
+        if old is not None and abs(nbytes - old) <= change * old:
+            return False
+        self.memory_budget = nbytes
+        return True
+
     def forget_plan(self) -> None:
         """Decide afresh: the next decision is pushed even if its saves are the same."""
         self.plan = None
