@@ -74,12 +74,12 @@ def test_two_memory_tiers_on_one_daemon_each_get_half_its_share(short_dir: Path,
         peers.append(a := _hello(ctx, sock, "a", "memory"))
         alone = _budget(a, 0, lambda b: b is not None)
         whole = SHARE * psutil.virtual_memory().available
-        assert 0.8 * whole < alone < 1.2 * whole, (alone, whole)
+        assert 0.7 * whole < alone < 1.3 * whole, (alone, whole)
         peers.append(b := _hello(ctx, sock, "b", "memory"))
         peers.append(c := _hello(ctx, sock, "c", "disk"))
         half_a = _budget(a, 100, lambda x: x is not None and x < 0.75 * alone)
         half_b = _budget(b, 0, lambda x: x is not None)
-        assert 0.4 * alone < half_a < 0.6 * alone, (half_a, alone)
+        assert 0.35 * alone < half_a < 0.65 * alone, (half_a, alone)
         assert 0.9 * half_a < half_b < 1.1 * half_a, (half_a, half_b)
         # a disk tier is not budgeted: its plans carry none
         plan = None
@@ -92,7 +92,7 @@ def test_two_memory_tiers_on_one_daemon_each_get_half_its_share(short_dir: Path,
         assert plan.memory_budget is None
         a.send(p.Goodbye(v=p.VERSION, job="a", rank=0, step=200, reason="done"))
         whole_b = _budget(b, 100, lambda x: x is not None and x > 0.75 * alone)
-        assert 0.8 * alone < whole_b < 1.2 * alone, "the job left: its half goes back"
+        assert 0.7 * alone < whole_b < 1.3 * alone, "the job left: its half goes back"
     finally:
         for peer in peers:
             peer.close()
@@ -135,7 +135,7 @@ def test_a_hook_given_a_small_budget_by_the_daemon_keeps_at_most_what_fits(
                 ckptr.step()
                 time.sleep(0.05)
             budget = tier.daemon_budget
-            assert 1.2 * size < budget < 1.8 * size, budget
+            assert 1.1 * size < budget < 1.95 * size, budget  # one copy fits, not two
             assert budget < tier.budget.limit(0), "the daemon's budget is the smaller bound"
             held_most, on_disk = 0, 0
             for i in range(16):
