@@ -159,6 +159,7 @@ def parts(
     session = DaemonSession(
         link, schedule, authority, who, directory, policy,
         report_s=float(options.report_interval), decide_s=float(options.decide_interval),
+        memory_budget=local.budgeted if local is not None else None,
     )  # fmt: skip
     saver = Saver(schedule, saves, durable, session)
     return HookParts(

@@ -3,7 +3,8 @@
 Read from the daemon's state database (:mod:`adaptd.state.store`, opened read-only, so
 it works beside a running daemon). Four panels share one time axis (UTC):
 
-1. how long each save blocked the training loop, on a log scale, with the alert
+1. how long each save blocked the training loop, on a log scale (saves to the local
+   tier only marked apart: :mod:`adaptd.commands._report_tiers`), with the alert
    threshold (:data:`ALERT_BLOCKING_S`, the ``AdaptdSaveBlockedLoop`` rule) and the
    "slow save" line (``metrics.slow_save_s``, the ``AdaptdSavesFailingOrSlow`` rule);
 2. how long each save took to become durable, with the planned interval: a save
@@ -34,6 +35,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from adaptd.commands import _report_tiers as tiers
 from adaptd.protocol.job import JIT_REASON
 from adaptd.state.store import DecisionRecord, FailureRecord, SaveRecord, Store
 
@@ -82,6 +84,7 @@ class SavePoint:
     path: str
     reason: str
     extra_step_s: float
+    tier: str = ""  # "local": saved to the local tier only (two tiers)
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +145,7 @@ def group(records: Sequence[SaveRecord]) -> tuple[SavePoint, ...]:
                 path=rs[0].path,
                 reason=rs[0].reason,
                 extra_step_s=max(r.extra_step_s for r in rs),
+                tier=rs[0].tier,
             )
         )
     return tuple(sorted(out, key=lambda s: (s.ended, s.step)))
@@ -269,7 +273,7 @@ def png_bytes(h: History, *, slow_save_s: float = 1.0) -> bytes:
     window = f"since {_utc(h.since)}" if h.since is not None else "whole history"
     fig.suptitle(
         f"adaptd save history: job {h.job}  ({len(h.saves)} saves, {len(bad)} failed, "
-        f"{len(h.decisions)} decisions; {window})",
+        f"{len(h.decisions)} decisions; {window}{tiers.title_part(tiers.cadence(h.decisions))})",
         fontsize=13,
         fontweight="bold",
     )
@@ -287,6 +291,7 @@ def png_bytes(h: History, *, slow_save_s: float = 1.0) -> bytes:
             label="loop blocked by the save"
             + (f" (slowest of {ranks} ranks)" if ranks > 1 else ""),
         )
+    tiers.draw_local(ax_block, _dates, ok)
     if over:
         ax_block.scatter(
             _dates([s.ended for s in over]),
@@ -488,6 +493,8 @@ def _stats_rows(h: History) -> list[tuple[str, str]]:
                 )
             )
         rows.append(("first / last save", f"{_utc(h.saves[0].ended)} / {_utc(h.saves[-1].ended)}"))
+    if (row := tiers.stats_row(h.saves, tiers.cadence(h.decisions))) is not None:
+        rows.append(row)
     planned = [d for d in h.decisions if d.interval_s is not None and not d.urgent]
     if planned:
         d = planned[-1]
@@ -507,7 +514,8 @@ def html_page(h: History, png: bytes, *, rows: int = TABLE_ROWS) -> str:
         body.append(
             f"<tr{cls}><td>{e(_utc(s.ended))}</td><td>{s.step}</td><td>{s.ranks}</td>"
             f"<td>{s.blocking_s * 1000:.1f}</td><td>{s.durable_s:.2f}</td>"
-            f"<td>{s.bytes / 1e6:.1f}</td><td>{'ok' if s.ok else 'FAILED'}</td>"
+            f"<td>{s.bytes / 1e6:.1f}</td><td>{tiers.tier_word(s.tier)}</td>"
+            f"<td>{'ok' if s.ok else 'FAILED'}</td>"
             f"<td>{e(s.error or s.reason)}</td><td>{e(s.path)}</td></tr>"
         )
     title = f"adaptd save history: {h.job}"
@@ -530,7 +538,7 @@ img {{ max-width: 100%; height: auto; }}
 <h2>Last {len(body)} saves (newest first)</h2>
 <table class="saves">
 <tr><th>ended</th><th>step</th><th>ranks</th><th>blocking (ms)</th><th>durable (s)</th>
-<th>MB</th><th>result</th><th>error / reason</th><th>path</th></tr>
+<th>MB</th><th>tier</th><th>result</th><th>error / reason</th><th>path</th></tr>
 {chr(10).join(body)}
 </table>
 </body></html>

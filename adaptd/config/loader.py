@@ -165,6 +165,7 @@ class Config:
     liveness_timeout_s: float  # matches `serve --silence-timeout`
     drain_grace_s: float
     watchdog: bool
+    memory_tier_share: float  # of the host's available memory, for the jobs' memory tiers
     default_policy: str
     gpu_mtbf_s: float
     metrics_listen: tuple[str, int] | None

@@ -58,6 +58,7 @@ from adaptd.config.kinds import (
 )
 from adaptd.core.estimators import PRIOR_GPU_MTBF_S
 from adaptd.core.policy import DEFAULT_SPEC
+from adaptd.daemon.jobs.memory_tier import MEMORY_TIER_SHARE
 from adaptd.fleet.config import SLOTS, this_host
 from adaptd.fleet.keys import DEFAULT_PREFIX
 from adaptd.fleet.session import CALL_TIMEOUT_S, LEASE_TTL_RANGE_S, LEASE_TTL_S
@@ -148,6 +149,10 @@ SETTINGS: dict[str, tuple[Setting, ...]] = {
         Setting("drain_grace_s", number(0, exclusive=False), DRAIN_GRACE_S,
                 "how long the SIGTERM drain may take; 0: no drain", f"{DRAIN_GRACE_S:g}"),
         Setting("watchdog", boolean, True, "send `WATCHDOG=1` when systemd asks for it", "true"),
+        Setting("memory_tier_share", number(0, maximum=1), MEMORY_TIER_SHARE,
+                "the share of the host's available memory that the jobs' memory tiers may "
+                "hold together, split evenly between them and sent to each on its plan "
+                "([tiers.md](tiers.md))", f"{MEMORY_TIER_SHARE:g}"),
     ),
     "policy": (
         Setting("default", policy_spec, DEFAULT_SPEC,

@@ -26,6 +26,7 @@ from adaptd.daemon.admin.handler import AdminHandler, HistorySource, admin_gid
 from adaptd.daemon.admin.status import ReplicationSource, StatusExtra, StatusView
 from adaptd.daemon.jobs.delivery import Delivery
 from adaptd.daemon.jobs.handler import JobHandler
+from adaptd.daemon.jobs.memory_tier import MemoryTiers
 from adaptd.daemon.jobs.ops import JobOps
 from adaptd.daemon.jobs.planner import Planner, snapshot_now
 from adaptd.daemon.jobs.policy_choice import PolicyChoice
@@ -158,11 +159,14 @@ def assemble(options: DaemonOptions, seams: Seams) -> DaemonParts:
         admin_gid=admin_gid(options.admin_group),
         history=seams.history_source,
     )
+    memory = MemoryTiers(jobs=registry.table, snapshot=seams.snapshot_source,
+                         delivery=delivery, share=options.memory_tier_share)  # fmt: skip
     return DaemonParts(
         core=core,
         jobs=JobHandler(core),
         admin=admin,
-        tick_hooks=tuple(seams.tick_hooks),
+        # after the seams' hooks: the snapshot is sampled first
+        tick_hooks=(*seams.tick_hooks, memory.tick),
         tick_interval_s=options.tick_interval_s,
         decide_again=seams.decide_again,
     )

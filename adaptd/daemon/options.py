@@ -20,6 +20,7 @@ from types import MappingProxyType
 
 from adaptd.core import policy as policy_mod
 from adaptd.daemon.jobs.delivery import RESEND_AFTER_S
+from adaptd.daemon.jobs.memory_tier import MEMORY_TIER_SHARE, check_share
 from adaptd.daemon.jobs.planner import REPLAN_TOLERANCE, PlannerOptions
 from adaptd.daemon.transport import CurveKeys, DaemonError
 from adaptd.protocol.admin import JobSettings
@@ -57,6 +58,9 @@ class DaemonOptions:
     - ``curve``: CURVE keys for a ``tcp://`` socket (``daemon.curve_*``).
     - ``relay_key``: signs operator requests relayed to other hosts and checks those
       relayed here (``daemon.relay_key_file``).
+    - ``memory_tier_share``: the share (0, 1] of the host's available memory the jobs'
+      memory tiers may hold together (``daemon.memory_tier_share``,
+      :mod:`adaptd.daemon.jobs.memory_tier`).
     """
 
     socket: str | os.PathLike[str] | None = None
@@ -70,6 +74,7 @@ class DaemonOptions:
     admin_group: str | None = None
     curve: CurveKeys | None = None
     relay_key: RelayKey | None = None
+    memory_tier_share: float = MEMORY_TIER_SHARE
 
     def __post_init__(self) -> None:
         try:
@@ -84,6 +89,10 @@ class DaemonOptions:
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and value > 0 and math.isfinite(value)):
                 raise DaemonError(f"{name}{flag} must be > 0 seconds, got {value!r}")
+        try:
+            check_share(self.memory_tier_share)
+        except ValueError as exc:
+            raise DaemonError(str(exc)) from None
         try:
             PlannerOptions(replan_tolerance=self.replan_tolerance)
         except ValueError as exc:

@@ -219,6 +219,7 @@ def daemon_options(cfg: Config, store: Store | None = None) -> DaemonOptions:
             admin_group=cfg.admin_group,
             curve=curve,
             relay_key=_relay_key(cfg),
+            memory_tier_share=cfg.memory_tier_share,
         )
     except DaemonError as exc:
         raise ServiceError(str(exc)) from None

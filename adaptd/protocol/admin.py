@@ -370,6 +370,7 @@ class HistorySave(msgspec.Struct, frozen=True):
     bytes: int
     extra_step_s: float = 0.0
     error: str = ""
+    tier: str = ""  # "local": saved to the job's local tier only, not made durable
 
 
 class HistoryReply(Reply, frozen=True, tag="history"):

@@ -307,6 +307,9 @@ class Plan(Message, frozen=True, tag="plan"):
     waste: Figure | None = None
     # two tiers: every save to the local tier, every k-th also durable (None: one tier)
     durable_every: Every | None = None
+    # the bytes the job's memory tier may hold on this host, the daemon's share of the
+    # host's available memory (None: not budgeted; left out, so older hooks decode it)
+    memory_budget: Count | None = None
 
 
 class SaveNow(Message, frozen=True, tag="save_now"):

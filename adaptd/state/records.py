@@ -68,6 +68,7 @@ class SaveRecord:
     path: str = ""
     extra_step_s: float = 0.0
     reason: str = ""
+    tier: str = ""  # "local": saved to the job's local tier only, not made durable
 
     @classmethod
     def from_report(cls, msg: SaveReport, *, received: float) -> SaveRecord:
@@ -91,6 +92,7 @@ class DecisionRecord:
     interval_s: float | None = None
     waste: float | None = None
     step_time_s: float | None = None
+    durable_every: int | None = None  # two tiers: every k-th save durable (None: one tier)
 
     @classmethod
     def from_decision(

@@ -4,8 +4,9 @@ The schema is versioned with ``PRAGMA user_version`` and upgraded by the ordered
 :data:`MIGRATIONS` when :class:`adaptd.state.store.Store` opens a database: version 1 was
 the first layout; version 2 added the save's extra step time and reason, the step
 time at each decision, the operator's job settings and the indexes the report
-queries use. The column lists come from the records (:mod:`adaptd.state.records`), so a
-record and its table cannot disagree.
+queries use; version 3 the plan's durable cadence k (``durable_every``) with each
+decision and the tier of each save (two tiers). The column lists come from the records
+(:mod:`adaptd.state.records`), so a record and its table cannot disagree.
 """
 
 from __future__ import annotations
@@ -107,6 +108,15 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
             "CREATE INDEX decisions_job_time ON decisions (job, time)",
             "CREATE INDEX decisions_time ON decisions (time)",
             "CREATE INDEX failures_job_time ON failures (job, time)",
+        ),
+    ),
+    (
+        3,
+        (
+            # two tiers (docs/tiers.md): the plan's "durable every k-th save" and the tier
+            # a save went to ("local", or "" for the checkpoint directory)
+            "ALTER TABLE decisions ADD COLUMN durable_every INTEGER",
+            "ALTER TABLE saves ADD COLUMN tier TEXT NOT NULL DEFAULT ''",
         ),
     ),
 )

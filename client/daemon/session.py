@@ -83,8 +83,11 @@ class DaemonSession:
         *,
         report_s: float,
         decide_s: float,
+        memory_budget: Callable[[int | None], None] | None = None,
     ) -> None:
         self.link = link
+        #: Told each plan's ``memory_budget`` (the job's memory tier, if any).
+        self.memory_budget = memory_budget
         self.schedule = schedule
         self.authority = authority
         self.who = who
@@ -368,7 +371,11 @@ class DaemonSession:
                 if self._fell_back:
                     log.info("adaptd daemon at %s is back: its plan is in force", self.endpoint)
         elif isinstance(msg, protocol.Plan):
-            if msg.job != self.job or not self.link.welcomed or self.local_only:
+            if msg.job != self.job or not self.link.welcomed:
+                return
+            if self.memory_budget is not None:  # this host's, whoever plans the saves
+                self.memory_budget(msg.memory_budget)
+            if self.local_only:
                 return
             self.daemon_mode = True
             self.authority.daemon_plan(msg, n)

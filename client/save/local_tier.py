@@ -150,6 +150,17 @@ class LocalTier:
         #: Why the saves went to the fallback ("" while they go to ``home``).
         self.fell_back = ""
         self.last_bytes = 0
+        #: The bytes the daemon lets this memory tier hold (its share of the host's
+        #: memory between its jobs; None: not told), beside the tier's own bound.
+        self.daemon_budget: int | None = None
+
+    def budgeted(self, nbytes: int | None) -> None:
+        """The daemon's budget for this memory tier (a plan's ``memory_budget``): the
+        next saves keep within the smaller of it and :attr:`budget`'s bound."""
+        if nbytes is None or nbytes == self.daemon_budget or self.kind != "memory":
+            return
+        self.daemon_budget = nbytes
+        log.info("local tier: the daemon budgets this memory tier %.1f MB", nbytes / 1e6)
 
     def _open(self, directory: Path) -> tf.train.CheckpointManager:
         return tf.train.CheckpointManager(self.checkpoint, str(directory), max_to_keep=self.keep)
@@ -174,16 +185,22 @@ class LocalTier:
         """Make room for a save of about ``expected`` bytes, or move to the fallback."""
         held_copies = copies(self.home)
         held = _held(self.home)
-        limit = self.budget.limit(held)
+        own = self.budget.limit(held)
+        limit = own if self.daemon_budget is None else min(own, self.daemon_budget)
         while len(held_copies) > 1 and held + expected > limit:
             step, prefix = held_copies.pop(0)
             held -= _remove_step(prefix)
             log.info("local tier: removed the copy of step %d to make room in memory", step)
         if held + expected <= limit:
             return
+        whose = (
+            f"{self.budget.share:g} of the available memory"
+            if limit == own
+            else "the daemon's share for it of the host's memory"
+        )
         why = (
             f"the memory tier {self.home} would hold {(held + expected) / 1e6:.1f} MB, over its "
-            f"budget of {limit / 1e6:.1f} MB ({self.budget.share:g} of the available memory)"
+            f"budget of {limit / 1e6:.1f} MB ({whose})"
         )
         if self.fallback is None:
             raise MemoryError(f"{why}, and no local disk to fall back to")

@@ -1,7 +1,9 @@
 """Two tiers through a real ``adaptd serve`` (issue 24): a job that says it has a
 memory tier and reports a cheap local save beside a costly durable one gets a plan
 from the ``tiers`` policy that makes only every k-th save durable (k > 1), the plan
-carries k, and ``adaptd status --json`` shows it beside the interval."""
+carries k, and ``adaptd status --json`` shows it beside the interval; the daemon's
+database keeps k with the decision and each save's tier, which ``adaptd history
+--json`` and ``adaptd report`` show."""
 
 from __future__ import annotations
 
@@ -74,11 +76,30 @@ def test_the_daemon_plans_two_tiers_from_the_measured_costs(short_dir: Path, ctx
             capture_output=True, text=True, timeout=30, check=True,
         ).stdout  # fmt: skip
         assert f"k={plan.durable_every}" in table
+        # the history keeps each save's tier (`adaptd history --json`)
+        hist = subprocess.run(
+            [sys.executable, "-m", "adaptd.cli", "history", "j1", "--socket", str(sock),
+             "--json"], capture_output=True, text=True, timeout=30, check=True,
+        ).stdout  # fmt: skip
+        tiers = {(s["step"], s["tier"]) for s in json.loads(hist)["saves"]}
+        assert (10, "local") in tiers and (20, "") in tiers, tiers
         d.terminate()
         assert peer.until(p.SaveNow).reason == "shutdown"  # the drain: a durable save
         peer.steps(step + 1, count=1, mean_s=0.5)
         peer.send(_report("j1", step + 1, 5.0, ""))
         assert d.wait() == 0, d.log.text()
+        # the daemon's database keeps k with each decision, and the report shows it
+        db = state / "adaptd.sqlite3"
+        html = short_dir / "r.html"
+        subprocess.run(
+            [sys.executable, "-m", "adaptd.cli", "report", "--job", "j1", "--db", str(db),
+             "--out", str(html)], capture_output=True, text=True, timeout=120, check=True,
+        )  # fmt: skip
+        page = html.read_text()
+        k = plan.durable_every
+        local = sum(x % 20 == 10 for x in range(10, step + 1, 10))
+        assert f"every {k}th save durable; {local} local saves" in page
+        assert "<td>local</td>" in page and "<td>durable</td>" in page
     finally:
         if peer is not None:
             peer.close()

@@ -162,6 +162,8 @@ BAD = [
     ("[daemon]\nsocket_mode = '0999'", "daemon.socket_mode", ["octal"]),
     ("[daemon]\nadmin_socket_mode = 0o400", "daemon.admin_socket_mode", ["u+w"]),
     ("[daemon]\nwatchdog = 'yes'", "daemon.watchdog", ["true or false"]),
+    ("[daemon]\nmemory_tier_share = 0", "daemon.memory_tier_share", ["> 0"]),
+    ("[daemon]\nmemory_tier_share = 1.5", "daemon.memory_tier_share", ["<= 1", "1.5"]),
     ("[policy]\ndefault = 'nosuch'", "policy.default", ["unknown policy 'nosuch'", "fixed"]),
     ("[policy]\ndefault = 'fixed:steps=0'", "policy.default", ["steps must be >= 1"]),
     ("[policy]\ndefault = 'fixed:step=10'", "policy.default", ["no setting 'step'"]),

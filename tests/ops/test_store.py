@@ -191,15 +191,17 @@ def test_migrates_a_hand_built_v1_database(tmp_path: Path) -> None:
     db = tmp_path / "v1.db"
     build_v1(db)
     # a reader cannot use it before the daemon upgraded it
-    with pytest.raises(StoreError, match="schema version 1 is older than 2; start the daemon"):
+    with pytest.raises(StoreError, match="schema version 1 is older than 3; start the daemon"):
         open_store(db, readonly=True)
     with open_store(db, clock=Clock(300.0), retention_days=1e6) as s:
-        assert s.schema_version() == SCHEMA_VERSION == 2
+        assert s.schema_version() == SCHEMA_VERSION == 3
         (old,) = s.saves("old")
         assert (old.step, old.bytes, old.path, old.durable_s) == (500, 123456, "/ck/500", 3.5)
         assert (old.extra_step_s, old.reason) == (0.0, "")  # new columns get their defaults
+        assert old.tier == ""  # version 3: a save before two tiers was durable
         (dec,) = s.decisions("old")
         assert dec.reason == "warm-up" and dec.step_time_s is None
+        assert dec.durable_every is None  # version 3: one tier
         assert s.failures("old") == [FailureRecord("old", 200.0, 530, 500, 45.0)]
         assert s.param(job_scope("old"), "save_cost_s") == 0.2
         s.set_job_setting("old", paused=True)  # the v2 table exists
@@ -210,6 +212,29 @@ def test_migrates_a_hand_built_v1_database(tmp_path: Path) -> None:
         for r in other_connection(db).execute("SELECT name FROM sqlite_master WHERE type='index'")
     }
     assert {"saves_job_ended", "decisions_job_time", "failures_job_time"} <= indexes
+
+
+def test_migrates_a_version_2_database_to_keep_the_durable_cadence(tmp_path: Path) -> None:
+    """Version 3 (two tiers): a database the previous adaptd wrote gains the plan's k
+    with each decision and each save's tier; its rows keep theirs (none: one tier)."""
+    db = tmp_path / "v2.db"
+    build_v1(db)
+    c = sqlite3.connect(db, isolation_level=None)
+    for sql in MIGRATIONS[1][1]:
+        c.execute(sql)
+    c.execute("PRAGMA user_version=2")
+    c.close()
+    with pytest.raises(StoreError, match="schema version 2 is older than 3; start the daemon"):
+        open_store(db, readonly=True)
+    with open_store(db, clock=Clock(300.0), retention_days=1e6) as s:
+        assert s.schema_version() == 3
+        (dec,) = s.decisions("old")
+        assert (dec.reason, dec.durable_every) == ("warm-up", None)
+        d = Decision(next_step=620, every_steps=10, durable_every=4, reason="two tiers")
+        s.record_decision(DecisionRecord.from_decision("old", d, time=305.0, step=600))
+        s.record_save(save("old", 610, 306.0, tier="local"))
+        assert [x.durable_every for x in s.decisions("old")] == [None, 4]
+        assert [x.tier for x in s.saves("old")] == ["", "local"]
 
 
 def test_a_failed_migration_leaves_the_old_version(tmp_path: Path) -> None:
@@ -227,7 +252,7 @@ def test_a_failed_migration_leaves_the_old_version(tmp_path: Path) -> None:
 def test_refuses_newer_foreign_and_corrupt_files(tmp_path: Path) -> None:
     newer = tmp_path / "newer.db"
     sqlite3.connect(newer).execute(f"PRAGMA user_version={SCHEMA_VERSION + 1}")
-    with pytest.raises(StoreError, match=r"schema version 3 is newer than this adaptd supports"):
+    with pytest.raises(StoreError, match=r"schema version 4 is newer than this adaptd supports"):
         open_store(newer)
     foreign = tmp_path / "foreign.db"
     fc = sqlite3.connect(foreign)

@@ -139,6 +139,7 @@ def plan_message(job: Job) -> p.Plan:
         interval_s=_figure(d.interval_s),
         waste=_figure(d.waste),
         durable_every=d.durable_every if d.durable_every and d.durable_every >= 1 else None,
+        memory_budget=job.memory_budget if job.local_tier == "memory" else None,
     )
 
 

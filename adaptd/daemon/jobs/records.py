@@ -166,6 +166,11 @@ class Job:
     pending_resume: PendingResume | None = None
     #: The tier this run restored from ("local": a restart in place; "" durable).
     resumed_tier: str = ""
+    #: The run's local tier as its hello said ("memory", "disk"; "" none).
+    local_tier: str = ""
+    #: The bytes its memory tier may hold, given by the daemon
+    #: (:mod:`adaptd.daemon.jobs.memory_tier`; None: not budgeted yet).
+    memory_budget: int | None = None
     last_save: SaveReport | None = None
     last_save_time: float | None = None
     #: The saves counted, and the other ranks' costs of them (δ of the job).
@@ -205,6 +210,7 @@ class Job:
             created=now,
             failures=tracker.failures,
             last_seen=now,
+            local_tier=msg.local_tier,
         )
 
     # ------------------------------------------------------------------ reading
@@ -273,6 +279,8 @@ class Job:
         self.plan = None  # a new run: its ranks need a plan for their own steps
         t = self.tracker
         t.local_tier = bool(msg.local_tier)
+        self.local_tier = msg.local_tier
+        self.memory_budget = None  # budgeted again at the next tick
         self.resumed_tier = msg.resumed_tier
         if failed_at is not None:  # covered: it comes back from a just-in-time save
             covered = msg.resumed_from in self.jit_steps
@@ -456,6 +464,16 @@ class Job:
         self.plan = decision
         self.plan_seq += 1
         return "plan"
+
+    def budget_memory(self, nbytes: int, change: float) -> bool:
+        """The daemon gives the job's memory tier ``nbytes``; True when that is news to
+        its ranks (the first budget, or one that moved by more than ``change`` of the
+        last told), which is then the budget the plan carries."""
+        old = self.memory_budget
+        if old is not None and abs(nbytes - old) <= change * old:
+            return False
+        self.memory_budget = nbytes
+        return True
 
     def forget_plan(self) -> None:
         """Decide afresh: the next decision is pushed even if its saves are the same."""
