@@ -27,6 +27,21 @@ settings.register_profile("explore", deadline=None, print_blob=True)
 settings.load_profile(os.environ.get("ADAPTD_HYPOTHESIS_PROFILE", "ci"))
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _state_home_of_the_suite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """No test reads or writes its user's state (``~/.local/state/adaptd``): a daemon
+    started without ``--state-dir`` (and every child process) keeps it under the
+    session's own ``$XDG_STATE_HOME``. A developer's newer database there made two
+    lifecycle tests fail on the schema version instead of what they check."""
+    old = os.environ.get("XDG_STATE_HOME")
+    os.environ["XDG_STATE_HOME"] = str(tmp_path_factory.mktemp("xdg-state"))
+    yield
+    if old is None:
+        os.environ.pop("XDG_STATE_HOME", None)
+    else:
+        os.environ["XDG_STATE_HOME"] = old
+
+
 @pytest.fixture
 def short_dir() -> Iterator[Path]:
     """A short directory under /tmp, removed afterwards: ipc socket paths are limited to
