@@ -18,13 +18,24 @@ STEPS, EVERY, KEEP = 50, 10, 3
 COMPARED = ("weights", "optimizer", "step", "next_batches")
 
 
-def run(workdir: Path, n: int, ckpt: Path, **env: str) -> list[dict[str, Any]] | None:
+def run(
+    workdir: Path, n: int, ckpt: Path, zygote: Any = None, **env: str
+) -> list[dict[str, Any]] | None:
     """The job on ``n`` workers to its end (its results), or, with ``KILL_RANK``,
-    until that rank killed itself (then every worker is killed: None)."""
+    until that rank killed itself (then every worker is killed: None). With a
+    ``zygote`` (tests/faults/zygote.py) the workers are forked from it, without
+    TensorFlow's import in each (tests/multiworker/forked.py)."""
     full = {"CKPT": str(ckpt), "STEPS": str(STEPS), "EVERY": str(EVERY), "KEEP": str(KEEP)}
     full.update(env)
     script = HERE / "rank_worker.py"
-    with local_cluster.Cluster(workdir, n, script, env=full, cwd=REPO) as cluster:
+    cluster: local_cluster.Cluster
+    if zygote is None:
+        cluster = local_cluster.Cluster(workdir, n, script, env=full, cwd=REPO)
+    else:
+        from multiworker.forked import ForkedCluster
+
+        cluster = ForkedCluster(zygote, workdir, n, script, env=full)
+    with cluster:
         if "KILL_RANK" not in env:
             return cluster.wait_ok(timeout=240)
         victim = cluster.procs[int(env["KILL_RANK"])]

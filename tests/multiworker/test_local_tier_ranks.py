@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import shutil
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from faults.zygote import Zygote
 
 from multiworker.rank_jobs import COMPARED, run
 
@@ -25,17 +27,29 @@ def _two_tiers(shm: Path) -> dict[str, str]:
             "ADAPTD_LOCAL_TIER": f"{shm}/{{job}}-{{rank}}"}  # fmt: skip
 
 
-def test_ranks_resume_from_their_local_tiers_or_durable_exactly(tmp_path: Path):
+@pytest.fixture
+def zygote(tmp_path: Path) -> Iterator[Zygote]:
+    """The job's workers are forked from it (one TensorFlow import, tests/multiworker/forked.py)."""
+    z = Zygote(tmp_path / "zygote")
+    try:
+        yield z
+    finally:
+        z.close()
+
+
+def test_ranks_resume_from_their_local_tiers_or_durable_exactly(tmp_path: Path, zygote: Zygote):
     if not Path("/dev/shm").is_dir():
         pytest.skip("no /dev/shm on this host")
     shm = Path("/dev/shm") / f"adaptd-test-{uuid.uuid4().hex[:8]}"
     wiped = shm.with_name(shm.name + "-wiped")
     try:
-        ref = run(tmp_path / "ref", 2, tmp_path / "ref" / "ckpt", INPUTS="plain", STEPS="40")
+        ref = run(
+            tmp_path / "ref", 2, tmp_path / "ref" / "ckpt", zygote, INPUTS="plain", STEPS="40"
+        )
         assert ref is not None
         # killed after step 35: local saves 10 and 30 (10 superseded by durable 20)
-        killed = run(tmp_path / "killed", 2, tmp_path / "ckpt", KILL_RANK="1", KILL_AT="35",
-                     **_two_tiers(shm))  # fmt: skip
+        killed = run(tmp_path / "killed", 2, tmp_path / "ckpt", zygote, KILL_RANK="1",
+                     KILL_AT="35", **_two_tiers(shm))  # fmt: skip
         assert killed is None
         durable = sorted(p.name for p in (tmp_path / "ckpt" / "plain").glob("*.index"))
         assert durable == ["ckpt-20.index", *(f"ckpt-20.rank-{r:05d}-of-00002.index"
@@ -49,7 +63,7 @@ def test_ranks_resume_from_their_local_tiers_or_durable_exactly(tmp_path: Path):
 
         for ckpt, tier, start in ((tmp_path / "ckpt", shm, 30),
                                   (tmp_path / "ckpt-wiped", wiped, 20)):  # fmt: skip
-            resumed = run(tmp_path / f"resumed-{start}", 2, ckpt, **_two_tiers(tier))
+            resumed = run(tmp_path / f"resumed-{start}", 2, ckpt, zygote, **_two_tiers(tier))
             assert resumed is not None
             for rank in range(2):
                 got, want = resumed[rank]["plain"], ref[rank]["plain"]

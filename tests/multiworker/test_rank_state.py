@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from faults.zygote import Zygote
 
 from multiworker.rank_jobs import COMPARED, EVERY, STEPS, STYLES, run
 
@@ -27,11 +29,11 @@ BETWEEN = [s for s in range(EVERY + 1, STEPS) if s % EVERY]
 _references: dict[int, list[dict[str, Any]]] = {}
 
 
-def uninterrupted(root: Path, n: int) -> list[dict[str, Any]]:
+def uninterrupted(root: Path, zygote: Zygote, n: int) -> list[dict[str, Any]]:
     """The uninterrupted run on ``n`` workers (run once per module)."""
     if n not in _references:
         ckpt = root / f"reference-{n}" / "ckpt"
-        _references[n] = run(root / f"reference-{n}", n, ckpt)  # type: ignore[assignment]
+        _references[n] = run(root / f"reference-{n}", n, ckpt, zygote)  # type: ignore[assignment]
         assert_layout(ckpt, n, kept=[30, 40, 50])
     return _references[n]
 
@@ -39,6 +41,17 @@ def uninterrupted(root: Path, n: int) -> list[dict[str, Any]]:
 @pytest.fixture(scope="module")
 def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("ranks")
+
+
+@pytest.fixture(scope="module")
+def zygote(root: Path) -> Iterator[Zygote]:
+    """Every worker of the module is forked from it: one TensorFlow import, not one per
+    worker (tests/multiworker/forked.py; the results are a started job's)."""
+    z = Zygote(root / "zygote")
+    try:
+        yield z
+    finally:
+        z.close()
 
 
 def assert_layout(ckpt: Path, n: int, kept: list[int]) -> None:
@@ -54,19 +67,26 @@ def assert_layout(ckpt: Path, n: int, kept: list[int]) -> None:
 
 
 def resume_and_compare(
-    root: Path, name: str, n: int, *, kill_rank: int, kill_at: int, writing: bool = True
+    root: Path,
+    zygote: Zygote,
+    name: str,
+    n: int,
+    *,
+    kill_rank: int,
+    kill_at: int,
+    writing: bool = True,
 ) -> list[dict[str, Any]]:
     """Kill ``kill_rank`` after step ``kill_at`` (``writing``: at its first save from
     there on whose write is in flight), start the job again, compare with the
     uninterrupted run; the resumed run's results."""
-    ref = uninterrupted(root, n)
+    ref = uninterrupted(root, zygote, n)
     work = root / name
     env = {"KILL_RANK": str(kill_rank), "KILL_AT": str(kill_at), "KILL_MARK": str(work / "mark")}
     if writing:
         env["KILL_IN_WRITE"] = "1"
-    assert run(work / "killed", n, work / "ckpt", **env) is None
+    assert run(work / "killed", n, work / "ckpt", zygote, **env) is None
     last = json.loads((work / "mark").read_text())["step"] if writing else kill_at
-    resumed = run(work / "resumed", n, work / "ckpt")
+    resumed = run(work / "resumed", n, work / "ckpt", zygote)
     assert resumed is not None
     for rank in range(n):
         for style in STYLES:
@@ -83,18 +103,20 @@ def resume_and_compare(
 # Two workers (the chief SIGKILLed, a worker killed in its write) are cells of the crash
 # matrix (test_crash_matrix.py, the plain input); here three workers and every input style.
 @pytest.mark.parametrize(("n", "victim"), [(3, 2)], ids=["3w-rank2"])
-def test_resume_is_exact_after_a_rank_dies_at_a_random_step(root, n, victim) -> None:
+def test_resume_is_exact_after_a_rank_dies_at_a_random_step(root, zygote, n, victim) -> None:
     step = PICK.choice(BETWEEN)
-    resumed = resume_and_compare(root, f"random-{n}", n, kill_rank=victim, kill_at=step,
+    resumed = resume_and_compare(root, zygote, f"random-{n}", n, kill_rank=victim, kill_at=step,
                                  writing=False)  # fmt: skip
     assert {r[s]["resumed_from"] for r in resumed for s in STYLES} == {step // EVERY * EVERY}
 
 
 @pytest.mark.parametrize(("n", "victim"), [(3, 0)], ids=["3w-chief"])
-def test_resume_is_exact_after_a_rank_dies_while_its_write_is_in_flight(root, n, victim) -> None:
+def test_resume_is_exact_after_a_rank_dies_while_its_write_is_in_flight(
+    root, zygote, n, victim
+) -> None:
     work = root / f"writing-{n}"
     resumed = resume_and_compare(
-        root, work.name, n, kill_rank=victim, kill_at=PICK.choice([20, 30])
+        root, zygote, work.name, n, kill_rank=victim, kill_at=PICK.choice([20, 30])
     )
     # the style whose write was in flight resumes from that step if the write still
     # ended, else from the save before
