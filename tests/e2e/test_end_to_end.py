@@ -155,3 +155,19 @@ def test_demo_command_kills_resumes_and_summarises(tmp_path: Path) -> None:
     assert summary["lost_steps"] == summary["killed_at_step"] - resumed
     assert summary["saves"] >= 4 and summary["failed_saves"] == 0
     assert summary["mean_bytes"] > 1_000_000 and summary["mean_durable_s"] > 0
+
+
+def test_the_demo_with_the_daemons_own_policy_saves_kills_and_resumes(tmp_path: Path) -> None:
+    """`make demo`'s path: no --policy, the daemon decides. Its first save (the default
+    policy's probe) must come early enough in the run for the kill and the resume to
+    happen: with production's probe (M/10 = 12 s) a quiet 2-core VM ran all 1,500
+    steps before it and the demo showed no save, no kill, no resume."""
+    out = subprocess.run(
+        [sys.executable, "-m", "adaptd.cli", "demo", "--dir", str(tmp_path), "--steps", "600",
+         "--json"],
+        capture_output=True, text=True, env=ENV, timeout=300,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = json.loads(out.stdout)
+    assert summary["completed"] and summary["killed_at_step"] is not None, summary
+    assert 0 < summary["resumed_from_step"] <= summary["killed_at_step"], summary
