@@ -9,13 +9,18 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_no_module_or_class_is_over_the_limits() -> None:
-    r = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "sizes.py")],
+def script(name: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """Run ``scripts/<name>`` with ``args`` as the suite's Python; its result."""
+    return subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / name), *args],
         capture_output=True,
         text=True,
         timeout=60,
     )
+
+
+def test_no_module_or_class_is_over_the_limits() -> None:
+    r = script("sizes.py")
     assert r.returncode == 0, r.stdout + r.stderr
 
 
@@ -23,12 +28,7 @@ def test_the_script_names_what_is_over(tmp_path: Path) -> None:
     big = tmp_path / "big.py"
     body = "".join(f"    def m{i}(self):\n        return {i}\n" for i in range(250))
     big.write_text("class Big:\n" + body + "\n" * 200)
-    r = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "sizes.py"), str(big)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    r = script("sizes.py", str(big))
     assert r.returncode == 1
     assert "class" in r.stdout and "Big: 501 lines (over 400)" in r.stdout
     assert "module" in r.stdout and "big.py: 701 lines (over 600)" in r.stdout
@@ -36,12 +36,7 @@ def test_the_script_names_what_is_over(tmp_path: Path) -> None:
 
 def test_no_import_cycle_among_the_runtime_modules() -> None:
     """issue 22: 0 cycles, lazy and TYPE_CHECKING imports included (scripts/imports.py)."""
-    r = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "imports.py")],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    r = script("imports.py")
     assert r.returncode == 0, r.stdout + r.stderr
 
 
