@@ -54,7 +54,7 @@ from adaptd.client.save.state import CheckpointState, number_of
 
 log = logging.getLogger("adaptd.client")
 
-__all__ = ["Counters", "JustInTime", "Outcome", "counters_of"]
+__all__ = ["Counters", "JustInTime", "Outcome", "counters_of", "saved_by_another"]
 
 
 @dataclass(frozen=True)
@@ -262,9 +262,9 @@ class JustInTime:
         if why:
             return refuse(why)
         names = rank_parts.listing(self.directory)
-        newer = [s for s in rank_parts.steps(names) if s > step]
-        if any(rank_parts.status(names, s).complete for s in newer):
-            return refuse(f"a newer step ({max(newer)}) is complete: another survivor saved it")
+        why = saved_by_another(names, step)
+        if why:
+            return refuse(why)
         bases = {}
         for rank in range(self.part.world_size):
             base = self._base(names, step, rank)
@@ -281,6 +281,12 @@ class JustInTime:
             return refuse("another survivor writes it")
         os.close(fd)
         try:
+            # a survivor that held the claim may have written the step and let the claim
+            # go between this rank's listing and its claim: look again, now that it holds it
+            names = rank_parts.listing(self.directory)
+            why = saved_by_another(names, step)
+            if why:
+                return refuse(why)
             return self._write(step, names, bases, failure)
         finally:
             with contextlib.suppress(OSError):
@@ -327,3 +333,14 @@ def _name_in_state_file(directory: Path, prefix: str) -> None:
     tf.compat.v1.train.update_checkpoint_state(
         str(directory), paths[-1], all_model_checkpoint_paths=paths
     )
+
+
+def saved_by_another(names: set[str], step: int) -> str:
+    """Why this survivor does not write ``step`` (empty: it may): that step or a newer
+    one is already complete for the job (``names``: the directory's listing), written
+    by another survivor or by the save before the failure."""
+    later = [s for s in rank_parts.steps(names) if s >= step]
+    done = [s for s in later if rank_parts.status(names, s).complete]
+    if not done:
+        return ""
+    return f"step {max(done)} is already complete (another survivor or a planned save wrote it)"

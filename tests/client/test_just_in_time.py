@@ -16,7 +16,11 @@ tf = pytest.importorskip("tensorflow")
 
 from adaptd.checkpoints import rank_parts  # noqa: E402
 from adaptd.client.save import replay  # noqa: E402
-from adaptd.client.save.just_in_time import Counters, counters_of  # noqa: E402
+from adaptd.client.save.just_in_time import (  # noqa: E402
+    Counters,
+    counters_of,
+    saved_by_another,
+)
 from adaptd.client.save.peer_failure import TYPES, peer_failure  # noqa: E402
 from adaptd.client.save.rank_state import RankPart  # noqa: E402
 
@@ -188,3 +192,26 @@ def test_adaptd_verify_checks_the_part_a_replay_note_starts_from(tmp_path) -> No
             name.unlink()
     report = verify.verify(tmp_path / "ckpt-7")
     assert not report.ok and "rank(s) 1 of 2 have no complete part" in str(report.problems)
+
+
+def _bundle(prefix: str) -> set[str]:
+    return {f"{prefix}.index", f"{prefix}.data-00000-of-00001"}
+
+
+def test_a_step_another_survivor_completed_is_not_written_again() -> None:
+    """The survivor that held the claim wrote step 15 and let the claim go before a
+    slower survivor claimed it: the slower one, looking again, writes nothing (seen in
+    the 3-worker job once its workers started faster). A step still incomplete, or only
+    an older one complete, leaves the save to it."""
+    world = 2
+    older = _bundle("ckpt-10") | {
+        x for r in range(world) for x in _bundle(rank_parts.part_name(10, r, world))
+    }
+    step15 = _bundle("ckpt-15") | _bundle(rank_parts.part_name(15, 1, world))
+    noted = {rank_parts.replay_name(15, 0, world, 10)}  # the dead chief's part: a note
+    assert rank_parts.status(step15 | noted | older, 15).complete
+    why = saved_by_another(step15 | noted | older, 15)
+    assert why == "step 15 is already complete (another survivor or a planned save wrote it)"
+    assert saved_by_another(step15 | noted | older, 14) != ""  # a newer step is complete
+    assert saved_by_another(step15 | older, 15) == ""  # rank 0's part missing: not complete
+    assert saved_by_another(older, 15) == ""
