@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import zmq
@@ -40,6 +42,22 @@ def _state_home_of_the_suite(tmp_path_factory: pytest.TempPathFactory) -> Iterat
         os.environ.pop("XDG_STATE_HOME", None)
     else:
         os.environ["XDG_STATE_HOME"] = old
+
+
+@pytest.fixture(scope="session")
+def zygote(
+    tmp_path_factory: pytest.TempPathFactory, _state_home_of_the_suite: None
+) -> Iterator[Any]:
+    """One process with TensorFlow imported; the training jobs and multi-worker jobs of
+    the whole session are forked from it (tests/faults/zygote.py), so a job's process
+    costs a fork, not a TensorFlow import (about 3.5 s of CPU each on the 2-core CI box)."""
+    if importlib.util.find_spec("tensorflow") is None:  # not imported here: seconds
+        pytest.skip("needs TensorFlow (pip install 'adaptd[tensorflow]')")
+    from faults.zygote import Zygote
+
+    z = Zygote(tmp_path_factory.mktemp("zygote"))
+    yield z
+    z.close()
 
 
 @pytest.fixture

@@ -32,21 +32,21 @@ def _files(d: Path) -> list[str]:
 
 
 def test_restart_in_place_resumes_from_memory_and_wiped_or_damaged_from_durable(
-    tmp_path, memory_tier
+    tmp_path, memory_tier, zygote
 ):
     # fixed two tiers: a save every 5 steps, every 2nd durable: 5 local, 10 durable,
     # 15 local, 20 durable ...; killed after step 17: memory holds 15, durable 10
     common = ["--steps", "30", "--policy", "fixed:steps=5,durable_every=2",
               "--socket", f"ipc://{tmp_path}/none", "--step-sleep", "0.05"]  # fmt: skip
     ref_out = tmp_path / "ref.bin"
-    ref = start(tmp_path / "ref", ref_out, *common)  # runs alongside, one tier
+    ref = start(zygote, tmp_path / "ref", ref_out, *common)  # runs alongside, one tier
 
     results = {}
     for case in ("in place", "wiped", "damaged"):
         ckpt, out = tmp_path / case / "ckpt", tmp_path / case / "out.bin"
         local = memory_tier / case.replace(" ", "-")
         tier = ["--local-tier", str(local)]
-        lines = kill_at(ckpt, out, r"step 17", *common, *tier)
+        lines = kill_at(zygote, ckpt, out, r"step 17", *common, *tier)
         assert "saved 5 ok=True tier=local" in lines and "saved 10 ok=True" in lines
         assert "saved 15 ok=True tier=local" in lines
         # the durable directory holds only the durable saves; memory the newer local one
@@ -59,7 +59,7 @@ def test_restart_in_place_resumes_from_memory_and_wiped_or_damaged_from_durable(
             raw = bytearray(data.read_bytes())
             raw[len(raw) // 2] ^= 0xFF
             data.write_bytes(bytes(raw))
-        proc = start(ckpt, out, *common, *tier)
+        proc = start(zygote, ckpt, out, *common, *tier)
         lines = read_until(proc, "done")
         assert proc.wait(60) == 0
         results[case] = (lines, out.read_bytes(), local)

@@ -3,34 +3,28 @@ write), SIGTERM preemption. Real TensorFlow in real subprocesses."""
 
 from __future__ import annotations
 
-import os
 import re
 import selectors
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+from faults.zygote import Child, Zygote
 
 SCRIPT = Path(__file__).with_name("train_script.py")
 pytestmark = [pytest.mark.slow, pytest.mark.tf]
 
 
-def start(ckpt: Path, out: Path, *extra: str) -> subprocess.Popen:
-    env = dict(os.environ, PYTHONUNBUFFERED="1", TF_CPP_MIN_LOG_LEVEL="2")
-    env.pop("ADAPTD_SOCKET", None)
-    return subprocess.Popen(
-        [sys.executable, str(SCRIPT), str(ckpt), str(out), *extra],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-        env=env,
-    )
+def start(zygote: Zygote, ckpt: Path, out: Path, *extra: str) -> Child:
+    """``python train_script.py CKPT OUT EXTRA...``, forked from the session's zygote
+    (tests/faults/zygote.py: a job's results are a started job's); its stdout is read
+    as a ``Popen``'s, its stderr discarded, ``$ADAPTD_SOCKET`` unset."""
+    return zygote.spawn([ckpt, out, *extra], script=SCRIPT, stderr=False, reader=False)
 
 
-def read_until(proc: subprocess.Popen, pattern: str, timeout: float = 120.0) -> list[str]:
+def read_until(proc: Child | subprocess.Popen, pattern: str, timeout: float = 120.0) -> list[str]:
     """Lines of ``proc`` up to and including the first matching ``pattern``."""
     sel = selectors.DefaultSelector()
     sel.register(proc.stdout, selectors.EVENT_READ)
@@ -50,8 +44,8 @@ def read_until(proc: subprocess.Popen, pattern: str, timeout: float = 120.0) -> 
     raise AssertionError(f"{pattern!r} not seen; got {lines[-20:]}")
 
 
-def kill_at(ckpt: Path, out: Path, pattern: str, *extra: str) -> list[str]:
-    proc = start(ckpt, out, *extra)
+def kill_at(zygote: Zygote, ckpt: Path, out: Path, pattern: str, *extra: str) -> list[str]:
+    proc = start(zygote, ckpt, out, *extra)
     lines = read_until(proc, pattern)
     proc.send_signal(signal.SIGKILL)
     assert proc.wait(30) == -signal.SIGKILL
@@ -66,34 +60,34 @@ def latest_step(ckpt: Path) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def test_resume_after_sigkill_is_bit_identical(tmp_path):
+def test_resume_after_sigkill_is_bit_identical(tmp_path, zygote):
     steps = "40"
     common = ["--steps", steps, "--policy", "fixed:steps=5", "--socket", f"ipc://{tmp_path}/none"]
     ref_out = tmp_path / "ref.bin"
-    ref = start(tmp_path / "ref", ref_out, *common)  # runs alongside the killed chain
+    ref = start(zygote, tmp_path / "ref", ref_out, *common)  # runs alongside the killed chain
 
     ckpt, out = tmp_path / "ckpt", tmp_path / "resumed.bin"
     pad = ["--pad-mb", "64"]  # a write takes long enough to be killed mid-way
 
-    lines = kill_at(ckpt, out, r"saved 10 ok=True", *common, *pad)
+    lines = kill_at(zygote, ckpt, out, r"saved 10 ok=True", *common, *pad)
     assert lines[0] == "start 0"
     first = latest_step(ckpt)
     assert first is not None and first >= 10
 
     # killed right after the save of step 25 returned: its write is in flight
-    lines = kill_at(ckpt, out, r"inflight 25", *common, *pad)
+    lines = kill_at(zygote, ckpt, out, r"inflight 25", *common, *pad)
     assert lines[0] == f"start {first}"
     second = latest_step(ckpt)
     assert second is not None and first <= second < 25, "a killed write must not become latest"
     leftovers = sorted(p.name for p in ckpt.iterdir() if "_temp" in p.name)
 
-    lines = kill_at(ckpt, out, r"step 33", *common, *pad)
+    lines = kill_at(zygote, ckpt, out, r"step 33", *common, *pad)
     assert lines[0] == f"start {second}"
     # leftovers of the killed write were removed at start
     assert not [p for p in ckpt.iterdir() if p.name in leftovers]
     third = latest_step(ckpt)
 
-    last = start(ckpt, out, *common, *pad)
+    last = start(zygote, ckpt, out, *common, *pad)
     rest = read_until(last, "done")
     assert rest[0] == f"start {third}"
     assert last.wait(60) == 0
@@ -104,11 +98,11 @@ def test_resume_after_sigkill_is_bit_identical(tmp_path):
     assert out.read_bytes() == ref_out.read_bytes()
 
 
-def test_sigterm_saves_at_the_next_step_then_exits(tmp_path):
+def test_sigterm_saves_at_the_next_step_then_exits(tmp_path, zygote):
     ckpt, out = tmp_path / "ckpt", tmp_path / "out.bin"
     args = ["--steps", "100000", "--policy", "fixed:steps=100000", "--step-sleep", "0.01",
             "--socket", f"ipc://{tmp_path}/none"]  # fmt: skip
-    proc = start(ckpt, out, *args)
+    proc = start(zygote, ckpt, out, *args)
     lines = read_until(proc, r"step 7")
     proc.send_signal(signal.SIGTERM)
     rest = proc.stdout.read()
@@ -119,7 +113,7 @@ def test_sigterm_saves_at_the_next_step_then_exits(tmp_path):
     assert saved == steps[-1] + 1 or saved == steps[-1], (saved, steps)
     assert (ckpt / f"ckpt-{saved}.index").exists()
     assert lines[0] == "start 0"
-    again = start(ckpt, out, "--steps", str(saved + 2), *args[2:4], *args[6:])
+    again = start(zygote, ckpt, out, "--steps", str(saved + 2), *args[2:4], *args[6:])
     resumed = read_until(again, "done")
     assert resumed[0] == f"start {saved}"
     assert again.wait(60) == 0

@@ -3,7 +3,6 @@ and small real filesystems (tmpfs) that a test can fill up or make read-only."""
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import shutil
 import signal
@@ -17,21 +16,8 @@ import pytest
 from adaptd.commands._spawn import LogWatch, start_daemon, stop_daemon
 from adaptd.protocol import admin
 
-from .zygote import Zygote
-
 ROOT = Path(__file__).resolve().parents[2]
 TRAIN_SCRIPT = ROOT / "tests" / "client" / "train_script.py"
-
-
-@pytest.fixture(scope="session")
-def zygote(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Zygote]:
-    """One process with TensorFlow imported; every training job of the session is
-    forked from it (see zygote.py), so a job costs a fork, not a TF import."""
-    if importlib.util.find_spec("tensorflow") is None:  # not imported here: seconds
-        pytest.skip("needs TensorFlow (pip install 'adaptd[tensorflow]')")
-    z = Zygote(tmp_path_factory.mktemp("zygote"))
-    yield z
-    z.close()
 
 
 class Serve:

@@ -37,6 +37,7 @@ import threading
 import traceback
 from collections.abc import Iterator
 from pathlib import Path
+from typing import IO
 
 from adaptd.commands._spawn import LogWatch
 
@@ -90,10 +91,10 @@ def _child(req: dict, fd: int) -> None:
             ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        devnull = os.open(os.devnull, os.O_RDONLY)
+        devnull = os.open(os.devnull, os.O_RDWR)
         os.dup2(devnull, 0)
         os.dup2(fd, 1)
-        os.dup2(fd, 2)
+        os.dup2(fd if req.get("stderr", True) else devnull, 2)
         os.close(fd)
         # one write per line: print() writes the text and the newline in two calls when
         # unbuffered, and TensorFlow's C++ log lines (absl ignores TF_CPP_MIN_LOG_LEVEL
@@ -191,11 +192,16 @@ def serve() -> None:
 class Child:
     """One forked job: its pid, its output (a :class:`LogWatch`), its exit code."""
 
-    def __init__(self, zygote: Zygote, ident: str, pid: int, log: LogWatch) -> None:
+    def __init__(
+        self, zygote: Zygote, ident: str, pid: int, log: LogWatch | None, stdout: IO[str] | None
+    ) -> None:
         self.zygote = zygote
         self.id = ident
         self.pid = pid
+        #: the child's lines, read on a thread (spawned with ``reader=True``) ...
         self.log = log
+        #: ... or its output for the caller to read, as a ``Popen(text=True)``'s
+        self.stdout = stdout
         self.returncode: int | None = None
 
     def wait(self, timeout: float | None = None) -> int:
@@ -212,6 +218,12 @@ class Child:
             if done:
                 self.returncode = int(done[0].rsplit(" ", 1)[1])
         return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        """Send ``sig`` to the child if it still runs (as ``Popen.send_signal``)."""
+        if self.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, sig)
 
     def kill(self) -> int:
         """SIGKILL the child (if it still runs) and return its exit code once reaped."""
@@ -252,10 +264,15 @@ class Zygote:
         unset: tuple[str, ...] = ("ADAPTD_SOCKET",),
         deadline_s: float = 120.0,
         normal_exit: bool = False,
+        stderr: bool = True,
+        reader: bool = True,
     ) -> Child:
         """Fork ``python SCRIPT ARGV`` (or ``python -m MODULE ARGV``) from the zygote.
         ``normal_exit``: the child ends as a process does (non-daemon threads joined,
-        ``atexit`` handlers run), not at once."""
+        ``atexit`` handlers run), not at once. ``stderr=False``: its stderr goes to
+        /dev/null (``Popen(stderr=DEVNULL)``). ``reader=False``: no thread reads its
+        output into :attr:`Child.log`; the caller reads :attr:`Child.stdout` (text) as
+        it would a ``Popen(stdout=PIPE, text=True)``'s."""
         if (script is None) == (module is None):
             raise ValueError("give exactly one of script= or module=")
         self._n += 1
@@ -263,8 +280,8 @@ class Zygote:
         fifo = self.workdir / f"{ident}.fifo"
         os.mkfifo(fifo)
         rfd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
-        req = {"id": ident, "out": str(fifo), "argv": [str(a) for a in argv],
-               "env": env or {}, "unset": list(unset), "normal_exit": normal_exit}  # fmt: skip
+        req = {"id": ident, "out": str(fifo), "argv": [str(a) for a in argv], "env": env or {},
+               "unset": list(unset), "normal_exit": normal_exit, "stderr": stderr}  # fmt: skip
         if script is not None:
             req["script"] = str(script)
         else:
@@ -275,9 +292,11 @@ class Zygote:
         line = self.log.wait_for(f"forked {ident} ")
         # the child holds the write end now, so EOF means that it exited
         os.set_blocking(rfd, True)
-        child = Child(
-            self, ident, int(line.rsplit(" ", 1)[1]), JobLog(os.fdopen(rfd, "rb"), deadline_s)
-        )
+        pid = int(line.rsplit(" ", 1)[1])
+        if reader:
+            child = Child(self, ident, pid, JobLog(os.fdopen(rfd, "rb"), deadline_s), None)
+        else:
+            child = Child(self, ident, pid, None, open(rfd, encoding="utf-8", errors="replace"))  # noqa: SIM115 - the caller's
         self.children.append(child)
         return child
 

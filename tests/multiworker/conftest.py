@@ -1,5 +1,6 @@
 """One real 3-worker MultiWorkerMirroredStrategy job for the coordination and
-restore-agreement tests (tests/multiworker/coord_worker.py runs every scenario)."""
+restore-agreement tests (tests/multiworker/coord_worker.py runs every scenario), its
+workers forked from the session's zygote (tests/multiworker/forked.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from multiworker.cluster import HERE, Cluster
+from multiworker.cluster import HERE
+from multiworker.forked import ForkedCluster
 
 WORKERS = 3
 STEPS = 1000
@@ -35,7 +37,7 @@ def _destination(root: Path) -> str:
 
 
 @pytest.fixture(scope="session")
-def job(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+def job(tmp_path_factory: pytest.TempPathFactory, zygote: Any) -> list[dict[str, Any]]:
     workdir = tmp_path_factory.mktemp("multiworker")
     env = {
         "STEPS": str(STEPS),
@@ -45,5 +47,6 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
         "RESTORE_DEST": _destination(workdir),
     }
     scenarios = ["facade", "lockstep", "free", "restore", "dead"]
-    with Cluster(workdir, WORKERS, HERE / "coord_worker.py", scenarios, env=env) as cluster:
+    script = HERE / "coord_worker.py"
+    with ForkedCluster(zygote, workdir, WORKERS, script, scenarios, env=env) as cluster:
         return cluster.wait_ok(timeout=300)

@@ -11,7 +11,8 @@ scripts/exact_resume.py's). Leaving the ``with`` block kills what still runs.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping
+import os
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,9 @@ from faults.zygote import Child, Zygote
 
 from adaptd.sim import local_cluster
 
-__all__ = ["ForkedCluster"]
+REPO = Path(__file__).resolve().parents[2]
+
+__all__ = ["ForkedCluster", "cluster_of"]
 
 
 class ForkedCluster(local_cluster.Cluster):
@@ -34,9 +37,10 @@ class ForkedCluster(local_cluster.Cluster):
         workdir: Path,
         n: int,
         script: Path,
+        args: Sequence[str] = (),
         env: Mapping[str, str] | None = None,
     ) -> None:
-        super().__init__(workdir, n, script, env=env)
+        super().__init__(workdir, n, script, list(args), env=env)
         self.zygote = zygote
         self.procs: list[Any] = []
 
@@ -49,12 +53,16 @@ class ForkedCluster(local_cluster.Cluster):
                 "RESULT": str(self.result_path(rank)),
                 **self.env,
             }
-            unset = ("ADAPTD_SOCKET", "RANK", "WORLD_SIZE")
+            # as a started worker's: the caller's variables, not the test process's
+            unset = tuple(k for k in ("ADAPTD_SOCKET", "RANK", "WORLD_SIZE") if k not in env)
             child = self.zygote.spawn(
-                [], script=self.script, env=env, unset=unset, normal_exit=True
+                list(self.args), script=self.script, env=env, unset=unset, normal_exit=True
             )
             self.procs.append(child)
         return self
+
+    def signal(self, rank: int, sig: int) -> None:
+        os.kill(self.procs[rank].pid, sig)
 
     def kill(self) -> None:
         child: Child
@@ -67,3 +75,13 @@ class ForkedCluster(local_cluster.Cluster):
             f"--- rank {rank} ---\n" + "\n".join(child.log.lines[-lines:])
             for rank, child in enumerate(self.procs)
         )
+
+
+def cluster_of(
+    zygote: Zygote | None, workdir: Path, n: int, script: Path, env: Mapping[str, str]
+) -> local_cluster.Cluster:
+    """The job's workers: forked from ``zygote``, or started (``python SCRIPT``, from the
+    repository root, as scripts/ and benchmarks/ run them) when there is none."""
+    if zygote is None:
+        return local_cluster.Cluster(workdir, n, script, env=env, cwd=REPO)
+    return ForkedCluster(zygote, workdir, n, script, env=env)

@@ -12,10 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from adaptd.sim import local_cluster
-
 HERE = Path(__file__).resolve().parent
-REPO = HERE.parent.parent
 
 STEPS, EVERY = 16, 5
 #: The digests a resumed run must share with the uninterrupted one.
@@ -36,13 +33,21 @@ class Ended:
         return [r for r, c in zip(self.results, self.codes, strict=True) if c == 3 and r]
 
 
-def run(workdir: Path, n: int, ckpt: Path, timeout: float = 240, **env: str) -> Ended:
+def run(
+    workdir: Path, n: int, ckpt: Path, timeout: float = 240, zygote: Any = None, **env: str
+) -> Ended:
     """The job on ``n`` workers until every rank that is not the ``KILL_RANK`` or
-    ``STOP_RANK`` ended; past ``timeout`` seconds AssertionError (a hang) with the logs."""
+    ``STOP_RANK`` ended; past ``timeout`` seconds AssertionError (a hang) with the logs.
+    With a ``zygote`` (tests/faults/zygote.py) the workers are forked from it, without
+    TensorFlow's import in each (tests/multiworker/forked.py)."""
     full = {"CKPT": str(ckpt), "STEPS": str(STEPS), "EVERY": str(EVERY), **env}
     out = {int(env[k]) for k in ("KILL_RANK", "STOP_RANK") if k in env}
+    script = HERE / "jit_worker.py"
+    from multiworker.forked import cluster_of  # needs tests/ importable: not at import
+
+    cluster = cluster_of(zygote, workdir, n, script, full)
     t0 = time.monotonic()
-    with local_cluster.Cluster(workdir, n, HERE / "jit_worker.py", env=full, cwd=REPO) as cluster:
+    with cluster:
         deadline = t0 + timeout
         waited = [p for r, p in enumerate(cluster.procs) if r not in out]
         while any(p.poll() is None for p in waited):
@@ -53,7 +58,10 @@ def run(workdir: Path, n: int, ckpt: Path, timeout: float = 240, **env: str) -> 
             time.sleep(0.05)
         seconds = time.monotonic() - t0
         codes = [p.poll() for p in cluster.procs]
-        for r in out:  # a stopped rank would never end: its group is killed
+        for r in out:  # a stopped rank would never end: it is killed (its group, if started)
+            if zygote is not None:
+                cluster.procs[r].kill()
+                continue
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(cluster.procs[r].pid, signal.SIGKILL)
         results = [cluster.result(r) if cluster.result_path(r).exists() else None for r in range(n)]

@@ -7,8 +7,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from adaptd.sim import local_cluster
-
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 
@@ -28,13 +26,9 @@ def run(
     full = {"CKPT": str(ckpt), "STEPS": str(STEPS), "EVERY": str(EVERY), "KEEP": str(KEEP)}
     full.update(env)
     script = HERE / "rank_worker.py"
-    cluster: local_cluster.Cluster
-    if zygote is None:
-        cluster = local_cluster.Cluster(workdir, n, script, env=full, cwd=REPO)
-    else:
-        from multiworker.forked import ForkedCluster
+    from multiworker.forked import cluster_of  # needs tests/ importable: not at import
 
-        cluster = ForkedCluster(zygote, workdir, n, script, env=full)
+    cluster = cluster_of(zygote, workdir, n, script, full)
     with cluster:
         if "KILL_RANK" not in env:
             return cluster.wait_ok(timeout=240)

@@ -112,16 +112,6 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
             print(f"  {name:22s} {json.dumps(got)}")
 
 
-@pytest.fixture(scope="module")
-def zygote(root: Path) -> Iterator[Zygote]:
-    """Every worker of the module is forked from it (one TensorFlow import)."""
-    z = Zygote(root / "zygote")
-    try:
-        yield z
-    finally:
-        z.close()
-
-
 def job(zygote: Zygote, work: Path, ckpt: Path, env: dict[str, str]) -> ForkedCluster:
     """The job of tests/multiworker/rank_worker.py on WORKERS workers (not started)."""
     env = {"CKPT": str(ckpt), **env}

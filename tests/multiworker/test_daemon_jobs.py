@@ -12,15 +12,19 @@ import time
 from pathlib import Path
 
 import pytest
+from faults.zygote import Zygote
 
 from adaptd.protocol import admin
-from multiworker.cluster import HERE, Cluster
+from multiworker.cluster import HERE
 from multiworker.daemons import DEADLINE, ENDLESS, JOB, job_info, serve, stop_job, wait_for
+from multiworker.forked import ForkedCluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.tf]
 
 
-def test_three_processes_without_a_runtime_agree_through_the_daemon(short_dir: Path) -> None:
+def test_three_processes_without_a_runtime_agree_through_the_daemon(
+    short_dir: Path, zygote: Zygote
+) -> None:
     sock = short_dir / "a" / "d.sock"
     env = {
         "CKPT": str(short_dir / "ckpt"),
@@ -35,7 +39,9 @@ def test_three_processes_without_a_runtime_agree_through_the_daemon(short_dir: P
     rng = random.Random(3)
     daemon = serve(short_dir, "a", "fixed:steps=25")
     try:
-        with Cluster(short_dir / "run", 3, HERE / "hook_worker.py", env=env) as cluster:
+        with ForkedCluster(
+            zygote, short_dir / "run", 3, HERE / "hook_worker.py", env=env
+        ) as cluster:
             joined = wait_for(
                 "three ranks", lambda: (j := job_info(sock)) and len(j.ranks) == 3 and j, cluster
             )
@@ -62,7 +68,9 @@ def test_three_processes_without_a_runtime_agree_through_the_daemon(short_dir: P
     assert results[0]["applied"] == results[1]["applied"] == results[2]["applied"]
 
 
-def test_a_daemon_sigkilled_and_restarted_under_a_two_worker_job(short_dir: Path) -> None:
+def test_a_daemon_sigkilled_and_restarted_under_a_two_worker_job(
+    short_dir: Path, zygote: Zygote
+) -> None:
     sock = short_dir / "a" / "d.sock"
     env = {
         "CKPT": str(short_dir / "ckpt"),
@@ -75,7 +83,9 @@ def test_a_daemon_sigkilled_and_restarted_under_a_two_worker_job(short_dir: Path
     }
     daemon = serve(short_dir, "a", "fixed:steps=15")
     try:
-        with Cluster(short_dir / "run", 2, HERE / "hook_worker.py", env=env) as cluster:
+        with ForkedCluster(
+            zygote, short_dir / "run", 2, HERE / "hook_worker.py", env=env
+        ) as cluster:
             before = wait_for("three saves", lambda: (j := job_info(sock)) and j.saves >= 3 and j,
                               cluster)  # fmt: skip
             daemon.kill()  # SIGKILL: no goodbye, the socket file stays

@@ -17,9 +17,10 @@ from pathlib import Path
 from statistics import median
 
 import pytest
+from faults.zygote import Zygote
 
 from adaptd.protocol import admin
-from multiworker.cluster import HERE, REPO, Cluster
+from multiworker.cluster import HERE, REPO
 from multiworker.daemons import (
     ENDLESS,
     hosts,
@@ -29,6 +30,7 @@ from multiworker.daemons import (
     stop_job,
     wait_for,
 )
+from multiworker.forked import ForkedCluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.tf]
 
@@ -44,14 +46,18 @@ def job_env(root: Path, sockets: str, **extra: str) -> dict[str, str]:
     return {**base, **extra}
 
 
-def test_two_hosts_one_plan_operator_commands_from_either_host(short_dir: Path) -> None:
+def test_two_hosts_one_plan_operator_commands_from_either_host(
+    short_dir: Path, zygote: Zygote
+) -> None:
     a, b = short_dir / "a" / "d.sock", short_dir / "b" / "d.sock"
     # a non-deciding daemon's keep-alive comes every few seconds
     env = job_env(short_dir, f"ipc://{a},ipc://{b}", DAEMON_TIMEOUT="5")
     rng = random.Random(12)
     with (
         hosts(short_dir, "fixed:steps=25"),
-        Cluster(short_dir / "run", WORKERS, HERE / "hook_worker.py", env=env) as cluster,
+        ForkedCluster(
+            zygote, short_dir / "run", WORKERS, HERE / "hook_worker.py", env=env
+        ) as cluster,
     ):
         wait_for("job on both hosts", lambda: job_info(a) and job_info(b), cluster)
         changes = 0
@@ -89,7 +95,7 @@ def test_two_hosts_one_plan_operator_commands_from_either_host(short_dir: Path) 
 
 
 def test_with_the_chiefs_daemon_down_its_embedded_policy_takes_relayed_requests(
-    short_dir: Path,
+    short_dir: Path, zygote: Zygote
 ) -> None:
     """No daemon on the chief's host: what is typed on the other host still reaches the
     chief in-band; save-now becomes one agreed save and set-policy the chief's embedded
@@ -98,7 +104,9 @@ def test_with_the_chiefs_daemon_down_its_embedded_policy_takes_relayed_requests(
     env = job_env(short_dir, f"ipc://{none},ipc://{b}", DAEMON_TIMEOUT="5")
     with (
         hosts(short_dir, "fixed:steps=25", names=("b",)),
-        Cluster(short_dir / "run", WORKERS, HERE / "hook_worker.py", env=env) as cluster,
+        ForkedCluster(
+            zygote, short_dir / "run", WORKERS, HERE / "hook_worker.py", env=env
+        ) as cluster,
     ):
         wait_for("the job on b", lambda: job_info(b), cluster)
         reply = admin.request(b, admin.SaveNowRequest(job="mw", reason="op-b"), 10.0)
@@ -116,7 +124,9 @@ def test_with_the_chiefs_daemon_down_its_embedded_policy_takes_relayed_requests(
 SLOW_DELTA_S = 0.03
 
 
-def test_the_chiefs_daemon_takes_delta_from_the_slow_worker(short_dir: Path) -> None:
+def test_the_chiefs_daemon_takes_delta_from_the_slow_worker(
+    short_dir: Path, zygote: Zygote
+) -> None:
     """The non-chief's host-local copies go through a 1 MiB/s mount: each of its writes
     outlasts the interval, so each save waits for the previous write and costs it about
     half a second, the chief milliseconds. The ranks meet in a collective once per
@@ -149,7 +159,9 @@ def test_the_chiefs_daemon_takes_delta_from_the_slow_worker(short_dir: Path) -> 
         with (
             slowfs.slow_mount(backing, slow, bandwidth_mib_s=1),
             hosts(short_dir, "fixed:steps=40"),
-            Cluster(short_dir / "run", WORKERS, HERE / "hook_worker.py", env=env) as cluster,
+            ForkedCluster(
+                zygote, short_dir / "run", WORKERS, HERE / "hook_worker.py", env=env
+            ) as cluster,
         ):
             # the first saves of the slow rank are cheap (nothing in flight yet), and the
             # daemon's δ is a level over saves: wait for it to reach the slow rank's tens
@@ -180,7 +192,7 @@ def test_the_chiefs_daemon_takes_delta_from_the_slow_worker(short_dir: Path) -> 
 
 
 def test_three_workers_on_one_daemon_random_set_policy_every_rank_saves_the_same_steps(
-    short_dir: Path,
+    short_dir: Path, zygote: Zygote
 ) -> None:
     """Three MultiWorkerMirroredStrategy workers of one job on one host's daemon, which
     decides the job: 100 set-policy and a few save-now at random moments, then a SIGTERM
@@ -191,7 +203,7 @@ def test_three_workers_on_one_daemon_random_set_policy_every_rank_saves_the_same
     rng = random.Random(3)
     with (
         hosts(short_dir, "fixed:steps=25", names=("a",)),
-        Cluster(short_dir / "run", 3, HERE / "hook_worker.py", env=env) as cluster,
+        ForkedCluster(zygote, short_dir / "run", 3, HERE / "hook_worker.py", env=env) as cluster,
     ):
         wait_for("the job's three ranks", lambda: (j := job_info(a)) and j.world_size == 3, cluster)
         for i in range(100):

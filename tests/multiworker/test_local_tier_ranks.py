@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import shutil
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,16 +24,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.tf]
 def _two_tiers(shm: Path) -> dict[str, str]:
     return {"INPUTS": "plain", "STEPS": "40", "POLICY": "fixed:steps=10,durable_every=2",
             "ADAPTD_LOCAL_TIER": f"{shm}/{{job}}-{{rank}}"}  # fmt: skip
-
-
-@pytest.fixture
-def zygote(tmp_path: Path) -> Iterator[Zygote]:
-    """The job's workers are forked from it (one TensorFlow import, tests/multiworker/forked.py)."""
-    z = Zygote(tmp_path / "zygote")
-    try:
-        yield z
-    finally:
-        z.close()
 
 
 def test_ranks_resume_from_their_local_tiers_or_durable_exactly(tmp_path: Path, zygote: Zygote):

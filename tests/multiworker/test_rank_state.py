@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -41,17 +40,6 @@ def uninterrupted(root: Path, zygote: Zygote, n: int) -> list[dict[str, Any]]:
 @pytest.fixture(scope="module")
 def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("ranks")
-
-
-@pytest.fixture(scope="module")
-def zygote(root: Path) -> Iterator[Zygote]:
-    """Every worker of the module is forked from it: one TensorFlow import, not one per
-    worker (tests/multiworker/forked.py; the results are a started job's)."""
-    z = Zygote(root / "zygote")
-    try:
-        yield z
-    finally:
-        z.close()
 
 
 def assert_layout(ckpt: Path, n: int, kept: list[int]) -> None:
