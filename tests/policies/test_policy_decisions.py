@@ -101,7 +101,8 @@ def expected(name: str, tau: float, delta: float, m: float, j: JobState) -> Deci
         policy=name,
         interval_s=tau,
         waste=model.waste_approx(
-            tau, delta, m, latency_s=j.save_latency_s or 0.0, restart_s=j.restore_s or 0.0
+            tau,
+            model.Terms(delta, m, latency_s=j.save_latency_s or 0.0, restart_s=j.restore_s or 0.0),
         ),
         reason="",
     )
@@ -129,7 +130,9 @@ def test_pinned_figures_replace_the_job_s_own(cls, name, tau_of) -> None:
     tau = tau_of(j, 2.0, 40_000.0)
     assert (d.interval_s, d.waste) == (
         pytest.approx(tau),
-        pytest.approx(model.waste_approx(tau, 2.0, 40_000.0, latency_s=60.0, restart_s=120.0)),
+        pytest.approx(
+            model.waste_approx(tau, model.Terms(2.0, 40_000.0, latency_s=60.0, restart_s=120.0))
+        ),
     )
     # only one pinned: the other is still the job's
     assert cls(save_cost_s=2.0).decide(NONE, j).interval_s == pytest.approx(
