@@ -222,9 +222,13 @@ def _golden(f, lo: float, hi: float, tol: float) -> float:  # type: ignore[no-un
 def weibull_scale(mean_s: float, shape: float) -> float:
     """The scale λ that gives a Weibull(shape) distribution the mean ``mean_s``."""
     check_positive("mean_s", mean_s)
+    _check_shape(shape)
+    return mean_s / math.gamma(1.0 + 1.0 / shape)
+
+
+def _check_shape(shape: float) -> None:
     if not shape > 0:
         raise ValueError(f"weibull shape must be > 0, got {shape!r}")
-    return mean_s / math.gamma(1.0 + 1.0 / shape)
 
 
 def _survival_integral(age_s: float, window_s: float, scale: float, shape: float) -> float:
@@ -248,71 +252,57 @@ def _survival_integral(age_s: float, window_s: float, scale: float, shape: float
     return float(scale / shape * math.gamma(s) * diff * math.exp(ha))
 
 
-def weibull_cost_ratio(
-    interval_s: float,
-    age_s: float,
-    save_cost_s: float,
-    mtbf_s: float,
-    shape: float,
-    restart_s: float = 0.0,
-) -> float:
+def weibull_cost_ratio(interval_s: float, age_s: float, terms: Terms, shape: float) -> float:
     """Expected wall time per second of kept work for the next interval, given the age.
 
     The job has run ``age_s`` since its last failure. The next segment is τ of
     compute plus δ of saving; it keeps τ if no failure strikes in it, else it loses
     the time spent plus a restart. Per segment: ``E[wall] = ∫₀^(τ+δ) S_a + (1−p)·R``
-    and ``E[kept] = p·τ``, with ``S_a(x) = S(a+x)/S(a)`` and ``p = S_a(τ+δ)``. For
-    shape 1 its minimiser is the exact exponential optimum that Daly approximates.
+    and ``E[kept] = p·τ``, with ``S_a(x) = S(a+x)/S(a)`` and ``p = S_a(τ+δ)``; δ, M
+    and R are the ``terms``' (L and b are not part of this model). For shape 1 its
+    minimiser is the exact exponential optimum that Daly approximates.
     """
-    scale = weibull_scale(mtbf_s, shape)
-    window = interval_s + save_cost_s
+    scale = weibull_scale(terms.mtbf_s, shape)
+    window = interval_s + terms.save_cost_s
     ha = (age_s / scale) ** shape
     hb = ((age_s + window) / scale) ** shape
     p = math.exp(ha - hb)
     if p <= 0.0:
         return math.inf
-    wall = _survival_integral(age_s, window, scale, shape) + (1.0 - p) * restart_s
+    wall = _survival_integral(age_s, window, scale, shape) + (1.0 - p) * terms.restart_s
     return wall / (p * interval_s)
 
 
 @lru_cache(maxsize=4096)
-def _weibull_interval_cached(
-    age_s: float, save_cost_s: float, mtbf_s: float, shape: float, restart_s: float
-) -> float:
+def _weibull_interval_cached(age_s: float, terms: Terms, shape: float) -> float:
     from scipy.optimize import minimize_scalar
 
     def cost(log_tau: float) -> float:
-        return weibull_cost_ratio(math.exp(log_tau), age_s, save_cost_s, mtbf_s, shape, restart_s)
+        return weibull_cost_ratio(math.exp(log_tau), age_s, terms, shape)
 
-    lo = math.log(max(save_cost_s * 1e-3, 1e-3))
-    hi = math.log(max(mtbf_s * 20.0, save_cost_s * 10.0))
+    delta, mtbf = terms.save_cost_s, terms.mtbf_s
+    lo = math.log(max(delta * 1e-3, 1e-3))
+    hi = math.log(max(mtbf * 20.0, delta * 10.0))
     res = minimize_scalar(cost, bounds=(lo, hi), method="bounded", options={"xatol": 1e-4})
     return float(math.exp(res.x))
 
 
-def weibull_interval(
-    age_s: float,
-    save_cost_s: float,
-    mtbf_s: float,
-    shape: float,
-    restart_s: float = 0.0,
-) -> float:
+def weibull_interval(age_s: float, terms: Terms, shape: float) -> float:
     """The interval that minimises :func:`weibull_cost_ratio` for a job of age ``age_s``.
 
     With shape < 1 (what fleet studies observe) the hazard falls with age, so the
     result is short right after a restart and grows as the job survives; with
     shape 1 it is the exponential optimum. Computed numerically (scipy's bounded
-    Brent on log τ); inputs are rounded to 4 significant digits so that repeated
-    decisions reuse the result. Raises :class:`ValueError` on invalid figures.
+    Brent on log τ); δ, M, R (of ``terms``) and the age are rounded to 4 significant
+    digits so that repeated decisions reuse the result. Raises :class:`ValueError` for
+    a negative age, a δ of 0 or a shape <= 0 (the terms were checked when made).
     """
     check_non_negative("age_s", age_s)
-    check_positive("save_cost_s", save_cost_s)
-    check_positive("mtbf_s", mtbf_s)
-    check_non_negative("restart_s", restart_s)
-    if not shape > 0:
-        raise ValueError(f"weibull shape must be > 0, got {shape!r}")
+    check_positive("save_cost_s", terms.save_cost_s)
+    _check_shape(shape)
     r = _round_sig
-    return _weibull_interval_cached(r(age_s), r(save_cost_s), r(mtbf_s), r(shape), r(restart_s))
+    rounded = Terms(r(terms.save_cost_s), r(terms.mtbf_s), restart_s=r(terms.restart_s))
+    return _weibull_interval_cached(r(age_s), rounded, r(shape))
 
 
 def _round_sig(x: float, digits: int = 4) -> float:

@@ -42,7 +42,7 @@ def test_young_and_daly_match_hand_computed_values(delta, mtbf, young, daly) -> 
         (lambda: model.daly_interval(-1, 10), "save_cost_s"),
         (lambda: model.young_interval(1, 0), "mtbf_s"),
         (lambda: model.waste_fraction(0, model.Terms(1, 10)), "interval_s"),
-        (lambda: model.weibull_interval(0, 1, 10, shape=0), "shape"),
+        (lambda: model.weibull_interval(0, model.Terms(1, 10), shape=0), "shape"),
         (lambda: model.job_mtbf(100, 0), "gpus"),
     ],
 )
@@ -119,15 +119,17 @@ def test_async_floor_keeps_one_save_in_flight() -> None:
 def test_weibull_shape_one_is_the_exponential_optimum() -> None:
     delta, m = 22.0, 43945.0
     for age in (0.0, 5000.0, 50000.0):  # memoryless: the age does not matter
-        assert model.weibull_interval(age, delta, m, 1.0) == pytest.approx(
-            model.optimal_interval(model.Terms(delta, m)), rel=2e-3
+        terms = model.Terms(delta, m)
+        assert model.weibull_interval(age, terms, 1.0) == pytest.approx(
+            model.optimal_interval(terms), rel=2e-3
         )
 
 
 def test_weibull_bursty_failures_want_short_intervals_early_and_long_later() -> None:
     delta, m = 22.0, 43945.0
-    early = model.weibull_interval(60.0, delta, m, 0.7, restart_s=300)
-    later = [model.weibull_interval(a, delta, m, 0.7, restart_s=300) for a in (1e4, 5e4, 2e5)]
+    terms = model.Terms(delta, m, restart_s=300)
+    early = model.weibull_interval(60.0, terms, 0.7)
+    later = [model.weibull_interval(a, terms, 0.7) for a in (1e4, 5e4, 2e5)]
     assert early < model.daly_interval(delta, m) < later[-1]
     assert later == sorted(later)
 
@@ -144,7 +146,8 @@ def test_weibull_cost_ratio_agrees_with_numeric_integration() -> None:
     integral, _ = quad(surv, 0, tau + delta)
     p = surv(tau + delta)
     expected = (integral + (1 - p) * r) / (p * tau)
-    assert model.weibull_cost_ratio(tau, age, delta, m, k, r) == pytest.approx(expected, rel=1e-9)
+    terms = model.Terms(delta, m, restart_s=r)
+    assert model.weibull_cost_ratio(tau, age, terms, k) == pytest.approx(expected, rel=1e-9)
 
 
 def test_weibull_scale_gives_the_mean() -> None:
@@ -185,11 +188,10 @@ NAMED_ERRORS = [
     (lambda: model.optimal_interval(model.Terms(0.0, 10.0)), "save_cost_s", "0.0"),
     (lambda: model.weibull_scale(0.0, 0.7), "mean_s", "0.0"),
     (lambda: model.weibull_scale(100.0, 0.0), "weibull shape", "0.0"),
-    (lambda: model.weibull_interval(-1.0, 1.0, 10.0, 0.7), "age_s", "-1.0"),
-    (lambda: model.weibull_interval(0.0, 0.0, 10.0, 0.7), "save_cost_s", "0.0"),
-    (lambda: model.weibull_interval(0.0, 1.0, 0.0, 0.7), "mtbf_s", "0.0"),
-    (lambda: model.weibull_interval(0.0, 1.0, 10.0, -0.7), "weibull shape", "-0.7"),
-    (lambda: model.weibull_interval(0.0, 1.0, 10.0, 0.7, restart_s=-5.0), "restart_s", "-5.0"),
+    (lambda: model.weibull_interval(-1.0, model.Terms(1.0, 10.0), 0.7), "age_s", "-1.0"),
+    (lambda: model.weibull_interval(0.0, model.Terms(0.0, 10.0), 0.7), "save_cost_s", "0.0"),
+    (lambda: model.weibull_interval(0.0, model.Terms(1.0, 10.0), -0.7), "weibull shape", "-0.7"),
+    (lambda: model.Terms(1.0, 10.0, restart_s=-5.0), "restart_s", "-5.0"),
 ]
 
 
@@ -272,7 +274,7 @@ def test_weibull_shape_must_be_positive_even_where_the_mean_is_fine() -> None:
 
 def test_an_interval_no_job_survives_costs_infinitely_much() -> None:
     # shape 2, M = 100 s: surviving 10^7 s has probability e^(−10^10), exactly 0.0
-    assert model.weibull_cost_ratio(1e7, 0.0, 0.0, 100.0, 2.0) == math.inf
+    assert model.weibull_cost_ratio(1e7, 0.0, model.Terms(0.0, 100.0), 2.0) == math.inf
 
 
 def test_the_survival_integral_keeps_its_precision_far_in_the_tail() -> None:
@@ -290,7 +292,8 @@ def test_the_survival_integral_keeps_its_precision_far_in_the_tail() -> None:
         integral, _ = quad(surv, 0, tau + delta, epsabs=0, epsrel=1e-12)
         p = surv(tau + delta)
         expected = integral / (p * tau)
-        assert model.weibull_cost_ratio(tau, age, delta, m, k) == pytest.approx(expected, rel=1e-9)
+        got = model.weibull_cost_ratio(tau, age, model.Terms(delta, m), k)
+        assert got == pytest.approx(expected, rel=1e-9)
 
 
 @pytest.mark.parametrize(
@@ -303,12 +306,10 @@ def test_weibull_inputs_are_rounded_to_four_significant_digits(x, rounded) -> No
 
 
 def test_ages_equal_to_four_digits_share_one_interval_and_others_do_not() -> None:
-    delta, m, k = 22.0, 43945.0, 0.7
-    same = {model.weibull_interval(a, delta, m, k) for a in (12341.0, 12344.0, 12338.0)}
+    terms, k = model.Terms(22.0, 43945.0), 0.7
+    same = {model.weibull_interval(a, terms, k) for a in (12341.0, 12344.0, 12338.0)}
     assert len(same) == 1
-    assert model.weibull_interval(12310.0, delta, m, k) != model.weibull_interval(
-        12340.0, delta, m, k
-    )
+    assert model.weibull_interval(12310.0, terms, k) != model.weibull_interval(12340.0, terms, k)
 
 
 def _survival_quad(age: float, window: float, lam: float, k: float) -> float:
@@ -344,7 +345,7 @@ def test_the_cost_ratio_holds_past_a_cumulative_hazard_of_700(k, hazard) -> None
         window = tau + 0.01 / rate
         p = math.exp(hazard - ((age + window) / lam) ** k)
         expected = _survival_quad(age, window, lam, k) / (p * tau)
-        got = model.weibull_cost_ratio(tau, age, 0.01 / rate, m, k)
+        got = model.weibull_cost_ratio(tau, age, model.Terms(0.01 / rate, m), k)
         assert got == pytest.approx(expected, rel=1e-8)
 
 
@@ -353,7 +354,8 @@ def test_a_wearing_out_job_saves_more_often_the_older_it_gets() -> None:
     jump to the search's upper bound once the cumulative hazard passes 700 (26.5 scales)."""
     delta, m = 22.0, 43945.0
     lam = model.weibull_scale(m, 2.0)
-    taus = [model.weibull_interval(f * lam, delta, m, 2.0) for f in (5, 20, 26, 26.6, 27, 30, 40)]
+    terms = model.Terms(delta, m)
+    taus = [model.weibull_interval(f * lam, terms, 2.0) for f in (5, 20, 26, 26.6, 27, 30, 40)]
     assert taus == sorted(taus, reverse=True)
     assert taus[-1] < model.daly_interval(delta, m)
 
@@ -380,13 +382,15 @@ def test_the_weibull_interval_minimises_the_cost_ratio(age, delta, m, restart) -
 
     r = 0.0 if restart is None else restart
     res = minimize_scalar(
-        lambda lt: model.weibull_cost_ratio(math.exp(lt), age, delta, m, 0.7, r),
+        lambda lt: model.weibull_cost_ratio(
+            math.exp(lt), age, model.Terms(delta, m, restart_s=r), 0.7
+        ),
         bounds=(math.log(1e-3), math.log(20 * m)),
         method="bounded",
         options={"xatol": 1e-9},
     )
     kwargs = {} if restart is None else {"restart_s": restart}
-    got = model.weibull_interval(age, delta, m, 0.7, **kwargs)
+    got = model.weibull_interval(age, model.Terms(delta, m, **kwargs), 0.7)
     assert got == pytest.approx(math.exp(res.x), rel=1e-3)
 
 

@@ -83,7 +83,8 @@ def daly_tau(j: JobState, delta: float, m: float) -> float:
 
 
 def weibull_tau(j: JobState, delta: float, m: float) -> float:
-    return model.weibull_interval(interval_start_age(j), delta, m, 0.7, j.restore_s or 0.0)
+    terms = model.Terms(delta, m, restart_s=j.restore_s or 0.0)
+    return model.weibull_interval(interval_start_age(j), terms, 0.7)
 
 
 INTERVAL = [
@@ -233,7 +234,7 @@ def test_weibull_uses_its_shape() -> None:
     j = job()
     for k in (0.5, 1.0, 2.0):
         assert Weibull(shape=k).decide(NONE, j).interval_s == pytest.approx(
-            model.weibull_interval(2900.0, 8.0, 175_000.0, k, 120.0)
+            model.weibull_interval(2900.0, model.Terms(8.0, 175_000.0, restart_s=120.0), k)
         )
 
 
