@@ -401,6 +401,7 @@ def test_the_weibull_interval_minimises_the_cost_ratio(age, delta, m, restart) -
         (119.0, "119 s"),
         (1668.0, "27.8 min"),
         (175_000.0, "48.6 h"),
+        (3_600_000.0, "1000 h"),  # 1000 h itself in whole hours: 3 figures say 1e+03 h
         (1.824e8, "50667 h"),
         (math.inf, "never"),
     ],
