@@ -76,7 +76,10 @@ def fitted(
         policy=policy,
         reason=reason(delta, mtbf, tau),
         waste=model.waste_approx(
-            tau, delta, mtbf, latency_s=job.save_latency_s or 0.0, restart_s=job.restore_s or 0.0
+            tau,
+            model.Terms(
+                delta, mtbf, latency_s=job.save_latency_s or 0.0, restart_s=job.restore_s or 0.0
+            ),
         ),
     )
 

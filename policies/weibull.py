@@ -49,7 +49,9 @@ class Weibull:
             probe_s=self.probe_s,
             save_cost_s=self.save_cost_s,
             mtbf_s=self.mtbf_s,
-            interval=lambda d, m: model.weibull_interval(age, d, m, k, job.restore_s or 0.0),
+            interval=lambda d, m: model.weibull_interval(
+                age, model.Terms(d, m, restart_s=job.restore_s or 0.0), k
+            ),
             reason=lambda d, m, tau: (
                 f"Weibull k={k:g}: age {model.duration_text(age)}, δ={model.duration_text(d)}, "
                 f"M={model.duration_text(m)} → every {model.duration_text(tau)}"

@@ -253,10 +253,9 @@ def _single(durable: Tier, rates: Rates) -> tuple[float, float, float]:
     delta = max(durable.save_cost_s, 1e-6)
     tau = model.daly_interval(delta, mtbf)
     covered = rates.covered * rates.covered_cost_s
-    lat, rst = durable.latency_s, durable.restart_s
-    reported = model.waste_approx(tau, delta, mtbf, latency_s=lat, restart_s=rst) + covered
-    young = model.young_interval(delta, mtbf)
-    best = model.waste_approx(young, delta, mtbf, latency_s=lat, restart_s=rst) + covered
+    terms = model.Terms(delta, mtbf, latency_s=durable.latency_s, restart_s=durable.restart_s)
+    reported = model.waste_approx(tau, terms) + covered
+    best = model.waste_approx(model.young_interval(delta, mtbf), terms) + covered
     return tau, reported, best
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 
@@ -40,8 +41,8 @@ def test_young_and_daly_match_hand_computed_values(delta, mtbf, young, daly) -> 
     [
         (lambda: model.daly_interval(-1, 10), "save_cost_s"),
         (lambda: model.young_interval(1, 0), "mtbf_s"),
-        (lambda: model.waste_fraction(0, 1, 10), "interval_s"),
-        (lambda: model.weibull_interval(0, 1, 10, shape=0), "shape"),
+        (lambda: model.waste_fraction(0, model.Terms(1, 10)), "interval_s"),
+        (lambda: model.weibull_interval(0, model.Terms(1, 10), shape=0), "shape"),
         (lambda: model.job_mtbf(100, 0), "gpus"),
     ],
 )
@@ -71,35 +72,42 @@ def test_interval_grows_with_cost_and_mtbf(delta, mtbf, factor) -> None:
 def test_waste_is_minimised_at_dalys_interval(mtbf, ratio, latency, restart) -> None:
     delta = ratio * mtbf
     tau = model.daly_interval(delta, mtbf)
-    args = (delta, mtbf, latency * mtbf * 0.01, restart * mtbf * 0.01)
-    w = model.waste_fraction(tau, *args)
+    terms = model.Terms(
+        delta, mtbf, latency_s=latency * mtbf * 0.01, restart_s=restart * mtbf * 0.01
+    )
+    w = model.waste_fraction(tau, terms)
     for f in (0.9, 0.97, 1.03, 1.1):
-        assert w <= model.waste_fraction(tau * f, *args) + 1e-12
+        assert w <= model.waste_fraction(tau * f, terms) + 1e-12
     # and Daly's closed form is within 0.5% of the exact optimum
-    assert tau == pytest.approx(model.optimal_interval(delta, mtbf), rel=5e-3)
+    assert tau == pytest.approx(model.optimal_interval(terms), rel=5e-3)
 
 
 def test_waste_fraction_reduces_to_dalys_model_and_first_order() -> None:
     tau, delta, m, r = 800.0, 30.0, 11000.0, 600.0
     daly_total = m * math.exp(r / m) * math.expm1((tau + delta) / m)
-    assert model.waste_fraction(tau, delta, m, 0.0, r) == pytest.approx(1 - tau / daly_total)
+    daly = model.Terms(delta, m, restart_s=r)
+    assert model.waste_fraction(tau, daly) == pytest.approx(1 - tau / daly_total)
     # for τ ≪ M the exact waste is close to δ/τ + (τ/2 + L + R)/M
-    exact = model.waste_fraction(tau, delta, m, 100.0, r, blocking_s=20.0)
-    approx = model.waste_approx(tau, delta, m, latency_s=100.0, restart_s=r)
+    exact = model.waste_fraction(
+        tau, model.Terms(delta, m, latency_s=100.0, restart_s=r, blocking_s=20.0)
+    )
+    approx = model.waste_approx(tau, model.Terms(delta, m, latency_s=100.0, restart_s=r))
     assert exact == pytest.approx(approx, rel=0.1)
 
 
 def test_latency_and_restart_add_waste_but_do_not_move_the_optimum() -> None:
     delta, m = 20.0, 40000.0
     taus = [500 + 10 * i for i in range(150)]
+
+    def terms(latency_s: float, restart_s: float) -> model.Terms:
+        return model.Terms(delta, m, latency_s=latency_s, restart_s=restart_s, blocking_s=5)
+
     best = [
-        min(taus, key=lambda t, L=L, R=R: model.waste_fraction(t, delta, m, L, R, blocking_s=5))
+        min(taus, key=lambda t, L=L, R=R: model.waste_fraction(t, terms(L, R)))
         for L, R in ((5, 0), (300, 0), (5, 900), (300, 900))
     ]
     assert len(set(best)) == 1
-    assert model.waste_fraction(1200, delta, m, 300, 900, 5) > model.waste_fraction(
-        1200, delta, m, 5, 0, 5
-    )
+    assert model.waste_fraction(1200, terms(300, 900)) > model.waste_fraction(1200, terms(5, 0))
 
 
 def test_async_floor_keeps_one_save_in_flight() -> None:
@@ -111,15 +119,17 @@ def test_async_floor_keeps_one_save_in_flight() -> None:
 def test_weibull_shape_one_is_the_exponential_optimum() -> None:
     delta, m = 22.0, 43945.0
     for age in (0.0, 5000.0, 50000.0):  # memoryless: the age does not matter
-        assert model.weibull_interval(age, delta, m, 1.0) == pytest.approx(
-            model.optimal_interval(delta, m), rel=2e-3
+        terms = model.Terms(delta, m)
+        assert model.weibull_interval(age, terms, 1.0) == pytest.approx(
+            model.optimal_interval(terms), rel=2e-3
         )
 
 
 def test_weibull_bursty_failures_want_short_intervals_early_and_long_later() -> None:
     delta, m = 22.0, 43945.0
-    early = model.weibull_interval(60.0, delta, m, 0.7, restart_s=300)
-    later = [model.weibull_interval(a, delta, m, 0.7, restart_s=300) for a in (1e4, 5e4, 2e5)]
+    terms = model.Terms(delta, m, restart_s=300)
+    early = model.weibull_interval(60.0, terms, 0.7)
+    later = [model.weibull_interval(a, terms, 0.7) for a in (1e4, 5e4, 2e5)]
     assert early < model.daly_interval(delta, m) < later[-1]
     assert later == sorted(later)
 
@@ -136,7 +146,8 @@ def test_weibull_cost_ratio_agrees_with_numeric_integration() -> None:
     integral, _ = quad(surv, 0, tau + delta)
     p = surv(tau + delta)
     expected = (integral + (1 - p) * r) / (p * tau)
-    assert model.weibull_cost_ratio(tau, age, delta, m, k, r) == pytest.approx(expected, rel=1e-9)
+    terms = model.Terms(delta, m, restart_s=r)
+    assert model.weibull_cost_ratio(tau, age, terms, k) == pytest.approx(expected, rel=1e-9)
 
 
 def test_weibull_scale_gives_the_mean() -> None:
@@ -161,24 +172,37 @@ NAMED_ERRORS = [
     (lambda: model.young_interval(1.0, 0.0), "mtbf_s", "0.0"),
     (lambda: model.daly_interval(-1.0, 10.0), "save_cost_s", "-1.0"),
     (lambda: model.daly_interval(1.0, math.inf), "mtbf_s", "inf"),
-    (lambda: model.waste_fraction(0.0, 1.0, 10.0), "interval_s", "0.0"),
-    (lambda: model.waste_fraction(5.0, -2.0, 10.0), "save_cost_s", "-2.0"),
-    (lambda: model.waste_fraction(5.0, 1.0, -10.0), "mtbf_s", "-10.0"),
-    (lambda: model.waste_fraction(5.0, 1.0, 10.0, latency_s=-3.0), "latency_s", "-3.0"),
-    (lambda: model.waste_fraction(5.0, 1.0, 10.0, restart_s=math.nan), "restart_s", "nan"),
-    (lambda: model.waste_fraction(5.0, 1.0, 10.0, blocking_s=-0.5), "blocking_s", "-0.5"),
-    (lambda: model.waste_approx(0.0, 1.0, 10.0), "interval_s", "0.0"),
-    (lambda: model.waste_approx(5.0, 1.0, 0.0), "mtbf_s", "0.0"),
-    (lambda: model.optimal_interval(0.0, 10.0), "save_cost_s", "0.0"),
-    (lambda: model.optimal_interval(1.0, -1.0), "mtbf_s", "-1.0"),
+    # the model's figures are refused once, where they are made into Terms
+    (lambda: model.Terms(-2.0, 10.0), "save_cost_s", "-2.0"),
+    (lambda: model.Terms(math.inf, 10.0), "save_cost_s", "inf"),
+    (lambda: model.Terms(1.0, -10.0), "mtbf_s", "-10.0"),
+    (lambda: model.Terms(1.0, 0.0), "mtbf_s", "0.0"),
+    (lambda: model.Terms(1.0, math.inf), "mtbf_s", "inf"),
+    (lambda: model.Terms(1.0, 10.0, latency_s=-3.0), "latency_s", "-3.0"),
+    (lambda: model.Terms(1.0, 10.0, restart_s=math.nan), "restart_s", "nan"),
+    (lambda: model.Terms(1.0, 10.0, blocking_s=-0.5), "blocking_s", "-0.5"),
+    # and what each function asks beyond them
+    (lambda: model.waste_fraction(0.0, model.Terms(1.0, 10.0)), "interval_s", "0.0"),
+    (lambda: model.waste_approx(0.0, model.Terms(1.0, 10.0)), "interval_s", "0.0"),
+    (lambda: model.waste_approx(math.nan, model.Terms(1.0, 10.0)), "interval_s", "nan"),
+    (lambda: model.optimal_interval(model.Terms(0.0, 10.0)), "save_cost_s", "0.0"),
     (lambda: model.weibull_scale(0.0, 0.7), "mean_s", "0.0"),
     (lambda: model.weibull_scale(100.0, 0.0), "weibull shape", "0.0"),
-    (lambda: model.weibull_interval(-1.0, 1.0, 10.0, 0.7), "age_s", "-1.0"),
-    (lambda: model.weibull_interval(0.0, 0.0, 10.0, 0.7), "save_cost_s", "0.0"),
-    (lambda: model.weibull_interval(0.0, 1.0, 0.0, 0.7), "mtbf_s", "0.0"),
-    (lambda: model.weibull_interval(0.0, 1.0, 10.0, -0.7), "weibull shape", "-0.7"),
-    (lambda: model.weibull_interval(0.0, 1.0, 10.0, 0.7, restart_s=-5.0), "restart_s", "-5.0"),
+    (lambda: model.weibull_interval(-1.0, model.Terms(1.0, 10.0), 0.7), "age_s", "-1.0"),
+    (lambda: model.weibull_interval(0.0, model.Terms(0.0, 10.0), 0.7), "save_cost_s", "0.0"),
+    (lambda: model.weibull_interval(0.0, model.Terms(1.0, 10.0), -0.7), "weibull shape", "-0.7"),
+    (lambda: model.Terms(1.0, 10.0, restart_s=-5.0), "restart_s", "-5.0"),
 ]
+
+
+def test_terms_are_one_frozen_value_with_the_easily_swapped_figures_by_name() -> None:
+    terms = model.Terms(30.0, 11000.0, restart_s=600.0)
+    assert terms.blocked_s == 30.0  # a synchronous save blocks the loop for all of δ
+    assert model.Terms(30.0, 11000.0, blocking_s=0.0).blocked_s == 0.0
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        terms.mtbf_s = 1.0  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        model.Terms(30.0, 11000.0, 100.0, 600.0)  # type: ignore[misc]  # L, R by name only
 
 
 @pytest.mark.parametrize(("call", "name", "value"), NAMED_ERRORS)
@@ -219,16 +243,20 @@ WASTE = [
 
 @pytest.mark.parametrize(("args", "kwargs", "waste"), WASTE)
 def test_waste_fraction_matches_hand_computed_values(args, kwargs, waste) -> None:
-    assert model.waste_fraction(*args, **kwargs) == pytest.approx(waste, abs=1e-7)
+    tau, delta, m = args
+    assert model.waste_fraction(tau, model.Terms(delta, m, **kwargs)) == pytest.approx(
+        waste, abs=1e-7
+    )
 
 
 def test_waste_approx_is_the_first_order_sum() -> None:
     # δ/τ + (τ/2 + L + R)/M = 30/800 + (400 + 100 + 600)/11000 = 0.0375 + 0.1
-    assert model.waste_approx(
-        800.0, 30.0, 11000.0, latency_s=100.0, restart_s=600.0
-    ) == pytest.approx(0.1375)
+    terms = model.Terms(30.0, 11000.0, latency_s=100.0, restart_s=600.0)
+    assert model.waste_approx(800.0, terms) == pytest.approx(0.1375)
     # defaults L = R = 0: 0.0375 + 400/11000
-    assert model.waste_approx(800.0, 30.0, 11000.0) == pytest.approx(0.0375 + 400 / 11000)
+    assert model.waste_approx(800.0, model.Terms(30.0, 11000.0)) == pytest.approx(
+        0.0375 + 400 / 11000
+    )
 
 
 @settings(max_examples=200)
@@ -246,7 +274,7 @@ def test_weibull_shape_must_be_positive_even_where_the_mean_is_fine() -> None:
 
 def test_an_interval_no_job_survives_costs_infinitely_much() -> None:
     # shape 2, M = 100 s: surviving 10^7 s has probability e^(−10^10), exactly 0.0
-    assert model.weibull_cost_ratio(1e7, 0.0, 0.0, 100.0, 2.0) == math.inf
+    assert model.weibull_cost_ratio(1e7, 0.0, model.Terms(0.0, 100.0), 2.0) == math.inf
 
 
 def test_the_survival_integral_keeps_its_precision_far_in_the_tail() -> None:
@@ -264,7 +292,8 @@ def test_the_survival_integral_keeps_its_precision_far_in_the_tail() -> None:
         integral, _ = quad(surv, 0, tau + delta, epsabs=0, epsrel=1e-12)
         p = surv(tau + delta)
         expected = integral / (p * tau)
-        assert model.weibull_cost_ratio(tau, age, delta, m, k) == pytest.approx(expected, rel=1e-9)
+        got = model.weibull_cost_ratio(tau, age, model.Terms(delta, m), k)
+        assert got == pytest.approx(expected, rel=1e-9)
 
 
 @pytest.mark.parametrize(
@@ -277,12 +306,10 @@ def test_weibull_inputs_are_rounded_to_four_significant_digits(x, rounded) -> No
 
 
 def test_ages_equal_to_four_digits_share_one_interval_and_others_do_not() -> None:
-    delta, m, k = 22.0, 43945.0, 0.7
-    same = {model.weibull_interval(a, delta, m, k) for a in (12341.0, 12344.0, 12338.0)}
+    terms, k = model.Terms(22.0, 43945.0), 0.7
+    same = {model.weibull_interval(a, terms, k) for a in (12341.0, 12344.0, 12338.0)}
     assert len(same) == 1
-    assert model.weibull_interval(12310.0, delta, m, k) != model.weibull_interval(
-        12340.0, delta, m, k
-    )
+    assert model.weibull_interval(12310.0, terms, k) != model.weibull_interval(12340.0, terms, k)
 
 
 def _survival_quad(age: float, window: float, lam: float, k: float) -> float:
@@ -318,7 +345,7 @@ def test_the_cost_ratio_holds_past_a_cumulative_hazard_of_700(k, hazard) -> None
         window = tau + 0.01 / rate
         p = math.exp(hazard - ((age + window) / lam) ** k)
         expected = _survival_quad(age, window, lam, k) / (p * tau)
-        got = model.weibull_cost_ratio(tau, age, 0.01 / rate, m, k)
+        got = model.weibull_cost_ratio(tau, age, model.Terms(0.01 / rate, m), k)
         assert got == pytest.approx(expected, rel=1e-8)
 
 
@@ -327,7 +354,8 @@ def test_a_wearing_out_job_saves_more_often_the_older_it_gets() -> None:
     jump to the search's upper bound once the cumulative hazard passes 700 (26.5 scales)."""
     delta, m = 22.0, 43945.0
     lam = model.weibull_scale(m, 2.0)
-    taus = [model.weibull_interval(f * lam, delta, m, 2.0) for f in (5, 20, 26, 26.6, 27, 30, 40)]
+    terms = model.Terms(delta, m)
+    taus = [model.weibull_interval(f * lam, terms, 2.0) for f in (5, 20, 26, 26.6, 27, 30, 40)]
     assert taus == sorted(taus, reverse=True)
     assert taus[-1] < model.daly_interval(delta, m)
 
@@ -354,13 +382,15 @@ def test_the_weibull_interval_minimises_the_cost_ratio(age, delta, m, restart) -
 
     r = 0.0 if restart is None else restart
     res = minimize_scalar(
-        lambda lt: model.weibull_cost_ratio(math.exp(lt), age, delta, m, 0.7, r),
+        lambda lt: model.weibull_cost_ratio(
+            math.exp(lt), age, model.Terms(delta, m, restart_s=r), 0.7
+        ),
         bounds=(math.log(1e-3), math.log(20 * m)),
         method="bounded",
         options={"xatol": 1e-9},
     )
     kwargs = {} if restart is None else {"restart_s": restart}
-    got = model.weibull_interval(age, delta, m, 0.7, **kwargs)
+    got = model.weibull_interval(age, model.Terms(delta, m, **kwargs), 0.7)
     assert got == pytest.approx(math.exp(res.x), rel=1e-3)
 
 
@@ -371,6 +401,7 @@ def test_the_weibull_interval_minimises_the_cost_ratio(age, delta, m, restart) -
         (119.0, "119 s"),
         (1668.0, "27.8 min"),
         (175_000.0, "48.6 h"),
+        (3_600_000.0, "1000 h"),  # 1000 h itself in whole hours: 3 figures say 1e+03 h
         (1.824e8, "50667 h"),
         (math.inf, "never"),
     ],

@@ -97,7 +97,8 @@ def test_without_a_local_tier_the_answer_is_dalys_exactly() -> None:
         )
         assert got.waste == pytest.approx(
             model.waste_approx(
-                got.interval_s, max(delta, 1e-6), mtbf, latency_s=120.0, restart_s=600.0
+                got.interval_s,
+                model.Terms(max(delta, 1e-6), mtbf, latency_s=120.0, restart_s=600.0),
             ),
             rel=1e-12,
         )

@@ -83,7 +83,8 @@ def daly_tau(j: JobState, delta: float, m: float) -> float:
 
 
 def weibull_tau(j: JobState, delta: float, m: float) -> float:
-    return model.weibull_interval(interval_start_age(j), delta, m, 0.7, j.restore_s or 0.0)
+    terms = model.Terms(delta, m, restart_s=j.restore_s or 0.0)
+    return model.weibull_interval(interval_start_age(j), terms, 0.7)
 
 
 INTERVAL = [
@@ -101,7 +102,8 @@ def expected(name: str, tau: float, delta: float, m: float, j: JobState) -> Deci
         policy=name,
         interval_s=tau,
         waste=model.waste_approx(
-            tau, delta, m, latency_s=j.save_latency_s or 0.0, restart_s=j.restore_s or 0.0
+            tau,
+            model.Terms(delta, m, latency_s=j.save_latency_s or 0.0, restart_s=j.restore_s or 0.0),
         ),
         reason="",
     )
@@ -129,7 +131,9 @@ def test_pinned_figures_replace_the_job_s_own(cls, name, tau_of) -> None:
     tau = tau_of(j, 2.0, 40_000.0)
     assert (d.interval_s, d.waste) == (
         pytest.approx(tau),
-        pytest.approx(model.waste_approx(tau, 2.0, 40_000.0, latency_s=60.0, restart_s=120.0)),
+        pytest.approx(
+            model.waste_approx(tau, model.Terms(2.0, 40_000.0, latency_s=60.0, restart_s=120.0))
+        ),
     )
     # only one pinned: the other is still the job's
     assert cls(save_cost_s=2.0).decide(NONE, j).interval_s == pytest.approx(
@@ -230,7 +234,7 @@ def test_weibull_uses_its_shape() -> None:
     j = job()
     for k in (0.5, 1.0, 2.0):
         assert Weibull(shape=k).decide(NONE, j).interval_s == pytest.approx(
-            model.weibull_interval(2900.0, 8.0, 175_000.0, k, 120.0)
+            model.weibull_interval(2900.0, model.Terms(8.0, 175_000.0, restart_s=120.0), k)
         )
 
 

@@ -102,9 +102,14 @@ def test_the_closed_form_is_dalys_for_a_synchronous_save() -> None:
     for s in CASES.values():
         k = oracle_steps(s)
         tau = k * s.step_time_s
-        waste = model.waste_fraction(
-            tau, s.save_cost_s, s.job_mtbf_s, s.latency_s, s.restore_s + s.warmup_s, s.blocking_s
+        terms = model.Terms(
+            s.save_cost_s,
+            s.job_mtbf_s,
+            latency_s=s.latency_s,
+            restart_s=s.restore_s + s.warmup_s,
+            blocking_s=s.blocking_s,
         )
+        waste = model.waste_fraction(tau, terms)
         assert 1 - tau / theory.cycle_s(s, k) == pytest.approx(waste, rel=1e-9)
         # a run is many cycles: its whole expectation is close to the steady state
         cycles = s.steps / k
