@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from adaptd.commands import _report_tiers as tiers
-from adaptd.protocol.job import JIT_REASON
+from adaptd.protocol.job import JIT_REASON, tier_name
 from adaptd.state.store import DecisionRecord, FailureRecord, SaveRecord, Store
 
 __all__ = [
@@ -514,7 +514,7 @@ def html_page(h: History, png: bytes, *, rows: int = TABLE_ROWS) -> str:
         body.append(
             f"<tr{cls}><td>{e(_utc(s.ended))}</td><td>{s.step}</td><td>{s.ranks}</td>"
             f"<td>{s.blocking_s * 1000:.1f}</td><td>{s.durable_s:.2f}</td>"
-            f"<td>{s.bytes / 1e6:.1f}</td><td>{tiers.tier_word(s.tier)}</td>"
+            f"<td>{s.bytes / 1e6:.1f}</td><td>{tier_name(s.tier)}</td>"
             f"<td>{'ok' if s.ok else 'FAILED'}</td>"
             f"<td>{e(s.error or s.reason)}</td><td>{e(s.path)}</td></tr>"
         )

@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 from adaptd.state.store import DecisionRecord
 
-__all__ = ["cadence", "draw_local", "stats_row", "tier_word", "title_part"]
+__all__ = ["cadence", "draw_local", "stats_row", "title_part"]
 
 
 class _Save(Protocol):
@@ -31,11 +31,6 @@ def cadence(decisions: Sequence[DecisionRecord]) -> int | None:
 def title_part(k: int | None) -> str:
     """What the figure's title says of the tiers ("" with one)."""
     return f"; two tiers: every {k}th save durable" if k else ""
-
-
-def tier_word(tier: str) -> str:
-    """A save's tier as the table shows it."""
-    return "local" if tier == "local" else "durable"
 
 
 def stats_row(saves: Sequence[_Save], k: int | None) -> tuple[str, str] | None:
