@@ -62,14 +62,13 @@ from adaptd import __version__
 from adaptd.core.snapshot import Snapshot
 from adaptd.daemon import events
 from adaptd.metrics.scrape import JOB, ReplicationCollector, ReplicationView, SnapshotCollector
-from adaptd.protocol.job import tier_name
+from adaptd.protocol.job import TIER_NAMES, tier_name
 from adaptd.state.records import DecisionRecord, FailureRecord, SaveRecord, record_of
 
 __all__ = [
     "JOB",
     "SAVE_BUCKETS",
     "TIER",
-    "TIERS",
     "Metrics",
     "MetricsError",
     "MetricsServer",
@@ -81,7 +80,6 @@ __all__ = [
 #: The save-time histograms' ``tier`` label: where the save went (docs/tiers.md); one
 #: tier's saves are all ``durable``, a job with two has ``local`` ones beside.
 TIER = "tier"
-TIERS = ("local", "durable")
 
 #: Histogram buckets for save times: 1 ms to 10 min, about three per decade.
 SAVE_BUCKETS = (
@@ -143,8 +141,8 @@ class Metrics:
         )  # fmt: skip
         self.save_durable = Histogram(
             "adaptd_save_durable_seconds",
-            "Time from the save call until the checkpoint was written to its tier "
-            "(successful saves; tier=durable: durable).",
+            "Time from the save call until the checkpoint was written to its tier: durable "
+            "storage, or the local tier (successful saves).",
             [JOB, TIER], buckets=SAVE_BUCKETS, registry=r,
         )  # fmt: skip
         self.saves = Counter(
@@ -396,7 +394,7 @@ class Metrics:
             _remove(metric, job)
         for result in ("ok", "failed"):
             _remove(self.saves, job, result)
-        for tier in TIERS:
+        for tier in TIER_NAMES:
             _remove(self.save_blocking, job, tier)
             _remove(self.save_durable, job, tier)
         with self._lock:
