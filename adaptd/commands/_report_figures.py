@@ -10,7 +10,8 @@ it works beside a running daemon). Four panels share one time axis (UTC):
 2. how long each save took to become durable, with the planned interval: a save
    slower than the interval is one the alert rules count as bad;
 3. the interval the policy chose (a step line, one step per decision) and the
-   interval actually seen between successive saves, with urgent save requests;
+   interval actually seen between successive saves, with urgent save requests; with
+   two tiers also k, "every k-th save durable", over time (on a right axis);
 4. step time: as recorded with decisions, and the extra step time a save caused.
 
 Failed saves are red crosses in panels 1-2 and red lines across all panels; job
@@ -36,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from adaptd.commands import _report_tiers as tiers
-from adaptd.protocol.job import JIT_REASON
+from adaptd.protocol.job import JIT_REASON, tier_name
 from adaptd.state.store import DecisionRecord, FailureRecord, SaveRecord, Store
 
 __all__ = [
@@ -366,6 +367,12 @@ def png_bytes(h: History, *, slow_save_s: float = 1.0) -> bytes:
             ls="-.",
             label="urgent save requested" if i == 0 else None,
         )
+    cadence = tiers.draw_cadence(
+        ax_int,
+        _dates,
+        h.decisions,
+        max([*(s.ended for s in h.saves), *(d.time for d in h.decisions)], default=0.0),
+    )
     ax_int.set_title("Save interval chosen by the policy", loc="left")
 
     # 4. step time
@@ -440,7 +447,8 @@ def png_bytes(h: History, *, slow_save_s: float = 1.0) -> bytes:
     for ax in axes:
         handles, _ = ax.get_legend_handles_labels()
         if handles:  # beside the panel, so it never hides a point or a threshold
-            ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+            x = 1.04 if cadence is not None and ax is ax_int else 1.01  # past k's ticks
+            ax.legend(loc="upper left", bbox_to_anchor=(x, 1.0), fontsize=8, frameon=False)
     top = max([ALERT_BLOCKING_S, *(s.blocking_s for s in h.saves)])
     ax_block.set_ylim(top=top * 3)
     _linear_unit(ax_dur, "durable time", [s.durable_s for s in h.saves])
@@ -514,7 +522,7 @@ def html_page(h: History, png: bytes, *, rows: int = TABLE_ROWS) -> str:
         body.append(
             f"<tr{cls}><td>{e(_utc(s.ended))}</td><td>{s.step}</td><td>{s.ranks}</td>"
             f"<td>{s.blocking_s * 1000:.1f}</td><td>{s.durable_s:.2f}</td>"
-            f"<td>{s.bytes / 1e6:.1f}</td><td>{tiers.tier_word(s.tier)}</td>"
+            f"<td>{s.bytes / 1e6:.1f}</td><td>{tier_name(s.tier)}</td>"
             f"<td>{'ok' if s.ok else 'FAILED'}</td>"
             f"<td>{e(s.error or s.reason)}</td><td>{e(s.path)}</td></tr>"
         )

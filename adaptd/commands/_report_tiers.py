@@ -1,5 +1,6 @@
 """The two tiers in ``adaptd report`` (docs/tiers.md): the plan's durable cadence k
-and which saves went to the local tier only.
+(named in the title, and drawn over time on the interval panel) and which saves went
+to the local tier only.
 
 Kept apart from the drawing (:mod:`adaptd.commands._report_figures`): each function
 takes the store's records, or the report's save points, and says what to show.
@@ -12,7 +13,10 @@ from typing import Any, Protocol
 
 from adaptd.state.store import DecisionRecord
 
-__all__ = ["cadence", "draw_local", "stats_row", "tier_word", "title_part"]
+__all__ = ["CADENCE_COLOUR", "cadence", "draw_cadence", "draw_local", "stats_row", "title_part"]
+
+#: The k line's colour: no other line of the figure has it.
+CADENCE_COLOUR = "tab:pink"
 
 
 class _Save(Protocol):
@@ -31,11 +35,6 @@ def cadence(decisions: Sequence[DecisionRecord]) -> int | None:
 def title_part(k: int | None) -> str:
     """What the figure's title says of the tiers ("" with one)."""
     return f"; two tiers: every {k}th save durable" if k else ""
-
-
-def tier_word(tier: str) -> str:
-    """A save's tier as the table shows it."""
-    return "local" if tier == "local" else "durable"
 
 
 def stats_row(saves: Sequence[_Save], k: int | None) -> tuple[str, str] | None:
@@ -58,3 +57,25 @@ def draw_local(ax: Any, dates: Any, saves: Sequence[_Save]) -> None:
             s=40, marker="s", facecolors="none", edgecolors="tab:green", linewidths=1.2,
             zorder=4, label=f"saved to the local tier only ({len(local)})",
         )  # fmt: skip
+
+
+def draw_cadence(ax: Any, dates: Any, decisions: Sequence[DecisionRecord], end: float) -> Any:
+    """Draw k over time, one step per plan up to ``end``, on a second y axis (right) of
+    the interval panel ``ax``, when a plan in the window had two tiers; a one-tier plan
+    among them is k = 1 (every save durable). Returns that axis, or None (one tier: no
+    axis, no line). The line's legend entry joins ``ax``'s."""
+    planned = [d for d in decisions if not d.urgent]
+    if not any(d.durable_every for d in planned):
+        return None
+    from matplotlib.ticker import MaxNLocator
+
+    ks = [d.durable_every or 1 for d in planned]
+    xs = dates([d.time for d in planned] + [max(end, planned[-1].time)])
+    style = {"color": CADENCE_COLOUR, "lw": 1.6, "ls": "--"}
+    twin = ax.twinx()
+    twin.step(xs, [*ks, ks[-1]], where="post", **style)
+    twin.set_ylim(0, max(ks) + 1)
+    twin.yaxis.set_major_locator(MaxNLocator(integer=True, nbins=4))
+    twin.tick_params(axis="y", colors=CADENCE_COLOUR, labelsize=8)
+    ax.plot([], [], label="k: every k-th save durable (right axis)", **style)
+    return twin

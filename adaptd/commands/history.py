@@ -1,6 +1,7 @@
 """``adaptd history JOB [--since WHEN] [--json]``: a job's saves as a table, newest last.
 
-Per save: when it ended, the step, the rank (for a job of several), why it was taken,
+Per save: when it ended, the step, the rank (for a job of several), its tier (``local``
+for a two-tier job's save to its local tier only, else ``durable``), why it was taken,
 how long it blocked the loop, how long until it was durable, its size and whether it
 succeeded (the error of each failed one below the table). ``--json`` prints the
 daemon's reply for scripts.
@@ -30,11 +31,12 @@ from adaptd.protocol.admin import (
     HistoryRequest,
     HistorySave,
 )
+from adaptd.protocol.job import tier_name
 
 if TYPE_CHECKING:
     from adaptd.daemon.admin.context import AdminContext
 
-HELP = "show a job's saves (step, reason, blocked, durable, size, ok/error), newest last"
+HELP = "show a job's saves (step, tier, reason, blocked, durable, size, ok/error), newest last"
 REQUEST = HistoryRequest
 REPLY = HistoryReply
 
@@ -103,7 +105,7 @@ def _when(t: float) -> str:
 def _row(s, ranks: bool) -> tuple[str, ...]:
     rank = (str(s.rank),) if ranks else ()
     figures = (tables.duration(s.blocking_s), tables.duration(s.durable_s), tables.size(s.bytes))
-    return (_when(s.ended), str(s.step), *rank, s.reason or "-", *figures,
+    return (_when(s.ended), str(s.step), *rank, tier_name(s.tier), s.reason or "-", *figures,
             "ok" if s.ok else "FAILED")  # fmt: skip
 
 
@@ -115,8 +117,8 @@ def parts(reply: object, *, since: float | None = None, limit: int = DEFAULT_LIM
     if not reply.saves:
         return [f"{reply.job}: no saves{window}"]
     ranks = len({s.rank for s in reply.saves}) > 1
-    header = ("ENDED", "STEP", *(("RANK",) if ranks else ()), "REASON", "BLOCKED", "DURABLE",
-              "SIZE", "RESULT")  # fmt: skip
+    header = ("ENDED", "STEP", *(("RANK",) if ranks else ()), "TIER", "REASON", "BLOCKED",
+              "DURABLE", "SIZE", "RESULT")  # fmt: skip
     rows = [_row(s, ranks) for s in reply.saves]
     numeric = frozenset(range(1, 3 if ranks else 2)) | frozenset(
         range(len(header) - 4, len(header) - 1)

@@ -14,6 +14,11 @@ Names follow the Prometheus conventions: prefix ``adaptd_``, base units
 (``_seconds``, ``_bytes``, ``_ratio`` for 0..1 fractions), ``_total`` on counters.
 The per-job label is ``job_id``, not ``job``: Prometheus attaches its own ``job``
 label to every scraped series, and a clash would rename ours to ``exported_job``.
+The save-time histograms (``adaptd_save_blocking_seconds``, ``adaptd_save_durable_seconds``)
+also have a ``tier`` label: ``durable`` for a save to the checkpoint directory (every
+save of a one-tier job), ``local`` for a two-tier job's save to its local tier only
+(docs/tiers.md), created at zero once the job's plan has two tiers; summing over ``tier``
+gives all of a job's saves.
 
 Host figures and the replication series are rendered at scrape time by the
 collectors of :mod:`adaptd.metrics.scrape`. Tiered storage (the daemon's Replicator,
@@ -57,11 +62,13 @@ from adaptd import __version__
 from adaptd.core.snapshot import Snapshot
 from adaptd.daemon import events
 from adaptd.metrics.scrape import JOB, ReplicationCollector, ReplicationView, SnapshotCollector
+from adaptd.protocol.job import TIER_NAMES, tier_name
 from adaptd.state.records import DecisionRecord, FailureRecord, SaveRecord, record_of
 
 __all__ = [
     "JOB",
     "SAVE_BUCKETS",
+    "TIER",
     "Metrics",
     "MetricsError",
     "MetricsServer",
@@ -69,6 +76,10 @@ __all__ = [
     "upload_histogram",
 ]
 
+
+#: The save-time histograms' ``tier`` label: where the save went (docs/tiers.md); one
+#: tier's saves are all ``durable``, a job with two has ``local`` ones beside.
+TIER = "tier"
 
 #: Histogram buckets for save times: 1 ms to 10 min, about three per decade.
 SAVE_BUCKETS = (
@@ -125,13 +136,14 @@ class Metrics:
 
         self.save_blocking = Histogram(
             "adaptd_save_blocking_seconds",
-            "Time a save blocked the training loop.",
-            [JOB], buckets=SAVE_BUCKETS, registry=r,
+            "Time a save blocked the training loop, by tier (local, durable).",
+            [JOB, TIER], buckets=SAVE_BUCKETS, registry=r,
         )  # fmt: skip
         self.save_durable = Histogram(
             "adaptd_save_durable_seconds",
-            "Time from the save call until the checkpoint was durable (successful saves).",
-            [JOB], buckets=SAVE_BUCKETS, registry=r,
+            "Time from the save call until the checkpoint was written to its tier: durable "
+            "storage, or the local tier (successful saves).",
+            [JOB, TIER], buckets=SAVE_BUCKETS, registry=r,
         )  # fmt: skip
         self.saves = Counter(
             "adaptd_saves", "Saves reported, by result (ok, failed).", [JOB, "result"], registry=r
@@ -241,12 +253,18 @@ class Metrics:
         or failure is an *increase* that ``increase()``/``rate()`` can see.
         """
         self.started.labels(job).set(time)
-        for metric in (self.save_blocking, self.save_durable, self.save_bytes, self.failures):
+        for metric in (self.save_bytes, self.failures):
             metric.labels(job)
+        self._start_tier(job, "durable")
         for result in ("ok", "failed"):
             self.saves.labels(job, result)
         self.bad_streak.labels(job).set(self._streaks.get(job, 0))
         self.paused.labels(job).set(0)
+
+    def _start_tier(self, job: str, tier: str) -> None:
+        """Create the job's save-time histograms of ``tier`` at zero (see on_job_started)."""
+        for metric in (self.save_blocking, self.save_durable):
+            metric.labels(job, tier)
 
     def on_save(self, rec: SaveRecord, *, counted: bool = True) -> None:
         """A save report arrived (the same record the store keeps).
@@ -255,10 +273,10 @@ class Metrics:
         (another rank already reported this step) keeps it out of the save count and
         the bad-save streak, so four ranks of one failed save are one failure.
         """
-        job = rec.job
-        self.save_blocking.labels(job).observe(rec.blocking_s)
+        job, tier = rec.job, tier_name(rec.tier)
+        self.save_blocking.labels(job, tier).observe(rec.blocking_s)
         if rec.ok:
-            self.save_durable.labels(job).observe(rec.durable_s)
+            self.save_durable.labels(job, tier).observe(rec.durable_s)
             self.save_bytes.labels(job).inc(rec.bytes)
             self.host_save_bytes.inc(rec.bytes)
             with self._lock:  # ranks' reports may arrive out of order: keep the newest
@@ -368,7 +386,7 @@ class Metrics:
         counter must keep counting.
         """
         for metric in (
-            self.save_blocking, self.save_durable, self.save_bytes, self.bad_streak,
+            self.save_bytes, self.bad_streak,
             self.last_save, self.started, self.interval_s, self.interval_steps, self.waste,
             self.durable_every, self.step_time, self.paused, self.decisions, self.failures,
             self.restore_fallbacks,
@@ -376,6 +394,9 @@ class Metrics:
             _remove(metric, job)
         for result in ("ok", "failed"):
             _remove(self.saves, job, result)
+        for tier in TIER_NAMES:
+            _remove(self.save_blocking, job, tier)
+            _remove(self.save_durable, job, tier)
         with self._lock:
             self._streaks.pop(job, None)
             self._planned_s.pop(job, None)
@@ -404,6 +425,7 @@ class Metrics:
                     _remove(self.durable_every, ev.job)
                 else:
                     self.durable_every.labels(ev.job).set(every)
+                    self._start_tier(ev.job, "local")
         elif isinstance(rec, FailureRecord):
             self.on_failure(rec)
         elif isinstance(ev, events.JobRegistered):

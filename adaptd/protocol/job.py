@@ -40,6 +40,7 @@ __all__ = [
     "MAX_TEXT",
     "REPORT_INTERVAL_S",
     "ROUND_TIMEOUT_S",
+    "TIER_NAMES",
     "VERSION",
     "Ack",
     "Action",
@@ -78,6 +79,7 @@ __all__ = [
     "decode_rank",
     "encode",
     "encode_json",
+    "tier_name",
 ]
 
 #: Protocol version. Bump on any incompatible change.
@@ -145,6 +147,16 @@ Operation = _t.Literal["set_policy", "pause", "resume", "save_now"]
 #: Where a save went, or a run was restored from (two tiers, docs/tiers.md): "" is the
 #: job's durable checkpoint directory (the only tier before), "local" its local tier.
 Tier = _t.Literal["", "local"]
+
+
+#: The tiers' names for people and metrics (:func:`tier_name`).
+TIER_NAMES = ("local", "durable")
+
+
+def tier_name(tier: str) -> str:
+    """A save's tier as people and metrics name it: ``"local"``, or ``"durable"`` for the
+    checkpoint directory (``""``)."""
+    return "local" if tier == "local" else "durable"
 
 
 class Message(

@@ -1,10 +1,11 @@
 """``adaptd history JOB``: a job's saves from the daemon's state database, newest last.
 
 Against a real ``adaptd serve`` (its own state database): a raw rank reports saves
-(one failed), ``history`` lists them as a table in human units and as JSON, keeps the
-newest ``--limit``, filters ``--since``; a daemon without a database and an unknown
-job are refused with one line. Also here: the daemon-asking commands stop quietly
-when their output pipe is closed (tests/test_broken_pipe.py has the others).
+(one failed, one to the local tier of two), ``history`` lists them as a table in human
+units (with each save's tier) and as JSON, keeps the newest ``--limit``, filters
+``--since``; a daemon without a database and an unknown job are refused with one line.
+Also here: the daemon-asking commands stop quietly when their output pipe is closed
+(tests/test_broken_pipe.py has the others).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ def saved(shared_daemon, zctx_module):
     database, and job ``hist-2`` whose two ranks saved step 5."""
     peer = Peer(zctx_module, shared_daemon.endpoint)
     peer.hello("hist")
-    report(peer, "hist", 10)
+    report(peer, "hist", 10, tier="local")  # two tiers: a save to the local tier only
     report(peer, "hist", 20, ok=False, error="disk full (test)", durable_s=0.0, bytes=0)
     report(peer, "hist", 30, blocking_s=1.5, durable_s=150.0, bytes=int(1.5 * 2**30),
            reason="operator request")  # fmt: skip
@@ -72,13 +73,14 @@ def test_the_table_lists_every_save_newest_last_in_human_units(saved, capsys) ->
     rc, out, err = history(capsys, "hist", "--socket", saved)
     assert rc == 0, err
     lines = out.splitlines()
-    assert lines[0].split() == ["ENDED", "STEP", "REASON", "BLOCKED", "DURABLE", "SIZE", "RESULT"]
+    header = ["ENDED", "STEP", "TIER", "REASON", "BLOCKED", "DURABLE", "SIZE", "RESULT"]
+    assert lines[0].split() == header
     rows = [ln.split() for ln in lines[1:4]]
-    # ENDED is a date and a time: the step is the third word
-    assert [r[2] for r in rows] == ["10", "20", "30"]
-    assert rows[0][3:] == ["every", "10", "steps", "12ms", "850ms", "3.0MiB", "ok"]
+    # ENDED is a date and a time: the step is the third word, the tier the fourth
+    assert [r[2:4] for r in rows] == [["10", "local"], ["20", "durable"], ["30", "durable"]]
+    assert rows[0][4:] == ["every", "10", "steps", "12ms", "850ms", "3.0MiB", "ok"]
     assert rows[1][-1] == "FAILED" and rows[1][-2] == "0B"
-    assert rows[2][3:] == ["operator", "request", "1.5s", "2.5min", "1.5GiB", "ok"]
+    assert rows[2][4:] == ["operator", "request", "1.5s", "2.5min", "1.5GiB", "ok"]
     assert "step 20 failed: disk full (test)" in lines
     assert lines[-1] == "hist: 3 saves, 1 failed"
 
@@ -91,6 +93,7 @@ def test_json_is_the_daemons_reply_for_scripts(saved, capsys) -> None:
     first = data["saves"][0]
     assert (first["blocking_s"], first["durable_s"], first["bytes"]) == (0.012, 0.85, 3 * MIB)
     assert data["saves"][1]["ok"] is False and data["saves"][1]["error"] == "disk full (test)"
+    assert [s["tier"] for s in data["saves"]] == ["local", "", ""]
     assert abs(data["saves"][2]["ended"] - time.time()) < 600
 
 
@@ -118,8 +121,8 @@ def test_since_keeps_the_window(saved, capsys) -> None:
 def test_a_job_of_several_ranks_shows_the_rank(saved, capsys) -> None:
     rc, out, _ = history(capsys, "hist-2", "--socket", saved)
     lines = out.splitlines()
-    assert rc == 0 and lines[0].split()[:4] == ["ENDED", "STEP", "RANK", "REASON"]
-    assert [ln.split()[2:4] for ln in lines[1:3]] == [["5", "0"], ["5", "1"]]
+    assert rc == 0 and lines[0].split()[:5] == ["ENDED", "STEP", "RANK", "TIER", "REASON"]
+    assert [ln.split()[2:5] for ln in lines[1:3]] == [["5", "0", "durable"], ["5", "1", "durable"]]
 
 
 def test_an_unknown_job_and_no_daemon_are_one_line_each(saved, short_dir, capsys) -> None:

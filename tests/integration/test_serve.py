@@ -229,7 +229,7 @@ def test_restart_keeps_learned_costs_failure_rate_history_and_settings(
     job = (("job_id", "j1"),)
     assert metrics[("adaptd_saves_total", (*job, ("result", "ok")))] == 3
     assert metrics[("adaptd_job_paused", job)] == 1
-    assert metrics[("adaptd_save_blocking_seconds_count", job)] == 3
+    assert metrics[("adaptd_save_blocking_seconds_count", (*job, ("tier", "durable")))] == 3
     assert metrics[("adaptd_jobs_connected", ())] == 1
     assert (
         sum(v for (name, _), v in metrics.items() if name == "adaptd_rejected_messages_total") == 1

@@ -2,8 +2,8 @@
 memory tier and reports a cheap local save beside a costly durable one gets a plan
 from the ``tiers`` policy that makes only every k-th save durable (k > 1), the plan
 carries k, and ``adaptd status --json`` shows it beside the interval; the daemon's
-database keeps k with the decision and each save's tier, which ``adaptd history
---json`` and ``adaptd report`` show."""
+database keeps k with the decision and each save's tier, which ``adaptd history``
+(its table and ``--json``) and ``adaptd report`` show."""
 
 from __future__ import annotations
 
@@ -83,6 +83,12 @@ def test_the_daemon_plans_two_tiers_from_the_measured_costs(short_dir: Path, ctx
         ).stdout  # fmt: skip
         tiers = {(s["step"], s["tier"]) for s in json.loads(hist)["saves"]}
         assert (10, "local") in tiers and (20, "") in tiers, tiers
+        plain = subprocess.run(
+            [sys.executable, "-m", "adaptd.cli", "history", "j1", "--socket", str(sock)],
+            capture_output=True, text=True, timeout=30, check=True,
+        ).stdout.splitlines()  # fmt: skip
+        assert plain[0].split()[2] == "TIER"
+        assert [ln.split()[2:4] for ln in plain[1:3]] == [["10", "local"], ["20", "durable"]]
         d.terminate()
         assert peer.until(p.SaveNow).reason == "shutdown"  # the drain: a durable save
         peer.steps(step + 1, count=1, mean_s=0.5)

@@ -19,9 +19,10 @@ T = 1_700_000_000.0
 
 
 def save(job: str, *, blocking: float = 0.02, durable: float = 2.0, ok: bool = True,
-         nbytes: int = 1000, ended: float = T) -> SaveRecord:  # fmt: skip
+         nbytes: int = 1000, ended: float = T, tier: str = "") -> SaveRecord:  # fmt: skip
     return SaveRecord(job=job, rank=0, step=1, started=ended - durable, ended=ended,
-                      blocking_s=blocking, durable_s=durable, bytes=nbytes, ok=ok)  # fmt: skip
+                      blocking_s=blocking, durable_s=durable, bytes=nbytes, ok=ok,
+                      tier=tier)  # fmt: skip
 
 
 def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -46,6 +47,9 @@ def busy_host() -> Metrics:
     m.on_save(save("llama", blocking=0.004, durable=12.0, nbytes=7_000_000_000, ended=T - 300))
     m.on_save(save("llama", blocking=7.5, durable=40.0, nbytes=7_000_000_000, ended=T))
     m.on_save(save("bert", ok=False))
+    m.on_job_started("t5", time=T - 60)  # two tiers: a local save beside a durable one
+    m.on_save(save("t5", blocking=0.003, durable=0.004, tier="local"))
+    m.on_save(save("t5", blocking=0.8, durable=9.0))
     m.on_failure(FailureRecord("llama", T - 100, lost_at_step=950, resumed_step=900))
     m.on_rejected("malformed")
     m.on_rejected("malformed")
@@ -104,15 +108,19 @@ def test_values_follow_events(scrape: object) -> None:
     text = scrape(busy_host())  # type: ignore[operator]
     v = lambda name, **kw: value(text, name, **kw)  # noqa: E731
     # histograms: one llama save fell above the 5 s bucket, one below 5 ms
-    assert v("adaptd_save_blocking_seconds_count", job_id="llama") == 2
-    assert v("adaptd_save_blocking_seconds_bucket", job_id="llama", le="0.005") == 1
-    assert v("adaptd_save_blocking_seconds_bucket", job_id="llama", le="5.0") == 1
-    assert v("adaptd_save_blocking_seconds_bucket", job_id="llama", le="10.0") == 2
-    assert v("adaptd_save_blocking_seconds_sum", job_id="llama") == pytest.approx(7.504)
-    assert v("adaptd_save_durable_seconds_sum", job_id="llama") == pytest.approx(52.0)
+    assert v("adaptd_save_blocking_seconds_count", job_id="llama", tier="durable") == 2
+    assert v("adaptd_save_blocking_seconds_bucket", job_id="llama", tier="durable", le="0.005") == 1
+    assert v("adaptd_save_blocking_seconds_bucket", job_id="llama", tier="durable", le="5.0") == 1
+    assert v("adaptd_save_blocking_seconds_bucket", job_id="llama", tier="durable", le="10.0") == 2
+    assert v("adaptd_save_blocking_seconds_sum", job_id="llama", tier="durable") == pytest.approx(
+        7.504
+    )
+    assert v("adaptd_save_durable_seconds_sum", job_id="llama", tier="durable") == pytest.approx(
+        52.0
+    )
     # a failed save blocked the loop but never became durable
-    assert v("adaptd_save_blocking_seconds_count", job_id="bert") == 1
-    assert v("adaptd_save_durable_seconds_count", job_id="bert") == 0
+    assert v("adaptd_save_blocking_seconds_count", job_id="bert", tier="durable") == 1
+    assert v("adaptd_save_durable_seconds_count", job_id="bert", tier="durable") == 0
     assert v("adaptd_saves_total", job_id="bert", result="failed") == 1
     assert v("adaptd_saves_total", job_id="llama", result="ok") == 2
     assert v("adaptd_save_written_bytes_total", job_id="llama") == 14e9
@@ -207,6 +215,8 @@ def test_remove_job_stops_its_series() -> None:
     m.remove_job("never-seen")  # no error
     text = m.render().decode()
     assert not [k for k in samples(text) if ("job_id", "llama") in k[1]]
+    m.remove_job("t5")  # both tiers' series go
+    assert not [k for k in samples(m.render().decode()) if ("job_id", "t5") in k[1]]
     assert value(text, "adaptd_saves_total", job_id="bert", result="failed") == 1
 
 
@@ -273,3 +283,35 @@ def test_a_two_tier_plan_shows_its_durable_cadence() -> None:
     one = Decision(next_step=10, every_steps=10, reason="one tier")
     m.on_event(events.PlanChanged(2.0, T, "j", 2, 0, one, 1, step_time_s=0.5))
     assert value(m.render().decode(), "adaptd_job_durable_every", job_id="j") is None
+
+
+def test_save_times_are_apart_by_tier(scrape: object) -> None:
+    """A two-tier job's local saves and durable saves fill separate histograms (the
+    tier label), so their costs are seen apart; a one-tier job has durable ones only."""
+    text = scrape(busy_host())  # type: ignore[operator]
+    v = lambda name, tier, **kw: value(text, name, job_id="t5", tier=tier, **kw)  # noqa: E731
+    assert v("adaptd_save_blocking_seconds_count", "local") == 1
+    assert v("adaptd_save_blocking_seconds_sum", "local") == pytest.approx(0.003)
+    assert v("adaptd_save_durable_seconds_sum", "local") == pytest.approx(0.004)
+    assert v("adaptd_save_blocking_seconds_count", "durable") == 1
+    assert v("adaptd_save_blocking_seconds_sum", "durable") == pytest.approx(0.8)
+    assert v("adaptd_save_durable_seconds_bucket", "durable", le="5.0") == 0
+    assert v("adaptd_save_durable_seconds_bucket", "durable", le="10.0") == 1
+    assert value(text, "adaptd_save_blocking_seconds_count", job_id="llama", tier="local") is None
+
+
+def test_a_two_tier_plan_creates_the_local_series_at_zero() -> None:
+    """The local tier's histograms exist from the two-tier plan on, so ``increase()``
+    sees the first local save; a one-tier job starts with the durable ones only."""
+    from adaptd.core.snapshot import Decision
+    from adaptd.daemon import events
+
+    m = Metrics()
+    m.on_job_started("j", time=T)
+    count = lambda tier: value(  # noqa: E731
+        m.render().decode(), "adaptd_save_blocking_seconds_count", job_id="j", tier=tier
+    )
+    assert (count("durable"), count("local")) == (0, None)
+    two = Decision(next_step=10, every_steps=10, durable_every=4, reason="two tiers")
+    m.on_event(events.PlanChanged(1.0, T, "j", 1, 0, two, 1, step_time_s=0.5))
+    assert (count("durable"), count("local")) == (0, 0)

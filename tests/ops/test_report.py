@@ -297,3 +297,67 @@ def test_the_axes_fit_a_short_run_and_a_probe_beside_short_intervals() -> None:
         assert ax2.get_yscale() == "linear"  # close values keep a linear axis
     finally:
         plt.close(fig)
+
+
+# --------------------------------------------------------------------------- two tiers
+
+PINK = (227, 119, 194)  # tab:pink, the k line's colour (_report_tiers.CADENCE_COLOUR)
+
+
+def _pixels(data: bytes, rgb: tuple[int, int, int]) -> int:
+    with Image.open(io.BytesIO(data)) as im:
+        return sum(n for n, c in im.convert("RGB").getcolors(maxcolors=1 << 20) if c == rgb)
+
+
+def _two_tiers(path: Path) -> None:
+    """A job whose plan goes from k=4 to k=6 over an hour, a local save every 60 s and
+    every k-th durable."""
+    with Store.open(path, clock=lambda: T0 + 3600 + 60) as store:
+        for t, k in ((T0, 4), (T0 + 1800, 6)):
+            store.record_decision(DecisionRecord("two", t, int(t - T0), None, 60,
+                                                 policy="tiers", reason="two tiers",
+                                                 interval_s=60.0, durable_every=k))  # fmt: skip
+        for n in range(1, 60):
+            k = 4 if n * 60 < 1800 else 6
+            durable = n % k == 0
+            store.record_save(SaveRecord("two", 0, n * 60, T0 + n * 60 - 1, T0 + n * 60,
+                                         2.0 if durable else 0.01, 20.0 if durable else 0.02,
+                                         1 << 20, tier="" if durable else "local"))  # fmt: skip
+
+
+def test_the_figure_draws_k_over_time_for_a_two_tier_job_only(db: Path, tmp_path: Path) -> None:
+    """The interval panel gets a step line of k (durable_every), on its own right axis,
+    for a job that had two tiers; a one-tier job's figure has no such line."""
+    path = tmp_path / "two.sqlite3"
+    _two_tiers(path)
+    with Store.open(path, readonly=True) as store:
+        two = report.png_bytes(report.load(store, "two"))
+    with Store.open(db, readonly=True) as store:
+        one = report.png_bytes(report.load(store, JOB))
+    assert _png_size(two) == (1200, 1100)
+    assert _pixels(one, PINK) == 0
+    assert _pixels(two, PINK) > 300  # the line across the panel, its legend and its axis
+
+
+def test_the_k_line_steps_with_each_plan() -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from adaptd.commands import _report_tiers as tiers
+
+    plans = [DecisionRecord("j", T0, 0, None, durable_every=4),
+             DecisionRecord("j", T0 + 5, 5, None, urgent=True),  # not a plan
+             DecisionRecord("j", T0 + 10, 10, None),  # one tier for a while: k = 1
+             DecisionRecord("j", T0 + 20, 20, None, durable_every=6)]  # fmt: skip
+    fig, ax = plt.subplots()
+    try:
+        twin = tiers.draw_cadence(ax, report._dates, plans, T0 + 30)
+        (line,) = twin.get_lines()
+        assert list(line.get_ydata()) == [4, 1, 6, 6]
+        assert twin.get_ylim() == (0, 7)
+        assert "k: every k-th save durable" in ax.get_legend_handles_labels()[1][0]
+        assert tiers.draw_cadence(ax, report._dates, plans[1:3], T0 + 30) is None
+    finally:
+        plt.close(fig)

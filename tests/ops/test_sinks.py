@@ -84,7 +84,9 @@ def test_metrics_follow_a_jobs_life() -> None:
     job = (("job_id", "llm"),)
     assert vals[("adaptd_saves_total", (("job_id", "llm"), ("result", "failed")))] == 1
     assert vals[("adaptd_saves_total", (("job_id", "llm"), ("result", "ok")))] == 1
-    assert vals[("adaptd_save_blocking_seconds_count", job)] == 4  # every rank's block counts
+    assert (
+        vals[("adaptd_save_blocking_seconds_count", (*job, ("tier", "durable")))] == 4
+    )  # every rank's block counts
     assert vals[("adaptd_save_written_bytes_total", job)] == 1000
     assert vals[("adaptd_job_bad_save_streak", job)] == 0  # failed once, then saved
     assert vals[("adaptd_job_failures_total", job)] == 1
