@@ -155,3 +155,19 @@ def test_the_hooks_own_local_tier_and_its_environment_win_over_the_config(
         None, None,
     )  # fmt: skip
     assert len(asked) == 1, "asked the daemon although the hook had its own setting"
+
+
+def test_an_answer_after_the_hooks_deadline_is_left_alone(fake_daemon) -> None:
+    """A JobConfig that comes once the run has started (the daemon answered late) does
+    not change the run's tier, and is not taken for an agreement record."""
+    from tests.client.test_session_relay import JOB, session_of
+
+    session, chief = session_of(fake_daemon.endpoint)
+    handed: list[p.DaemonMessage] = []
+    chief.message = lambda msg, n, now: handed.append(msg)  # type: ignore[method-assign]
+    try:
+        late = p.JobConfig(v=p.VERSION, job=JOB, local_tier="/dev/shm/adaptd/{job}")
+        session.on_message(late, 1, time.perf_counter())
+        assert handed == []
+    finally:
+        session.link.close()
