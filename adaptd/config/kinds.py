@@ -234,8 +234,12 @@ def _job_directory(
     for placeholder in placeholders:
         probe = probe.replace(placeholder, "x")
     if "{" in probe or "}" in probe:
-        allowed = " and ".join(placeholders)
-        raise check.fail(dotted, f"the only placeholders allowed are {allowed}, got {v!r}")
+        allowed = (
+            f"the only placeholder allowed is {placeholders[0]} (the job id)"
+            if len(placeholders) == 1
+            else f"the only placeholders allowed are {' and '.join(placeholders)}"
+        )
+        raise check.fail(dotted, f"{allowed}, got {v!r}")
     if not v.strip() or not Path(probe).expanduser().is_absolute():
         raise check.fail(dotted, f"must be an absolute path, got {show(v)}")
     pattern = ctx["pattern"]
