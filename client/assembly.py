@@ -13,6 +13,7 @@ before; nothing is wired afterwards.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ from adaptd.client.agreement.authority import Authority, Solo
 from adaptd.client.agreement.daemon_rounds import DaemonRounds
 from adaptd.client.agreement.ranks import Identity
 from adaptd.client.agreement.rounds import Agreement
+from adaptd.client.daemon import job_config
 from adaptd.client.daemon.link import DaemonLink
 from adaptd.client.daemon.policy import PolicyChoice
 from adaptd.client.daemon.session import DaemonSession
@@ -48,6 +50,9 @@ from adaptd.client.save.writer import Writer
 from adaptd.core.estimators import JobTracker
 from adaptd.core.policy import Policy
 from adaptd.protocol import paths
+from adaptd.protocol.job import JobConfig
+
+log = logging.getLogger("adaptd.client")
 
 
 @dataclass(frozen=True)
@@ -132,7 +137,8 @@ def parts(
     )
     schedule = SaveSchedule()
     authority: Authority = Solo(schedule)
-    local, local_part = local_tier(state, part, job, who.rank, options)
+    ask = lambda: job_config.ask(link, job, who.rank)  # noqa: E731  (only when needed)
+    local, local_part = local_tier(state, part, job, who.rank, options, configured=ask)
     restorer: Restorer = Alone(directory, source)
     scratch = None
     if coordinated:
@@ -169,21 +175,41 @@ def parts(
 
 
 def local_tier(
-    state: CheckpointState, part: RankPart | None, job: str, rank: int, options: HookOptions
+    state: CheckpointState,
+    part: RankPart | None,
+    job: str,
+    rank: int,
+    options: HookOptions,
+    *,
+    configured: Callable[[], JobConfig | None] = lambda: None,
 ) -> tuple[LocalTier | None, RankPart | None]:
-    """The job's local tier (``options.local_tier``, else ``$ADAPTD_LOCAL_TIER``; None:
-    one tier) and this rank's own part of each local save (a multi-worker rank)."""
+    """The job's local tier and this rank's own part of each local save (a multi-worker
+    rank); None: one tier.
+
+    The tier is ``options.local_tier``, else ``$ADAPTD_LOCAL_TIER``, else, when neither
+    is set (``""`` in either says: one tier, whatever the daemon's config), what the
+    daemon's config says (``configured()``: its ``[jobs."ID"]`` entry, with that
+    entry's ``local_tier_memory`` and ``local_tier_disk`` where it sets them)."""
     chosen = options.local_tier if options.local_tier is not None else os.environ.get(LOCAL_ENV)
+    memory, disk = options.local_tier_memory, options.local_tier_disk
+    if chosen is None:
+        given = configured()
+        if given is not None and given.local_tier:
+            chosen = given.local_tier
+            if given.local_tier_memory is not None:
+                memory = given.local_tier_memory
+            disk = given.local_tier_disk or disk
+            log.info("local tier %s from the daemon's config for job %s", chosen, job)
     if not chosen:
         return None, None
     home = _placed("local_tier", chosen, job, rank)
     fallback = (
-        _placed("local_tier_disk", options.local_tier_disk, job, rank)
-        if options.local_tier_disk
+        _placed("local_tier_disk", disk, job, rank)
+        if disk
         else base_dir(None, os.environ) / f"adaptd-local-{job}-rank{rank}"
     )
     local = LocalTier(state.checkpoint, home, fallback=fallback,
-                      budget=MemoryBudget(options.local_tier_memory))  # fmt: skip
+                      budget=MemoryBudget(memory))  # fmt: skip
     local_part = None
     if part is not None:
         local_part = RankPart(part.trackables, rank=rank, world_size=part.world_size,

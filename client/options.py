@@ -87,7 +87,10 @@ class HookOptions:
             local disk; ``{job}`` and ``{rank}`` are replaced. The plan's saves go
             there, and every ``durable_every``-th (the plan's) to ``directory`` too;
             a restart on the same host restores the newest of either. Default
-            ``$ADAPTD_LOCAL_TIER``; None or "": one tier, every save to ``directory``.
+            ``$ADAPTD_LOCAL_TIER``, else the daemon's ``[jobs."ID"] local_tier`` (with
+            that entry's ``local_tier_memory``/``local_tier_disk``), asked for when the
+            hook is built (:mod:`adaptd.client.daemon.job_config`); else, or "": one
+            tier, every save to ``directory``.
         local_tier_memory: the share (0-1] of the host's available memory a memory
             tier may hold (the copies kept and the one being written).
         local_tier_disk: the local-disk directory a full memory tier falls back to

@@ -29,12 +29,15 @@ __all__ = [
     "JOB_PLACEHOLDER",
     "LOG_LEVELS",
     "OFF",
+    "RANK_PLACEHOLDER",
     "parse_listen",
 ]
 
 DB_NAME = "adaptd.sqlite3"
-#: Stands for the job id in ``jobs."PATTERN".staging``.
+#: Stands for the job id in ``jobs."PATTERN".staging`` and ``.local_tier``.
 JOB_PLACEHOLDER = "{job}"
+#: Stands for the rank in ``jobs."PATTERN".local_tier`` (each rank its own directory).
+RANK_PLACEHOLDER = "{rank}"
 LOG_LEVELS = {
     "debug": logging.DEBUG,
     "info": logging.INFO,
@@ -221,13 +224,22 @@ def show_path(v: Path | None) -> str | None:
 # --------------------------------------------------------------------------- [jobs."PATTERN"]
 
 
-def staging(check: Check, v: Any, dotted: str, ctx: Mapping[str, Any]) -> str:
+def _job_directory(
+    check: Check, v: Any, dotted: str, ctx: Mapping[str, Any], placeholders: tuple[str, ...]
+) -> str:
+    """An absolute directory template whose only placeholders are ``placeholders``;
+    an entry whose pattern is a glob must name the job (``{job}``): each job its own."""
     v = string(check, v, dotted, ctx)
-    probe = v.replace(JOB_PLACEHOLDER, "job")
+    probe = v
+    for placeholder in placeholders:
+        probe = probe.replace(placeholder, "x")
     if "{" in probe or "}" in probe:
-        raise check.fail(
-            dotted, f"the only placeholder allowed is {JOB_PLACEHOLDER} (the job id), got {v!r}"
+        allowed = (
+            f"the only placeholder allowed is {placeholders[0]} (the job id)"
+            if len(placeholders) == 1
+            else f"the only placeholders allowed are {' and '.join(placeholders)}"
         )
+        raise check.fail(dotted, f"{allowed}, got {v!r}")
     if not v.strip() or not Path(probe).expanduser().is_absolute():
         raise check.fail(dotted, f"must be an absolute path, got {show(v)}")
     pattern = ctx["pattern"]
@@ -238,6 +250,34 @@ def staging(check: Check, v: Any, dotted: str, ctx: Mapping[str, Any]) -> str:
             f"job id (each job saves to its own directory), got {v!r}",
         )
     return str(Path(v).expanduser())
+
+
+def staging(check: Check, v: Any, dotted: str, ctx: Mapping[str, Any]) -> str:
+    return _job_directory(check, v, dotted, ctx, (JOB_PLACEHOLDER,))
+
+
+def local_tier(check: Check, v: Any, dotted: str, ctx: Mapping[str, Any]) -> str:
+    """The job's local tier (docs/tiers.md): ``{job}`` and ``{rank}`` are replaced by
+    the hook, which gets it from its daemon."""
+    return _job_directory(check, v, dotted, ctx, (JOB_PLACEHOLDER, RANK_PLACEHOLDER))
+
+
+def beside_local_tier(parse: Parse) -> Parse:
+    """A setting of the local tier (its memory share, its fallback directory): only in
+    an entry that sets ``local_tier`` too."""
+
+    def checked(check: Check, v: Any, dotted: str, ctx: Mapping[str, Any]) -> Any:
+        value = parse(check, v, dotted, ctx)
+        if ctx.get("local_tier") is None:
+            where = dotted.rsplit(".", 1)[0]
+            raise check.fail(
+                dotted,
+                f"needs {where}.local_tier too: the directory of the job's local tier "
+                '(e.g. local_tier = "/dev/shm/adaptd/{job}/{rank}"), which this setting is of',
+            )
+        return value
+
+    return checked
 
 
 def replicate_to(check: Check, v: Any, dotted: str, ctx: Mapping[str, Any]) -> tuple[str, ...]:

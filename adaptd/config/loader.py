@@ -94,6 +94,10 @@ class JobOverride:
     paused: bool | None = None
     staging: str | None = None
     replicate_to: tuple[str, ...] | None = None
+    #: The job's local tier (two tiers), sent to its hook: ``{job}``/``{rank}`` kept.
+    local_tier: str | None = None
+    local_tier_memory: float | None = None
+    local_tier_disk: str | None = None
 
     def staging_dir(self, job: str) -> Path | None:
         """The job's staging directory (``None``: not configured)."""

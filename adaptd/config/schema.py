@@ -35,10 +35,12 @@ from adaptd.config.kinds import (
     DB_NAME,
     admin_beside,
     admin_socket,
+    beside_local_tier,
     boolean,
     etcd_urls,
     existing_file,
     listen,
+    local_tier,
     log_level,
     mode,
     name,
@@ -205,6 +207,19 @@ JOB_SETTINGS: tuple[Setting, ...] = (
             "the `[destinations.NAME]` sections the daemon copies each finished checkpoint "
             "to; needs `staging` in the same entry; an unknown destination is an error with "
             "a did-you-mean", "—", show=lambda v: None if v is None else list(v)),
+    Setting("local_tier", local_tier, None,
+            "two tiers (see [tiers.md](tiers.md)): the absolute directory of the job's local "
+            "tier, host memory on a tmpfs (`/dev/shm/adaptd/{job}/{rank}`) or a local disk; "
+            "`{job}` and `{rank}` are replaced (`{job}` required in a glob entry). Sent to "
+            "the job's hook when it starts, so the job saves there without a change to its "
+            "script; the hook's own `local_tier` or `$ADAPTD_LOCAL_TIER` wins over it", "—"),
+    Setting("local_tier_memory", beside_local_tier(number(0, maximum=1)), None,
+            "the share (0-1] of the host's available memory the job's memory tier may hold "
+            "(the hook's `local_tier_memory`); needs `local_tier` in the same entry",
+            "the hook's"),
+    Setting("local_tier_disk", beside_local_tier(local_tier), None,
+            "the local-disk directory a full memory tier falls back to (`{job}`, `{rank}` "
+            "replaced); needs `local_tier` in the same entry", "the hook's"),
 )  # fmt: skip
 
 STORAGE_SETTINGS: tuple[Setting, ...] = (

@@ -26,6 +26,7 @@ from adaptd.daemon.admin.handler import AdminHandler, HistorySource, admin_gid
 from adaptd.daemon.admin.status import ReplicationSource, StatusExtra, StatusView
 from adaptd.daemon.jobs.delivery import Delivery
 from adaptd.daemon.jobs.handler import JobHandler
+from adaptd.daemon.jobs.job_config import JobConfigSource, nothing
 from adaptd.daemon.jobs.memory_tier import MemoryTiers
 from adaptd.daemon.jobs.ops import JobOps
 from adaptd.daemon.jobs.planner import Planner, snapshot_now
@@ -57,6 +58,8 @@ class Seams:
       :class:`~adaptd.daemon.jobs.view.RegistryView`) from seams made before the daemon.
     - ``tracker_factory``: a new job's tracker from its first hello (default: a fresh one).
     - ``config_settings``: the config's settings for a job met for the first time.
+    - ``job_config``: the config's answer to a rank asking for its job's settings (its
+      local tier; default: nothing configured).
     - ``status_extra``, ``replication_source``: more for ``adaptd status``.
     - ``history_source``: the saves ``adaptd history`` shows (``None``: refused).
     - ``decide_again``: job ids to decide again at once, read after each tick's hooks
@@ -72,6 +75,7 @@ class Seams:
     jobs: JobTable = field(default_factory=JobTable)
     tracker_factory: Callable[[Hello], JobTracker] | None = None
     config_settings: ConfiguredSettings | None = None
+    job_config: JobConfigSource = nothing
     status_extra: StatusExtra | None = None
     replication_source: ReplicationSource | None = None
     history_source: HistorySource | None = None
@@ -163,7 +167,7 @@ def assemble(options: DaemonOptions, seams: Seams) -> DaemonParts:
                          delivery=delivery, share=options.memory_tier_share)  # fmt: skip
     return DaemonParts(
         core=core,
-        jobs=JobHandler(core),
+        jobs=JobHandler(core, seams.job_config),
         admin=admin,
         # after the seams' hooks: the snapshot is sampled first
         tick_hooks=(*seams.tick_hooks, memory.tick),

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 from adaptd.config.loader import Config
 from adaptd.daemon import assembly
 from adaptd.daemon.host_snapshot import HostSnapshot
+from adaptd.daemon.jobs import job_config
 from adaptd.daemon.jobs.table import JobTable
 from adaptd.daemon.jobs.view import RegistryView
 from adaptd.daemon.options import DaemonOptions
@@ -185,6 +186,7 @@ def _around(
         jobs=table,
         tracker_factory=learned.tracker_for,
         config_settings=lambda job: configured_settings(cfg, job),
+        job_config=job_config.from_overrides(cfg.job_override),
         status_extra=lambda: status_extra(snapshot(), fleet),
         replication_source=replicator.status if replicator is not None else None,
         # ``adaptd history``: queued rows are flushed first, so a save reported a

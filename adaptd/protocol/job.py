@@ -6,6 +6,7 @@ fields and oversized frames are rejected with :class:`ProtocolError`), so the
 daemon validates every message before it looks at it. Nothing is ever unpickled.
 
 Client -> daemon: :class:`Hello`, :class:`Steps`, :class:`SaveReport`, :class:`Goodbye`,
+:class:`AskConfig` (answered by :class:`JobConfig`: the job's configured local tier),
 and for jobs of several ranks :class:`Ack`, :class:`JobPlan`, :class:`Request`,
 :class:`SaveCost` (the chief forwards another rank's cost of a save: δ of a job is
 its slowest rank's; accepted from any rank of the job, since it names another rank).
@@ -45,6 +46,7 @@ __all__ = [
     "Ack",
     "Action",
     "AgreementKind",
+    "AskConfig",
     "ClientMessage",
     "Count",
     "DaemonMessage",
@@ -54,6 +56,7 @@ __all__ = [
     "Figure",
     "Goodbye",
     "Hello",
+    "JobConfig",
     "JobId",
     "JobPlan",
     "Message",
@@ -246,6 +249,18 @@ class SaveReport(Message, frozen=True, tag="save_report"):
     tier: Tier = ""  # "local": the save went to the local tier only, not made durable
 
 
+class AskConfig(Message, frozen=True, tag="ask_config"):
+    """Before its restore, a rank with no local tier of its own asks its daemon for
+    the job's configured settings (``[jobs."ID"]``): answered by :class:`JobConfig`
+    from any connection, hello or not. A daemon older than this message refuses it
+    (an :class:`Error`, code ``invalid``): the rank then has none from its daemon. Only
+    a hook that asks is answered with :class:`JobConfig`, so a hook that does not know
+    that message never receives it."""
+
+    job: JobId
+    rank: Count = 0
+
+
 class Goodbye(Message, frozen=True, tag="goodbye"):
     """A clean exit: the job is not counted as failed."""
 
@@ -322,6 +337,18 @@ class Plan(Message, frozen=True, tag="plan"):
     # the bytes the job's memory tier may hold on this host, the daemon's share of the
     # host's available memory (None: not budgeted; left out, so older hooks decode it)
     memory_budget: Count | None = None
+
+
+class JobConfig(Message, frozen=True, tag="job_config"):
+    """The daemon's answer to :class:`AskConfig`: the job's local tier from the
+    config (docs/tiers.md), ``""``: none configured; ``{job}`` and ``{rank}`` are
+    left for the rank to replace. ``local_tier_memory``/``local_tier_disk``: the
+    entry's memory share and fallback directory (None and "": not set there)."""
+
+    job: JobId
+    local_tier: Text = ""
+    local_tier_memory: _t.Annotated[float, msgspec.Meta(gt=0, le=1)] | None = None
+    local_tier_disk: Text = ""
 
 
 class SaveNow(Message, frozen=True, tag="save_now"):
@@ -442,9 +469,11 @@ class SaveCost(Message, frozen=True, tag="save_cost"):
 
 
 ClientMessage = _t.Union[  # noqa: UP007
-    Hello, Steps, SaveReport, Goodbye, Ack, JobPlan, Request, SaveCost
+    Hello, Steps, SaveReport, Goodbye, Ack, JobPlan, Request, SaveCost, AskConfig
 ]
-DaemonMessage = _t.Union[Welcome, Plan, SaveNow, Error, Propose, Decide, Relay]  # noqa: UP007
+DaemonMessage = _t.Union[  # noqa: UP007
+    Welcome, Plan, SaveNow, Error, Propose, Decide, Relay, JobConfig
+]
 #: The records ranks exchange among themselves (on TensorFlow's coordination service).
 RankMessage = _t.Union[  # noqa: UP007
     Propose, Ack, Decide, Request, RestoreOffer, Restored, SaveCost

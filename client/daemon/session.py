@@ -392,6 +392,8 @@ class DaemonSession:
             elif msg.code not in self._error_codes:
                 self._error_codes.add(msg.code)
                 log.warning("the daemon refused a message (%s): %s", msg.code, msg.message)
+        elif isinstance(msg, protocol.JobConfig):
+            pass  # a late answer to the hook's question: the run keeps the tier it began with
         else:  # the agreement's records (Propose, Decide, Relay)
             self.authority.message(msg, n, now)
 

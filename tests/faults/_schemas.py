@@ -53,8 +53,8 @@ def _kinds() -> list[Kind]:
     def kinds(classes, decode, encode, refusal, version):  # type: ignore[no-untyped-def]
         return [Kind(c, decode, encode, refusal, version) for c in classes]
 
-    client = (p.Hello, p.Steps, p.SaveReport, p.Goodbye, p.Ack, p.JobPlan, p.Request)
-    daemon = (p.Welcome, p.Plan, p.SaveNow, p.Error, p.Propose, p.Decide, p.Relay)
+    client = (p.Hello, p.Steps, p.SaveReport, p.Goodbye, p.Ack, p.JobPlan, p.Request, p.AskConfig)
+    daemon = (p.Welcome, p.Plan, p.SaveNow, p.Error, p.Propose, p.Decide, p.Relay, p.JobConfig)
     ops = (
         admin.StatusRequest,
         admin.SaveNowRequest,
@@ -127,6 +127,8 @@ CEILING = {("hello", "world_size"): 2**20, ("hello", "gpus"): 1024}
 STEP_TIMES = {("steps", "mean_s"), ("steps", "max_s")}
 #: The drain an operator may ask for: (0, 1 day].
 DRAIN = ("drain", "timeout_s")
+#: A share of the host's memory (a configured local tier's): (0, 1].
+SHARE = ("job_config", "local_tier_memory")
 MAX_COUNT = 2**63 - 1  # SQLite's INTEGER; a bigger step or byte count breaks the store
 MAX_SECONDS = 1e9  # about 32 years: no report carries a longer duration
 MAX_ID = 256
@@ -210,6 +212,8 @@ def edges(kind: Kind, name: str, t: mi.Type) -> list[Edge]:
             out = _float_edges(0.0, False, math.inf)
         elif (tag, name) == DRAIN:
             out = _float_edges(0.0, True, 86_400.0)
+        elif (tag, name) == SHARE:
+            out = _float_edges(0.0, True, 1.0)
         else:  # a measured duration
             out = _float_edges(0.0, False, MAX_SECONDS)
         if (tag, name) in STEP_TIMES:

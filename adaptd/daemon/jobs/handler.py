@@ -9,6 +9,8 @@
 - checks the connection: a report must come from the connection that said hello
   as that job and rank (the kernel's or CURVE's credentials,
   :func:`adaptd.daemon.transport.peer_cred`, decide who may take a rank);
+- answers a rank's question for its job's configured settings, hello or not
+  (:mod:`~adaptd.daemon.jobs.job_config`);
 - hands it to the part that owns what it says: the
   :class:`~adaptd.daemon.jobs.registry.Registry` (hello, steps, save report, goodbye),
   the drains waiting for saves, the :class:`~adaptd.daemon.jobs.delivery.Delivery`
@@ -25,6 +27,7 @@ import logging
 
 import zmq
 
+from adaptd.daemon.jobs import job_config
 from adaptd.daemon.jobs.records import Job, PeerCred, Rank
 from adaptd.daemon.jobs.registry import HelloRefused, RegistryFull
 from adaptd.daemon.logfmt import logfmt
@@ -40,8 +43,12 @@ log = logging.getLogger("adaptd.server")
 class JobHandler:
     """Handles the job socket's messages, one at a time, in the daemon's loop."""
 
-    def __init__(self, core: Core) -> None:
+    def __init__(
+        self, core: Core, configured: job_config.JobConfigSource = job_config.nothing
+    ) -> None:
         self.core = core
+        #: A job's configured settings, for a rank that asks before its hello.
+        self.configured = configured
 
     def reject(self, identity: bytes | None, code: str, message: str, *, counter: str = "") -> None:
         """Count, log (throttled) and answer a refused message with an Error (when the
@@ -78,6 +85,9 @@ class JobHandler:
         c.stats.by_kind[kind] += 1
         if isinstance(msg, p.Hello):
             self.on_hello(identity, msg, now, peer_cred(parts[1]))
+            return
+        if isinstance(msg, p.AskConfig):  # before the hello: no connection check
+            c.transport.send(identity, self.configured(msg.job))
             return
         where = c.registry.peer(identity)
         if where is None:
