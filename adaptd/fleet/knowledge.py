@@ -10,7 +10,9 @@
   and then resumed from an older step (a failure) lived its age × GPUs GPU-seconds; a
   job that ended cleanly, or still runs, survived that long (censored);
 - the :class:`~adaptd.fleet.failures.FailureRecord` it publishes and the Weibull shape
-  fitted to everything the fleet published (refitted only when that changes).
+  fitted to everything the fleet published (refitted only when that changes);
+- the failure classes (:class:`~adaptd.fleet.classes.FleetClasses`: process per job,
+  host fleet-wide, jobs that moved hosts), published in the same record.
 """
 
 from __future__ import annotations
