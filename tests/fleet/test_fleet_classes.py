@@ -29,6 +29,8 @@ from adaptd.core.failure_rates import PRIOR_PROCESS_MTBF_S, FailureClasses
 from adaptd.fleet.classes import ClassTotals, FleetClasses
 from adaptd.fleet.failures import FailureRecord
 from adaptd.fleet.keys import KeySpace, range_end
+from adaptd.fleet.part import FLEET_HISTORY_KEY
+from adaptd.state.store import GLOBAL, Store
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "daemon"))
 from daemon_helpers import Peer  # the daemon tests' raw rank
@@ -77,6 +79,18 @@ def wait_etcd(server: Etcd, prefix: str, pred: Callable[[dict[str, ClassTotals]]
         assert time.monotonic() < end, f"etcd never showed the expected classes: {got}"
         time.sleep(0.1)  # polling etcd (no event to wait on from here)
     return got
+
+
+def wait_kept(host: Host, pred: Callable[[dict], bool]) -> dict:
+    """The failure classes ``host``'s daemon kept in its state database, once ``pred``."""
+    end = time.monotonic() + WAIT_S
+    while True:
+        with Store.open(host.dir / "adaptd.sqlite3", readonly=True) as db:
+            kept = (db.param(GLOBAL, FLEET_HISTORY_KEY) or {}).get("classes")
+        if kept is not None and pred(kept):
+            return kept
+        assert time.monotonic() < end, f"{host.name} never kept the expected classes: {kept}"
+        time.sleep(0.1)  # polling the database (no event to wait on from here)
 
 
 def process_failure(peer_a: Peer, peer_b: Peer, job: str) -> None:
@@ -131,6 +145,7 @@ def test_a_job_that_moves_hosts_is_one_host_failure_for_the_fleet(
         got = wait_etcd(etcd, fleet_prefix, lambda g: g["host-b"].host_failures == 1)
         assert sum(t.host_failures for t in got.values()) == 1  # the fleet's figure
 
+        wait_kept(b, lambda kept: kept["moves"] == 1)  # in B's store: a kill keeps it
         b.daemon.kill()  # B's daemon dies and restarts; the job's ranks say hello again
         b.daemon.wait()
         b.start_daemon()
