@@ -72,6 +72,12 @@ class JobRegistered(JobEvent):
     incarnation: int
     restore_fallback: str = ""  # the rank skipped a damaged newest checkpoint: which, why
     jobs_active: int | None = None  # active jobs in the registry after this event
+    # how the hello was understood (registry.HelloKind) and what it said of the tiers:
+    # the fleet tells a job that moved hosts by them (adaptd.fleet.classes)
+    hello_kind: str = ""
+    local_tier: str = ""
+    resumed_tier: str = ""
+    local_intact: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -147,6 +147,7 @@ def _around(
         failure_rate=rate,
         gpu_mtbf_s=cfg.gpu_mtbf_s,
         host_gpus=lambda: len(sampler.latest().gpus) or None,
+        bind_classes=fleet.link.knowledge.classes.bind if fleet is not None else None,
     )
     uploads = upload_histogram()
     replicator = None

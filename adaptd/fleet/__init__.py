@@ -10,6 +10,7 @@ reads its :class:`FleetView` as facts. Implementation, one concern per module:
 - :mod:`adaptd.fleet.membership`: hosts up, this host's role;
 - :mod:`adaptd.fleet.slots`: the fair, leased semaphore on shared storage targets;
 - :mod:`adaptd.fleet.failures`: failure totals and the Weibull shape from the fleet;
+- :mod:`adaptd.fleet.classes`: process failures per job, host failures fleet-wide;
 - :mod:`adaptd.fleet.targets`: which storage targets are shared, by fleet-wide name;
 - :mod:`adaptd.fleet.agent`: the thread that ties them together.
 

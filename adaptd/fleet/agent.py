@@ -67,6 +67,7 @@ class FleetView:
     granted: frozenset[str] = frozenset()  # this host's jobs holding a slot
     waiting: frozenset[str] = frozenset()  # this host's jobs queued for one
     records: tuple[FailureRecord, ...] = ()
+    records_at: float | None = None  # monotonic time ``records`` were read
     grants: int = 0  # slots granted to this host's jobs since start
     conflicts: int = 0  # grant transactions another daemon won first
     errors: int = 0  # rounds that failed
@@ -275,10 +276,10 @@ class FleetAgent:
             with self._lock:
                 if self._to_publish.get(model) is record:
                     del self._to_publish[model]
-        records = self._view.records
+        records, records_at = self._view.records, self._view.records_at
         if now >= self._next_failures or to_publish:
             found, skipped = read_records(s)
-            records = tuple(found)
+            records, records_at = tuple(found), now
             for line in skipped:
                 log.warning(logfmt("fleet_record_skipped", error=line))
             self._next_failures = now + self.failures_every_s
@@ -305,6 +306,7 @@ class FleetAgent:
             granted=state.granted,
             waiting=state.waiting,
             records=records,
+            records_at=records_at,
             grants=prev.grants + state.new_grants,
             conflicts=prev.conflicts + state.conflicts,
             rejoins=max(0, self._sessions - 1),

@@ -29,8 +29,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from adaptd.core.estimators import FailureRate
 from adaptd.fleet.session import EtcdSession
@@ -55,6 +56,10 @@ class FailureRecord:
     lifetimes: tuple[float, ...] = ()  # GPU-seconds lived by incarnations that failed
     survivals: tuple[float, ...] = ()  # GPU-seconds lived by incarnations that did not
     updated: float = 0.0  # wall-clock time of the record
+    #: The host's failure classes (:class:`~adaptd.fleet.classes.ClassTotals`, as a dict)
+    #: under the JSON key ``classes``; None: not published (a daemon before them, whose
+    #: records are read as ever; a daemon before them ignores the key).
+    classes: Mapping[str, Any] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if not (self.gpu_seconds >= 0 and self.failures >= 0):
@@ -71,16 +76,17 @@ class FailureRecord:
         object.__setattr__(self, "survivals", tuple(self.survivals[-MAX_LIFETIMES:]))
 
     def to_json(self) -> bytes:
-        return json.dumps(
-            {
-                "version": RECORD_VERSION,
-                "gpu_seconds": self.gpu_seconds,
-                "failures": self.failures,
-                "lifetimes": list(self.lifetimes),
-                "survivals": list(self.survivals),
-                "updated": self.updated,
-            }
-        ).encode()
+        out: dict[str, Any] = {
+            "version": RECORD_VERSION,
+            "gpu_seconds": self.gpu_seconds,
+            "failures": self.failures,
+            "lifetimes": list(self.lifetimes),
+            "survivals": list(self.survivals),
+            "updated": self.updated,
+        }
+        if self.classes is not None:
+            out["classes"] = dict(self.classes)
+        return json.dumps(out).encode()
 
     @classmethod
     def from_json(cls, host: str, gpu_model: str, raw: bytes) -> FailureRecord:
@@ -97,6 +103,7 @@ class FailureRecord:
                 lifetimes=tuple(float(t) for t in d.get("lifetimes", ())),
                 survivals=tuple(float(t) for t in d.get("survivals", ())),
                 updated=float(d.get("updated", 0.0)),
+                classes=d["classes"] if isinstance(d.get("classes"), dict) else None,
             )
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"failure record of {host}/{gpu_model} unreadable: {exc}") from None

@@ -10,13 +10,16 @@
   and then resumed from an older step (a failure) lived its age × GPUs GPU-seconds; a
   job that ended cleanly, or still runs, survived that long (censored);
 - the :class:`~adaptd.fleet.failures.FailureRecord` it publishes and the Weibull shape
-  fitted to everything the fleet published (refitted only when that changes).
+  fitted to everything the fleet published (refitted only when that changes);
+- the failure classes (:class:`~adaptd.fleet.classes.FleetClasses`: process per job,
+  host fleet-wide, jobs that moved hosts), published in the same record.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -26,6 +29,7 @@ from adaptd.core.snapshot import Snapshot
 from adaptd.daemon import events as ev
 from adaptd.daemon.logfmt import logfmt
 from adaptd.fleet.agent import FleetView
+from adaptd.fleet.classes import FleetClasses
 from adaptd.fleet.failures import (
     MAX_LIFETIMES,
     FailureRecord,
@@ -44,9 +48,17 @@ UNKNOWN_MODEL = "unknown"
 class FleetKnowledge:
     """See the module docstring. Used from the daemon's loop only (not thread-safe)."""
 
-    def __init__(self, host: str, failure_rate: FailureRate, wall: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        host: str,
+        failure_rate: FailureRate,
+        wall: Callable[[], float],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.host = host
         self.wall = wall
+        #: the failure classes this host shares (process per job, host fleet-wide)
+        self.classes = FleetClasses(host, clock)
         self.failure_rate = PooledFailureRate(**dataclasses.asdict(failure_rate))
         self.gpu_model = UNKNOWN_MODEL
         self._lifetimes: list[float] = []
@@ -70,6 +82,7 @@ class FleetKnowledge:
 
     def on_event(self, event: ev.Event) -> None:
         """Lifetimes from the daemon's events (see the module docstring)."""
+        self.classes.on_event(event)
         if isinstance(event, ev.JobLost):
             life = self._running.pop(event.job, None)
             if life is not None:
@@ -92,6 +105,7 @@ class FleetKnowledge:
         )
         self.failure_rate.others_failures = failures
         self.failure_rate.others_gpu_seconds = gpu_seconds
+        self.classes.refresh(view.records, view.records_at)
 
     # ------------------------------------------------------------------ out
 
@@ -116,6 +130,7 @@ class FleetKnowledge:
             lifetimes=tuple(self._lifetimes),
             survivals=tuple(self._survivals) + tuple(self._running.values()),
             updated=self.wall(),
+            classes=self.classes.totals().to_dict(),
         )
 
     def history(self) -> dict[str, Any]:
@@ -123,6 +138,7 @@ class FleetKnowledge:
         return {
             "lifetimes": self._lifetimes[-MAX_LIFETIMES:],
             "survivals": self._survivals[-MAX_LIFETIMES:],
+            "classes": self.classes.history(),
         }
 
     def load_history(self, data: Mapping[str, Any] | None) -> None:
@@ -132,5 +148,7 @@ class FleetKnowledge:
         try:
             self._lifetimes = [float(t) for t in data.get("lifetimes", ()) if float(t) > 0]
             self._survivals = [float(t) for t in data.get("survivals", ()) if float(t) > 0]
+            if "classes" in data:
+                self.classes.load_history(data["classes"])
         except (TypeError, ValueError, AttributeError) as exc:
             log.warning(logfmt("learned_discarded", what="fleet_history", error=str(exc)))

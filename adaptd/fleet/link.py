@@ -124,7 +124,7 @@ class FleetLink:
         self._mounts = mounts
         self.clock = clock
         self.wall = wall
-        self.knowledge = FleetKnowledge(self.host, failure_rate, wall)
+        self.knowledge = FleetKnowledge(self.host, failure_rate, wall, clock)
         #: the trackers' shared posterior: this host's and the fleet's failures
         self.failure_rate = self.knowledge.failure_rate
         self._names: dict[str, str | None] = {}  # sampled target -> fleet-wide name
@@ -358,7 +358,7 @@ class FleetLink:
 
     def _publish(self, *, force: bool = False) -> None:
         now = self.clock()
-        if force or now >= self._next_publish:
+        if self.knowledge.classes.news() or force or now >= self._next_publish:
             self._next_publish = now + self.cfg.publish_every_s
             self.agent.publish(self.knowledge.record())
 
@@ -394,4 +394,5 @@ class FleetLink:
             "gpu_mtbf_s": self.failure_rate.gpu_mtbf_s,
             "fleet_failures": self.failure_rate.failures + self.failure_rate.others_failures,
             "weibull_shape": None if fit is None else [fit.low, fit.shape, fit.high],
+            "classes": self.knowledge.classes.status(),
         }

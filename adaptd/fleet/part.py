@@ -97,6 +97,8 @@ class FleetPart:
         before = self.link.granted()
         self.link.wishes(now, job_facts(self.jobs, snapshot, now))
         self._granted_now.extend(sorted(self.link.granted() - before))
+        if self.link.knowledge.classes.unsaved():
+            self.persist()
 
     def decide_again(self) -> list[str]:
         """The jobs granted a slot since the last call (the daemon decides them again)."""

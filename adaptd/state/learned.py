@@ -66,6 +66,7 @@ class Learned:
         failure_rate: FailureRate,
         gpu_mtbf_s: float,
         host_gpus: Callable[[], int | None] = lambda: None,
+        bind_classes: Callable[[str, FailureClasses], FailureClasses] | None = None,
     ) -> None:
         self.store = store
         self.failure_rate = failure_rate
@@ -73,6 +74,9 @@ class Learned:
         #: The host's GPU count now (None: unknown), which bounds what a job's claim
         #: counts in the shared posterior (:mod:`adaptd.core.gpu_claims`).
         self.host_gpus = host_gpus
+        #: With a fleet: a job's failure classes sharing the fleet's
+        #: (:meth:`adaptd.fleet.classes.FleetClasses.bind`); None: the job's own.
+        self.bind_classes = bind_classes
 
     def tracker_for(self, msg: Hello) -> JobTracker:
         """A new job's tracker: the host's shared failure rate, the configured GPU
@@ -104,6 +108,8 @@ class Learned:
             else:
                 log.info(logfmt("learned_restored", job=msg.job, saves=tracker.saves,
                                 save_cost_s=tracker.save_cost_s))  # fmt: skip
+        if self.bind_classes is not None and tracker.failure_classes is not None:
+            tracker.failure_classes = self.bind_classes(msg.job, tracker.failure_classes)
         return tracker
 
     def keep_job(self, job: str, learned: dict[str, Any] | None, *, failure: bool) -> None:

@@ -46,7 +46,8 @@ def failure_kind(msg: Hello) -> str | None:
     when it found its local tier's copies on this host (the host survived), "host"
     when the tier was gone (a reboot); None for a job without a local tier, whose
     failures are not told apart. A run that returns on another host says hello to
-    that host's daemon, where it is a new job, not a failure counted here."""
+    that host's daemon, where it is a new job: the fleet counts that host failure
+    (:mod:`adaptd.fleet.classes`), not this function."""
     if not msg.local_tier:
         return None
     return "process" if msg.local_intact else "host"

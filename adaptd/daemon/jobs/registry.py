@@ -229,7 +229,9 @@ class Registry:
                                    resumed_from=msg.resumed_from,
                                    incarnation=job.incarnation,
                                    restore_fallback=msg.restore_fallback,
-                                   jobs_active=self.by_state["active"]))  # fmt: skip
+                                   jobs_active=self.by_state["active"], hello_kind=kind,
+                                   local_tier=msg.local_tier, resumed_tier=msg.resumed_tier,
+                                   local_intact=msg.local_intact))  # fmt: skip
         return job, rank, kind
 
     def _room(self) -> None:
