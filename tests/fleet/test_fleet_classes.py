@@ -122,7 +122,7 @@ def test_a_process_failure_on_one_host_teaches_the_others_for_that_job_only(
         assert c["fleet_host_failures"] == 0 and c["moves"] == 0  # a process failure
     finally:
         for h in (a, b):
-            h.stop()
+            h.discard()
 
 
 @pytest.mark.slow
@@ -158,7 +158,7 @@ def test_a_job_that_moves_hosts_is_one_host_failure_for_the_fleet(
         assert sum(t.host_failures for t in got.values()) == 1
     finally:
         for h in (a, b):
-            h.stop()
+            h.discard()
 
 
 @pytest.mark.slow
@@ -172,7 +172,7 @@ def test_without_etcd_a_daemon_keeps_its_own_figures(hosts_root: Path, peers):
         assert c["process"]["j"]["failures"] == c["process"]["j"]["fleet_failures"] == 1
         assert c["fleet_host_failures"] == c["host_failures"] == 0
     finally:
-        a.stop()
+        a.discard()
 
 
 def test_a_record_without_classes_is_read_and_counts_for_nothing():

@@ -12,6 +12,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from faults.zygote import Zygote
 
 from tests.client.test_local_tier import memory_tier  # noqa: F401  (the fixture)
 from tests.client.test_resume import kill_at, read_until, start
@@ -28,6 +29,7 @@ def _indexes(d: Path) -> list[str]:
 def test_a_job_saves_to_the_local_tier_of_the_daemons_config_and_resumes_from_it(
     short_dir: Path,
     memory_tier: Path,  # noqa: F811
+    zygote: Zygote,
 ) -> None:
     conf = short_dir / "adaptd.toml"
     conf.write_text(
@@ -43,12 +45,14 @@ def test_a_job_saves_to_the_local_tier_of_the_daemons_config_and_resumes_from_it
         common = ["--steps", "30", "--policy", "fixed:steps=5,durable_every=2",
                   "--step-sleep", "0.05"]  # fmt: skip
         ref_out = short_dir / "ref.bin"
-        ref = start(short_dir / "ref", ref_out, *common, "--socket", f"ipc://{short_dir}/none")
+        ref = start(
+            zygote, short_dir / "ref", ref_out, *common, "--socket", f"ipc://{short_dir}/none"
+        )
         served = [*common, "--socket", f"ipc://{sock}"]
 
         ckpt, out = short_dir / "ckpt", short_dir / "out.bin"
         job = ["--job", "cfg-a"]
-        lines = kill_at(ckpt, out, r"step 17", *served, *job)
+        lines = kill_at(zygote, ckpt, out, r"step 17", *served, *job)
         local = memory_tier / "cfg-a" / "0"  # the config's {job}/{rank}
         assert "saved 15 ok=True tier=local" in lines, lines
         assert _indexes(local) == ["ckpt-15.index"]
@@ -56,13 +60,13 @@ def test_a_job_saves_to_the_local_tier_of_the_daemons_config_and_resumes_from_it
 
         # the hook's own local_tier wins over the config's
         own = memory_tier / "own"
-        lines = kill_at(short_dir / "ckpt-own", short_dir / "own.bin", r"step 17",
+        lines = kill_at(zygote, short_dir / "ckpt-own", short_dir / "own.bin", r"step 17",
                         *served, "--job", "cfg-b", "--local-tier", str(own))  # fmt: skip
         assert "saved 15 ok=True tier=local" in lines, lines
         assert _indexes(own) == ["ckpt-15.index"]
         assert not (memory_tier / "cfg-b").exists()
 
-        proc = start(ckpt, out, *served, *job)
+        proc = start(zygote, ckpt, out, *served, *job)
         lines = read_until(proc, "done")
         assert proc.wait(60) == 0
         assert lines[:2] == ["start 15", "tier local"], lines
