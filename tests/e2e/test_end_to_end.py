@@ -18,6 +18,7 @@ from pathlib import Path
 from queue import Empty, Queue
 
 import pytest
+from faults.zygote import Zygote
 
 from adaptd.commands._spawn import running_daemon, start_daemon, stop_daemon
 
@@ -27,15 +28,14 @@ ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONUNBUFFERED="1")
 
 
 class Job:
-    """A demo_job child process whose JSON events are read on a thread."""
+    """A demo_job process whose JSON events are read on a thread; its other lines (its
+    stderr too) go to ``job.log``. Forked from the session's zygote (tests/faults/zygote.py):
+    a real process of its own, started without TensorFlow's import."""
 
-    def __init__(self, tmp: Path, socket: Path, steps: int, *extra: str) -> None:
+    def __init__(self, zygote: Zygote, tmp: Path, socket: Path, steps: int, *extra: str) -> None:
         self.log = open(tmp / "job.log", "a")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "adaptd.client.demo_job", "--dir", str(tmp / "ckpts"),
-             "--steps", str(steps), "--socket", str(socket), *extra],
-            stdout=subprocess.PIPE, stderr=self.log, text=True, env=ENV,
-        )  # fmt: skip
+        argv = ["--dir", tmp / "ckpts", "--steps", steps, "--socket", socket, *extra]
+        self.proc = zygote.spawn(argv, module="adaptd.client.demo_job", reader=False)
         self.events: Queue[dict] = Queue()
         threading.Thread(target=self._read, daemon=True).start()
 
@@ -44,6 +44,9 @@ class Job:
         for line in self.proc.stdout:
             if line.startswith("{"):
                 self.events.put(json.loads(line))
+            elif not self.log.closed:
+                self.log.write(line)
+                self.log.flush()
         self.events.put({"event": "eof"})
 
     def until(self, pred, timeout: float = 120.0) -> Iterator[dict]:
@@ -54,7 +57,7 @@ class Job:
             except Empty:
                 pytest.fail(f"no matching event within {timeout}s")
             if ev["event"] == "eof" and not pred(ev):
-                pytest.fail(f"job exited ({self.proc.wait()}) before the expected event")
+                pytest.fail(f"job exited ({self.proc.wait(30)}) before the expected event")
             yield ev
             if pred(ev):
                 return
@@ -65,16 +68,14 @@ class Job:
         return events
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
+        self.proc.kill()
         self.log.close()
 
 
-def test_daemon_plans_reach_the_job_and_saves_follow_them(tmp_path: Path) -> None:
+def test_daemon_plans_reach_the_job_and_saves_follow_them(tmp_path: Path, zygote: Zygote) -> None:
     sock = tmp_path / "adaptd.sock"
     with running_daemon(sock, ["--policy", "fixed:steps=40"]):
-        job = Job(tmp_path, sock, 130)
+        job = Job(zygote, tmp_path, sock, 130)
         try:
             events = job.wait()
         finally:
@@ -92,21 +93,23 @@ def test_daemon_plans_reach_the_job_and_saves_follow_them(tmp_path: Path) -> Non
     assert names == ["ckpt-120.index", "ckpt-130.index", "ckpt-80.index"]
 
 
-def test_sigkill_then_resume_continues_from_the_newest_durable_save(tmp_path: Path) -> None:
+def test_sigkill_then_resume_continues_from_the_newest_durable_save(
+    tmp_path: Path, zygote: Zygote
+) -> None:
     sock = tmp_path / "adaptd.sock"
     with running_daemon(sock, ["--policy", "fixed:steps=30"]):
-        job = Job(tmp_path, sock, 200)
+        job = Job(zygote, tmp_path, sock, 200)
         try:
             durable = 0
             for ev in job.until(lambda e: e["event"] == "progress" and e["step"] >= 100):
                 if ev["event"] == "save" and ev["ok"]:
                     durable = max(durable, ev["step"])
             job.proc.send_signal(signal.SIGKILL)
-            job.proc.wait()
+            job.proc.wait(30)
         finally:
             job.stop()
         assert durable >= 60
-        resumed = Job(tmp_path, sock, 200)
+        resumed = Job(zygote, tmp_path, sock, 200)
         try:
             events = resumed.wait()
         finally:
@@ -119,9 +122,11 @@ def test_sigkill_then_resume_continues_from_the_newest_durable_save(tmp_path: Pa
     assert not list((tmp_path / "ckpts").glob("*_temp*"))
 
 
-def test_job_falls_back_without_daemon_and_reconnects_when_one_starts(tmp_path: Path) -> None:
+def test_job_falls_back_without_daemon_and_reconnects_when_one_starts(
+    tmp_path: Path, zygote: Zygote
+) -> None:
     sock = tmp_path / "adaptd.sock"
-    job = Job(tmp_path, sock, 100_000, "--policy", "fixed:steps=25")
+    job = Job(zygote, tmp_path, sock, 100_000, "--policy", "fixed:steps=25")
     daemon = None
     try:
         list(job.until(lambda e: e["event"] == "plan" and e["mode"] == "embedded"))

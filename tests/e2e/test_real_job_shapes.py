@@ -12,11 +12,10 @@ import itertools
 import json
 import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from faults.zygote import Zygote
 
 from adaptd.client.checkpointer import FINAL_SAVE_REASON
 from adaptd.commands._spawn import running_daemon
@@ -28,20 +27,24 @@ ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONUNBUFFERED="1")
 PLAN = re.compile(r"event=plan .*?every_steps=(\d+).*?interval_s=([0-9.e+-]+)")
 
 
-def test_a_slow_first_step_does_not_make_the_daemon_save_at_every_step(tmp_path: Path) -> None:
+def test_a_slow_first_step_does_not_make_the_daemon_save_at_every_step(
+    tmp_path: Path, zygote: Zygote
+) -> None:
     sock = tmp_path / "adaptd.sock"
     log = tmp_path / "daemon.log"
     with (
         open(log, "w") as out,
         running_daemon(sock, ["--policy", "daly:mtbf_s=2000,probe_s=3"], log=out),
     ):
-        job = subprocess.run(
-            [sys.executable, str(HERE / "slow_start_job.py"), str(tmp_path / "ckpts"),
-             f"ipc://{sock}", "--first-step-s", "3", "--step-s", "0.02", "--run-s", "10"],
-            capture_output=True, text=True, env=ENV, timeout=180, check=False,
+        # forked from the session's zygote: a process of its own, without TF's import
+        job = zygote.spawn(
+            [tmp_path / "ckpts", f"ipc://{sock}", "--first-step-s", "3", "--step-s", "0.02",
+             "--run-s", "10"], script=HERE / "slow_start_job.py", deadline_s=180,
         )  # fmt: skip
-    assert job.returncode == 0, job.stderr[-3000:]
-    events = [json.loads(ln) for ln in job.stdout.splitlines() if ln.startswith("{")]
+        code = job.wait(180)
+    lines = job.log.ended()
+    assert code == 0, "\n".join(lines[-60:])
+    events = [json.loads(ln) for ln in lines if ln.startswith("{")]
     done = events[-1]
     step_s = done["step_s"]  # the job's real pace, sleeps and training together
     assert 0.015 < step_s < 0.2, done

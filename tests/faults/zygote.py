@@ -64,6 +64,15 @@ class JobLog(LogWatch):
         self.notes: list[str] = []
         super().__init__(stream, deadline_s)
 
+    def ended(self, timeout: float = 30.0) -> list[str]:
+        """Every line, once the child's output has ended (EOF: it exited): the lines a
+        test reads after :meth:`Child.wait`, which may return before the last were read.
+        TimeoutError if the output is still open after ``timeout`` seconds."""
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise TimeoutError(f"the child's output still open after {timeout}s")
+        return self.lines
+
     def _read(self, stream) -> None:  # type: ignore[no-untyped-def]
         for raw in iter(stream.readline, b""):
             line = raw.decode(errors="replace").rstrip("\n")
