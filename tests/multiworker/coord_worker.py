@@ -244,11 +244,19 @@ def main() -> int:
             results[name] = agree(store, rank, world, name, None, 0.0)
         elif name == "dead":  # the last rank's process ends at step 300; always last
             results[name] = agree(store, rank, world, name, None, 0.0, timeout=1.0, die_at=300)
-            # the chief hosts the service: it leaves only after the other survivors
+            # the chief hosts the service: it leaves only once the other survivors are
+            # done with it. Seeing their "done" is not enough: a survivor's own last get
+            # could then reach a chief that had left (connection reset, once in a
+            # fresh-clone run); each says "left" after its last use, and the chief waits.
             survivors = range(world - 1)
             store.put(f"dead/done/{rank}", "1")
             for r in survivors:
                 store.get(f"dead/done/{r}", 60)
+            if rank == 0:
+                for r in survivors[1:]:
+                    store.get(f"dead/left/{r}", 60)
+            else:
+                store.put(f"dead/left/{rank}", "1")  # the store's last use on this rank
             write(results)
             return 0
         elif name == "restore":
