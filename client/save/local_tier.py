@@ -25,6 +25,7 @@ import logging
 import os
 import re
 import shutil
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -153,6 +154,9 @@ class LocalTier:
         #: The bytes the daemon lets this memory tier hold (its share of the host's
         #: memory between its jobs; None: not told), beside the tier's own bound.
         self.daemon_budget: int | None = None
+        # close() is called by the save watcher's thread and by stop() on the caller's
+        # (whichever comes first with no write in flight): one of them tidies
+        self._closing = threading.Lock()
 
     def budgeted(self, nbytes: int | None) -> None:
         """The daemon's budget for this memory tier (a plan's ``memory_budget``): the
@@ -235,7 +239,10 @@ class LocalTier:
         return freed
 
     def close(self) -> None:
-        """No more saves: remove the tier's directories that hold no copy."""
-        for directory in self.directories:
-            if directory.is_dir() and not copies(directory):
-                shutil.rmtree(directory, ignore_errors=True)
+        """No more saves: remove the tier's directories that hold no copy. Safe to call
+        from two threads at once (two racing calls removed a directory under each
+        other's listing: FileNotFoundError in a fresh-clone run)."""
+        with self._closing:
+            for directory in self.directories:
+                if directory.is_dir() and not copies(directory):
+                    shutil.rmtree(directory, ignore_errors=True)
