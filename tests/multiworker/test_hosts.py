@@ -179,7 +179,13 @@ def test_the_chiefs_daemon_takes_delta_from_the_slow_worker(
             r0, r1 = stop_job(cluster)
     except slowfs.SlowFSError as exc:
         pytest.skip(f"cannot mount slowfs (FUSE) here: {exc}")
-    assert r0["saved"] == r1["saved"]
+    # one agreed step for every save, the stop's too; if not, the last rounds say why
+    # (seen once, rank 0 at 294 and rank 1 at 293 after the SIGTERM: issue 25)
+    assert r0["saved"] == r1["saved"], {
+        f"rank {r}": {k: res[k][-6:] for k in ("saved", "reasons", "rounds", "applied")}
+        | {"steps": res["steps"], "kind": res["kind"], "broken": res["broken"]}
+        for r, res in enumerate((r0, r1))
+    }
     fast, slow_cost = median(r0["costs"]), median(r1["costs"])
     assert slow_cost > 5 * fast, (r0["costs"], r1["costs"])  # the mount did slow rank 1
     # the chief's daemon learned the slow rank's cost, not the chief's own
