@@ -19,8 +19,7 @@ from typing import Any
 from faults.zygote import Child, Zygote
 
 from adaptd.sim import local_cluster
-
-REPO = Path(__file__).resolve().parents[2]
+from multiworker.cluster import REPO
 
 __all__ = ["ForkedCluster", "cluster_of"]
 
