@@ -73,6 +73,11 @@ class Ledger:
         """The step of the next committed change (NEVER when none waits)."""
         return min((c.at_step for c in self.pending), default=NEVER)
 
+    def stop_pending(self) -> bool:
+        """A committed stop waits for its step (every rank acknowledged it: each stops
+        there, whatever happens to the store afterwards)."""
+        return any(c.action == "stop" for c in self.pending)
+
     def plan_floor(self) -> int:
         """The step a new plan may take effect at the earliest: not before a committed
         plan still waiting (plans apply in round order, so the newer one wins)."""

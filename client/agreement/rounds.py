@@ -214,6 +214,11 @@ class Agreement(Recorded):
         self._propose(step, step_time_s)
         return stop
 
+    def stop_committed(self) -> bool:
+        """A stop the ranks committed to and this rank has not reached yet."""
+        with self.lock:
+            return self.ledger.stop_pending()
+
     def take_plans(self) -> list[p.Propose]:
         """The plan rounds committed since the last call, oldest first (for this host's
         daemon, which shows the job's plan)."""

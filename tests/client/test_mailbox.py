@@ -7,29 +7,10 @@ from __future__ import annotations
 from adaptd.client.agreement.kv import Keys
 from adaptd.client.agreement.mailbox import PER_COLLECT, Mailbox
 from adaptd.protocol import job as p
+from client.kv_store import DictStore
 
 V = p.VERSION
 KEYS = Keys.of("mw", 0)
-
-
-class DictStore:
-    def __init__(self) -> None:
-        self.data: dict[str, str] = {}
-
-    def put(self, key: str, value: str) -> bool:
-        if key in self.data:
-            return False
-        self.data[key] = value
-        return True
-
-    def get(self, key: str, timeout_s: float) -> str | None:
-        return self.data.get(key)
-
-    def try_get(self, key: str) -> str | None:
-        return self.data.get(key)
-
-    def delete(self, key: str) -> None:
-        self.data.pop(key, None)
 
 
 def cost(rank: int, step: int) -> p.SaveCost:

@@ -180,7 +180,9 @@ def test_the_chiefs_daemon_takes_delta_from_the_slow_worker(
     except slowfs.SlowFSError as exc:
         pytest.skip(f"cannot mount slowfs (FUSE) here: {exc}")
     # one agreed step for every save, the stop's too; if not, the last rounds say why
-    # (seen once, rank 0 at 294 and rank 1 at 293 after the SIGTERM: issue 25)
+    # (seen once, rank 0 at 294 and rank 1 at 293 after the SIGTERM: the chief stopped
+    # at the committed 294 and its process, hosting the store, ended; rank 1 found the
+    # agreement broken and stopped alone; tests/client/test_agreed_stop.py)
     assert r0["saved"] == r1["saved"], {
         f"rank {r}": {k: res[k][-6:] for k in ("saved", "reasons", "rounds", "applied")}
         | {"steps": res["steps"], "kind": res["kind"], "broken": res["broken"]}
