@@ -15,6 +15,9 @@ TEST_DEPS  ?=
 # setuptools tells every editable install of a package-dir layout that folders named like
 # the package may shadow it ("Editable installation.", an InformationOnly notice, not a
 # problem of the metadata); only that notice is filtered, every other warning shows.
+# Not --no-compile: where PYTHONDONTWRITEBYTECODE is set (many containers, this project's
+# VM) nothing would ever cache TensorFlow's bytecode, and every process of the suite
+# compiled its 1,847 modules again: make test took 15:52 instead of 14:02-15:05.
 PIP_INSTALL := PYTHONWARNINGS='ignore:Editable installation' $(BIN)/python -m pip install --quiet
 
 .PHONY: demo test test-deps lint bench clean venv
