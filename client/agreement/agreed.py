@@ -87,9 +87,9 @@ class Coordinated:
         """SIGTERM: propose a save at an agreed step followed by a stop; False (save and
         stop alone, at once) when the agreement no longer works, unless the ranks
         already committed to a stop: then every other rank saves and stops at its
-        step, so this one goes on to it too. (The store going away is often the
-        chief's process ending at that step, while this rank is a step or more
-        behind.)"""
+        step, so this one goes on to it too. (The store goes away, for instance,
+        when the chief's process ends at that step while this rank is a step or
+        more behind.)"""
         if self.agreement.broken:
             return self.agreement.stop_committed()
         if not self._preempting:  # the wish stays until a committed stop satisfies it
