@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from types import ModuleType
 
 from adaptd import __version__
-from adaptd.commands import COMMANDS
+from adaptd.commands import COMMANDS, UsageError
 
 __all__ = [
     "BROKEN_PIPE_STATUS",
@@ -32,10 +32,6 @@ __all__ = [
 #: Exit status when the reader of stdout went away: 128 + SIGPIPE, what a shell reports
 #: for a program the signal killed (Python ignores SIGPIPE, so it is set by hand).
 BROKEN_PIPE_STATUS = 141
-
-
-class UsageError(Exception):
-    """A problem the user can fix; printed as one line, exit status 2."""
 
 
 def _available() -> dict[str, str]:

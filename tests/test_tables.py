@@ -1,4 +1,4 @@
-"""Command-line tables (adaptd.commands._tables): rich on a real terminal (a pty), the plain layout
+"""Command-line tables (adaptd.tables): rich on a real terminal (a pty), the plain layout
 when piped, and one number format for both."""
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ import time
 
 import pytest
 
-from adaptd.commands import _tables as tables
+from adaptd import tables
 from adaptd.commands import drain, status
-from adaptd.commands._tables import Table, number
 from adaptd.protocol import admin
+from adaptd.tables import Table, number
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 ADAPTD = [sys.executable, "-c", "import sys; from adaptd.cli import main; sys.exit(main())"]

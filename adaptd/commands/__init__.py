@@ -7,29 +7,28 @@ module plus its entry point. Every command module defines
 - ``configure(parser)``: its arguments;
 - ``run(args) -> int``: what it does, returning the exit status.
 
-An *operator command* (one that asks the running daemon, on its admin socket) also
-defines its two ends of the admin protocol and its daemon side:
+An *operator command* (one that asks the running daemon, on its admin socket) sends a
+:class:`adaptd.protocol.admin.Request` and shows the daemon's
+:class:`~adaptd.protocol.admin.Reply` (``_operator.call``); that is all it knows of the
+daemon. The daemon's side of it, the function that answers the request, is its entry in
+:data:`adaptd.daemon.admin.commands.ANSWERS` (:mod:`adaptd.daemon.admin.answers`): the
+daemon imports no command, and an operator command reaches it only on its socket.
 
-- ``REQUEST`` and ``REPLY``: a :class:`adaptd.protocol.admin.Request` and a
-  :class:`~adaptd.protocol.admin.Reply` subclass, each with a tag (``op``) of its own;
-  the built-in commands' are in :mod:`adaptd.protocol.admin`, a new command may define
-  its own in its module;
-- ``answer(request, ctx) -> reply | None``: run by the daemon for each ``REQUEST``, in
-  its loop, with an :class:`adaptd.daemon.admin.context.AdminContext` (the daemon's
-  parts and who asked); ``None`` when the reply is sent later (``drain``). An
-  :class:`~adaptd.protocol.admin.AdminError` becomes the caller's error reply.
-
-The CLI (:mod:`adaptd.cli`) and the daemon's admin handler
-(:mod:`adaptd.daemon.admin.commands`) both read :data:`COMMANDS`: the daemon answers the
-requests of the operator commands in it, and nothing else. A module is imported only
-when its command runs (or for the list in ``adaptd --help``, or by the daemon at start
-for its operator commands), so it imports what is heavy inside ``run``: ``adaptd status``
-never pays for scipy or TensorFlow.
+The CLI (:mod:`adaptd.cli`) reads :data:`COMMANDS`. A module is imported only when its
+command runs (or for the list in ``adaptd --help``), so it imports what is heavy inside
+``run``: ``adaptd status`` never pays for scipy or TensorFlow.
 """
 
 from __future__ import annotations
 
-__all__ = ["COMMANDS"]
+__all__ = ["COMMANDS", "UsageError"]
+
+
+class UsageError(Exception):
+    """A problem the user can fix; printed as one line, exit status 2 (by
+    :func:`adaptd.cli.main`, which also names it ``adaptd.cli.UsageError``). Defined here,
+    beside the table, so that a command module never imports the CLI above it."""
+
 
 #: Command name -> the module that is the command.
 COMMANDS: dict[str, str] = {

@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from adaptd.cli import UsageError
+from adaptd.commands import UsageError
 from adaptd.commands._spawn import DaemonStartError, start_daemon, stop_daemon
 
 HELP = "run a daemon and a small real TensorFlow job, with a crash and resume"

@@ -5,25 +5,19 @@ once each job's ranks have all reported that save durable (or failed, or the job
 went away), or after ``--timeout``. The daemon keeps serving meanwhile. Prints one
 line per job (job, step saved, durable yes/no, seconds); exit 0 only when every
 job's save is durable, 1 otherwise (or when no daemon answers). The daemon's side is
-:func:`answer` (:class:`~adaptd.daemon.admin.drains.Drains`).
+:func:`adaptd.daemon.admin.answers.drain` (:class:`~adaptd.daemon.admin.drains.Drains`).
 """
 
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING
 
+from adaptd import tables
 from adaptd.commands import _operator
-from adaptd.commands import _tables as tables
-from adaptd.commands._tables import Table
 from adaptd.protocol.admin import DRAIN_TIMEOUT_S, MAX_DRAIN_S, DrainReply, DrainRequest
-
-if TYPE_CHECKING:
-    from adaptd.daemon.admin.context import AdminContext
+from adaptd.tables import Table
 
 HELP = "every job saves now; wait until all saves are durable"
-REQUEST = DrainRequest
-REPLY = DrainReply
 #: Extra seconds the command waits beyond --timeout for the daemon's reply.
 REPLY_MARGIN_S = 5.0
 
@@ -41,7 +35,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from adaptd.cli import UsageError
+    from adaptd.commands import UsageError
 
     if not 0 < args.timeout <= MAX_DRAIN_S:
         raise UsageError(f"--timeout must be in (0, {MAX_DRAIN_S:g}] seconds, got {args.timeout:g}")
@@ -54,14 +48,6 @@ def run(args: argparse.Namespace) -> int:
         timeout_s=args.timeout + REPLY_MARGIN_S,
         exit_status=lambda r: 0 if all(j.durable for j in r.jobs) else 1,
     )
-
-
-def answer(req: DrainRequest, ctx: AdminContext) -> None:
-    """The daemon's side: every active job saves now; the reply goes to the caller when
-    the drain ends (its ``timeout_s`` was checked by the decoder)."""
-    drains = ctx.core.drains
-    drains.start(ctx.envelope, req.timeout_s, req.reason, ctx.now)
-    drains.check(ctx.now)
 
 
 def render(reply: object) -> str:

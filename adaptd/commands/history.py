@@ -12,33 +12,22 @@ than reading the state database: the operator who may run ``status`` may run thi
 systemd's ``StateDirectory`` is the daemon user's alone (mode 0700); no path to the
 database or config is needed; and the daemon flushes its queued rows first, so a
 save reported a second ago is listed. ``adaptd report`` reads the database itself,
-for a host whose daemon is stopped. The daemon's side is :func:`answer`.
+for a host whose daemon is stopped. The daemon's side is
+:func:`adaptd.daemon.admin.answers.history`.
 """
 
 from __future__ import annotations
 
 import argparse
 import time
-from typing import TYPE_CHECKING
 
+from adaptd import tables
 from adaptd.commands import _operator
-from adaptd.commands import _tables as tables
-from adaptd.commands._tables import Table
-from adaptd.protocol.admin import (
-    MAX_HISTORY,
-    AdminError,
-    HistoryReply,
-    HistoryRequest,
-    HistorySave,
-)
+from adaptd.protocol.admin import MAX_HISTORY, HistoryReply, HistoryRequest
 from adaptd.protocol.job import tier_name
-
-if TYPE_CHECKING:
-    from adaptd.daemon.admin.context import AdminContext
+from adaptd.tables import Table
 
 HELP = "show a job's saves (step, tier, reason, blocked, durable, size, ok/error), newest last"
-REQUEST = HistoryRequest
-REPLY = HistoryReply
 
 DEFAULT_LIMIT = 100
 
@@ -62,7 +51,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from adaptd.cli import UsageError
+    from adaptd.commands import UsageError
     from adaptd.commands.report import parse_since
 
     if not 1 <= args.limit <= MAX_HISTORY:
@@ -72,30 +61,6 @@ def run(args: argparse.Namespace) -> int:
     return _operator.call(
         "history", args, req, lambda r: tables.emit(parts(r, since=since, limit=args.limit))
     )
-
-
-def answer(req: HistoryRequest, ctx: AdminContext) -> HistoryReply:
-    """The daemon's side: the job's saves from the state database (the newest
-    ``req.limit``, and whether there are older ones in the window)."""
-    if ctx.history is None:
-        raise AdminError(
-            "no_history", "this daemon keeps no save history (it runs without a state "
-            "database); `adaptd serve` keeps one in daemon.state_dir"
-        )  # fmt: skip
-    rows = list(ctx.history(req.job, req.since, req.limit + 1))  # one more: are there?
-    registry = ctx.core.registry
-    if not rows and req.job not in registry.jobs:
-        known = ", ".join(sorted(j.id for j in registry)[:20]) or "none"
-        window = " since then" if req.since is not None else ""
-        raise AdminError(
-            "unknown_job",
-            f"job {req.job!r}: no saves in this daemon's history{window}, and no such job "
-            f"here now (jobs here: {known})",
-        )
-    from adaptd.state.records import copy_fields
-
-    saves = [copy_fields(HistorySave, r) for r in rows[-req.limit :]]
-    return HistoryReply(job=req.job, saves=saves, more=len(rows) > req.limit)
 
 
 def _when(t: float) -> str:

@@ -15,7 +15,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from adaptd.cli import UsageError
+from adaptd.commands import UsageError
 
 HELP = "plot a job's save history"
 

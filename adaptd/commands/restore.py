@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from adaptd.cli import UsageError
+from adaptd.commands import UsageError
 
 HELP = "fetch and verify a checkpoint from a durable destination (NFS path, s3://...)"
 

@@ -6,28 +6,18 @@ job's ranks at once. The setting outlives the job's restarts and, when the daemo
 persists settings (``adaptd serve`` with a state database), the daemon's.
 ``--clear`` returns the job to the policy it would have without an operator's: the
 config's ``[jobs]`` policy for it, else the spec its ranks asked for, else the daemon's
-default; the new plan is pushed at once too. The daemon's side is :func:`answer`.
+default; the new plan is pushed at once too. The daemon's side is
+:func:`adaptd.daemon.admin.answers.set_policy`.
 """
 
 from __future__ import annotations
 
 import argparse
-import logging
-from typing import TYPE_CHECKING
 
 from adaptd.commands import _operator
-from adaptd.core.policy import PolicyError
-from adaptd.daemon.logfmt import logfmt
-from adaptd.protocol.admin import AdminError, SetPolicyReply, SetPolicyRequest
-
-if TYPE_CHECKING:
-    from adaptd.daemon.admin.context import AdminContext
+from adaptd.protocol.admin import SetPolicyReply, SetPolicyRequest
 
 HELP = "change a running job's policy, or --clear it (the new plan reaches it at once)"
-REQUEST = SetPolicyRequest
-REPLY = SetPolicyReply
-
-log = logging.getLogger("adaptd.server")
 
 #: Where a job's policy comes from once an operator's is cleared (SetPolicyReply.source).
 SOURCES = {
@@ -52,7 +42,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from adaptd.cli import UsageError
+    from adaptd.commands import UsageError
     from adaptd.core import policy as policy_mod
 
     if args.clear == (args.spec is not None):
@@ -89,56 +79,3 @@ def _cleared(reply) -> str:
         then = f"; the config's {reply.policy} applies when it returns" if reply.policy else ""
         return text + then
     return f"{text}; now {now}; {_pushed(reply)}"
-
-
-# ------------------------------------------------------------------ the daemon's side
-
-
-def answer(req: SetPolicyRequest, ctx: AdminContext) -> SetPolicyReply:
-    """The job's new policy, its plan pushed at once (or the request relayed to the host
-    deciding the job); ``clear`` takes the operator's policy back."""
-    if req.clear or not req.spec:
-        if not req.clear or req.spec:
-            raise AdminError("invalid", "set-policy: give a policy spec or clear")
-        return _clear(req.job, ctx)
-    job = ctx.known_job(req.job)
-    try:
-        if not job.decides:
-            ctx.core.choice.check(req.spec)  # a bad spec is refused here, at once
-            decider = ctx.relay(job, "set_policy", spec=req.spec)
-            log.info(logfmt("operator_action", action="set_policy", job=job.id, policy=req.spec,
-                            relayed_to=decider))  # fmt: skip
-            return SetPolicyReply(
-                job=job.id, policy=req.spec, previous="", plan_seq=0, relayed_to=decider
-            )
-        previous, seq = ctx.core.ops.set_policy(job, req.spec, ctx.now)
-    except PolicyError as exc:
-        raise AdminError("bad_policy", f"policy spec {req.spec!r}: {exc}") from None
-    log.info(logfmt("operator_action", action="set_policy", job=job.id, policy=req.spec,
-                    previous=previous, plan_seq=seq))  # fmt: skip
-    return SetPolicyReply(job=job.id, policy=req.spec, previous=previous, plan_seq=seq)
-
-
-def _clear(job_id: str, ctx: AdminContext) -> SetPolicyReply:
-    """``set-policy --clear``: the operator's policy taken back (here, where the job is
-    decided; a job decided on another host is cleared there)."""
-    settings = ctx.core.settings
-    job = ctx.core.registry.jobs.get(job_id)
-    if job is None:
-        if job_id not in settings:
-            ctx.known_job(job_id)  # raises unknown_job
-        before, after = settings.clear_policy(job_id, ctx.now)
-        cleared, spec, source, seq = before if before != after else None, after or "", "", 0
-    elif not job.decides:
-        decider = job.agreed.decided_by if job.agreed is not None else ""
-        raise AdminError(
-            "not_deciding",
-            f"job {job_id!r} is decided by {decider or 'its chief (rank 0)'}'s daemon: "
-            f"run `adaptd set-policy --job {job_id} --clear` on that host",
-        )
-    else:
-        cleared, spec, source, seq = ctx.core.ops.clear_policy(job, ctx.now)
-    log.info(logfmt("operator_action", action="clear_policy", job=job_id, cleared=cleared,
-                    policy=spec or None, source=source or None, plan_seq=seq))  # fmt: skip
-    return SetPolicyReply(job=job_id, policy=spec, previous=cleared or "", plan_seq=seq,
-                          cleared=cleared is not None, source=source)  # fmt: skip

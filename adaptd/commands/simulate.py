@@ -15,9 +15,9 @@ from __future__ import annotations
 import argparse
 import json
 
-from adaptd.cli import UsageError
-from adaptd.commands import _tables as tables
-from adaptd.commands._tables import Table
+from adaptd import tables
+from adaptd.commands import UsageError
+from adaptd.tables import Table
 
 HELP = "compare policies on failure scenarios"
 

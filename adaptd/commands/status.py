@@ -7,26 +7,21 @@ job and destination (newest replicated step, the running and queued uploads, byt
 pending, seconds behind, throughput, failures and the last error); then the host's
 telemetry (GPUs, storage) when the daemon has a sampler.
 Asks the admin socket beside the job socket, with a deadline: with no daemon it
-prints one line and exits 1, it never hangs. The daemon's side is :func:`answer`
-(:class:`~adaptd.daemon.admin.status.StatusView`).
+prints one line and exits 1, it never hangs. The daemon's side is
+:func:`adaptd.daemon.admin.answers.status` (:class:`~adaptd.daemon.admin.status.StatusView`).
 """
 
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from adaptd import tables
 from adaptd.commands import _operator
-from adaptd.commands import _tables as tables
-from adaptd.commands._tables import Table, number
-from adaptd.protocol.admin import StatusReply, StatusRequest
-
-if TYPE_CHECKING:
-    from adaptd.daemon.admin.context import AdminContext
+from adaptd.protocol.admin import StatusRequest
+from adaptd.tables import Table, number
 
 HELP = "show the daemon's jobs, plans and telemetry"
-REQUEST = StatusRequest
-REPLY = StatusReply
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -35,11 +30,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     return _operator.call("status", args, StatusRequest(), lambda r: tables.emit(parts(r)))
-
-
-def answer(req: StatusRequest, ctx: AdminContext) -> StatusReply:
-    """The daemon's side: every job and its counters, now."""
-    return ctx.core.status.status(ctx.now)
 
 
 def _ms(seconds: float | None) -> str:
@@ -53,7 +43,7 @@ def render(reply: object) -> str:
 
 def parts(reply: object) -> list[tables.Part]:
     """The daemon's header, the job table, each plan's reason, the replication table,
-    the host's telemetry: tables and text for :func:`adaptd.commands._tables.emit`."""
+    the host's telemetry: tables and text for :func:`adaptd.tables.emit`."""
     from adaptd.protocol import admin
 
     assert isinstance(reply, admin.StatusReply)

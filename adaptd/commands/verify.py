@@ -14,7 +14,7 @@ import json
 import os
 import sys
 
-from adaptd.cli import UsageError
+from adaptd.commands import UsageError
 
 HELP = "check that a TensorFlow checkpoint is complete and restorable"
 

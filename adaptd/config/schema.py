@@ -60,7 +60,6 @@ from adaptd.config.kinds import (
 )
 from adaptd.core.estimators import PRIOR_GPU_MTBF_S
 from adaptd.core.policy import DEFAULT_SPEC
-from adaptd.daemon.jobs.memory_tier import MEMORY_TIER_SHARE
 from adaptd.fleet.config import SLOTS, this_host
 from adaptd.fleet.keys import DEFAULT_PREFIX
 from adaptd.fleet.session import CALL_TIMEOUT_S, LEASE_TTL_RANGE_S, LEASE_TTL_S
@@ -73,6 +72,7 @@ __all__ = [
     "FLEET_SETTINGS",
     "JOB_SETTINGS",
     "LIVENESS_TIMEOUT_S",
+    "MEMORY_TIER_SHARE",
     "METRICS_LISTEN",
     "OPTIONAL",
     "SCRAPE_INTERVAL_S",
@@ -87,6 +87,9 @@ __all__ = [
 #: the protocol's LIVENESS_TIMEOUT_S is lost; it is also the default of a daemon built
 #: without a config, :class:`adaptd.daemon.options.DaemonOptions`.)
 DRAIN_GRACE_S = 90.0
+#: Default share of the host's available memory the memory tiers of all jobs may take
+#: (``daemon.memory_tier_share``; the daemon splits it: :mod:`adaptd.daemon.jobs.memory_tier`).
+MEMORY_TIER_SHARE = 0.25
 
 
 # --------------------------------------------------------------------------- the schema

@@ -16,10 +16,10 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
+from adaptd import events as ev
 from adaptd.core import policy as policy_mod
 from adaptd.core.estimators import JobTracker
 from adaptd.core.snapshot import Snapshot
-from adaptd.daemon import events as ev
 from adaptd.daemon.admin.commands import OperatorCommands
 from adaptd.daemon.admin.drains import Drains
 from adaptd.daemon.admin.handler import AdminHandler, HistorySource, admin_gid
@@ -51,7 +51,7 @@ class Seams:
     """What the program around a daemon gives it; every seam has a working default.
 
     - ``snapshot_source``: the newest telemetry (must not block: it runs in the loop).
-    - ``sinks``: called with every :mod:`adaptd.daemon.events` event, in the loop.
+    - ``sinks``: called with every :mod:`adaptd.events` event, in the loop.
     - ``tick_hooks``: called every ``tick_interval_s`` in the loop with the time.
     - ``clock``: the loop's monotonic clock.
     - ``jobs``: the table the registry keeps its records in; pass one to read it (a
@@ -85,12 +85,12 @@ class Seams:
 
 def build(options: DaemonOptions, seams: Seams | None = None) -> Daemon:
     """A daemon, not yet serving (:meth:`Daemon.start` or :meth:`Daemon.serve`). It answers
-    the operator commands of :data:`adaptd.commands.COMMANDS` as the table is now.
+    the operator requests of :data:`adaptd.daemon.admin.commands.ANSWERS` as the table is now.
 
     Raises :class:`~adaptd.daemon.transport.DaemonError` for a socket that cannot be
     used (too long, TCP without CURVE) or an admin group this host lacks, and
-    :class:`~adaptd.daemon.admin.commands.CommandError` for a table naming a module that
-    is not a usable command."""
+    :class:`~adaptd.daemon.admin.commands.CommandError` for a table entry that is not a
+    request type and its answer."""
     return Daemon(assemble(options, seams if seams is not None else Seams()))
 
 

@@ -15,7 +15,7 @@ from typing import Protocol
 
 import zmq
 
-from adaptd.daemon import events as ev
+from adaptd import events as ev
 from adaptd.daemon.admin.drains import Drains
 from adaptd.daemon.admin.status import StatusView
 from adaptd.daemon.jobs.delivery import Delivery

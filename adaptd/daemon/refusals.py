@@ -3,7 +3,7 @@
 Both of the daemon's sockets refuse what they cannot take (a frame that does not
 decode, a report from the wrong connection, an operator who may not ask). Each
 refusal is counted in :attr:`DaemonStats.rejected` under its code (``adaptd status``
-shows them) and becomes a :class:`~adaptd.daemon.events.MessageRejected` (the metrics
+shows them) and becomes a :class:`~adaptd.events.MessageRejected` (the metrics
 count it too); :meth:`Refusals.refuse` also logs it, at most once per code per
 throttle period, since a flood of bad frames must not flood the log.
 """
@@ -13,9 +13,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from adaptd.daemon import events as ev
-from adaptd.daemon.logfmt import Throttle, logfmt
+from adaptd import events as ev
 from adaptd.daemon.stats import DaemonStats
+from adaptd.logfmt import Throttle, logfmt
 
 __all__ = ["Refusals"]
 

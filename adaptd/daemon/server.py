@@ -16,8 +16,8 @@ the one place a daemon is put together) do the work:
 - :class:`~adaptd.daemon.admin.handler.AdminHandler`: operator requests (status, save-now,
   drain, set-policy, pause), with :class:`~adaptd.daemon.admin.drains.Drains` and
   :class:`~adaptd.daemon.admin.status.StatusView`;
-- :class:`~adaptd.daemon.events.EventBus`: every fact learned goes to the sinks (store,
-  metrics, replicator; see :mod:`adaptd.daemon.events`).
+- :class:`~adaptd.events.EventBus`: every fact learned goes to the sinks (store,
+  metrics, replicator; see :mod:`adaptd.events`).
 
 About once a second the loop calls :meth:`Daemon.tick`: liveness, the agreement rounds,
 then the tick hooks (telemetry sampling, the service's persistence and watchdog).
@@ -40,12 +40,12 @@ from pathlib import Path
 
 import zmq
 
+from adaptd import events as ev
 from adaptd.core.snapshot import same_saves
-from adaptd.daemon import events as ev
 from adaptd.daemon.jobs.registry import Registry
-from adaptd.daemon.logfmt import Throttle, logfmt
 from adaptd.daemon.parts import DaemonParts
 from adaptd.daemon.transport import HARD_MAX_FRAME, CurveKeys, DaemonError
+from adaptd.logfmt import Throttle, logfmt
 from adaptd.protocol import admin
 
 # Also importable from here, as before the daemon was split: the frame limit, the
@@ -131,7 +131,7 @@ class Daemon:
         return self.parts.core.status.status(self.clock() if now is None else now)
 
     def emit(self, event: ev.Event) -> None:
-        """Hand ``event`` to every sink (:meth:`adaptd.daemon.events.EventBus.emit`)."""
+        """Hand ``event`` to every sink (:meth:`adaptd.events.EventBus.emit`)."""
         self.events.emit(event)
 
     # ------------------------------------------------------------------ lifecycle

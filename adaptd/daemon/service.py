@@ -32,12 +32,12 @@ from adaptd.core.estimators import FailureRate
 from adaptd.core.snapshot import Snapshot
 from adaptd.daemon.admin.handler import admin_gid
 from adaptd.daemon.host_snapshot import storage_limits
-from adaptd.daemon.logfmt import logfmt
 from adaptd.daemon.sdnotify import Notifier
 from adaptd.daemon.server import Daemon
 from adaptd.daemon.service_parts import ServiceError, ServiceParts, build_service
 from adaptd.daemon.transport import DaemonError
 from adaptd.daemon.upkeep import EXTEND_BY_S, PERSIST_EVERY_S
+from adaptd.logfmt import logfmt
 from adaptd.metrics.exporter import MetricsError, MetricsServer
 from adaptd.state.learned import FAILURE_RATE_KEY, LEARNED_KEY
 

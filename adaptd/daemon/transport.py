@@ -26,9 +26,9 @@ from typing import Any
 import zmq
 
 from adaptd.daemon.jobs.records import PeerCred, Rank
-from adaptd.daemon.logfmt import Throttle, logfmt
 from adaptd.daemon.stats import DaemonStats
 from adaptd.daemon.waker import Waker
+from adaptd.logfmt import Throttle, logfmt
 from adaptd.protocol import admin, paths
 from adaptd.protocol import job as p
 from adaptd.state import lockfile

@@ -20,8 +20,8 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from adaptd import events as ev
 from adaptd.core.snapshot import Snapshot
-from adaptd.daemon import events as ev
 from adaptd.daemon.jobs.view import RegistryView
 from adaptd.daemon.sdnotify import Notifier
 from adaptd.metrics.exporter import Metrics

@@ -32,7 +32,6 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
-from adaptd.daemon.logfmt import logfmt
 from adaptd.fleet.failures import FailureRecord, publish, read_records
 from adaptd.fleet.membership import Member, read_members, register
 from adaptd.fleet.session import (
@@ -43,6 +42,7 @@ from adaptd.fleet.session import (
     LeaseLost,
 )
 from adaptd.fleet.slots import SlotTable, TargetSlots, Want
+from adaptd.logfmt import logfmt
 
 log = logging.getLogger("adaptd.fleet")
 

@@ -32,15 +32,15 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from adaptd import events as ev
 from adaptd.core.failure_rates import (
     PRIOR_HOST_GPU_MTBF_S,
     PRIOR_PROCESS_MTBF_S,
     FailureClasses,
     FailureRate,
 )
-from adaptd.daemon import events as ev
-from adaptd.daemon.logfmt import logfmt
 from adaptd.fleet.failures import FailureRecord, PooledFailureRate
+from adaptd.logfmt import logfmt
 
 __all__ = ["MAX_JOBS", "ClassTotals", "FleetClasses"]
 

@@ -24,10 +24,9 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from adaptd import events as ev
 from adaptd.core.estimators import FailureRate
 from adaptd.core.snapshot import Snapshot
-from adaptd.daemon import events as ev
-from adaptd.daemon.logfmt import logfmt
 from adaptd.fleet.agent import FleetView
 from adaptd.fleet.classes import FleetClasses
 from adaptd.fleet.failures import (
@@ -39,6 +38,7 @@ from adaptd.fleet.failures import (
     fleet_totals,
     pooled,
 )
+from adaptd.logfmt import logfmt
 
 log = logging.getLogger("adaptd.fleet")
 

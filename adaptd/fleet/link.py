@@ -36,10 +36,9 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from adaptd import events as ev
 from adaptd.core.estimators import FailureRate
 from adaptd.core.snapshot import FleetSample, Snapshot, StorageSample
-from adaptd.daemon import events as ev
-from adaptd.daemon.logfmt import logfmt
 from adaptd.fleet.agent import FleetAgent, FleetView
 from adaptd.fleet.config import FleetConfig
 from adaptd.fleet.failures import ShapeFit
@@ -51,6 +50,7 @@ from adaptd.fleet.targets import (
     shared_target,
     target_of_mount,
 )
+from adaptd.logfmt import logfmt
 from adaptd.telemetry.storage import Mount
 from adaptd.tiers.urls import local_path
 

@@ -23,10 +23,10 @@ from typing import Any
 
 from adaptd.core.estimators import FailureRate
 from adaptd.core.snapshot import Snapshot
-from adaptd.daemon.logfmt import logfmt
 from adaptd.fleet.config import FleetConfig
 from adaptd.fleet.link import FleetLink, job_facts
 from adaptd.fleet.metrics import FleetCollector
+from adaptd.logfmt import logfmt
 
 log = logging.getLogger("adaptd.fleet")
 

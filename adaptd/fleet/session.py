@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-from adaptd.daemon.logfmt import logfmt
 from adaptd.fleet.keys import DEFAULT_PREFIX, KeySpace, range_end
+from adaptd.logfmt import logfmt
 
 log = logging.getLogger("adaptd.fleet")
 

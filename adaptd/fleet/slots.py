@@ -32,9 +32,9 @@ import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
-from adaptd.daemon.logfmt import logfmt
 from adaptd.fleet.keys import KeySpace
 from adaptd.fleet.session import Entry, EtcdSession, newest_revision
+from adaptd.logfmt import logfmt
 
 log = logging.getLogger("adaptd.fleet")
 

@@ -58,9 +58,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client.exposition import ThreadingWSGIServer, generate_latest, make_wsgi_app
 from prometheus_client.registry import Collector
 
-from adaptd import __version__
+from adaptd import __version__, events
 from adaptd.core.snapshot import Snapshot
-from adaptd.daemon import events
 from adaptd.metrics.scrape import JOB, ReplicationCollector, ReplicationView, SnapshotCollector
 from adaptd.protocol.job import TIER_NAMES, tier_name
 from adaptd.state.records import DecisionRecord, FailureRecord, SaveRecord, record_of
@@ -404,7 +403,7 @@ class Metrics:
             self._fell_back.pop(job, None)
 
     def on_event(self, ev: events.Event) -> None:
-        """An :data:`adaptd.daemon.events.Sink`: update the metrics from the daemon's event.
+        """An :data:`adaptd.events.Sink`: update the metrics from the daemon's event.
 
         Saves, plans and failures are observed as the records the store keeps
         (:func:`adaptd.state.records.record_of`); urgent save requests are not plans.

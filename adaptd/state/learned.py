@@ -20,7 +20,7 @@ from typing import Any
 from adaptd.core.estimators import FailureRate, JobTracker
 from adaptd.core.failure_rates import FailureClasses
 from adaptd.core.gpu_claims import vouched_gpus
-from adaptd.daemon.logfmt import logfmt
+from adaptd.logfmt import logfmt
 from adaptd.protocol.job import Hello
 from adaptd.state.store import GLOBAL, Store, job_scope
 

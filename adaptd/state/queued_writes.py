@@ -22,7 +22,7 @@ import sqlite3
 import time
 from typing import Any, TypeVar
 
-from adaptd.daemon import events
+from adaptd import events
 from adaptd.state import schema
 from adaptd.state.database import Database, insert, rollback, row
 from adaptd.state.records import DecisionRecord, FailureRecord, SaveRecord, record_of
@@ -110,7 +110,7 @@ class QueuedWrites(Database):
             self._params[(scope, key)] = (text, self._clock())
 
     def on_event(self, ev: events.Event) -> None:
-        """An :data:`adaptd.daemon.events.Sink`: queue the record the daemon's event makes
+        """An :data:`adaptd.events.Sink`: queue the record the daemon's event makes
         (:func:`adaptd.state.records.record_of`). Only queues: cheap in the loop."""
         rec = record_of(ev)
         if isinstance(rec, SaveRecord):

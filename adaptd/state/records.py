@@ -19,8 +19,8 @@ from typing import Any, TypeVar
 
 import msgspec
 
+from adaptd import events
 from adaptd.core.snapshot import Decision
-from adaptd.daemon import events
 from adaptd.protocol.job import SaveReport
 
 __all__ = [
@@ -150,7 +150,7 @@ def record_of(ev: events.Event) -> Record | None:
 
     Every rank's save report is a save; a plan change and an urgent save request are
     decisions (with the job's step time then, as the event carries it); a confirmed
-    failure (:class:`~adaptd.daemon.events.JobResumed`) is a failure dated when the lost run
+    failure (:class:`~adaptd.events.JobResumed`) is a failure dated when the lost run
     stopped (``restart_s`` before the new run's first step).
     """
     if isinstance(ev, events.SaveReported):

@@ -3,7 +3,7 @@
 Pure functions, no I/O: the daemon puts :func:`to_dict` of its newest snapshot
 in its status reply, and ``adaptd status`` prints :func:`parts` of that dict (rich
 tables on a terminal, :func:`render`'s plain text when piped; see
-:mod:`adaptd.commands._tables`), or dumps it as is with ``--json``. The tables work from the
+:mod:`adaptd.tables`), or dumps it as is with ``--json``. The tables work from the
 dict form, so the command line needs nothing but what came over the admin socket.
 """
 
@@ -13,9 +13,9 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from adaptd.commands import _tables as tables
-from adaptd.commands._tables import Table
+from adaptd import tables
 from adaptd.core.snapshot import Snapshot
+from adaptd.tables import Table
 
 __all__ = [
     "THROTTLE_BITS",
@@ -191,7 +191,7 @@ def format_readings(readings: Sequence[Mapping[str, Any]]) -> str:
 
 def parts(data: Mapping[str, Any], *, now: float | None = None) -> list[tables.Part]:
     """Host line, GPU table, storage table and a line per other source from
-    :func:`to_dict` output, for :func:`adaptd.commands._tables.emit`. ``now`` (same
+    :func:`to_dict` output, for :func:`adaptd.tables.emit`. ``now`` (same
     monotonic clock) adds the snapshot's age."""
     age = "" if now is None else f" ({max(0.0, now - data['time']):.1f}s old)"
     gpus = gpu_table(data.get("gpus") or ())

@@ -28,7 +28,7 @@ from typing import Any
 
 from adaptd.checkpoints import rank_parts
 from adaptd.config.loader import Destination
-from adaptd.daemon.logfmt import logfmt
+from adaptd.logfmt import logfmt
 from adaptd.protocol.admin import ReplicationInfo
 from adaptd.tiers.replica import Replica, Throttle, UploadResult
 from adaptd.tiers.schedule import Pending, merge, next_upload, retry_delay

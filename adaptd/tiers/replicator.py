@@ -4,17 +4,17 @@ staging directory to its durable destinations, in the background, staggered.
 ``adaptd serve`` owns one :class:`Replicator`, built from the config's
 ``[destinations.NAME]`` sections and each job's ``staging`` / ``replicate_to``
 (:meth:`adaptd.config.loader.Config.replication_for`). It is an event sink of the daemon
-(:mod:`adaptd.daemon.events`):
+(:mod:`adaptd.events`):
 
-- a :class:`~adaptd.daemon.events.SaveReported` that is ``ok`` queues ``(job, step)`` for
+- a :class:`~adaptd.events.SaveReported` that is ``ok`` queues ``(job, step)`` for
   each of the job's destinations, unless the save went to the job's local tier only
   (two tiers, ``tier="local"``: only the durable saves are replicated). The hook
   reports only after TensorFlow finalised the write, and the files are read from the
   job's *configured* staging directory, never from a path in a message;
-- a :class:`~adaptd.daemon.events.JobRegistered` (and the daemon's start) *catches up*: the
+- a :class:`~adaptd.events.JobRegistered` (and the daemon's start) *catches up*: the
   staging directory's newest checkpoint (TF's ``checkpoint`` state file) is queued,
   and uploaded unless the destination's ``LATEST`` already has it;
-- :class:`~adaptd.daemon.events.SaveInFlight` tells which jobs are writing right now: an
+- :class:`~adaptd.events.SaveInFlight` tells which jobs are writing right now: an
   upload whose staging directory is on the same device as a writing job's yields
   (``Replica.upload(should_yield=...)``) so the job's own save gets the disk.
 
@@ -53,12 +53,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from adaptd import events as ev
 from adaptd.checkpoints import rank_parts
 from adaptd.checkpoints.files import STATE_FILE
 from adaptd.checkpoints.files import state_file_step as parse_state_file
 from adaptd.config.loader import JOB_PLACEHOLDER, Config
-from adaptd.daemon import events as ev
-from adaptd.daemon.logfmt import logfmt
+from adaptd.logfmt import logfmt
 from adaptd.protocol.admin import ReplicationInfo
 from adaptd.tiers.destination import DestinationQueue, SlotGate, UploadInterrupted, resolved
 from adaptd.tiers.replica import UploadResult
@@ -164,7 +164,7 @@ class Replicator:
     # -- the daemon's sink
 
     def on_event(self, event: ev.Event) -> None:
-        """An :data:`adaptd.daemon.events.Sink`: queue work for the intake thread (no I/O here)."""
+        """An :data:`adaptd.events.Sink`: queue work for the intake thread (no I/O here)."""
         if isinstance(event, ev.SaveInFlight):
             w = set(self._writing)
             (w.add if event.writing else w.discard)(event.job)

@@ -18,7 +18,7 @@ import logging
 import os
 import sys
 
-from adaptd.commands._tables import number
+from adaptd.tables import number
 
 __all__ = [
     "DESTINATION",

@@ -1,10 +1,12 @@
 """``adaptd echo TEXT [--job J]``: a command that exists only in the tests.
 
-It is the whole of a new operator command, in one module, as
-:mod:`adaptd.commands` describes: the CLI side (``HELP``, ``configure``, ``run``), its own
-request and reply on the admin protocol (a tag of their own: no built-in struct is
-touched), and its daemon side (``answer``). Registering it is one line in
-:data:`adaptd.commands.COMMANDS` (tests/daemon/test_command_table.py does it).
+It is the whole of a new operator command, in one module: the CLI side (``HELP``,
+``configure``, ``run``), its own request and reply on the admin protocol (a tag of their
+own: no built-in struct is touched), and its daemon side (``answer``). Registering it is
+one line in :data:`adaptd.commands.COMMANDS` for the CLI and one entry in
+:data:`adaptd.daemon.admin.commands.ANSWERS` for the daemon
+(tests/daemon/test_command_table.py does both); the two sides share nothing but the
+request and reply.
 """
 
 from __future__ import annotations
@@ -26,10 +28,6 @@ class EchoReply(Reply, frozen=True, tag="echo"):
     text: str
     jobs: int
     state: str = ""
-
-
-REQUEST = EchoRequest
-REPLY = EchoReply
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

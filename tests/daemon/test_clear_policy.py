@@ -15,8 +15,8 @@ import time
 import pytest
 from daemon_helpers import DEADLINE, Peer, thread_daemon
 
+from adaptd import events as ev
 from adaptd.cli import main as cli_main
-from adaptd.daemon import events as ev
 from adaptd.protocol import admin
 from adaptd.protocol import job as p
 

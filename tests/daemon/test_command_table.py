@@ -1,11 +1,12 @@
-"""An operator command is one module plus its line in the table (issue 22 item 6).
+"""An operator command is its module plus its entries in two tables (issues 22 and 32).
 
-``adaptd.commands.COMMANDS`` is the one table both the CLI and the daemon's admin handler
-read. A command that exists only in these tests (tests/daemon/echo_command.py: its CLI
-side, its own request and reply, its daemon side) is registered by one entry and runs end
-to end: ``adaptd echo`` asks a real daemon on its real admin socket, which answers through
-the module. A daemon built without the entry refuses the request: the table decides what
-the daemon answers. And the built-in protocol's every request has its command there.
+``adaptd.commands.COMMANDS`` is the CLI's table; ``adaptd.daemon.admin.commands.ANSWERS``
+the daemon's (request type -> its answer): the daemon imports no command. A command that
+exists only in these tests (tests/daemon/echo_command.py: its CLI side, its own request
+and reply, its daemon side) is registered by one entry in each and runs end to end:
+``adaptd echo`` asks a real daemon on its real admin socket, which answers through the
+module. A daemon built without the entry refuses the request: the table decides what the
+daemon answers. And the built-in protocol's every request has its answer there.
 """
 
 from __future__ import annotations
@@ -19,14 +20,18 @@ from daemon_helpers import Peer, thread_daemon
 
 from adaptd import cli
 from adaptd.commands import COMMANDS
-from adaptd.daemon.admin.commands import CommandError, OperatorCommands
+from adaptd.daemon.admin import answers
+from adaptd.daemon.admin.commands import ANSWERS, CommandError, OperatorCommands
 from adaptd.protocol import admin
 
 
 @pytest.fixture
 def echo(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The registration line of the test-only command."""
+    """The registration lines of the test-only command: the CLI's and the daemon's."""
+    import echo_command
+
     monkeypatch.setitem(COMMANDS, "echo", "echo_command")
+    monkeypatch.setitem(ANSWERS, echo_command.EchoRequest, echo_command.answer)
 
 
 def test_a_command_added_by_one_module_runs_end_to_end(echo, short_dir: Path, zctx, capsys) -> None:
@@ -62,10 +67,8 @@ def test_every_request_of_the_admin_protocol_has_its_command_in_the_table() -> N
     assert answered == set(t.get_args(admin.AnyRequest))
 
 
-def test_a_table_entry_that_is_no_command_is_a_start_up_error(monkeypatch) -> None:
-    monkeypatch.setitem(COMMANDS, "twin", "adaptd.commands.pause")  # answers PauseRequest again
-    with pytest.raises(CommandError, match="'pause' and 'twin' both answer PauseRequest"):
-        OperatorCommands.from_table()
-    monkeypatch.setitem(COMMANDS, "twin", "no_such_module_here")
-    with pytest.raises(CommandError, match="cannot import no_such_module_here"):
-        OperatorCommands.from_table()
+def test_a_table_entry_that_is_no_request_and_answer_is_a_start_up_error() -> None:
+    with pytest.raises(CommandError, match="'pause' in the table of answers"):
+        OperatorCommands.from_table({"pause": answers.pause})  # type: ignore[dict-item]
+    with pytest.raises(CommandError, match="PauseRequest is answered by None"):
+        OperatorCommands.from_table({admin.PauseRequest: None})  # type: ignore[dict-item]

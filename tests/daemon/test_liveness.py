@@ -7,7 +7,7 @@ import os
 import pytest
 from daemon_helpers import FakeJob, Peer, thread_daemon
 
-from adaptd.daemon import events as ev
+from adaptd import events as ev
 from adaptd.protocol import job as p
 
 V = p.VERSION

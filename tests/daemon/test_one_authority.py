@@ -21,10 +21,10 @@ import pytest
 import zmq
 from daemon_helpers import DEADLINE, PINNED, EventLog, Peer
 
+from adaptd import events as ev
 from adaptd.commands.status import render
 from adaptd.core.estimators import FailureRate, JobTracker
 from adaptd.core.snapshot import GpuSample, Snapshot
-from adaptd.daemon import events as ev
 from adaptd.daemon.assembly import Seams, build
 from adaptd.daemon.options import DaemonOptions
 from adaptd.daemon.server import Daemon

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 from daemon_helpers import DEADLINE, HERE, DaemonProc, FakeJob, LogWatch, Peer, thread_daemon
 
+from adaptd import events as ev
 from adaptd.cli import main as cli_main
-from adaptd.daemon import events as ev
 from adaptd.daemon.assembly import build
 from adaptd.daemon.options import DaemonOptions
 from adaptd.protocol import admin

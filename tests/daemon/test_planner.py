@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from adaptd import events as ev
 from adaptd.core.policy import PolicyCache
 from adaptd.core.snapshot import Decision, JobState, Snapshot
-from adaptd.daemon import events as ev
 from adaptd.daemon.jobs.delivery import Delivery
 from adaptd.daemon.jobs.planner import Planner
 from adaptd.daemon.jobs.registry import Registry

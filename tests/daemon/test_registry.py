@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
+from adaptd import events as ev
 from adaptd.core.snapshot import Decision
-from adaptd.daemon import events as ev
 from adaptd.daemon.jobs.registry import ProcProbe, Registry, RegistryFull
 from adaptd.daemon.server import same_saves
 from adaptd.protocol import job as p

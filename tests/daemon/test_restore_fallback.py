@@ -15,7 +15,7 @@ import sys
 from daemon_helpers import Peer
 from prometheus_client.parser import text_string_to_metric_families
 
-from adaptd.daemon import events as ev
+from adaptd import events as ev
 from adaptd.metrics.exporter import Metrics
 
 FELL_BACK = (

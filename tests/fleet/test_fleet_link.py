@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 from fleet_helpers import Etcd, holders, settings
 
+from adaptd import events as ev
 from adaptd.config import loader as config
 from adaptd.config import schema as config_schema
 from adaptd.config.fleet import parse_fleet
 from adaptd.config.schema import FLEET_SETTINGS
 from adaptd.core.estimators import FailureRate
 from adaptd.core.snapshot import GpuSample, Snapshot, StorageSample
-from adaptd.daemon import events as ev
 from adaptd.fleet.config import FleetConfig, endpoints_from
 from adaptd.fleet.link import FleetLink, JobFacts
 from adaptd.protocol.job import VERSION, SaveReport

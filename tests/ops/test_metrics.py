@@ -273,8 +273,8 @@ def test_registries_are_independent() -> None:
 
 
 def test_a_two_tier_plan_shows_its_durable_cadence() -> None:
+    from adaptd import events
     from adaptd.core.snapshot import Decision
-    from adaptd.daemon import events
 
     m = Metrics()
     two = Decision(next_step=10, every_steps=10, durable_every=4, reason="two tiers")
@@ -303,8 +303,8 @@ def test_save_times_are_apart_by_tier(scrape: object) -> None:
 def test_a_two_tier_plan_creates_the_local_series_at_zero() -> None:
     """The local tier's histograms exist from the two-tier plan on, so ``increase()``
     sees the first local save; a one-tier job starts with the durable ones only."""
+    from adaptd import events
     from adaptd.core.snapshot import Decision
-    from adaptd.daemon import events
 
     m = Metrics()
     m.on_job_started("j", time=T)

@@ -10,8 +10,8 @@ import urllib.request
 import pytest
 import zmq
 
+from adaptd import events as ev
 from adaptd.config import loader as config
-from adaptd.daemon import events as ev
 from adaptd.daemon.sdnotify import Notifier
 from adaptd.daemon.service import Service
 from adaptd.metrics.exporter import Metrics

@@ -6,8 +6,8 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from adaptd import events as ev
 from adaptd.core.snapshot import Decision
-from adaptd.daemon import events as ev
 from adaptd.metrics.exporter import Metrics
 from adaptd.protocol.job import VERSION, SaveReport
 from adaptd.state.store import Store

@@ -316,7 +316,7 @@ def test_replication_metrics_render_the_replicators_rows_and_pass_promtool():
 def test_only_the_durable_saves_of_two_tiers_are_replicated(tmp_path: Path):
     """A save to the job's local tier (two tiers) is not queued for the destinations:
     its files are not in the staging directory, and only every k-th save is durable."""
-    from adaptd.daemon import events as ev
+    from adaptd import events as ev
     from adaptd.protocol import job as p
     from adaptd.tiers.replicator import Replicator
 

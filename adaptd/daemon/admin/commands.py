@@ -1,65 +1,70 @@
-"""The operator commands this daemon answers, read from the one table of commands.
+"""The operator requests this daemon answers: one table, request type -> its answer.
 
-:class:`OperatorCommands` imports the modules of :data:`adaptd.commands.COMMANDS` when the
-daemon is built and keeps those that are operator commands (``REQUEST``, ``REPLY`` and
-``answer``: see :mod:`adaptd.commands`): the admin protocol's requests this daemon
-accepts are their ``REQUEST`` types (one :class:`~adaptd.protocol.admin.RequestDecoder`
-over them), and each is answered by its module's ``answer``. A command is added to the
-daemon by adding it to the table, nowhere else.
+:data:`ANSWERS` names, for each request of the admin protocol, the function that answers
+it in the daemon (:mod:`adaptd.daemon.admin.answers`). :class:`OperatorCommands` is that
+table as the admin handler uses it: one :class:`~adaptd.protocol.admin.RequestDecoder`
+over its request types (a request of any other type is refused as ``invalid``) and the
+answer of each. The command line's side of an operator command (:mod:`adaptd.commands`)
+is not read here: the two meet only on the admin socket, through the request and reply
+types of :mod:`adaptd.protocol.admin`, so the daemon imports no command.
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Mapping
-from types import ModuleType
 
-from adaptd.commands import COMMANDS
+from adaptd.daemon.admin import answers
 from adaptd.daemon.admin.context import AdminContext
 from adaptd.protocol import admin
 
-__all__ = ["Answer", "CommandError", "OperatorCommands"]
+__all__ = ["ANSWERS", "Answer", "CommandError", "OperatorCommands"]
 
 #: A command's daemon side: its request and the daemon's context -> the reply (``None``:
 #: sent later). Raises :class:`~adaptd.protocol.admin.AdminError` to refuse.
 Answer = Callable[[admin.Request, AdminContext], "admin.Reply | None"]
 
+#: Request type -> the function that answers it: what the daemon's admin socket accepts.
+ANSWERS: dict[type[admin.Request], Answer] = {
+    admin.StatusRequest: answers.status,
+    admin.HistoryRequest: answers.history,
+    admin.SaveNowRequest: answers.save_now,
+    admin.DrainRequest: answers.drain,
+    admin.SetPolicyRequest: answers.set_policy,
+    admin.PauseRequest: answers.pause,  # pause and resume: one request, `paused` says which
+}
+
 
 class CommandError(Exception):
-    """The table of commands names a module that is not a usable operator command."""
+    """The table of answers holds an entry that is not a request type and a function."""
 
 
 class OperatorCommands:
-    """Request type -> its command's ``answer``, and the decoder of those requests."""
+    """Request type -> its answer, and the decoder of those requests."""
 
     def __init__(self, answers: Mapping[type[admin.Request], Answer]) -> None:
         self.answers = dict(answers)
         self.decoder = admin.RequestDecoder(self.answers)
 
     @classmethod
-    def from_table(cls, table: Mapping[str, str] | None = None) -> OperatorCommands:
-        """The operator commands of ``table`` (default :data:`adaptd.commands.COMMANDS`,
-        read now). Raises :class:`CommandError` for a module that cannot be imported, or
-        two commands that answer the same request."""
-        answers: dict[type[admin.Request], Answer] = {}
-        where: dict[type[admin.Request], str] = {}
-        for name, module_name in (COMMANDS if table is None else table).items():
-            module = _load(name, module_name)
-            req = getattr(module, "REQUEST", None)
-            if req is None:
-                continue  # not an operator command (or one that reuses another's request)
-            answer = getattr(module, "answer", None)
-            if not (isinstance(req, type) and issubclass(req, admin.Request)) or answer is None:
+    def from_table(
+        cls, table: Mapping[type[admin.Request], Answer] | None = None
+    ) -> OperatorCommands:
+        """The operator commands of ``table`` (default :data:`ANSWERS`, read now). Raises
+        :class:`CommandError` for a key that is no :class:`~adaptd.protocol.admin.Request`
+        subclass, or an answer that cannot be called."""
+        table = ANSWERS if table is None else table
+        for req, answer in table.items():
+            if not (isinstance(req, type) and issubclass(req, admin.Request)):
                 raise CommandError(
-                    f"command {name!r} ({module_name}): REQUEST must be an "
-                    "adaptd.protocol.admin.Request subclass, answered by answer(request, ctx)"
+                    f"{req!r} in the table of answers: the key must be an "
+                    "adaptd.protocol.admin.Request subclass"
                 )
-            if req in answers:
+            if not callable(answer):
                 raise CommandError(
-                    f"commands {where[req]!r} and {name!r} both answer {req.__name__}"
+                    f"{req.__name__} is answered by {answer!r}: it must be a function "
+                    "answer(request, ctx) -> reply"
                 )
-            answers[req], where[req] = answer, name
-        return cls(answers)
+        return cls(table)
 
     def decode(self, frame: bytes) -> admin.Request:
         """One of these commands' requests; raises :class:`AdminError`."""
@@ -67,10 +72,3 @@ class OperatorCommands:
 
     def answer(self, req: admin.Request, ctx: AdminContext) -> admin.Reply | None:
         return self.answers[type(req)](req, ctx)
-
-
-def _load(name: str, module_name: str) -> ModuleType:
-    try:
-        return importlib.import_module(module_name)
-    except ImportError as exc:
-        raise CommandError(f"command {name!r}: cannot import {module_name}: {exc}") from None

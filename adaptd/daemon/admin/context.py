@@ -1,7 +1,7 @@
 """What an operator command's daemon side works with: :class:`AdminContext`.
 
-Each request on the admin socket is answered by its command's ``answer(request, ctx)``
-(:mod:`adaptd.commands`), given one context: the daemon's parts
+Each request on the admin socket is answered by its function in
+:mod:`adaptd.daemon.admin.answers`, given one context: the daemon's parts
 (:class:`~adaptd.daemon.parts.Core`), the saves of ``adaptd history``, who asked (the
 reply of a deferred answer, ``drain``'s, goes there) and the time. The few things every
 command about a job needs are here once: find a job or say which ones exist, list the

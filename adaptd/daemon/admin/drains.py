@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from adaptd.daemon.jobs.records import Job, Rank
 from adaptd.daemon.jobs.table import JobTable
-from adaptd.daemon.logfmt import logfmt
+from adaptd.logfmt import logfmt
 from adaptd.protocol import admin
 from adaptd.protocol import job as p
 from adaptd.state.records import copy_fields

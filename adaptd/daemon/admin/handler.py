@@ -3,10 +3,10 @@
 :class:`AdminHandler` takes one operator message (frames from the admin ROUTER),
 checks the caller (:meth:`AdminHandler.allowed`: root, the daemon's own user, or a
 member of ``daemon.admin_group``, read from the connection's kernel credentials),
-decodes the request as one of the operator commands in the table
-(:class:`~adaptd.daemon.admin.commands.OperatorCommands`) and has that command's daemon
-side answer it (``status``, ``history``, ``save-now``, ``set-policy``, ``pause``/``resume``
-at once, ``drain`` when the drain ends: :mod:`adaptd.commands`). A refusal is an
+decodes the request as one of the operator requests in the table
+(:class:`~adaptd.daemon.admin.commands.OperatorCommands`) and has its answer run
+(``status``, ``history``, ``save-now``, ``set-policy``, ``pause``/``resume`` at once,
+``drain`` when the drain ends: :mod:`adaptd.daemon.admin.answers`). A refusal is an
 :class:`~adaptd.protocol.admin.ErrorReply` with a code, counted as ``admin_<code>``.
 """
 
@@ -23,9 +23,9 @@ import zmq
 from adaptd.daemon.admin.commands import OperatorCommands
 from adaptd.daemon.admin.context import AdminContext, HistorySource
 from adaptd.daemon.jobs.records import PeerCred
-from adaptd.daemon.logfmt import logfmt
 from adaptd.daemon.parts import Core
 from adaptd.daemon.transport import DaemonError, peer_cred
+from adaptd.logfmt import logfmt
 from adaptd.protocol import admin
 
 __all__ = ["AdminHandler", "HistorySource", "admin_gid"]

@@ -16,13 +16,13 @@ from typing import Any
 
 from adaptd import __version__
 from adaptd.core.snapshot import Decision
-from adaptd.daemon.events import EventBus
 from adaptd.daemon.jobs.records import Job
 from adaptd.daemon.jobs.settings import OperatorSettings
 from adaptd.daemon.jobs.table import JobTable
-from adaptd.daemon.logfmt import Throttle, logfmt
 from adaptd.daemon.stats import DaemonStats
 from adaptd.daemon.transport import Transport
+from adaptd.events import EventBus
+from adaptd.logfmt import Throttle, logfmt
 from adaptd.protocol import admin
 from adaptd.state.records import copy_fields
 

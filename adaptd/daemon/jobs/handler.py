@@ -4,7 +4,7 @@
 
 - validates it (:mod:`adaptd.protocol.job`: one frame, size, schema, version); a bad
   one gets an :class:`~adaptd.protocol.job.Error` reply where a reply is possible, is
-  counted by code and becomes a :class:`~adaptd.daemon.events.MessageRejected`, never an
+  counted by code and becomes a :class:`~adaptd.events.MessageRejected`, never an
   exception (:class:`~adaptd.daemon.refusals.Refusals`);
 - checks the connection: a report must come from the connection that said hello
   as that job and rank (the kernel's or CURVE's credentials,
@@ -30,9 +30,9 @@ import zmq
 from adaptd.daemon.jobs import job_config
 from adaptd.daemon.jobs.records import Job, PeerCred, Rank
 from adaptd.daemon.jobs.registry import HelloRefused, RegistryFull
-from adaptd.daemon.logfmt import logfmt
 from adaptd.daemon.parts import Core
 from adaptd.daemon.transport import peer_cred
+from adaptd.logfmt import logfmt
 from adaptd.protocol import job as p
 
 __all__ = ["JobHandler"]

@@ -3,9 +3,9 @@
 A rank whose process is gone (same host, same pid namespace: the pid no longer exists,
 is a zombie, or was reused by a younger process) or that has been silent for
 ``silence_timeout_s`` is *lost*. A job whose ranks are all gone and that did not say
-goodbye is lost, a failure candidate (:class:`~adaptd.daemon.events.JobLost`); when the
+goodbye is lost, a failure candidate (:class:`~adaptd.events.JobLost`); when the
 same processes speak again the loss was a false alarm
-(:class:`~adaptd.daemon.events.JobRevived`).
+(:class:`~adaptd.events.JobRevived`).
 
 :class:`Liveness` is the registry's part that decides this, once a second in the
 daemon's loop (:meth:`Liveness.check`) and when a hello shows that a rank restarted
@@ -19,7 +19,7 @@ import time as _time
 from collections.abc import Callable
 from typing import Protocol
 
-from adaptd.daemon import events as ev
+from adaptd import events as ev
 from adaptd.daemon.jobs.records import Job
 from adaptd.daemon.jobs.table import JobTable
 from adaptd.protocol.job import LIVENESS_TIMEOUT_S

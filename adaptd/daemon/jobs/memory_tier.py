@@ -19,14 +19,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
+from adaptd.config.schema import MEMORY_TIER_SHARE  # the setting's default, defined with it
 from adaptd.core.snapshot import Snapshot
 from adaptd.daemon.jobs.delivery import Delivery, plan_message
 from adaptd.daemon.jobs.records import Job
 
 __all__ = ["MEMORY_TIER_SHARE", "RESEND_CHANGE", "MemoryTiers", "budgets", "check_share"]
 
-#: Default share of the host's available memory the memory tiers of all jobs may take.
-MEMORY_TIER_SHARE = 0.25
 #: A budget that moved by more than this fraction is sent again.
 RESEND_CHANGE = 0.05
 

@@ -33,7 +33,7 @@ from adaptd.daemon.jobs.policy_choice import PolicyChoice
 from adaptd.daemon.jobs.records import Job, Rank
 from adaptd.daemon.jobs.settings import OperatorSettings
 from adaptd.daemon.jobs.table import JobTable
-from adaptd.daemon.logfmt import logfmt
+from adaptd.logfmt import logfmt
 from adaptd.protocol import job as p
 from adaptd.protocol.relay_auth import NEEDS_SIGNATURE, RelayKey
 

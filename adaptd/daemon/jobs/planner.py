@@ -21,13 +21,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from adaptd import events as ev
 from adaptd.core.snapshot import Decision, Snapshot, same_saves
-from adaptd.daemon import events as ev
 from adaptd.daemon.jobs.delivery import Delivery
 from adaptd.daemon.jobs.records import Job
 from adaptd.daemon.jobs.settings import OperatorSettings
-from adaptd.daemon.logfmt import Throttle, logfmt
 from adaptd.daemon.stats import DaemonStats
+from adaptd.logfmt import Throttle, logfmt
 
 __all__ = [
     "PLAN_LEAD_S",
@@ -79,8 +79,8 @@ class Planner:
     """Decides and pushes plans. ``snapshot_source`` must not block (it runs in the loop).
 
     ``settings``: the operators' (a pause holds a job's saves); ``delivery``: tells the
-    ranks; ``emit``: :class:`~adaptd.daemon.events.PlanChanged` and
-    :class:`~adaptd.daemon.events.SaveRequested`; ``stats``: policy and snapshot faults.
+    ranks; ``emit``: :class:`~adaptd.events.PlanChanged` and
+    :class:`~adaptd.events.SaveRequested`; ``stats``: policy and snapshot faults.
     """
 
     def __init__(

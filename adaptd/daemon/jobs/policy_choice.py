@@ -14,7 +14,7 @@ import logging
 from adaptd.core.policy import Policy, PolicyCache, PolicyError
 from adaptd.daemon.jobs.records import HelloKind, Job
 from adaptd.daemon.jobs.settings import OperatorSettings
-from adaptd.daemon.logfmt import logfmt
+from adaptd.logfmt import logfmt
 
 __all__ = ["PolicyChoice"]
 

@@ -14,7 +14,7 @@ another user's job or a live process's rank (:func:`check_claim`), and records s
 reports, save reports and goodbyes. Whether ranks are still there is its
 :class:`~adaptd.daemon.jobs.liveness.Liveness`'s to decide. When a lost job says hello
 again resuming from an older step, the first step report ends the restart:
-:class:`~adaptd.daemon.events.JobResumed` with the restart time, which also goes to
+:class:`~adaptd.events.JobResumed` with the restart time, which also goes to
 ``tracker.on_restart``.
 
 The registry is pure bookkeeping: callers pass the time in and it does no I/O other
@@ -29,8 +29,8 @@ import time as _time
 from collections import Counter
 from collections.abc import Callable, Iterator
 
+from adaptd import events as ev
 from adaptd.core.estimators import JobTracker
-from adaptd.daemon import events as ev
 from adaptd.daemon.jobs.liveness import (
     MAX_INACTIVE_JOBS,
     Liveness,
@@ -91,7 +91,7 @@ def default_tracker(msg: Hello) -> JobTracker:
 
 
 class Registry:
-    """Jobs and ranks, with liveness; emits :mod:`adaptd.daemon.events` through ``emit``.
+    """Jobs and ranks, with liveness; emits :mod:`adaptd.events` through ``emit``.
 
     ``table``: where the records are kept (a new one by default; pass one to read it
     through a :class:`~adaptd.daemon.jobs.view.RegistryView` built before the registry).

@@ -34,9 +34,9 @@ from collections.abc import Iterable
 from adaptd.core.rounds import TIMEOUT_S, JobRounds
 from adaptd.core.snapshot import Decision
 from adaptd.daemon.jobs.records import Job, Rank
-from adaptd.daemon.logfmt import logfmt
 from adaptd.daemon.stats import DaemonStats
 from adaptd.daemon.transport import SendRank
+from adaptd.logfmt import logfmt
 from adaptd.protocol import job as p
 
 __all__ = ["Agreements"]

@@ -5,7 +5,7 @@ Three sources, in order of strength: what an operator set at run time
 handed back at start), then the config's ``[jobs."ID"]`` entries (exact ids at
 start, globs when a matching job first says hello), then nothing (the job's own
 policy or the daemon's default). :class:`OperatorSettings` holds the result; a
-change emits :class:`~adaptd.daemon.events.JobSettingsChanged` so the store can keep it.
+change emits :class:`~adaptd.events.JobSettingsChanged` so the store can keep it.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from collections.abc import Callable, Iterator, Mapping
 from types import MappingProxyType
 from typing import Any
 
+from adaptd import events as ev
 from adaptd.core.policy import PolicyCache, PolicyError
-from adaptd.daemon import events as ev
-from adaptd.daemon.logfmt import logfmt
+from adaptd.logfmt import logfmt
 from adaptd.protocol.admin import JobSettings
 
 __all__ = ["ConfiguredSettings", "OperatorSettings"]
@@ -91,7 +91,7 @@ class OperatorSettings:
 
     def change(self, job_id: str, now: float, **change: Any) -> JobSettings:
         """Set the job's ``policy`` and/or ``paused`` (the other kept); emits the job's
-        whole setting as :class:`~adaptd.daemon.events.JobSettingsChanged`."""
+        whole setting as :class:`~adaptd.events.JobSettingsChanged`."""
         old = self._settings.get(job_id, JobSettings())
         new = JobSettings(
             policy=change.get("policy", old.policy), paused=change.get("paused", old.paused)
@@ -106,7 +106,7 @@ class OperatorSettings:
     def clear_policy(self, job_id: str, now: float) -> tuple[str | None, str | None]:
         """Take back the policy an operator set for ``job_id``: the config's for the job
         (if it names one) is in force again. Returns the policy setting ``(before,
-        after)``; emits :class:`~adaptd.daemon.events.JobSettingsChanged` only when it changed."""
+        after)``; emits :class:`~adaptd.events.JobSettingsChanged` only when it changed."""
         before = self.policy(job_id)
         configured = self.configured(job_id) if self.configured is not None else None
         after = configured.policy if configured is not None else None

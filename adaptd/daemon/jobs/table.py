@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Iterator
 
-from adaptd.daemon import events as ev
+from adaptd import events as ev
 from adaptd.daemon.jobs.records import Job, JobStateName, Rank
 
 __all__ = ["JobTable"]
@@ -77,7 +77,7 @@ class JobTable:
 
     def note_writing(self, job: Job, now: float, emit: Callable[[ev.Event], None]) -> None:
         """Keep :attr:`writing` (active jobs whose tracker has a save in flight); each flip
-        is a :class:`~adaptd.daemon.events.SaveInFlight` given to ``emit``."""
+        is a :class:`~adaptd.events.SaveInFlight` given to ``emit``."""
         writing = job.state == "active" and job.tracker.save_in_flight
         if writing != (job.id in self.writing):
             (self.writing.add if writing else self.writing.discard)(job.id)

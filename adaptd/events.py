@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from adaptd.core.snapshot import Decision
-from adaptd.daemon.logfmt import Throttle, logfmt
+from adaptd.logfmt import Throttle, logfmt
 from adaptd.protocol.job import SaveReport
 
 __all__ = [
