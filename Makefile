@@ -44,13 +44,17 @@ demo: $(DEMO_STAMP)
 test-deps:
 	@bash scripts/install-test-deps.sh $(TEST_DEPS)
 
+# scripts/layers.py: lint-imports on the installed layout, the floors of
+# docs/architecture.md as the contracts of pyproject.toml ([tool.importlinter]).
 test: $(TEST_STAMP) test-deps
 	$(BIN)/ruff check .
+	$(BIN)/python scripts/layers.py
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 lint: $(TEST_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/python scripts/layers.py
 
 # save_storm takes 2-4 minutes and needs root or FUSE permissions (scripts/slowfs.py);
 # fleet_storm (8 daemons + 8 TF jobs, etcd) about 8 minutes, and etcd (scripts/install-test-deps.sh).

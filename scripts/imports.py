@@ -5,6 +5,12 @@ run time is still two modules that cannot be understood, tested or moved one
 without the other (docs/architecture.md, "Limits that keep it this way"). This
 script makes "no cycles" a check the suite runs (tests/test_sizes.py).
 
+import-linter's ``acyclic`` contract (pyproject.toml, ``make test``) checks more: no two
+parts of a package, modules or subpackages, import each other. It checks the daemon
+and the client only as wholes for now (their subpackages still import each other), so
+this script stays: it keeps module cycles out of their insides, and out of a package's
+``__init__`` and its modules, which that contract does not see as siblings.
+
     python scripts/imports.py            # the adaptd/, client/, policies/ packages
     python scripts/imports.py --graph    # also every module's internal imports
 
