@@ -10,9 +10,10 @@ module plus its entry point. Every command module defines
 An *operator command* (one that asks the running daemon, on its admin socket) sends a
 :class:`adaptd.protocol.admin.Request` and shows the daemon's
 :class:`~adaptd.protocol.admin.Reply` (``_operator.call``); that is all it knows of the
-daemon. The daemon's side of it, the function that answers the request, is its entry in
-:data:`adaptd.daemon.admin.commands.ANSWERS` (:mod:`adaptd.daemon.admin.answers`): the
-daemon imports no command, and an operator command reaches it only on its socket.
+daemon. The daemon's side of it is its entry in the daemon's table,
+:data:`adaptd.daemon.admin.commands.OPERATOR_COMMANDS` (the answers are in
+:mod:`adaptd.daemon.admin.answers`): the daemon imports no command, and an operator
+command reaches it only on its socket.
 
 The CLI (:mod:`adaptd.cli`) reads :data:`COMMANDS`. A module is imported only when its
 command runs (or for the list in ``adaptd --help``), so it imports what is heavy inside

@@ -85,12 +85,13 @@ class Seams:
 
 def build(options: DaemonOptions, seams: Seams | None = None) -> Daemon:
     """A daemon, not yet serving (:meth:`Daemon.start` or :meth:`Daemon.serve`). It answers
-    the operator requests of :data:`adaptd.daemon.admin.commands.ANSWERS` as the table is now.
+    the operator commands of :data:`adaptd.daemon.admin.commands.OPERATOR_COMMANDS` as the
+    table is now.
 
     Raises :class:`~adaptd.daemon.transport.DaemonError` for a socket that cannot be
     used (too long, TCP without CURVE) or an admin group this host lacks, and
-    :class:`~adaptd.daemon.admin.commands.CommandError` for a table entry that is not a
-    request type and its answer."""
+    :class:`~adaptd.daemon.admin.commands.CommandError` for a table entry that cannot be
+    an operator command."""
     return Daemon(assemble(options, seams if seams is not None else Seams()))
 
 
@@ -129,6 +130,7 @@ def assemble(options: DaemonOptions, seams: Seams) -> DaemonParts:
         stats=stats,
         options=options.planner,
     )
+    commands = OperatorCommands.from_table()
     ops = JobOps(
         planner=planner,
         choice=choice,
@@ -136,6 +138,7 @@ def assemble(options: DaemonOptions, seams: Seams) -> DaemonParts:
         jobs=registry.table,
         delivery=delivery,
         hostname=registry.hostname,
+        relayed=commands.relayed,
         relay_key=options.relay_key,
     )
     status = StatusView(jobs=registry.table, hostname=registry.hostname, settings=settings,
@@ -159,7 +162,7 @@ def assemble(options: DaemonOptions, seams: Seams) -> DaemonParts:
     )
     admin = AdminHandler(
         core,
-        commands=OperatorCommands.from_table(),
+        commands=commands,
         admin_gid=admin_gid(options.admin_group),
         history=seams.history_source,
     )

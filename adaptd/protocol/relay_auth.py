@@ -17,6 +17,8 @@ and the deciding daemon takes it only with a valid signature, issued within
 ``save_now`` needs no signature: a job can ask for a save of its own anyway
 (``request_save()``). Without a key, relaying the other operations is refused where
 they are typed, with what to do (run it on the deciding host, or configure the key).
+Which operations are signed is each operator command's entry (``signed``) in the
+daemon's table, :data:`adaptd.daemon.admin.commands.OPERATOR_COMMANDS`.
 """
 
 from __future__ import annotations
@@ -30,10 +32,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["MAX_AGE_S", "NEEDS_SIGNATURE", "RelayKey"]
+__all__ = ["MAX_AGE_S", "RelayKey"]
 
-#: The operations only an operator may ask for: relayed, they must be signed.
-NEEDS_SIGNATURE = frozenset({"set_policy", "pause", "resume"})
 #: A signed request is taken within this many seconds of when it was signed (either
 #: way: the hosts' clocks may differ by up to this much).
 MAX_AGE_S = 300.0

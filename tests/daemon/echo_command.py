@@ -3,10 +3,10 @@
 It is the whole of a new operator command, in one module: the CLI side (``HELP``,
 ``configure``, ``run``), its own request and reply on the admin protocol (a tag of their
 own: no built-in struct is touched), and its daemon side (``answer``). Registering it is
-one line in :data:`adaptd.commands.COMMANDS` for the CLI and one entry in
-:data:`adaptd.daemon.admin.commands.ANSWERS` for the daemon
-(tests/daemon/test_command_table.py does both); the two sides share nothing but the
-request and reply.
+one line in :data:`adaptd.commands.COMMANDS` for the CLI and one entry,
+``OperatorCommand(EchoRequest, EchoReply, answer)``, in the daemon's
+:data:`adaptd.daemon.admin.commands.OPERATOR_COMMANDS` (tests/daemon/test_command_table.py
+does both); the two sides share nothing but the request and reply.
 """
 
 from __future__ import annotations

@@ -2,11 +2,13 @@
 
 One function per request of the admin protocol (:mod:`adaptd.protocol.admin`), run in the
 daemon's loop by :class:`~adaptd.daemon.admin.handler.AdminHandler` through the table of
-:mod:`adaptd.daemon.admin.commands`. The command line's side of each (its arguments, the
-request it sends, how it shows the reply) is its module in :mod:`adaptd.commands`; the two
-meet only on the admin socket, so the daemon imports no command and a command reaches no
-part of the daemon. An :class:`~adaptd.protocol.admin.AdminError` raised here becomes the
-caller's error reply; ``None`` means the reply is sent later (``drain``'s, when it ends).
+:mod:`adaptd.daemon.admin.commands`; and one per operation relayed from another host
+(``relayed_*``), run by :class:`~adaptd.daemon.jobs.ops.JobOps` on the deciding daemon.
+The command line's side of each (its arguments, the request it sends, how it shows the
+reply) is its module in :mod:`adaptd.commands`; the two meet only on the admin socket,
+so the daemon imports no command and an operator command reaches the daemon only there.
+An :class:`~adaptd.protocol.admin.AdminError` raised here becomes the caller's error
+reply; ``None`` means the reply is sent later (``drain``'s, when it ends).
 """
 
 from __future__ import annotations
@@ -15,7 +17,10 @@ import logging
 
 from adaptd.core.policy import PolicyError
 from adaptd.daemon.admin.context import AdminContext
+from adaptd.daemon.jobs.ops import JobOps, RequestRefused
+from adaptd.daemon.jobs.records import Job
 from adaptd.logfmt import logfmt
+from adaptd.protocol import job as p
 from adaptd.protocol.admin import (
     AdminError,
     DrainRequest,
@@ -33,7 +38,18 @@ from adaptd.protocol.admin import (
 )
 from adaptd.state.records import copy_fields
 
-__all__ = ["drain", "history", "pause", "save_now", "set_policy", "status"]
+__all__ = [
+    "drain",
+    "history",
+    "pause",
+    "relayed_pause",
+    "relayed_resume",
+    "relayed_save_now",
+    "relayed_set_policy",
+    "save_now",
+    "set_policy",
+    "status",
+]
 
 log = logging.getLogger("adaptd.server")
 
@@ -166,3 +182,29 @@ def pause(req: PauseRequest, ctx: AdminContext) -> PauseReply:
                     changed=",".join(changed) or "none",
                     relayed=",".join(relayed) or None))  # fmt: skip
     return PauseReply(jobs=changed, paused=req.paused, targets=len(targets), relayed=relayed)
+
+
+# ------------------------------------------------------------------ relayed to this host
+# What the deciding daemon does with an operation an operator typed on another host
+# (a job protocol Request, handed over by the job's chief, its signature checked):
+# the figures logged with it (``event=operator_action``), or RequestRefused.
+
+
+def relayed_set_policy(ops: JobOps, job: Job, msg: p.Request, now: float) -> dict[str, object]:
+    try:
+        previous, seq = ops.set_policy(job, msg.spec, now)
+    except PolicyError as exc:
+        raise RequestRefused(f"policy spec {msg.spec!r}: {exc}") from None
+    return {"policy": msg.spec, "previous": previous, "plan_seq": seq}
+
+
+def relayed_pause(ops: JobOps, job: Job, msg: p.Request, now: float) -> dict[str, object]:
+    return {"changed": ops.pause(job.id, True, now)}
+
+
+def relayed_resume(ops: JobOps, job: Job, msg: p.Request, now: float) -> dict[str, object]:
+    return {"changed": ops.pause(job.id, False, now)}
+
+
+def relayed_save_now(ops: JobOps, job: Job, msg: p.Request, now: float) -> dict[str, object]:
+    return {"ranks": ops.save_now(job, msg.reason or "save-now", now)}

@@ -20,13 +20,18 @@ the operator set, so they must carry the signature of the daemon they were typed
 (:mod:`adaptd.protocol.relay_auth`, ``daemon.relay_key_file``): a rank cannot make one up.
 Without a key they are not relayed at all: the operator is told to type them on the
 deciding host.
+
+Which operations are relayed, what the deciding daemon does with each and which must be
+signed is not written here: :class:`JobOps` is given them (``relayed``), from the table
+of operator commands (:data:`adaptd.daemon.admin.commands.OPERATOR_COMMANDS`).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
-from adaptd.core.policy import PolicyError
 from adaptd.daemon.jobs.delivery import Delivery
 from adaptd.daemon.jobs.planner import Planner
 from adaptd.daemon.jobs.policy_choice import PolicyChoice
@@ -35,9 +40,9 @@ from adaptd.daemon.jobs.settings import OperatorSettings
 from adaptd.daemon.jobs.table import JobTable
 from adaptd.logfmt import logfmt
 from adaptd.protocol import job as p
-from adaptd.protocol.relay_auth import NEEDS_SIGNATURE, RelayKey
+from adaptd.protocol.relay_auth import RelayKey
 
-__all__ = ["JobOps", "NoRankToRelay"]
+__all__ = ["JobOps", "NoRankToRelay", "Relayed", "RelayedOp", "RequestRefused"]
 
 log = logging.getLogger("adaptd.server")
 
@@ -47,11 +52,32 @@ class NoRankToRelay(Exception):
     carry it there. The message says what to do."""
 
 
+class RequestRefused(Exception):
+    """A relayed request the deciding daemon does not carry out; the message says why
+    (it goes back to the rank that handed it over)."""
+
+
+#: What the deciding daemon does with a relayed operation: ``(ops, job, request, now)`` ->
+#: the figures logged with it. Raises :class:`RequestRefused`.
+Relayed = Callable[["JobOps", Job, p.Request, float], "dict[str, object]"]
+
+
+@dataclass(frozen=True)
+class RelayedOp:
+    """A relayed operation as :class:`JobOps` handles it: what the deciding daemon does
+    (``run``), and whether it travels only signed (``signed``: only an operator may ask it)."""
+
+    run: Relayed
+    signed: bool
+
+
 class JobOps:
     """The operator's actions on one job (used by the admin and the job handler).
 
     ``hostname``: this host, named as the origin of the requests relayed from here.
-    ``relay_key`` signs those, and checks the ones relayed here.
+    ``relay_key`` signs those, and checks the ones relayed here. ``relayed``: the
+    operations relayed between hosts, by the job protocol's name (the table of operator
+    commands'): any other is refused.
     """
 
     def __init__(
@@ -63,6 +89,7 @@ class JobOps:
         jobs: JobTable,
         delivery: Delivery,
         hostname: str,
+        relayed: Mapping[str, RelayedOp],
         relay_key: RelayKey | None = None,
     ) -> None:
         self.planner = planner
@@ -71,6 +98,7 @@ class JobOps:
         self.jobs = jobs
         self.delivery = delivery
         self.hostname = hostname
+        self.relayed = relayed
         self.relay_key = relay_key
 
     # ------------------------------------------------------------------ on this host
@@ -111,7 +139,10 @@ class JobOps:
     ) -> str:
         """Hand ``op`` to the job's local rank for its chief's daemon; returns who decides
         (the host named by the ranks' last :class:`~adaptd.protocol.job.JobPlan`, else "the
-        job's chief"). Raises :class:`NoRankToRelay` when no rank of the job is live here."""
+        job's chief"). Raises :class:`NoRankToRelay` when no rank of the job is live here,
+        and KeyError for an operation that is not in ``relayed`` (a command's answer
+        naming an operation its table entry does not)."""
+        signed = self.relayed[op].signed
         rank = _relay_rank(job)
         decider = job.agreed.decided_by if job.agreed is not None else ""
         where = f"{decider or 'its chief (rank 0)'}'s daemon"
@@ -120,7 +151,7 @@ class JobOps:
                 f"job {job.id!r} is decided by {where} and has no live rank on this host to "
                 "carry the request there: run the command on that host"
             )
-        if op in NEEDS_SIGNATURE and self.relay_key is None:
+        if signed and self.relay_key is None:
             raise NoRankToRelay(
                 f"job {job.id!r} is decided by {where}; {op} is relayed there only signed, and "
                 "this daemon has no daemon.relay_key_file: run the command on that host, or "
@@ -128,7 +159,7 @@ class JobOps:
             )
         spec, reason, origin = spec[: p.MAX_TEXT], reason[: p.MAX_TEXT], self.hostname[: p.MAX_TEXT]
         auth = ""
-        if self.relay_key is not None and op in NEEDS_SIGNATURE:
+        if self.relay_key is not None and signed:
             auth = self.relay_key.sign(job.id, op, spec, reason, origin)
         msg = p.Relay(
             v=p.VERSION, job=job.id, op=op, spec=spec, reason=reason, origin=origin, auth=auth
@@ -146,7 +177,10 @@ class JobOps:
                 f"job {job.id!r}: this daemon does not decide the job's plan (its chief, rank 0, "
                 "is on another host); a request goes to the chief's daemon"
             )
-        if msg.op in NEEDS_SIGNATURE:
+        relayed = self.relayed.get(msg.op)
+        if relayed is None:
+            return f"{msg.op} for job {job.id!r} refused: this daemon relays no such operation"
+        if relayed.signed:
             why = (
                 self.relay_key.check(job.id, msg.op, msg.spec, msg.reason, msg.origin, msg.auth)
                 if self.relay_key is not None
@@ -156,17 +190,10 @@ class JobOps:
                 log.warning(logfmt("request_refused", job=job.id, op=msg.op, via_rank=msg.rank,
                                    origin=msg.origin or "?", why=why))  # fmt: skip
                 return f"{msg.op} for job {job.id!r} refused: {why}; only an operator may ask it"
-        detail: dict[str, object] = {}
-        if msg.op == "set_policy":
-            try:
-                previous, seq = self.set_policy(job, msg.spec, now)
-            except PolicyError as exc:
-                return f"policy spec {msg.spec!r}: {exc}"
-            detail = {"policy": msg.spec, "previous": previous, "plan_seq": seq}
-        elif msg.op in ("pause", "resume"):
-            detail = {"changed": self.pause(job.id, msg.op == "pause", now)}
-        else:
-            detail = {"ranks": self.save_now(job, msg.reason or "save-now", now)}
+        try:
+            detail = relayed.run(self, job, msg, now)
+        except RequestRefused as exc:
+            return str(exc)
         log.info(logfmt("operator_action", action=msg.op, job=job.id, origin=msg.origin or "?",
                         via_rank=msg.rank, reason=msg.reason or None, **detail))  # fmt: skip
         return None
