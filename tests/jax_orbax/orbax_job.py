@@ -1,4 +1,4 @@
-"""A small JAX training job that checkpoints with Orbax under :class:`adaptd.client.orbax.SavePolicy`.
+"""A small JAX training job that checkpoints with Orbax under adaptd's ``SavePolicy``.
 
 Deterministic (JAX on CPU): the state after step ``s`` is a function of ``s`` alone, so
 a run resumed from a finalized step holds exactly what the uninterrupted run held at
