@@ -5,7 +5,7 @@ operator requests, what a save really cost) need no deep-learning framework. The
 modules that hold them are the **core**: every module of ``adaptd.client`` except
 :data:`TENSORFLOW_SIDE` (the TensorFlow hook) and :data:`ORBAX_SIDE` (the Orbax
 adapter, :mod:`adaptd.client.orbax`). ``tests/client/test_core_neutral.py`` imports each
-core module in a process where ``import tensorflow`` (and ``import jax``) fails, so a
+core module in a process where TensorFlow (and JAX) cannot be imported, so a
 core module that starts importing either fails the suite; a new module belongs to the
 core unless it is named here.
 

@@ -28,6 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--socket", default=None)
     ap.add_argument("--policy", default=None)
+    ap.add_argument("--policy-1", default=None, help="process 1's own spec (default: --policy)")
     ap.add_argument("--daemon-timeout", type=float, default=5.0)
     ap.add_argument("--step-sleep", type=float, default=0.0)
     ap.add_argument("--sync", action="store_true", help="Orbax's synchronous saves")
@@ -81,7 +82,8 @@ def main(argv: list[str] | None = None) -> int:
     policy = None
     if not args.no_policy:
         policy = SavePolicy(
-            job=args.job, directory=args.dir, policy=args.policy, socket=args.socket,
+            job=args.job, directory=args.dir, socket=args.socket,
+            policy=args.policy_1 if args.process_id == 1 and args.policy_1 else args.policy,
             daemon_timeout=args.daemon_timeout,
         )  # fmt: skip
     options = ocp.CheckpointManagerOptions(
