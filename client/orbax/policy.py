@@ -26,6 +26,7 @@ commit is seen.
 from __future__ import annotations
 
 import atexit
+import datetime
 import logging
 import os
 import weakref
@@ -131,6 +132,9 @@ class SavePolicy:
         self._n = 0
         self._seen = 0  # len(previous_steps) at the last slow path
         self._closed = False
+        #: Checkpoints older than this were there before the run (a resume); newer ones
+        #: were saved by another policy before this one was first asked.
+        self._born = datetime.datetime.now(datetime.timezone.utc)
         self._atexit = _weak_close(self)
         atexit.register(self._atexit)
 
@@ -273,7 +277,7 @@ class SavePolicy:
         if world > 1:
             self._agreement = PrimaryAnswer(JaxStore(), self.job, rank, world,
                                             timeout_s=self._agree_timeout)  # fmt: skip
-        newest = max((p.step for p in previous), default=None)
+        newest = max((p.step for p in previous if p.time < self._born), default=None)
         self._seen = len(previous)
         resumed = newest if newest is not None and n == newest + 1 else 0
         f.start(n, now, resumed_from=resumed)
