@@ -67,6 +67,7 @@ ORBAX_SIDE = frozenset(
         "adaptd.client.orbax",
         "adaptd.client.orbax.adapter",
         "adaptd.client.orbax.agreement",
+        "adaptd.client.orbax.checkpoints",
         "adaptd.client.orbax.policy",
     }
 )

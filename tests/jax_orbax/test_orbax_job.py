@@ -7,7 +7,10 @@ run it continues by the digests both print.
 
 from __future__ import annotations
 
+import json
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -82,6 +85,9 @@ def test_sigkilled_job_resumes_from_the_newest_finalized_step_exactly(short_dir:
     assert steps, "no step was finalized before the kill"
     newest = steps[-1]
     assert newest % 10 == 0 and newest < max(ran)
+    checked = verify(ckpt)
+    assert checked.returncode == 0, checked.stdout
+    assert json.loads(checked.stdout)["step"] == newest
     second = OrbaxJob(short_dir / "b.log", "--dir", ckpt, "--job", "jk",
                       "--steps", max(ran) + 5, "--socket", short_dir / "none.sock",
                       "--policy", "fixed:steps=10")  # fmt: skip
@@ -95,13 +101,24 @@ def test_sigkilled_job_resumes_from_the_newest_finalized_step_exactly(short_dir:
     again = second.step_digests()
     assert all(again[s] == ran[s] for s in range(newest + 1, max(ran) + 1))
     assert f"adaptd: resumed from step {newest} (Orbax step {newest}, finalized" in second.stderr()
+    for step in finalized(ckpt):  # as if every write had been cut short
+        (ckpt / str(step)).rename(ckpt / f"{step}.orbax-checkpoint-tmp-1")
+    refused = verify(ckpt)
+    assert refused.returncode == 1
+    assert "never committed" in json.dumps(json.loads(refused.stdout)["problems"])
+
+
+def verify(path: Path) -> subprocess.CompletedProcess:
+    """``adaptd verify --json PATH`` (an Orbax directory: no TensorFlow needed)."""
+    cmd = [sys.executable, "-m", "adaptd.cli", "verify", "--json", str(path)]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=60)
 
 
 def test_a_daemon_killed_mid_run_leaves_the_job_on_its_embedded_policy(short_dir: Path) -> None:
     """The daemon dies under a running job: the job says so once, goes on saving by its
     embedded policy (the same spec), and ends normally."""
     sock = short_dir / "d.sock"
-    daemon = start_daemon(sock, log=__import__("subprocess").PIPE)
+    daemon = start_daemon(sock, log=subprocess.PIPE)
     LogWatch(daemon.stderr, 30)
     job = OrbaxJob(short_dir / "job.log", "--dir", short_dir / "ckpt", "--job", "jd",
                    "--steps", 100000, "--socket", sock, "--policy", "fixed:steps=20",
