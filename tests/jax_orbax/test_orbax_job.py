@@ -137,3 +137,30 @@ def test_a_daemon_killed_mid_run_leaves_the_job_on_its_embedded_policy(short_dir
     finally:
         job.close()
         stop_daemon(daemon)
+
+
+def test_an_operators_save_now_reaches_an_orbax_job(short_dir: Path) -> None:
+    """``adaptd save-now`` makes the running Orbax job save at its next step although
+    its plan has no save for a million steps; the report carries the operator's reason."""
+    sock = short_dir / "d.sock"
+    daemon = start_daemon(sock)
+    job = OrbaxJob(short_dir / "job.log", "--dir", short_dir / "ckpt", "--job", "jn",
+                   "--steps", 100000, "--socket", sock, "--policy", "fixed:steps=1000000",
+                   "--step-sleep", 0.005)  # fmt: skip
+    try:
+        wait_status(sock, "jn", lambda i: i.step > 0, "the job's first step report")
+        why = "before the upgrade"
+        asked = adaptd("save-now", "--job", "jn", "--reason", why, "--socket", sock)
+        assert asked.returncode == 0, asked.stderr
+        info = wait_status(sock, "jn", lambda i: i.saves == 1, "the save-now's report")
+        assert info.last_save is not None and info.last_save.ok
+        assert info.last_save.reason == why
+        assert finalized(short_dir / "ckpt") == [info.last_save.step]
+    finally:
+        job.close()
+        stop_daemon(daemon)
+
+
+def adaptd(*args: object) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "adaptd.cli", *map(str, args)]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=60)
