@@ -39,6 +39,7 @@ TENSORFLOW_SIDE = frozenset(
         "adaptd.client.demo_job",
         "adaptd.client.hook_views",
         "adaptd.client.options",
+        "adaptd.client.tensorflow_adapter",
         "adaptd.client.agreement.coordination",
         "adaptd.client.restore.intact",
         "adaptd.client.restore.resume",
