@@ -181,7 +181,9 @@ class SavePolicy:
         f = self.follower
         if f is not None:
             now = perf_counter()
-            while f.in_flight and self.adapter.finalized(f.in_flight[0].step) is not None:
+            while len(f.in_flight) > 1:  # Orbax waited for it in the newest save's call
+                self._finished(f, self._n, now, waited=True)
+            if f.in_flight and self.adapter.finalized(f.in_flight[0].step) is not None:
                 self._finished(f, self._n, now)  # committed by now (wait_until_finished)
             for pending in f.in_flight:
                 log.info("save of step %d not reported: not finalized at close()", pending.step)
@@ -203,7 +205,7 @@ class SavePolicy:
             f.save_returned(now - self._answered_at - step_s, n, now)
             self._answered_at = None
         while len(f.in_flight) > 1:  # Orbax waited for it in the newest save's call
-            self._finished(f, n, now)
+            self._finished(f, n, now, waited=True)
         if f.in_flight and not context.is_saving_in_progress:
             self._finished(f, n, now)
         if len(previous) != self._seen:  # a save of Orbax's own (another policy, force=)
@@ -250,13 +252,15 @@ class SavePolicy:
             mine = Answer(save, reason, max(n + 1, min(sched.due, n + every)))
         return self._agreement.agree(n, mine)
 
-    def _finished(self, f: Follower, n: int, now: float) -> None:
+    def _finished(self, f: Follower, n: int, now: float, *, waited: bool = False) -> None:
         """The oldest save in flight is done: its report, with its bytes when the
-        directory is known (a step that is not finalized there failed)."""
+        directory is known. A step that is not finalized there failed, unless Orbax
+        ``waited`` for it inside a later save's call (its retention may have removed
+        it since: committed, bytes unknown)."""
         pending = f.in_flight[0]
         nbytes = self.adapter.finalized(pending.step)
         error = ""
-        if nbytes is None and self.directory is not None:
+        if nbytes is None and self.directory is not None and not waited:
             error = (
                 f"Orbax reports no save in progress, but step {pending.step} is not "
                 f"finalized in {self.directory}"
