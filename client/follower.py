@@ -96,8 +96,7 @@ class Follower:
         self.link = DaemonLink(self.endpoint, timeout_s=daemon_timeout)
         self.schedule = SaveSchedule()
         self.session = DaemonSession(
-            self.link, self.schedule, Solo(self.schedule), who,
-            directory if directory is not None else Path(""), choice,
+            self.link, self.schedule, Solo(self.schedule), who, directory, choice,
             report_s=report_s, decide_s=decide_s,
         )  # fmt: skip
         #: The saves in flight, oldest first: a framework that starts a save while the
