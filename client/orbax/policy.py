@@ -29,6 +29,7 @@ import atexit
 import datetime
 import logging
 import os
+import time
 import weakref
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -44,14 +45,17 @@ from adaptd.client.orbax.adapter import OrbaxAdapter
 from adaptd.client.orbax.agreement import Answer, JaxStore, PrimaryAnswer
 from adaptd.client.restore import notes
 from adaptd.client.save.schedule import NEVER
+from adaptd.client.save.sigterm import SIGTERM_REASON, SigtermHandler
 from adaptd.core.policy import Policy
 from adaptd.protocol import job as protocol
 
-__all__ = ["AGREE_INTERVAL_S", "SavePolicy"]
+__all__ = ["AGREE_INTERVAL_S", "SIGTERM_WAIT_S", "SavePolicy"]
 
 log = logging.getLogger("adaptd.client")
 
 _INF = float("inf")
+#: How long a SIGTERM waits for its save's commit before the signal is delivered again.
+SIGTERM_WAIT_S = 300.0
 #: How often (wall seconds) the processes of a multi-process job meet to hear the
 #: primary's answer between its planned saves (:mod:`adaptd.client.orbax.agreement`).
 AGREE_INTERVAL_S = 1.0
@@ -83,6 +87,9 @@ class SavePolicy:
         agree_interval: wall seconds between the processes' agreement steps (several
             processes only).
         agree_timeout: how long a process waits for the primary's answer.
+        handle_sigterm: in a job of one process, SIGTERM saves the next step, waits
+            (at most :data:`SIGTERM_WAIT_S`) until Orbax finalized it in ``directory``,
+            says goodbye and delivers the signal again (as the TensorFlow hook does).
 
     Raises:
         ValueError: ``job``, ``directory`` or a number of seconds is invalid (the
@@ -101,6 +108,7 @@ class SavePolicy:
         poll_interval: float = POLL_S,
         agree_interval: float = AGREE_INTERVAL_S,
         agree_timeout: float = 300.0,
+        handle_sigterm: bool = True,
     ) -> None:
         self.job = check_job(job)
         self.directory = check_directory(directory) if directory is not None else None
@@ -117,6 +125,9 @@ class SavePolicy:
         self._poll_s = float(poll_interval)
         self._agree_s = float(agree_interval)
         self._agree_timeout = float(agree_timeout)
+        self._sigterm = SigtermHandler(self._on_sigterm) if handle_sigterm else None
+        self._preempt: int | None = None  # the signal received (None: none)
+        self._preempt_step: int | None = None  # the step its save was asked for
         self.adapter = OrbaxAdapter(self.directory)
         #: Built at the first call (JAX must not be asked for its processes before
         #: ``jax.distributed.initialize()``).
@@ -188,6 +199,8 @@ class SavePolicy:
             for pending in f.in_flight:
                 log.info("save of step %d not reported: not finalized at close()", pending.step)
             f.close(self._n, reason, now)
+        if self._sigterm is not None:
+            self._sigterm.restore()
         atexit.unregister(self._atexit)
 
     # ------------------------------------------------------------------ slow path
@@ -208,6 +221,8 @@ class SavePolicy:
             self._finished(f, n, now, waited=True)
         if f.in_flight and not context.is_saving_in_progress:
             self._finished(f, n, now)
+        if self._preempt is not None:
+            return self._preempted(f, n, now)
         if len(previous) != self._seen:  # a save of Orbax's own (another policy, force=)
             self._seen = len(previous)
             if previous:
@@ -234,6 +249,37 @@ class SavePolicy:
         else:
             self._due = self._next
         return save
+
+    def _on_sigterm(self, signum: int) -> None:
+        # Runs between two bytecodes of the main thread: only flag; the next call acts.
+        self._preempt = signum
+        self._due = 0
+
+    def _preempted(self, f: Follower, n: int, now: float) -> bool:
+        """SIGTERM: save this step; at the next call wait until Orbax finalized it,
+        say goodbye and deliver the signal again."""
+        signum = self._preempt
+        assert signum is not None
+        if self._preempt_step is None:
+            log.warning("SIGTERM: saving step %d, then exiting", n)
+            self._preempt_step = n
+            f.save_started(n, SIGTERM_REASON, now)
+            self._pending = True
+            self._answered_at = perf_counter()
+            self._due = 0
+            return True
+        step = self._preempt_step
+        if self.directory is None:
+            log.warning("SIGTERM: no directory= given, so the commit of step %d cannot be "
+                        "waited for", step)  # fmt: skip
+        else:
+            end = perf_counter() + SIGTERM_WAIT_S
+            while self.adapter.finalized(step) is None and perf_counter() < end:
+                time.sleep(0.01)  # Orbax's commit thread finishes the write
+        self.close(SIGTERM_REASON)
+        log.warning("re-delivering signal %d", signum)
+        os.kill(os.getpid(), signum)
+        return False
 
     def _agree(self, f: Follower, n: int, due: int) -> Answer:
         """The job's answer at agreement step ``n``: the primary's (it saves when its
@@ -285,6 +331,8 @@ class SavePolicy:
         self._seen = len(previous)
         resumed = newest if newest is not None and n == newest + 1 else 0
         f.start(n, now, resumed_from=resumed)
+        if self._sigterm is not None and world == 1:
+            self._sigterm.install()
         self._tick_at = now + self._poll_s
         if rank == 0 or world == 1:
             notes.say(_where(n, newest, self.directory, rank, world))

@@ -164,3 +164,30 @@ def test_an_operators_save_now_reaches_an_orbax_job(short_dir: Path) -> None:
 def adaptd(*args: object) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "adaptd.cli", *map(str, args)]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+
+
+def test_sigterm_saves_the_next_step_waits_for_its_commit_then_exits(short_dir: Path) -> None:
+    """SIGTERM (a preemption) to a job whose plan has no save for a million steps: the
+    next step is saved, finalized by Orbax before the process goes, and the signal ends
+    the process; a restart resumes from that step with exactly its state."""
+    ckpt = short_dir / "ckpt"
+    args = ("--dir", ckpt, "--job", "jt", "--socket", short_dir / "none.sock",
+            "--policy", "fixed:steps=1000000")  # fmt: skip
+    first = OrbaxJob(short_dir / "a.log", *args, "--steps", 100000, "--step-sleep", 0.005)
+    try:
+        first.wait_for(lambda e: e["event"] == "step" and e["step"] >= 20)
+        first.proc.send_signal(signal.SIGTERM)
+        assert first.proc.wait(120) == -signal.SIGTERM
+    finally:
+        first.close()
+    ran = first.step_digests()
+    saved = max(ran) - 1  # the step saved; the next call waited for its commit
+    assert finalized(ckpt) == [saved]
+    assert f"SIGTERM: saving step {saved}, then exiting" in first.stderr()
+    second = OrbaxJob(short_dir / "b.log", *args, "--steps", saved + 1)
+    try:
+        second.finish()
+    finally:
+        second.close()
+    start = next(e for e in second.events if e["event"] == "start")
+    assert (start["step"], start["digest"]) == (saved, ran[saved])
