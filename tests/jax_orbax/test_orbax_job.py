@@ -42,6 +42,19 @@ def wait_status(sock: Path, job: str, pred, what: str, timeout: float = 60.0) ->
         time.sleep(0.05)  # the poll period
 
 
+def wait_history(sock: Path, job: str, pred, what: str, timeout: float = 60.0):
+    """The first save of ``job``'s history (the daemon's state database) with ``pred``."""
+    end = time.monotonic() + timeout
+    while True:
+        reply = admin.request(sock, admin.HistoryRequest(job=job, limit=1000), timeout_s=10)
+        assert isinstance(reply, admin.HistoryReply)
+        hit = next((s for s in reply.saves if pred(s)), None)
+        if hit is not None:
+            return hit
+        assert time.monotonic() < end, f"no {what} within {timeout}s: {reply.saves[-5:]}"
+        time.sleep(0.05)  # the poll period
+
+
 def test_the_daemons_plan_decides_orbax_saves_and_hears_what_they_cost(short_dir: Path) -> None:
     """The daemon plans by the job's spec, Orbax saves exactly at the planned steps, and
     each save's report (blocked, durable, bytes) reaches the daemon; the run ends with
@@ -114,9 +127,12 @@ def verify(path: Path) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True, timeout=60)
 
 
-def test_a_daemon_killed_mid_run_leaves_the_job_on_its_embedded_policy(short_dir: Path) -> None:
-    """The daemon dies under a running job: the job says so once, goes on saving by its
-    embedded policy (the same spec), and ends normally."""
+def test_save_now_reaches_the_job_and_a_daemon_killed_mid_run_leaves_it_on_its_own(
+    short_dir: Path,
+) -> None:
+    """An operator's ``adaptd save-now`` makes the running job save at its next step,
+    with the operator's reason; then the daemon dies under it: the
+    job says so, goes on saving by its embedded policy (the same spec), and trains on."""
     sock = short_dir / "d.sock"
     daemon = start_daemon(sock, log=subprocess.PIPE)
     LogWatch(daemon.stderr, 30)
@@ -124,7 +140,12 @@ def test_a_daemon_killed_mid_run_leaves_the_job_on_its_embedded_policy(short_dir
                    "--steps", 100000, "--socket", sock, "--policy", "fixed:steps=20",
                    "--daemon-timeout", 0.5, "--step-sleep", 0.005)  # fmt: skip
     try:
-        wait_status(sock, "jd", lambda i: i.saves >= 1, "a save heard by the daemon")
+        wait_status(sock, "jd", lambda i: i.step > 0, "the job's first step report")
+        why = "before the upgrade"
+        asked = adaptd("save-now", "--job", "jd", "--reason", why, "--socket", sock)
+        assert asked.returncode == 0, asked.stderr
+        save = wait_history(sock, "jd", lambda s: s.reason == why, "the save-now's report")
+        assert save.ok
         daemon.send_signal(signal.SIGKILL)
         daemon.wait(30)
         killed_at = max(job.step_digests())
@@ -134,28 +155,6 @@ def test_a_daemon_killed_mid_run_leaves_the_job_on_its_embedded_policy(short_dir
         after = [s for s in finalized(short_dir / "ckpt") if s > killed_at]
         assert after and all(s % 20 == 0 for s in after)  # the embedded fixed:steps=20
         assert job.proc.poll() is None  # still training
-    finally:
-        job.close()
-        stop_daemon(daemon)
-
-
-def test_an_operators_save_now_reaches_an_orbax_job(short_dir: Path) -> None:
-    """``adaptd save-now`` makes the running Orbax job save at its next step although
-    its plan has no save for a million steps; the report carries the operator's reason."""
-    sock = short_dir / "d.sock"
-    daemon = start_daemon(sock)
-    job = OrbaxJob(short_dir / "job.log", "--dir", short_dir / "ckpt", "--job", "jn",
-                   "--steps", 100000, "--socket", sock, "--policy", "fixed:steps=1000000",
-                   "--step-sleep", 0.005)  # fmt: skip
-    try:
-        wait_status(sock, "jn", lambda i: i.step > 0, "the job's first step report")
-        why = "before the upgrade"
-        asked = adaptd("save-now", "--job", "jn", "--reason", why, "--socket", sock)
-        assert asked.returncode == 0, asked.stderr
-        info = wait_status(sock, "jn", lambda i: i.saves == 1, "the save-now's report")
-        assert info.last_save is not None and info.last_save.ok
-        assert info.last_save.reason == why
-        assert finalized(short_dir / "ckpt") == [info.last_save.step]
     finally:
         job.close()
         stop_daemon(daemon)
