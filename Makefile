@@ -1,8 +1,8 @@
 # The two set-up commands of the README: `make demo` and `make test`.
 # Each creates (or updates) .venv and installs into it what it runs, and no more:
 # `make demo` the project with TensorFlow (what `adaptd demo` imports), `make test` the
-# test toolchain too (the dev extra: pytest, moto, atheris, ruff, mutmut ...) and the
-# programs the suite runs (scripts/test-deps.txt), root or passwordless sudo permitting:
+# test toolchain too (the dev extra: pytest, moto, atheris, ruff, mutmut ...), JAX and
+# Orbax (the jax extra: tests/orbax run real JAX jobs on CPU) and the programs the suite runs (scripts/test-deps.txt), root or passwordless sudo permitting:
 # elsewhere the tests that need them skip and say what to install. Each install has its
 # own stamp; the test install is a superset of the demo's, so it stamps both.
 # TEST_DEPS=--required makes a missing program an error (CI: .ci/run).
@@ -34,7 +34,7 @@ $(DEMO_STAMP): pyproject.toml | $(BIN)/python
 	touch $@
 
 $(TEST_STAMP): pyproject.toml | $(BIN)/python
-	$(PIP_INSTALL) -e '.[tensorflow,dev]'
+	$(PIP_INSTALL) -e '.[tensorflow,jax,dev]'
 	touch $@ $(DEMO_STAMP)
 
 demo: $(DEMO_STAMP)

@@ -9,39 +9,19 @@ says what is accepted, so a typo fails at construction instead of during trainin
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import msgspec
 import tensorflow as tf
 
+from adaptd.client.checks import check_directory, check_job
 from adaptd.client.options import HookOptions
 from adaptd.client.save import distributed_input
 from adaptd.client.save.state import RESERVED
 from adaptd.config.loader import did_you_mean
-from adaptd.protocol import job as protocol
 
 __all__ = ["check_directory", "check_job", "hook_arguments"]
-
-
-def check_directory(directory: Any) -> Path:
-    """``directory`` as a Path; ValueError unless it is a non-empty path."""
-    if not isinstance(directory, (str, os.PathLike)) or not os.fspath(directory):
-        raise ValueError(f"directory must be a non-empty path, got {directory!r}")
-    return Path(directory)
-
-
-def check_job(job: Any) -> str:
-    """``job``; ValueError unless it is a job id the daemon accepts."""
-    try:
-        return msgspec.convert(job, protocol.JobId)
-    except msgspec.ValidationError:
-        raise ValueError(
-            f"job must be 1-256 characters of letters, digits and _.:@+- "
-            f"(not starting with one of .:@+-), got {job!r}"
-        ) from None
 
 
 def hook_arguments(

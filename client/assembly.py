@@ -20,8 +20,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import tensorflow as tf
-
 from adaptd.client.agreement import coordination
 from adaptd.client.agreement.agreed import Coordinated, ViaDaemon
 from adaptd.client.agreement.authority import Authority, Solo
@@ -47,6 +45,7 @@ from adaptd.client.save.scratch import Scratch, base_dir
 from adaptd.client.save.state import CheckpointState
 from adaptd.client.save.targets import Durable
 from adaptd.client.save.writer import Writer
+from adaptd.client.tensorflow_adapter import TensorFlowAdapter
 from adaptd.core.estimators import JobTracker
 from adaptd.core.policy import Policy
 from adaptd.protocol import paths
@@ -241,7 +240,7 @@ def tracker(
     """The embedded estimates of a run that starts at step ``start`` (after a restore
     that took ``restore_s``, None: fresh; from ``restored_tier``, "local" or ""), and
     the GPUs this process sees; ``local_tier``: the job saves to a local tier."""
-    gpus = len(tf.config.list_physical_devices("GPU"))
+    gpus = TensorFlowAdapter().accelerators()
     tracker = JobTracker(
         job,
         world_size=world_size,

@@ -1,5 +1,9 @@
 """``adaptd verify PATH``: is a TensorFlow checkpoint complete and restorable?
 
+An Orbax checkpoint directory (a JAX job's, docs/orbax.md) is recognised first: what
+Orbax commits is checked (a finalized step, :mod:`adaptd.client.orbax.checkpoints`) and
+the output says plainly that adaptd does not read Orbax's array format.
+
 For users' CI and for operators after an incident: exit 0 when the checkpoint's
 index parses, every data shard has the size the index expects and every tensor
 reads back with a matching checksum; exit 1 with one line per problem otherwise
@@ -29,6 +33,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from adaptd.client.orbax import checkpoints as orbax
+
+    if orbax.is_orbax(args.path):
+        found = orbax.verify(args.path)
+        if args.json:
+            json.dump(found.as_dict(), sys.stdout, indent=2)
+            sys.stdout.write("\n")
+        else:
+            sys.stdout.write(render_orbax(found))
+        return 0 if found.ok else 1
     # TensorFlow's C++ start-up errors say nothing about a checkpoint (on a host without
     # a GPU: "failed call to cuInit: ... CUDA error"); TF_CPP_MIN_LOG_LEVEL shows them.
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -53,6 +67,28 @@ def _size(n: int) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024  # type: ignore[assignment]
     raise AssertionError("unreachable")
+
+
+def render_orbax(report: object) -> str:
+    """An Orbax directory's summary: the step checked, or the problems; the notes."""
+    from adaptd.client.orbax.checkpoints import OrbaxReport
+
+    assert isinstance(report, OrbaxReport)
+    lines = []
+    if report.ok:
+        lines.append(
+            f"OK {report.path}: Orbax step {report.step} finalized, {report.files} files, "
+            f"{_size(report.data_bytes)}"
+            + (f" (finalized steps: {', '.join(map(str, report.steps))})" if report.steps else "")
+        )
+    else:
+        lines += [f"FAIL: {p}" for p in report.problems]
+    if report.uncommitted:
+        lines.append(
+            f"note: never committed (an interrupted write): {', '.join(report.uncommitted)}"
+        )
+    lines += [f"note: {n}" for n in report.notes]
+    return "\n".join(lines) + "\n"
 
 
 def render(report: object) -> str:

@@ -65,7 +65,7 @@ class DaemonSession:
         schedule: the rank's save schedule (read for reports and the mode).
         authority: where plans go.
         who: this rank (and its host, for the Hello).
-        directory: the checkpoint directory (for the Hello).
+        directory: the checkpoint directory (for the Hello; None: not told).
         policy: the policy the job was given: the spec the Hello asks for, the embedded
             policy, whether the daemon's plans are ignored
             (:class:`~adaptd.client.daemon.policy.PolicyChoice`).
@@ -78,7 +78,7 @@ class DaemonSession:
         schedule: SaveSchedule,
         authority: Authority,
         who: Identity,
-        directory: Path,
+        directory: Path | None,
         policy: PolicyChoice,
         *,
         report_s: float,
@@ -144,7 +144,9 @@ class DaemonSession:
             rank=self.rank,
             world_size=self.world_size,
             pid=os.getpid(),
-            checkpoint_dir=str(self.directory.resolve())[: protocol.MAX_TEXT],
+            checkpoint_dir=str(self.directory.resolve())[: protocol.MAX_TEXT]
+            if self.directory is not None
+            else "",
             state_bytes=facts.state_bytes,
             resumed_from=facts.resumed_from,
             gpus=facts.gpus,

@@ -1,0 +1,96 @@
+"""What Orbax provides to the core (:class:`~adaptd.client.framework.FrameworkAdapter`),
+read from the checkpoint directory Orbax writes and from JAX.
+
+Orbax commits a step atomically: it writes ``<step>.orbax-checkpoint-tmp-<time>/`` and
+renames it to ``<step>/`` once every process is done (on object stores, where a rename
+is not atomic, it writes ``commit_success.txt`` into ``<step>/`` instead; recent
+versions write it everywhere). A step directory under its final name is a finalized
+step: :func:`finalized_steps` lists them, for the adapter and for ``adaptd verify``.
+Nothing here imports TensorFlow; JAX only where a JAX answer is asked for.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+from pathlib import Path
+
+__all__ = ["COMMIT_FILE", "METADATA_FILE", "OrbaxAdapter", "finalized_steps", "step_bytes"]
+
+#: Written into every step directory Orbax's ``CheckpointManager`` saves.
+METADATA_FILE = "_CHECKPOINT_METADATA"
+#: Orbax's commit marker (object stores; recent versions write it on every filesystem).
+COMMIT_FILE = "commit_success.txt"
+#: The part of a name Orbax gives a step directory while it is being written.
+TMP_MARK = ".orbax-checkpoint-tmp"
+_STEP = re.compile(r"(?:.*_)?(\d+)")
+
+
+def finalized_steps(directory: str | os.PathLike[str]) -> dict[int, Path]:
+    """The finalized steps Orbax's ``CheckpointManager`` committed in ``directory``
+    (default step names ``<step>``, or ``<prefix>_<step>``), each with its directory.
+    A directory being written (its temporary name) is not one; nor is one that lacks
+    Orbax's checkpoint metadata (not Orbax's)."""
+    found: dict[int, Path] = {}
+    try:
+        entries = list(os.scandir(directory))
+    except (FileNotFoundError, NotADirectoryError):
+        return found
+    for entry in entries:
+        if TMP_MARK in entry.name or not entry.is_dir():
+            continue
+        m = _STEP.fullmatch(entry.name)
+        if m and os.path.exists(os.path.join(entry.path, METADATA_FILE)):
+            found[int(m.group(1))] = Path(entry.path)
+    return found
+
+
+def step_bytes(path: str | os.PathLike[str]) -> int:
+    """Bytes of the files under ``path`` (a step directory)."""
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            with contextlib.suppress(FileNotFoundError):  # removed (Orbax's retention)
+                total += os.lstat(os.path.join(root, name)).st_size
+    return total
+
+
+class OrbaxAdapter:
+    """The Orbax side of the core, for the checkpoint ``directory`` a
+    ``CheckpointManager`` writes (None: not told; then no save's bytes are known)."""
+
+    framework = "orbax"
+
+    def __init__(self, directory: Path | None) -> None:
+        self.directory = directory
+
+    def accelerators(self) -> int:
+        """The GPUs among this process's JAX devices."""
+        import jax
+
+        return sum(1 for d in jax.local_devices() if d.platform == "gpu")
+
+    def finalized(self, step: int) -> int | None:
+        """Bytes of ``step``'s finalized directory; None while it is not finalized (or
+        no directory was given)."""
+        if self.directory is None:
+            return None
+        path = finalized_steps(self.directory).get(step)
+        return step_bytes(path) if path is not None else None
+
+    def path(self, step: int) -> str:
+        """Where ``step``'s directory is (for the report; "" unknown)."""
+        path = finalized_steps(self.directory).get(step) if self.directory else None
+        return str(path) if path is not None else ""
+
+    def newest_durable(self) -> int | None:
+        """The newest finalized step in the directory (None: none, or no directory)."""
+        steps = finalized_steps(self.directory) if self.directory is not None else {}
+        return max(steps) if steps else None
+
+    def peer_failure(self, exc: BaseException) -> str | None:
+        """None: a JAX job does not survive a peer's failure to save after it. JAX's
+        coordination service ends every process of the job when one stops sending
+        heartbeats, so there is no error to catch and no survivor to save."""
+        return None
