@@ -50,7 +50,6 @@ import os
 import queue
 import random
 import signal
-
 import subprocess
 import sys
 import tempfile
@@ -127,9 +126,7 @@ def member_main(args: argparse.Namespace) -> int:
             endpoints=tuple(urls[k:] + urls[:k]), host=host, prefix=args.prefix,
             lease_ttl_s=args.ttl,
         )  # fmt: skip
-        agents[host] = FleetAgent(
-            settings, poll_s=args.poll_s, on_grant=lambda h=host: on_grant(h)
-        )
+        agents[host] = FleetAgent(settings, poll_s=args.poll_s, on_grant=lambda h=host: on_grant(h))
     for agent in agents.values():
         agent.start()
     for host, agent in agents.items():
@@ -229,17 +226,18 @@ class Members:
             self.proc.stdin.write(line + "\n")
             self.proc.stdin.flush()
 
-    def next(self, kind: str, deadline: float) -> dict[str, Any]:
-        """The next event of ``kind`` (others are dropped); raises TimeoutError."""
+    def next(self, kind: str, deadline: float, **match: Any) -> dict[str, Any]:
+        """The next event of ``kind`` whose fields equal ``match`` (others are dropped);
+        raises TimeoutError."""
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
-                raise TimeoutError(f"no {kind!r} from members {self.first}+{self.count}")
+                raise TimeoutError(f"no {kind!r} {match} from members {self.first}+{self.count}")
             try:
                 e = self.events.get(timeout=left)
             except queue.Empty:
                 continue
-            if e["ev"] == kind:
+            if e["ev"] == kind and all(e.get(k) == v for k, v in match.items()):
                 return e
             if e["ev"] == "exit":
                 raise TimeoutError(f"members {self.first}+{self.count} exited")
@@ -451,7 +449,9 @@ def storm(n: int, args: argparse.Namespace, urls: list[str], procs: list[Members
     after = [p.next("stats", time.monotonic() + 30) for p in procs]
     grants.sort()
     releases.sort()
-    lat = [grants[k] - releases[k - cap] for k in range(cap, len(grants)) if k - cap < len(releases)]
+    lat = [
+        grants[k] - releases[k - cap] for k in range(cap, len(grants)) if k - cap < len(releases)
+    ]
     new_grants = sum(a["grants"] - b["grants"] for a, b in zip(after, before, strict=True))
     conflicts = sum(a["conflicts"] - b["conflicts"] for a, b in zip(after, before, strict=True))
     drain = (releases[-1] - t0) if done else None
@@ -477,13 +477,12 @@ def kill_and_return(args: argparse.Namespace, urls: list[str], procs: list[Membe
     victim, waiter = procs[-1], procs[0]
     vh, wh = f"h{victim.first:05d}", f"h{waiter.first:05d}"
     victim.send(f"want {vh} kill {KILL_TARGET} 1")
-    g = victim.next("grant", time.monotonic() + 30)
-    assert g["host"] == vh, g
+    victim.next("grant", time.monotonic() + 30, host=vh, job="kill")
     waiter.send(f"want {wh} kill {KILL_TARGET} 1")
     _settle(1.0)  # the waiter has queued its claim
     t_kill = time.monotonic()
     victim.kill()
-    g = waiter.next("grant", t_kill + args.ttl + 15)
+    g = waiter.next("grant", t_kill + args.ttl + 15, host=wh, job="kill")
     freed = g["t"] - t_kill
     t_back = time.monotonic()
     procs[-1] = Members(args, urls, victim.first, victim.count)
@@ -520,9 +519,100 @@ def driver(args: argparse.Namespace) -> int:
     return 0
 
 
+#: The figures drawn and fitted: (label, how to get it from one run, unit).
+CURVES: tuple[tuple[str, str, str], ...] = (
+    ("idle etcd requests/s per host", "idle.requests_per_host_s", "req/s"),
+    ("idle etcd bytes/s", "idle.bytes_per_s", "B/s"),
+    ("storm etcd requests/s per host", "storm.storm_requests_per_host_s", "req/s"),
+    ("storm etcd bytes/s", "storm.storm_bytes_per_s", "B/s"),
+    ("storm drain / ideal", "storm.drain_vs_ideal", "×"),
+    ("slot grant p99 after a release", "storm.grant_p99_s", "s"),
+    ("transaction conflicts per grant", "storm.conflicts_per_grant", "per grant"),
+    ("etcd CPU in a storm", "storm.storm_etcd_cpu", "cores"),
+    ("members' CPU in a storm", "storm.storm_members_cpu", "cores"),
+    ("new failure record at every member", "record_to_all_s", "s"),
+)
+
+
+def figure(run: dict[str, Any], path: str) -> float | None:
+    v: Any = run
+    for part in path.split("."):
+        v = v.get(part) if isinstance(v, dict) else None
+    return float(v) if isinstance(v, int | float) else None
+
+
+def fit_power(ns: list[float], ys: list[float]) -> tuple[float, float] | None:
+    """``y = a · N^b`` by least squares on logs (two points at least, all > 0)."""
+    pts = [(math.log(n), math.log(y)) for n, y in zip(ns, ys, strict=True) if y > 0]
+    if len(pts) < 2:
+        return None
+    mx = sum(x for x, _ in pts) / len(pts)
+    my = sum(y for _, y in pts) / len(pts)
+    sxx = sum((x - mx) ** 2 for x, _ in pts)
+    if sxx == 0:
+        return None
+    b = sum((x - mx) * (y - my) for x, y in pts) / sxx
+    return math.exp(my - b * mx), b
+
+
+def plot(args: argparse.Namespace) -> int:
+    """Curves against N of each ``--runs LABEL=FILE`` (before/after), the fitted power
+    laws extrapolated to 10,000 hosts; a PNG and a table of the fits on stdout."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    series = {}
+    for item in args.runs:
+        label, file = item.split("=", 1)
+        runs = [r for r in json.loads(Path(file).read_text())["runs"] if "storm" in r]
+        series[label] = runs
+    cols = 2
+    rows = math.ceil(len(CURVES) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(11, 3.0 * rows))
+    fits: dict[str, Any] = {}
+    far = [50, 100, 200, 500, 1000, 2000, 5000, 10000]
+    for ax, (title, path, unit) in zip(axes.flat, CURVES, strict=False):
+        for label, runs in series.items():
+            pts = [(r["hosts"], figure(r, path)) for r in runs]
+            pts = [(n, y) for n, y in pts if y is not None]
+            if not pts:
+                continue
+            ns, ys = [n for n, _ in pts], [y for _, y in pts]
+            (line,) = ax.plot(ns, ys, "o-", label=f"{label} (measured)")
+            fit = fit_power(ns, ys)
+            if fit is not None:
+                a, b = fit
+                ext = [n for n in far if n >= min(ns)]
+                ax.plot(ext, [a * n**b for n in ext], "--", color=line.get_color(), alpha=0.6,
+                        label=f"{label} fit {a:.3g}·N^{b:.2f}")  # fmt: skip
+                fits[f"{label}: {title}"] = {
+                    "a": a, "b": b, "measured_to": max(ns),
+                    "at_2000": a * 2000**b, "at_10000": a * 10000**b,
+                }  # fmt: skip
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel("hosts (N)", fontsize=8)
+        ax.set_ylabel(unit, fontsize=8)
+        ax.legend(fontsize=6)
+        ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(args.out, dpi=90)
+    for name, f in fits.items():
+        print(
+            f"{name}: {f['a']:.4g}·N^{f['b']:.2f} (measured to N={f['measured_to']}): "
+            f"{f['at_2000']:.3g} at 2,000, {f['at_10000']:.3g} at 10,000"
+        )
+    if args.json:
+        Path(args.json).write_text(json.dumps(fits, indent=1))
+    return 0
+
+
 def parse(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    ap.add_argument("mode", nargs="?", default="driver", choices=("driver", "member"))
+    ap.add_argument("mode", nargs="?", default="driver", choices=("driver", "member", "plot"))
     ap.add_argument("--hosts", default="50,200", help="comma-separated N")
     ap.add_argument("--procs", type=int, default=4, help="member processes")
     ap.add_argument("--etcd-members", type=int, default=1, choices=(1, 3))
@@ -536,7 +626,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--up-deadline-s", type=float, default=120.0)
     ap.add_argument("--seed", type=int, default=35)
     ap.add_argument("--prefix", default="/adaptd/")
-    ap.add_argument("--json", help="write every figure here")
+    ap.add_argument("--json", help="write every figure (plot: the fits) here")
+    # plot
+    ap.add_argument("--runs", nargs="*", default=[], help="plot: LABEL=FILE.json ...")
+    ap.add_argument("--out", default="docs/scale-fleet.png", help="plot: the PNG")
     # member side
     ap.add_argument("--urls")
     ap.add_argument("--first", type=int, default=0)
@@ -546,10 +639,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
+    if args.mode == "plot":
+        return plot(args)
     return member_main(args) if args.mode == "member" else driver(args)
 
 
 if __name__ == "__main__":
     sys.exit(main())
-
-

@@ -154,6 +154,17 @@ class FleetSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class WatchOutcome:
+    """What :meth:`EtcdSession.watch_deletes` saw: the keys deleted (in order), the
+    revision to watch on from (the newest deletion's), and ``resync`` when etcd could
+    not replay from the revision asked (compacted): read everything again."""
+
+    deleted: Sequence[str]
+    revision: int
+    resync: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class Entry:
     """One key as etcd returned it."""
 
@@ -290,10 +301,41 @@ class EtcdSession:
         }
         return bool(self._call("kv/txn", txn).get("succeeded", False))
 
-    def wait_for_change(self, prefix: str, timeout_s: float) -> bool:
-        """Wait up to ``timeout_s`` for any key under ``prefix`` to change after the newest
-        revision this session has seen (an etcd watch, long-polled): True on a change,
-        False when none came in time. Bounded like every call; raises
+    def count_prefix(self, prefix: str) -> int:
+        """How many keys are under ``prefix`` (etcd counts them, sending none)."""
+        out = self._call(
+            "kv/range",
+            {"key": _b64(prefix), "range_end": _b64(range_end(prefix)), "count_only": True},
+        )
+        return int(out.get("count", 0))
+
+    def get_prefix_counting(self, prefix: str, counted: str) -> tuple[list[Entry], int]:
+        """Every key under ``prefix``, and how many keys are under ``counted`` (etcd
+        counts them, sending none), in one request at one revision; sets
+        :attr:`revision`."""
+        ranges = [
+            {"request_range": {"key": _b64(p), "range_end": _b64(range_end(p)), **extra}}
+            for p, extra in ((prefix, {}), (counted, {"count_only": True}))
+        ]
+        out = self._call("kv/txn", {"compare": [], "success": ranges, "failure": []})
+        got, count = out.get("responses", [{}, {}]), 0
+        entries = [_entry(kv) for kv in got[0].get("response_range", {}).get("kvs", ())]
+        count = int(got[1].get("response_range", {}).get("count", 0))
+        return entries, count
+
+    def watch_deletes(
+        self,
+        prefix: str,
+        timeout_s: float,
+        *,
+        start_revision: int,
+        enough: Callable[[Sequence[str]], bool],
+    ) -> WatchOutcome:
+        """Watch the deletions under ``prefix`` from ``start_revision`` (an etcd watch
+        that filters out puts, long-polled) for up to ``timeout_s``, until ``enough`` of
+        the keys deleted so far says so. A waiter far back in a queue thus sleeps
+        through the releases that cannot make it eligible instead of re-reading the
+        queue at each (issue 35). Bounded like every call; raises
         :class:`FleetUnavailable` when etcd does not answer at all."""
         import requests
 
@@ -304,9 +346,12 @@ class EtcdSession:
             "create_request": {
                 "key": _b64(prefix),
                 "range_end": _b64(range_end(prefix)),
-                "start_revision": self.revision + 1,
+                "start_revision": start_revision,
+                "filters": ["NOPUT"],
             }
         }
+        deleted: list[str] = []
+        revision = start_revision - 1
         self._waiting = True
         try:
             resp = client.session.post(
@@ -317,7 +362,7 @@ class EtcdSession:
             )
         except requests.Timeout:
             self._waiting = False
-            return False  # connected, nothing said in time (a stopped etcd, or no change)
+            return WatchOutcome(deleted, revision)  # connected, nothing said in time
         except requests.RequestException as exc:
             self._waiting = False
             raise FleetUnavailable(f"etcd watch on {prefix}: {exc!r}"[:300]) from None
@@ -326,18 +371,24 @@ class EtcdSession:
             resp.close()
         try:
             if resp.status_code != 200:
-                return False
+                return WatchOutcome(deleted, revision, resync=True)
             deadline = self.clock() + timeout_s
             for line in resp.iter_lines(chunk_size=None):
                 if line.strip():
                     result = json.loads(line).get("result", {})
-                    if result.get("events"):
-                        return True
+                    if result.get("canceled") or int(result.get("compact_revision", 0) or 0):
+                        return WatchOutcome(deleted, revision, resync=True)  # compacted
+                    for event in result.get("events", ()):
+                        kv = event.get("kv", {})
+                        deleted.append(base64.b64decode(kv.get("key", "")).decode())
+                        revision = max(revision, int(kv.get("mod_revision", 0)))
+                    if deleted and enough(deleted):
+                        return WatchOutcome(deleted, revision)
                 if self.clock() >= deadline:
-                    return False
-            return False
+                    break
+            return WatchOutcome(deleted, revision)
         except (requests.RequestException, ValueError, AttributeError, OSError):
-            return False  # the read timed out (no change), was interrupted, or broke
+            return WatchOutcome(deleted, revision)  # timed out (no change), interrupted, broke
         finally:
             self._waiting = False
             self._watch = None
@@ -345,11 +396,11 @@ class EtcdSession:
 
     @property
     def waiting(self) -> bool:
-        """True while :meth:`wait_for_change` reads its watch stream."""
+        """True while :meth:`watch_deletes` reads its watch stream."""
         return self._watch is not None
 
     def interrupt_wait(self) -> None:
-        """End a :meth:`wait_for_change` in progress (from another thread): the only
+        """End a :meth:`watch_deletes` in progress (from another thread): the only
         method that may be called concurrently."""
         self._waiting = False
         resp = self._watch

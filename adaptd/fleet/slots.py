@@ -165,6 +165,19 @@ def may_take(view: TargetSlots, me: Claim, wall: float) -> tuple[bool, str]:
     return False, f"{rank} job(s) with more work at risk wait for {view.free} free slot(s)"
 
 
+def releases_needed(view: TargetSlots, owner: tuple[str, str]) -> int:
+    """How many claims on ``view``'s target must go (a holder's release, a waiter ahead
+    giving up or dying) before the waiter ``owner`` can be eligible: its place among the
+    waiters less the free slots, plus one (1 at least, and 1 for a claim not queued).
+
+    A grant to a waiter ahead leaves that gap as it was (one slot fewer free, one waiter
+    fewer ahead); a new claim ahead only makes it bigger. So a waiter that counts the
+    deletions on its target wakes no later than its turn, and those far back in a
+    storm's queue sleep through the releases that cannot concern them (issue 35)."""
+    place = next((i for i, c in enumerate(view.waiters) if c.owner == owner), None)
+    return 1 if place is None else max(1, place - view.free + 1)
+
+
 @dataclass(frozen=True, slots=True)
 class Want:
     """A job of this host wants a slot on ``target`` (the daemon's side of a claim)."""
@@ -191,12 +204,20 @@ class SlotTable:
     """Makes this host's claims in etcd match what its jobs want; raises the session's
     :class:`~adaptd.fleet.session.FleetError` subclasses."""
 
-    def __init__(self, session: EtcdSession) -> None:
+    def __init__(self, session: EtcdSession, *, counted: str | None = None) -> None:
+        """``counted``: a prefix whose keys each :meth:`read` also counts, in the same
+        request (the agent counts the members: a host came or went), in
+        :attr:`counted`."""
         self.session = session
+        self._count_prefix = counted
+        self.counted = 0
         self.keys = session.keys
         self.host = session.settings.host
         #: When this daemon first saw each claim (its monotonic clock), by claim.
         self._first_seen: dict[tuple[str, str, str, int], float] = {}
+        #: etcd's revision of the newest :meth:`read`: a watch from the next one misses
+        #: no change made since.
+        self.read_revision = 0
 
     def sync(self, wants: Mapping[str, Want], wall: float) -> SlotsState:
         """One round: release claims no job wants, queue new wishes, take the slots
@@ -225,15 +246,24 @@ class SlotTable:
                 if taken is None:  # another daemon moved first: re-read, decide again
                     conflicts += 1
                     retry = True
-                elif taken:
+                    claims, seen = self.read(wall)
+                    break
+                # what this host wrote is known without reading it back (issue 35: a
+                # read per write doubled each waiter's reads of the whole queue)
+                if taken:
                     grants += 1
                     log.info(logfmt("fleet_slot_granted", job=job, target=w.target))
+                    claims = [c for c in claims if c.owner != me.owner or c.target != me.target]
+                    claims.append(replace(me, holding=True))
+                    # nothing changed between ``seen`` and the transaction (its compare):
+                    # the claims are whole as of its revision
+                    seen = self.read_revision = self.session.revision
                 elif mine is None:
                     key = self.keys.claim(self.host, w.target, job)
                     self.session.put(key, me.record(), leased=True)
-                claims, seen = self.read(wall)
-                if retry:
-                    break
+                    revision = self.session.revision  # the claim's create revision
+                    self._first_seen[(self.host, w.target, job, revision)] = wall
+                    claims.append(replace(me, stamped=wall, create_revision=revision))
             if not retry:
                 break
         return self._state(claims, wants, wall, grants, conflicts)
@@ -273,7 +303,13 @@ class SlotTable:
         (tests/fleet/test_fleet_matrix.py). Daemons see a claim within a poll of each
         other, so they now agree on the order up to that.
         """
-        entries = self.session.get_prefix(self.keys.claims)
+        if self._count_prefix is None:
+            entries = self.session.get_prefix(self.keys.claims)
+        else:
+            entries, self.counted = self.session.get_prefix_counting(
+                self.keys.claims, self._count_prefix
+            )
+        self.read_revision = self.session.revision
         claims = parse_claims(entries, self.keys)
         if now is not None:
             first: dict[tuple[str, str, str, int], float] = {}
