@@ -46,13 +46,14 @@ from dataclasses import dataclass, field, replace
 
 from adaptd.daemon.logfmt import logfmt
 from adaptd.fleet.failures import FailureRecord, publish, read_records
-from adaptd.fleet.membership import Member, Members, read_members, register
+from adaptd.fleet.membership import Member, Members, parse_members, register
 from adaptd.fleet.session import (
     EtcdSession,
     FleetAuthError,
     FleetError,
     FleetSettings,
     LeaseLost,
+    Mark,
 )
 from adaptd.fleet.slots import SlotTable, TargetSlots, Want, releases_needed
 
@@ -66,6 +67,9 @@ WATCH_S = 2.0
 #: keepalive, or a count of the members): under the link's ``stale_after_s`` (3 s), so
 #: the view of an idle daemon stays usable.
 IDLE_POLL_S = 2.0
+#: Every this many reads of the failure records, all of them are read (the others
+#: read only what was written since): a record deleted by hand leaves the view.
+RECORDS_FULL_EVERY = 30
 
 
 @dataclass(frozen=True)
@@ -141,6 +145,11 @@ class FleetAgent:
         self._next_keepalive = 0.0
         self._next_failures = 0.0
         self._members = Members()
+        self._members_mark = Mark()
+        #: the fleet's failure records by (host, GPU model), as of ``_records_revision``
+        self._records: dict[tuple[str, str], FailureRecord] = {}
+        self._records_revision = 0
+        self._records_reads = 0
         #: claims deleted since the slot table's last read, and where to watch on from
         self._deleted: list[str] = []
         self._watch_from = 0
@@ -330,7 +339,7 @@ class FleetAgent:
             s = EtcdSession(self.settings, clock=self.clock).open()
             register(s, Member(self.settings.host, os.getpid(), self.wall(), self.version))
             self._session = s
-            self._table = SlotTable(s, counted=self.settings.keys.members)
+            self._table = SlotTable(s, marked=self.settings.keys.members)
             self._sessions += 1
             self._next_keepalive = now + self.settings.lease_ttl_s / 3
             self._next_failures = 0.0
@@ -344,7 +353,7 @@ class FleetAgent:
             s.keepalive()
             self._next_keepalive = now + self.settings.lease_ttl_s / 3
             light = False
-        counted = s.count_prefix(self.settings.keys.members) if light else None
+        mark = s.mark(self.settings.keys.members) if light else None
         assert self._table is not None
         prev = self._view
         targets, granted, waiting = prev.targets, prev.granted, prev.waiting
@@ -354,16 +363,15 @@ class FleetAgent:
             targets, granted, waiting = state.targets, state.granted, state.waiting
             grants, conflicts = state.new_grants, state.conflicts
             self._deleted, self._watch_from = [], self._table.read_revision + 1
-        members = self._members
-        if counted is None and sync:
-            counted = self._table.counted  # counted with the claims, in the same request
-        if full or (counted is not None and counted != len(members.hosts)):
-            members = read_members(s)  # due, or a host came or went since the last read
-        if members.role(self.settings.host) is None and (full or sync):
+        if mark is None and sync:
+            mark = self._table.mark  # taken with the claims, in the same request
+        if fresh or (mark is not None and mark != self._members_mark):
+            self._read_members(s)  # a host came, went or restarted since the last read
+        if self._members.role(self.settings.host) is None and (full or sync):
             # our key went away (deleted by hand)
             register(s, Member(self.settings.host, os.getpid(), self.wall(), self.version))
-            members = read_members(s)
-        self._members = members
+            self._read_members(s)
+        members = self._members
         for model, record in to_publish.items():
             publish(s, record)
             with self._lock:
@@ -371,10 +379,7 @@ class FleetAgent:
                     del self._to_publish[model]
         records, records_at = prev.records, prev.records_at
         if full or to_publish:
-            found, skipped = read_records(s)
-            records, records_at = tuple(found), now
-            for line in skipped:
-                log.warning(logfmt("fleet_record_skipped", error=line))
+            records, records_at = self._read_records(s, fresh), now
         if full:
             self._next_failures = now + self.failures_every_s
         if not prev.up:
@@ -404,6 +409,27 @@ class FleetAgent:
             conflicts=prev.conflicts + conflicts,
             rejoins=max(0, self._sessions - 1),
         )
+
+    def _read_members(self, s: EtcdSession) -> None:
+        entries = s.get_prefix(self.settings.keys.members)
+        self._members = parse_members(entries, self.settings.keys)
+        self._members_mark = Mark.of(entries)
+
+    def _read_records(self, s: EtcdSession, fresh: bool) -> tuple[FailureRecord, ...]:
+        """The fleet's failure records: those written since the last read, merged into
+        the ones known (all of them at a new session, and every ``RECORDS_FULL_EVERY``
+        reads, which drops a record deleted by hand)."""
+        self._records_reads += 1
+        whole = fresh or self._records_reads % RECORDS_FULL_EVERY == 1
+        found, skipped = read_records(s, since=0 if whole else self._records_revision + 1)
+        self._records_revision = s.revision
+        if whole:
+            self._records = {}
+        for r in found:
+            self._records[(r.host, r.gpu_model)] = r
+        for line in skipped:
+            log.warning(logfmt("fleet_record_skipped", error=line))
+        return tuple(self._records[k] for k in sorted(self._records))
 
     def _down(self, now: float, reason: str, level: int = logging.WARNING) -> FleetView:
         prev = self._view

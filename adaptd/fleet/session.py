@@ -154,6 +154,20 @@ class FleetSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class Mark:
+    """How many keys a prefix holds and the newest one's create revision: a key that
+    came, went or was put anew (a daemon restarted) changes it, so a reader re-reads the
+    keys only then (issue 35: every daemon reading every member every round was O(N²))."""
+
+    count: int = 0
+    newest: int = 0
+
+    @staticmethod
+    def of(entries: Sequence[Entry]) -> Mark:
+        return Mark(len(entries), max((e.create_revision for e in entries), default=0))
+
+
+@dataclass(frozen=True, slots=True)
 class WatchOutcome:
     """What :meth:`EtcdSession.watch_deletes` saw: the keys deleted (in order), the
     revision to watch on from (the newest deletion's), and ``resync`` when etcd could
@@ -264,9 +278,13 @@ class EtcdSession:
 
     # ------------------------------------------------------------------ key-value
 
-    def get_prefix(self, prefix: str) -> list[Entry]:
-        """Every key under ``prefix`` (sorted by key); sets :attr:`revision`."""
-        out = self._call("kv/range", {"key": _b64(prefix), "range_end": _b64(range_end(prefix))})
+    def get_prefix(self, prefix: str, *, min_mod_revision: int = 0) -> list[Entry]:
+        """Every key under ``prefix`` (sorted by key), or only those changed at or after
+        ``min_mod_revision``; sets :attr:`revision`."""
+        body: dict[str, Any] = {"key": _b64(prefix), "range_end": _b64(range_end(prefix))}
+        if min_mod_revision > 0:
+            body["min_mod_revision"] = min_mod_revision
+        out = self._call("kv/range", body)
         return [_entry(kv) for kv in out.get("kvs", ())]
 
     def put(self, key: str, value: bytes, *, leased: bool) -> None:
@@ -301,27 +319,20 @@ class EtcdSession:
         }
         return bool(self._call("kv/txn", txn).get("succeeded", False))
 
-    def count_prefix(self, prefix: str) -> int:
-        """How many keys are under ``prefix`` (etcd counts them, sending none)."""
-        out = self._call(
-            "kv/range",
-            {"key": _b64(prefix), "range_end": _b64(range_end(prefix)), "count_only": True},
-        )
-        return int(out.get("count", 0))
+    def mark(self, prefix: str) -> Mark:
+        """:class:`Mark` of the keys under ``prefix``: etcd counts them and sends the
+        newest one's key alone, not the keys."""
+        return _mark(self._call("kv/range", _mark_request(prefix)))
 
-    def get_prefix_counting(self, prefix: str, counted: str) -> tuple[list[Entry], int]:
-        """Every key under ``prefix``, and how many keys are under ``counted`` (etcd
-        counts them, sending none), in one request at one revision; sets
-        :attr:`revision`."""
-        ranges = [
-            {"request_range": {"key": _b64(p), "range_end": _b64(range_end(p)), **extra}}
-            for p, extra in ((prefix, {}), (counted, {"count_only": True}))
-        ]
+    def get_prefix_marking(self, prefix: str, marked: str) -> tuple[list[Entry], Mark]:
+        """Every key under ``prefix``, and the :class:`Mark` of those under ``marked``,
+        in one request at one revision; sets :attr:`revision`."""
+        whole = {"key": _b64(prefix), "range_end": _b64(range_end(prefix))}
+        ranges = [{"request_range": whole}, {"request_range": _mark_request(marked)}]
         out = self._call("kv/txn", {"compare": [], "success": ranges, "failure": []})
-        got, count = out.get("responses", [{}, {}]), 0
+        got = out.get("responses", [{}, {}])
         entries = [_entry(kv) for kv in got[0].get("response_range", {}).get("kvs", ())]
-        count = int(got[1].get("response_range", {}).get("count", 0))
-        return entries, count
+        return entries, _mark(got[1].get("response_range", {}))
 
     def watch_deletes(
         self,
@@ -545,6 +556,24 @@ def _entry(kv: dict[str, Any]) -> Entry:
         mod_revision=int(kv.get("mod_revision", 0)),
         lease=int(kv.get("lease", 0)),
     )
+
+
+def _mark_request(prefix: str) -> dict[str, Any]:
+    return {
+        "key": _b64(prefix),
+        "range_end": _b64(range_end(prefix)),
+        "limit": 1,
+        "sort_order": "DESCEND",
+        "sort_target": "CREATE",
+        "keys_only": True,
+    }
+
+
+def _mark(out: dict[str, Any]) -> Mark:
+    """The :class:`Mark` from a range answer of :func:`_mark_request` (its ``count`` is
+    every key's, whatever the limit)."""
+    kvs = out.get("kvs", ())
+    return Mark(int(out.get("count", 0)), int(kvs[0].get("create_revision", 0)) if kvs else 0)
 
 
 def newest_revision(entries: Sequence[Entry]) -> int:

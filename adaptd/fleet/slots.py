@@ -34,7 +34,7 @@ from dataclasses import dataclass, replace
 
 from adaptd.daemon.logfmt import logfmt
 from adaptd.fleet.keys import KeySpace
-from adaptd.fleet.session import Entry, EtcdSession, newest_revision
+from adaptd.fleet.session import Entry, EtcdSession, Mark, newest_revision
 
 log = logging.getLogger("adaptd.fleet")
 
@@ -204,13 +204,13 @@ class SlotTable:
     """Makes this host's claims in etcd match what its jobs want; raises the session's
     :class:`~adaptd.fleet.session.FleetError` subclasses."""
 
-    def __init__(self, session: EtcdSession, *, counted: str | None = None) -> None:
-        """``counted``: a prefix whose keys each :meth:`read` also counts, in the same
-        request (the agent counts the members: a host came or went), in
-        :attr:`counted`."""
+    def __init__(self, session: EtcdSession, *, marked: str | None = None) -> None:
+        """``marked``: a prefix whose :class:`~adaptd.fleet.session.Mark` each
+        :meth:`read` also takes, in the same request, into :attr:`mark` (the agent marks
+        the members: a host came or went)."""
         self.session = session
-        self._count_prefix = counted
-        self.counted = 0
+        self._marked = marked
+        self.mark: Mark | None = None
         self.keys = session.keys
         self.host = session.settings.host
         #: When this daemon first saw each claim (its monotonic clock), by claim.
@@ -303,12 +303,10 @@ class SlotTable:
         (tests/fleet/test_fleet_matrix.py). Daemons see a claim within a poll of each
         other, so they now agree on the order up to that.
         """
-        if self._count_prefix is None:
+        if self._marked is None:
             entries = self.session.get_prefix(self.keys.claims)
         else:
-            entries, self.counted = self.session.get_prefix_counting(
-                self.keys.claims, self._count_prefix
-            )
+            entries, self.mark = self.session.get_prefix_marking(self.keys.claims, self._marked)
         self.read_revision = self.session.revision
         claims = parse_claims(entries, self.keys)
         if now is not None:
