@@ -339,7 +339,7 @@ class FleetAgent:
             s = EtcdSession(self.settings, clock=self.clock).open()
             register(s, Member(self.settings.host, os.getpid(), self.wall(), self.version))
             self._session = s
-            self._table = SlotTable(s, marked=self.settings.keys.members)
+            self._table = SlotTable(s, marked=self.settings.keys.members, pause=self._stopping.wait)
             self._sessions += 1
             self._next_keepalive = now + self.settings.lease_ttl_s / 3
             self._next_failures = 0.0
