@@ -55,7 +55,14 @@ from adaptd.fleet.session import (
     LeaseLost,
     Mark,
 )
-from adaptd.fleet.slots import SlotTable, TargetSlots, Want, releases_needed
+from adaptd.fleet.slots import (
+    TAKE_STAGGER_S,
+    SlotTable,
+    TargetSlots,
+    Want,
+    place_in_line,
+    releases_needed,
+)
 
 log = logging.getLogger("adaptd.fleet")
 
@@ -279,6 +286,11 @@ class FleetAgent:
             slots = view.targets.get(w.target) if w is not None else None
             if w is None or slots is None:
                 return True  # the view is behind the wants: sync
+            mine = next((c for c in slots.waiters if c.owner == (self.settings.host, job)), None)
+            if mine is not None and place_in_line(slots, mine, self.clock()) is not None:
+                # a slot is free for it now (its take lost a race): try again shortly
+                self._wake.wait(TAKE_STAGGER_S)
+                return True
             need = releases_needed(slots, (self.settings.host, job))
             needs[w.target] = min(need, needs.get(w.target, need))
 
