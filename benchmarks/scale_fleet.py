@@ -568,9 +568,14 @@ def plot(args: argparse.Namespace) -> int:
 
     series = {}
     for item in args.runs:
-        label, file = item.split("=", 1)
-        runs = [r for r in json.loads(Path(file).read_text())["runs"] if "idle" in r]
-        series[label] = runs
+        label, files = item.split("=", 1)
+        runs = [
+            r
+            for file in files.split(",")
+            for r in json.loads(Path(file).read_text())["runs"]
+            if "idle" in r
+        ]
+        series[label] = sorted(runs, key=lambda r: r["hosts"])
     cols = 2
     rows = math.ceil(len(CURVES) / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(11, 3.0 * rows))
@@ -584,7 +589,7 @@ def plot(args: argparse.Namespace) -> int:
                 continue
             ns, ys = [n for n, _ in pts], [y for _, y in pts]
             (line,) = ax.plot(ns, ys, "o-", label=f"{label} (measured)")
-            fit = fit_power(ns, ys)
+            fit = fit_power(ns, ys) if label in args.fit or not args.fit else None
             if fit is not None:
                 a, b = fit
                 ext = [n for n in far if n >= min(ns)]
@@ -634,8 +639,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--prefix", default="/adaptd/")
     ap.add_argument("--json", help="write every figure (plot: the fits) here")
     # plot
-    ap.add_argument("--runs", nargs="*", default=[], help="plot: LABEL=FILE.json ...")
+    ap.add_argument(
+        "--runs", nargs="*", default=[], help="plot: LABEL=FILE.json[,FILE.json...] ..."
+    )
     ap.add_argument("--out", default="docs/scale-fleet.png", help="plot: the PNG")
+    ap.add_argument("--fit", nargs="*", default=[], help="plot: the labels to fit (default: all)")
     # member side
     ap.add_argument("--urls")
     ap.add_argument("--first", type=int, default=0)
