@@ -19,7 +19,8 @@ polls that read every member and every claim, an idle daemon made 4.2 requests a
 second, and a storm's waiters re-read the whole queue at each release, O(N²)). A
 member with nothing to sync makes one call every ``idle_poll_s`` (within the link's
 ``stale_after_s``), which proves etcd answers: the lease keepalive when it is due, else
-a count of the members (etcd counts, no key is sent; a host came or went: read them).
+the members' mark (their count and the newest one's create revision, no key sent; a
+host came, went or restarted: read them).
 A job waiting for a slot watches the claims' deletions and wakes when enough of them
 came on its target to make it eligible (:func:`~adaptd.fleet.slots.releases_needed`):
 a release wakes the waiters next in line, not the whole queue.
@@ -71,7 +72,7 @@ log = logging.getLogger("adaptd.fleet")
 #: interrupts the watch.
 WATCH_S = 2.0
 #: How often a member with nothing to sync proves etcd answers (one call: the lease
-#: keepalive, or a count of the members): under the link's ``stale_after_s`` (3 s), so
+#: keepalive, or the members' mark): under the link's ``stale_after_s`` (3 s), so
 #: the view of an idle daemon stays usable.
 IDLE_POLL_S = 2.0
 #: Every this many reads of the failure records, all of them are read (the others
