@@ -3,14 +3,27 @@
 The daemon's loop never waits on etcd. It tells the agent what its jobs want
 (:meth:`FleetAgent.want` a slot, :meth:`FleetAgent.release` it, :meth:`FleetAgent.publish`
 what it learned about failures) and reads the newest :class:`FleetView`, a frozen
-set of facts, whenever it decides. The agent's thread, every ``poll_s``:
+set of facts, whenever it decides. The agent's thread, in rounds:
 
 1. opens a session if it has none (grants a lease, registers the host);
 2. renews the lease every TTL/3;
-3. reads the members, syncs this host's slot claims (:class:`~adaptd.fleet.slots.SlotTable`),
-   writes the failure records handed to it, and re-reads the fleet's every
+3. syncs this host's slot claims (:class:`~adaptd.fleet.slots.SlotTable`) when something
+   asks for it (a want or release of this host, enough releases on a target a job of
+   this host waits for, a claim not settled yet), writes the failure records handed
+   to it, and re-reads the members, the claims and the fleet's failure records every
    ``failures_every_s``;
 4. publishes a new :class:`FleetView`.
+
+**What a round costs etcd grows with the work, not the fleet** (issue 35: at 0.5 s
+polls that read every member and every claim, an idle daemon made 4.2 requests a
+second, and a storm's waiters re-read the whole queue at each release, O(N²)). A
+member with nothing to sync makes one call every ``idle_poll_s`` (within the link's
+``stale_after_s``), which proves etcd answers: the lease keepalive when it is due, else
+the members' mark (their count and the newest one's create revision, no key sent; a
+host came, went or restarted: read them).
+A job waiting for a slot watches the claims' deletions and wakes when enough of them
+came on its target to make it eligible (:func:`~adaptd.fleet.slots.releases_needed`):
+a release wakes the waiters next in line, not the whole queue.
 
 **etcd down, slow or partitioned**: every call is bounded (the session's
 ``call_deadline_s``), so a failed round turns the view ``up=False`` within about
@@ -29,27 +42,42 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from adaptd.fleet.failures import FailureRecord, publish, read_records
-from adaptd.fleet.membership import Member, read_members, register
+from adaptd.fleet.membership import Member, Members, parse_members, register
 from adaptd.fleet.session import (
     EtcdSession,
     FleetAuthError,
     FleetError,
     FleetSettings,
     LeaseLost,
+    Mark,
 )
-from adaptd.fleet.slots import SlotTable, TargetSlots, Want
+from adaptd.fleet.slots import (
+    TAKE_STAGGER_S,
+    SlotTable,
+    TargetSlots,
+    Want,
+    place_in_line,
+    releases_needed,
+)
 from adaptd.logfmt import logfmt
 
 log = logging.getLogger("adaptd.fleet")
 
-#: While a job of this host waits for a slot, the agent watches the claims (for at most
-#: this long at a time) instead of sleeping a poll interval; a local want or release
+#: While a job of this host waits for a slot, the agent watches the claims' deletions
+#: (for at most this long at a time) instead of sleeping; a local want or release
 #: interrupts the watch.
 WATCH_S = 2.0
+#: How often a member with nothing to sync proves etcd answers (one call: the lease
+#: keepalive, or the members' mark): under the link's ``stale_after_s`` (3 s), so
+#: the view of an idle daemon stays usable.
+IDLE_POLL_S = 2.0
+#: Every this many reads of the failure records, all of them are read (the others
+#: read only what was written since): a record deleted by hand leaves the view.
+RECORDS_FULL_EVERY = 30
 
 
 @dataclass(frozen=True)
@@ -86,6 +114,7 @@ class FleetAgent:
         settings: FleetSettings,
         *,
         poll_s: float = 0.5,
+        idle_poll_s: float = IDLE_POLL_S,
         failures_every_s: float = 10.0,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
@@ -94,7 +123,10 @@ class FleetAgent:
     ) -> None:
         """``on_grant`` is called (from the agent's thread) when a job of this host was
         just granted a slot, or lost one (its lease expired): the daemon decides again at
-        once instead of at its tick."""
+        once instead of at its tick. ``poll_s``: the shortest time between rounds
+        (and the retry cadence while etcd is away); ``idle_poll_s``: between rounds with
+        nothing to sync (at least ``poll_s``, at most a third of the lease TTL); raises
+        :class:`ValueError` for a ``poll_s`` out of range."""
         if not 0 < poll_s <= settings.lease_ttl_s / 3:
             raise ValueError(
                 f"fleet: poll_s must be > 0 and at most a third of the lease TTL "
@@ -102,6 +134,7 @@ class FleetAgent:
             )
         self.settings = settings
         self.poll_s = poll_s
+        self.idle_poll_s = max(poll_s, min(idle_poll_s, settings.lease_ttl_s / 3))
         self.failures_every_s = failures_every_s
         self.clock = clock
         self.wall = wall
@@ -119,6 +152,15 @@ class FleetAgent:
         self._sessions = 0
         self._next_keepalive = 0.0
         self._next_failures = 0.0
+        self._members = Members()
+        self._members_mark = Mark()
+        #: the fleet's failure records by (host, GPU model), as of ``_records_revision``
+        self._records: dict[tuple[str, str], FailureRecord] = {}
+        self._records_revision = 0
+        self._records_reads = 0
+        #: claims deleted since the slot table's last read, and where to watch on from
+        self._deleted: list[str] = []
+        self._watch_from = 0
         self._view = FleetView(host=settings.host, changed=clock())
 
     # ------------------------------------------------------------------ daemon side
@@ -208,24 +250,77 @@ class FleetAgent:
         self._set(replace(self._view, up=False, reason="stopped", granted=frozenset()))
 
     def _run(self) -> None:
+        sync = True
         while not self._stopping.is_set():
-            view = self.poll_once()
+            view = self._poll(sync)
+            turn = False
             if view.up and view.waiting and self._session is not None and not self._wake.is_set():
-                # a job of this host waits for a slot: wake at the first claim change
-                # anywhere (a release), not at the next poll; a local want/release
-                # waits at most WATCH_S
+                # a job of this host waits for a slot: wake when enough claims on its
+                # target went to make it eligible (a release), not at the next poll; a
+                # local want/release ends the watch at once
                 with contextlib.suppress(FleetError):  # the next round says what is wrong
-                    self._session.wait_for_change(self.settings.keys.claims, WATCH_S)
+                    turn = self._watch_for_turn(view)
             else:
-                self._wake.wait(self.poll_s if view.up else min(1.0, self.poll_s * 2))
+                self._wake.wait(self.idle_poll_s if view.up else min(1.0, self.poll_s * 2))
+            local = self._wake.is_set()
             self._wake.clear()
+            sync = local or turn or not view.up or self._unsettled(view)
+
+    def _unsettled(self, view: FleetView) -> bool:
+        """A job of this host wants a slot it neither holds nor waits for in etcd yet
+        (its claim lost every grant race of the last sync): sync again."""
+        with self._lock:
+            wanted = set(self._wants)
+        return bool(wanted - view.granted - view.waiting)
+
+    def _watch_for_turn(self, view: FleetView) -> bool:
+        """Watch the claims' deletions for up to ``WATCH_S``; True when, since the last
+        read, as many claims went on a target as a waiting job of this host needs
+        (:func:`releases_needed`), or when the watch could not replay (read again)."""
+        session = self._session
+        assert session is not None
+        with self._lock:
+            wants = dict(self._wants)
+        needs: dict[str, int] = {}
+        for job in view.waiting:
+            w = wants.get(job)
+            slots = view.targets.get(w.target) if w is not None else None
+            if w is None or slots is None:
+                return True  # the view is behind the wants: sync
+            mine = next((c for c in slots.waiters if c.owner == (self.settings.host, job)), None)
+            if mine is not None and place_in_line(slots, mine, self.clock()) is not None:
+                # a slot is free for it now (its take lost a race): try again shortly
+                self._wake.wait(TAKE_STAGGER_S)
+                return True
+            need = releases_needed(slots, (self.settings.host, job))
+            needs[w.target] = min(need, needs.get(w.target, need))
+
+        def enough(new: Sequence[str]) -> bool:
+            went: dict[str, int] = {}
+            for key in (*self._deleted, *new):
+                parts = self.settings.keys.claim_parts(key)
+                if parts is not None and parts[1] in needs:
+                    went[parts[1]] = went.get(parts[1], 0) + 1
+            return any(went.get(t, 0) >= n for t, n in needs.items())
+
+        out = session.watch_deletes(
+            self.settings.keys.claims, WATCH_S, start_revision=self._watch_from, enough=enough
+        )
+        if out.deleted:
+            self._deleted.extend(out.deleted)
+            self._watch_from = out.revision + 1
+        return out.resync or enough(())
 
     def poll_once(self) -> FleetView:
-        """One round (the thread's body; tests may drive it directly)."""
+        """One full round (tests may drive it directly): the claims synced."""
+        return self._poll(sync=True)
+
+    def _poll(self, sync: bool) -> FleetView:
+        """One round (the thread's body); ``sync``: sync this host's claims now."""
         now = self.clock()
         try:
             try:
-                view = self._round(now)
+                view = self._round(now, sync)
             except LeaseLost as exc:
                 # etcd answered: it is there, only the lease is gone (it expired while this
                 # process was stopped, or etcd was wiped). Open a new session in this round
@@ -234,7 +329,7 @@ class FleetAgent:
                 self._drop_session()
                 log.warning(logfmt("fleet_lease_lost", host=self.settings.host, error=str(exc),
                                    held=",".join(sorted(self._view.granted)) or None))  # fmt: skip
-                view = self._round(now)
+                view = self._round(now, sync)
         except LeaseLost as exc:
             self._drop_session()
             view = self._down(now, f"lease lost: {exc}")
@@ -250,40 +345,56 @@ class FleetAgent:
         self._set(view)
         return view
 
-    def _round(self, now: float) -> FleetView:
+    def _round(self, now: float, sync: bool) -> FleetView:
         s = self._session
+        fresh = s is None
         if s is None:
             s = EtcdSession(self.settings, clock=self.clock).open()
             register(s, Member(self.settings.host, os.getpid(), self.wall(), self.version))
-            self._session, self._table = s, SlotTable(s)
+            self._session = s
+            self._table = SlotTable(s, marked=self.settings.keys.members, pause=self._stopping.wait)
             self._sessions += 1
             self._next_keepalive = now + self.settings.lease_ttl_s / 3
             self._next_failures = 0.0
-        elif now >= self._next_keepalive:
-            s.keepalive()
-            self._next_keepalive = now + self.settings.lease_ttl_s / 3
-        members = read_members(s)
-        if members.role(self.settings.host) is None:  # our key went away (deleted by hand)
-            register(s, Member(self.settings.host, os.getpid(), self.wall(), self.version))
-            members = read_members(s)
         with self._lock:
             wants = dict(self._wants)
             to_publish = dict(self._to_publish)
+        full = fresh or now >= self._next_failures  # members, claims and records re-read
+        sync = sync or full or not self._view.up
+        light = not (fresh or sync or to_publish)  # one call: etcd answers
+        if not fresh and now >= self._next_keepalive:
+            s.keepalive()
+            self._next_keepalive = now + self.settings.lease_ttl_s / 3
+            light = False
+        mark = s.mark(self.settings.keys.members) if light else None
         assert self._table is not None
-        state = self._table.sync(wants, self.clock())  # one clock per daemon: monotonic
+        prev = self._view
+        targets, granted, waiting = prev.targets, prev.granted, prev.waiting
+        grants = conflicts = 0
+        if sync:
+            state = self._table.sync(wants, self.clock())  # one clock per daemon: monotonic
+            targets, granted, waiting = state.targets, state.granted, state.waiting
+            grants, conflicts = state.new_grants, state.conflicts
+            self._deleted, self._watch_from = [], self._table.read_revision + 1
+        if mark is None and sync:
+            mark = self._table.mark  # taken with the claims, in the same request
+        if fresh or (mark is not None and mark != self._members_mark):
+            self._read_members(s)  # a host came, went or restarted since the last read
+        if self._members.role(self.settings.host) is None and (full or sync):
+            # our key went away (deleted by hand)
+            register(s, Member(self.settings.host, os.getpid(), self.wall(), self.version))
+            self._read_members(s)
+        members = self._members
         for model, record in to_publish.items():
             publish(s, record)
             with self._lock:
                 if self._to_publish.get(model) is record:
                     del self._to_publish[model]
-        records, records_at = self._view.records, self._view.records_at
-        if now >= self._next_failures or to_publish:
-            found, skipped = read_records(s)
-            records, records_at = tuple(found), now
-            for line in skipped:
-                log.warning(logfmt("fleet_record_skipped", error=line))
+        records, records_at = prev.records, prev.records_at
+        if full or to_publish:
+            records, records_at = self._read_records(s, fresh), now
+        if full:
             self._next_failures = now + self.failures_every_s
-        prev = self._view
         if not prev.up:
             log.info(
                 logfmt(
@@ -302,15 +413,36 @@ class FleetAgent:
             last_ok=now,
             role=members.role(self.settings.host),
             hosts=members.names,
-            targets=state.targets,
-            granted=state.granted,
-            waiting=state.waiting,
+            targets=targets,
+            granted=granted,
+            waiting=waiting,
             records=records,
             records_at=records_at,
-            grants=prev.grants + state.new_grants,
-            conflicts=prev.conflicts + state.conflicts,
+            grants=prev.grants + grants,
+            conflicts=prev.conflicts + conflicts,
             rejoins=max(0, self._sessions - 1),
         )
+
+    def _read_members(self, s: EtcdSession) -> None:
+        entries = s.get_prefix(self.settings.keys.members)
+        self._members = parse_members(entries, self.settings.keys)
+        self._members_mark = Mark.of(entries)
+
+    def _read_records(self, s: EtcdSession, fresh: bool) -> tuple[FailureRecord, ...]:
+        """The fleet's failure records: those written since the last read, merged into
+        the ones known (all of them at a new session, and every ``RECORDS_FULL_EVERY``
+        reads, which drops a record deleted by hand)."""
+        self._records_reads += 1
+        whole = fresh or self._records_reads % RECORDS_FULL_EVERY == 1
+        found, skipped = read_records(s, since=0 if whole else self._records_revision + 1)
+        self._records_revision = s.revision
+        if whole:
+            self._records = {}
+        for r in found:
+            self._records[(r.host, r.gpu_model)] = r
+        for line in skipped:
+            log.warning(logfmt("fleet_record_skipped", error=line))
+        return tuple(self._records[k] for k in sorted(self._records))
 
     def _down(self, now: float, reason: str, level: int = logging.WARNING) -> FleetView:
         prev = self._view

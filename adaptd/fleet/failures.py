@@ -263,11 +263,12 @@ def publish(session: EtcdSession, record: FailureRecord) -> None:
     session.put(session.keys.failure(record.host, record.gpu_model), record.to_json(), leased=False)
 
 
-def read_records(session: EtcdSession) -> tuple[list[FailureRecord], list[str]]:
-    """Every host's records, and a line per unreadable one (skipped)."""
+def read_records(session: EtcdSession, *, since: int = 0) -> tuple[list[FailureRecord], list[str]]:
+    """Every host's records (or those written at or after revision ``since``), and a
+    line per unreadable one (skipped)."""
     out: list[FailureRecord] = []
     skipped: list[str] = []
-    for e in session.get_prefix(session.keys.failures):
+    for e in session.get_prefix(session.keys.failures, min_mod_revision=since):
         parts = session.keys.failure_parts(e.key)
         if parts is None:
             continue

@@ -154,6 +154,31 @@ class FleetSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class Mark:
+    """How many keys a prefix holds and the newest one's create revision: a key that
+    came, went or was put anew (a daemon restarted) changes it, so a reader re-reads the
+    keys only then (issue 35: every daemon reading every member every round was O(N²))."""
+
+    count: int = 0
+    newest: int = 0
+
+    @staticmethod
+    def of(entries: Sequence[Entry]) -> Mark:
+        return Mark(len(entries), max((e.create_revision for e in entries), default=0))
+
+
+@dataclass(frozen=True, slots=True)
+class WatchOutcome:
+    """What :meth:`EtcdSession.watch_deletes` saw: the keys deleted (in order), the
+    revision to watch on from (the newest deletion's), and ``resync`` when etcd could
+    not replay from the revision asked (compacted): read everything again."""
+
+    deleted: Sequence[str]
+    revision: int
+    resync: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class Entry:
     """One key as etcd returned it."""
 
@@ -253,9 +278,13 @@ class EtcdSession:
 
     # ------------------------------------------------------------------ key-value
 
-    def get_prefix(self, prefix: str) -> list[Entry]:
-        """Every key under ``prefix`` (sorted by key); sets :attr:`revision`."""
-        out = self._call("kv/range", {"key": _b64(prefix), "range_end": _b64(range_end(prefix))})
+    def get_prefix(self, prefix: str, *, min_mod_revision: int = 0) -> list[Entry]:
+        """Every key under ``prefix`` (sorted by key), or only those changed at or after
+        ``min_mod_revision``; sets :attr:`revision`."""
+        body: dict[str, Any] = {"key": _b64(prefix), "range_end": _b64(range_end(prefix))}
+        if min_mod_revision > 0:
+            body["min_mod_revision"] = min_mod_revision
+        out = self._call("kv/range", body)
         return [_entry(kv) for kv in out.get("kvs", ())]
 
     def put(self, key: str, value: bytes, *, leased: bool) -> None:
@@ -290,10 +319,34 @@ class EtcdSession:
         }
         return bool(self._call("kv/txn", txn).get("succeeded", False))
 
-    def wait_for_change(self, prefix: str, timeout_s: float) -> bool:
-        """Wait up to ``timeout_s`` for any key under ``prefix`` to change after the newest
-        revision this session has seen (an etcd watch, long-polled): True on a change,
-        False when none came in time. Bounded like every call; raises
+    def mark(self, prefix: str) -> Mark:
+        """:class:`Mark` of the keys under ``prefix``: etcd counts them and sends the
+        newest one's key alone, not the keys."""
+        return _mark(self._call("kv/range", _mark_request(prefix)))
+
+    def get_prefix_marking(self, prefix: str, marked: str) -> tuple[list[Entry], Mark]:
+        """Every key under ``prefix``, and the :class:`Mark` of those under ``marked``,
+        in one request at one revision; sets :attr:`revision`."""
+        whole = {"key": _b64(prefix), "range_end": _b64(range_end(prefix))}
+        ranges = [{"request_range": whole}, {"request_range": _mark_request(marked)}]
+        out = self._call("kv/txn", {"compare": [], "success": ranges, "failure": []})
+        got = out.get("responses", [{}, {}])
+        entries = [_entry(kv) for kv in got[0].get("response_range", {}).get("kvs", ())]
+        return entries, _mark(got[1].get("response_range", {}))
+
+    def watch_deletes(
+        self,
+        prefix: str,
+        timeout_s: float,
+        *,
+        start_revision: int,
+        enough: Callable[[Sequence[str]], bool],
+    ) -> WatchOutcome:
+        """Watch the deletions under ``prefix`` from ``start_revision`` (an etcd watch
+        that filters out puts, long-polled) for up to ``timeout_s``, until ``enough`` of
+        the keys deleted so far says so. A waiter far back in a queue thus sleeps
+        through the releases that cannot make it eligible instead of re-reading the
+        queue at each (issue 35). Bounded like every call; raises
         :class:`FleetUnavailable` when etcd does not answer at all."""
         import requests
 
@@ -304,9 +357,12 @@ class EtcdSession:
             "create_request": {
                 "key": _b64(prefix),
                 "range_end": _b64(range_end(prefix)),
-                "start_revision": self.revision + 1,
+                "start_revision": start_revision,
+                "filters": ["NOPUT"],
             }
         }
+        deleted: list[str] = []
+        revision = start_revision - 1
         self._waiting = True
         try:
             resp = client.session.post(
@@ -317,7 +373,7 @@ class EtcdSession:
             )
         except requests.Timeout:
             self._waiting = False
-            return False  # connected, nothing said in time (a stopped etcd, or no change)
+            return WatchOutcome(deleted, revision)  # connected, nothing said in time
         except requests.RequestException as exc:
             self._waiting = False
             raise FleetUnavailable(f"etcd watch on {prefix}: {exc!r}"[:300]) from None
@@ -326,18 +382,24 @@ class EtcdSession:
             resp.close()
         try:
             if resp.status_code != 200:
-                return False
+                return WatchOutcome(deleted, revision, resync=True)
             deadline = self.clock() + timeout_s
             for line in resp.iter_lines(chunk_size=None):
                 if line.strip():
                     result = json.loads(line).get("result", {})
-                    if result.get("events"):
-                        return True
+                    if result.get("canceled") or int(result.get("compact_revision", 0) or 0):
+                        return WatchOutcome(deleted, revision, resync=True)  # compacted
+                    for event in result.get("events", ()):
+                        kv = event.get("kv", {})
+                        deleted.append(base64.b64decode(kv.get("key", "")).decode())
+                        revision = max(revision, int(kv.get("mod_revision", 0)))
+                    if deleted and enough(deleted):
+                        return WatchOutcome(deleted, revision)
                 if self.clock() >= deadline:
-                    return False
-            return False
+                    break
+            return WatchOutcome(deleted, revision)
         except (requests.RequestException, ValueError, AttributeError, OSError):
-            return False  # the read timed out (no change), was interrupted, or broke
+            return WatchOutcome(deleted, revision)  # timed out (no change), interrupted, broke
         finally:
             self._waiting = False
             self._watch = None
@@ -345,11 +407,11 @@ class EtcdSession:
 
     @property
     def waiting(self) -> bool:
-        """True while :meth:`wait_for_change` reads its watch stream."""
+        """True while :meth:`watch_deletes` reads its watch stream."""
         return self._watch is not None
 
     def interrupt_wait(self) -> None:
-        """End a :meth:`wait_for_change` in progress (from another thread): the only
+        """End a :meth:`watch_deletes` in progress (from another thread): the only
         method that may be called concurrently."""
         self._waiting = False
         resp = self._watch
@@ -494,6 +556,24 @@ def _entry(kv: dict[str, Any]) -> Entry:
         mod_revision=int(kv.get("mod_revision", 0)),
         lease=int(kv.get("lease", 0)),
     )
+
+
+def _mark_request(prefix: str) -> dict[str, Any]:
+    return {
+        "key": _b64(prefix),
+        "range_end": _b64(range_end(prefix)),
+        "limit": 1,
+        "sort_order": "DESCEND",
+        "sort_target": "CREATE",
+        "keys_only": True,
+    }
+
+
+def _mark(out: dict[str, Any]) -> Mark:
+    """The :class:`Mark` from a range answer of :func:`_mark_request` (its ``count`` is
+    every key's, whatever the limit)."""
+    kvs = out.get("kvs", ())
+    return Mark(int(out.get("count", 0)), int(kvs[0].get("create_revision", 0)) if kvs else 0)
 
 
 def newest_revision(entries: Sequence[Entry]) -> int:

@@ -11,7 +11,15 @@ from fleet_helpers import Etcd, MemberProc, holders, settings
 
 from adaptd.fleet.agent import FleetAgent
 from adaptd.fleet.session import EtcdSession
-from adaptd.fleet.slots import Claim, SlotTable, may_take, queue_order, target_view
+from adaptd.fleet.slots import (
+    Claim,
+    SlotTable,
+    may_take,
+    place_in_line,
+    queue_order,
+    releases_needed,
+    target_view,
+)
 
 T = "nfs://10.0.4.20/export/ckpt"
 
@@ -67,6 +75,35 @@ def test_may_take(claims, me, ok, why):
     got, reason = may_take(view, me, wall=0)
     assert got is ok
     assert why in reason
+
+
+@pytest.mark.parametrize(
+    ("claims", "me", "place", "needed"),
+    [
+        # two free slots, two waiters: both may take, the second after the first
+        ([claim("h1", "a", risk=10), claim("h2", "b", risk=5)], claim("h2", "b", risk=5), 1, 1),
+        ([claim("h1", "a", risk=10), claim("h2", "b", risk=5)], claim("h1", "a", risk=10), 0, 1),
+        # one slot held, one free, third in line: two claims must go first
+        (
+            [claim("h0", "x", holding=True), claim("h1", "a", risk=10), claim("h2", "b", risk=5),
+             claim("h3", "c", risk=1)],
+            claim("h3", "c", risk=1), None, 2,
+        ),
+        # all held: the first waiter needs one release
+        (
+            [claim("h0", "x", holding=True), claim("h4", "y", holding=True),
+             claim("h1", "a", risk=10)],
+            claim("h1", "a", risk=10), None, 1,
+        ),
+        ([claim("h1", "a", holding=True)], claim("h1", "a", holding=True), None, 1),
+    ],
+)  # fmt: skip
+def test_place_in_line_and_releases_needed(claims, me, place, needed):
+    """Who takes a free slot in which turn, and how many claims must go before a waiter
+    is worth waking (the storm of issue 35 wakes only those)."""
+    view = target_view(claims, T, 2, wall=0)
+    assert place_in_line(view, me, wall=0) == place
+    assert releases_needed(view, me.owner) == needed
 
 
 def test_a_claim_refuses_impossible_figures():
