@@ -33,6 +33,12 @@ After each upload the destination's retention runs (``Replica.prune``). A failur
 logged, counted, shown in ``adaptd status`` and retried with exponential backoff
 (:func:`~adaptd.tiers.destination.retry_delay`); a checkpoint that TF's
 ``max_to_keep`` deleted before it was uploaded is skipped with a log line.
+
+Orbax checkpoints are not replicated: a destination's layout is TensorFlow's files
+(:mod:`adaptd.tiers.layout`), and an Orbax step is a directory tree. A job whose staging
+directory holds Orbax steps (:func:`adaptd.checkpoints.orbax.holds_orbax`) has nothing
+queued, finalized step or not, and the daemon says so once per job
+(``replicate_unsupported``) instead of reporting its files missing.
 :meth:`Replicator.stop` interrupts uploads at the next chunk; ``Replica.upload``
 resumes them at the next start (files already complete at the destination are not
 sent again). Nothing here raises into the daemon's loop, and nothing imports
@@ -57,6 +63,7 @@ from adaptd import events as ev
 from adaptd.checkpoints import rank_parts
 from adaptd.checkpoints.files import STATE_FILE
 from adaptd.checkpoints.files import state_file_step as parse_state_file
+from adaptd.checkpoints.orbax import holds_orbax
 from adaptd.config.loader import JOB_PLACEHOLDER, Config
 from adaptd.logfmt import logfmt
 from adaptd.protocol.admin import ReplicationInfo
@@ -159,6 +166,7 @@ class Replicator:
         self._devices: dict[str, int] = {}
         self._saves_to: dict[str, Path] = {}  # job -> the directory its hello named
         self._caught_up: set[tuple[str, int]] = set()
+        self._orbax_told: set[str] = set()  # jobs told their Orbax steps are not copied
         self.errors = 0
 
     # -- the daemon's sink
@@ -241,6 +249,8 @@ class Replicator:
         if found is None:
             return
         staging, dests = found
+        if self._orbax(job, staging):
+            return
         nbytes = rank_parts.step_bytes(staging, step)
         if nbytes == 0:
             log.warning(
@@ -292,6 +302,8 @@ class Replicator:
         with contextlib.suppress(OSError):
             self._devices.setdefault(job, os.stat(staging).st_dev)
         local = newest_local_step(staging)
+        if local is None and self._orbax(job, staging):
+            return
         saved = None
         if local is not None:
             with contextlib.suppress(OSError):
@@ -314,6 +326,24 @@ class Replicator:
             )
             nbytes = rank_parts.step_bytes(staging, local)
             q.add(job, staging, local, saved=saved, nbytes=nbytes)
+
+    def _orbax(self, job: str, staging: Path) -> bool:
+        """Whether ``staging`` holds Orbax steps, which are not replicated (said once
+        per job)."""
+        if not holds_orbax(staging):
+            return False
+        if job not in self._orbax_told:
+            self._orbax_told.add(job)
+            log.warning(
+                logfmt(
+                    "replicate_unsupported",
+                    job=job,
+                    staging=staging,
+                    why="it holds Orbax checkpoints: adaptd replicates TensorFlow "
+                    "checkpoints only; nothing of this job is copied (docs/orbax.md)",
+                )
+            )
+        return True
 
     # -- yielding
 

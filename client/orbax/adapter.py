@@ -5,55 +5,31 @@ Orbax commits a step atomically: it writes ``<step>.orbax-checkpoint-tmp-<time>/
 renames it to ``<step>/`` once every process is done (on object stores, where a rename
 is not atomic, it writes ``commit_success.txt`` into ``<step>/`` instead; recent
 versions write it everywhere). A step directory under its final name is a finalized
-step: :func:`finalized_steps` lists them, for the adapter and for ``adaptd verify``.
+step: :func:`~adaptd.checkpoints.orbax.finalized_steps` lists them (the reading lives
+in :mod:`adaptd.checkpoints.orbax`, which the replicator uses too).
 Nothing here imports TensorFlow; JAX only where a JAX answer is asked for.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
-import re
 from pathlib import Path
 
-__all__ = ["COMMIT_FILE", "METADATA_FILE", "OrbaxAdapter", "finalized_steps", "step_bytes"]
+from adaptd.checkpoints.orbax import (
+    COMMIT_FILE,
+    METADATA_FILE,
+    TMP_MARK,
+    finalized_steps,
+    step_bytes,
+)
 
-#: Written into every step directory Orbax's ``CheckpointManager`` saves.
-METADATA_FILE = "_CHECKPOINT_METADATA"
-#: Orbax's commit marker (object stores; recent versions write it on every filesystem).
-COMMIT_FILE = "commit_success.txt"
-#: The part of a name Orbax gives a step directory while it is being written.
-TMP_MARK = ".orbax-checkpoint-tmp"
-_STEP = re.compile(r"(?:.*_)?(\d+)")
-
-
-def finalized_steps(directory: str | os.PathLike[str]) -> dict[int, Path]:
-    """The finalized steps Orbax's ``CheckpointManager`` committed in ``directory``
-    (default step names ``<step>``, or ``<prefix>_<step>``), each with its directory.
-    A directory being written (its temporary name) is not one; nor is one that lacks
-    Orbax's checkpoint metadata (not Orbax's)."""
-    found: dict[int, Path] = {}
-    try:
-        entries = list(os.scandir(directory))
-    except (FileNotFoundError, NotADirectoryError):
-        return found
-    for entry in entries:
-        if TMP_MARK in entry.name or not entry.is_dir():
-            continue
-        m = _STEP.fullmatch(entry.name)
-        if m and os.path.exists(os.path.join(entry.path, METADATA_FILE)):
-            found[int(m.group(1))] = Path(entry.path)
-    return found
-
-
-def step_bytes(path: str | os.PathLike[str]) -> int:
-    """Bytes of the files under ``path`` (a step directory)."""
-    total = 0
-    for root, _dirs, files in os.walk(path):
-        for name in files:
-            with contextlib.suppress(FileNotFoundError):  # removed (Orbax's retention)
-                total += os.lstat(os.path.join(root, name)).st_size
-    return total
+__all__ = [
+    "COMMIT_FILE",
+    "METADATA_FILE",
+    "TMP_MARK",
+    "OrbaxAdapter",
+    "finalized_steps",
+    "step_bytes",
+]
 
 
 class OrbaxAdapter:

@@ -15,7 +15,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from adaptd.client.orbax.adapter import METADATA_FILE, TMP_MARK, finalized_steps, step_bytes
+from adaptd.checkpoints.orbax import (
+    METADATA_FILE,
+    TMP_MARK,
+    finalized_steps,
+    holds_orbax,
+    step_bytes,
+)
 
 __all__ = ["OrbaxReport", "is_orbax", "verify"]
 
@@ -57,9 +63,7 @@ def is_orbax(path: str | os.PathLike[str]) -> bool:
     p = Path(path)
     if not p.is_dir():
         return False
-    if _is_step_dir(p):
-        return True
-    return bool(finalized_steps(p)) or any(TMP_MARK in e.name for e in os.scandir(p))
+    return _is_step_dir(p) or holds_orbax(p)
 
 
 def verify(path: str | os.PathLike[str]) -> OrbaxReport:
