@@ -12,7 +12,9 @@ and before its ``hook.step()``, so a save due there never starts; ``KILL_MARK``:
 it first writes the step it completed to); ``STOP_RANK``/``STOP_AT``: it SIGSTOPs itself there;
 ``SLOW_RANK``/``SLOW_AT``/``SLOW_S``: it sleeps ``SLOW_S`` seconds before that step;
 ``RAISE_RANK``/``RAISE_AT``: it raises ``ValueError`` in that step;
-``COLLECTIVE_TIMEOUT``: the hook's ``collective_timeout``.
+``COLLECTIVE_TIMEOUT``: the hook's ``collective_timeout``; ``SOCKET``: a daemon's
+socket (default: none there); ``STALL_FLOOR``: the hook's ``stall_floor`` (hang
+detection, tests/multiworker/test_hang.py).
 
 Result: the digests of the weights, the optimizer's variables, the hook's step and the
 rank's next three batches; the step resumed from; the just-in-time outcome (None: no
@@ -74,9 +76,11 @@ def main() -> int:
         opt.build(model.trainable_variables)
     it = iter(rows(world, rank))
     timeout = os.environ.get("COLLECTIVE_TIMEOUT")
+    floor = os.environ.get("STALL_FLOOR")
     hook = AdaptiveCheckpointer(
         os.environ["CKPT"], job="jit", policy=f"fixed:steps={EVERY}", max_to_keep=3,
-        socket=f"ipc://{os.environ['CKPT']}-none.sock", daemon_timeout=0.5,
+        socket=os.environ.get("SOCKET", f"ipc://{os.environ['CKPT']}-none.sock"),
+        daemon_timeout=0.5, stall_floor=float(floor) if floor else None,
         handle_sigterm=False, save_on_close=False,
         collective_timeout=float(timeout) if timeout else None,
         model=model, optimizer=opt, data_iterator=it,
@@ -105,6 +109,7 @@ def main() -> int:
         result["resumed_from"] = start
         for step in range(start + 1, STEPS + 1):
             if me("SLOW") and step == env_int("SLOW_AT"):
+                result["hung_at"] = time.time()
                 time.sleep(float(os.environ["SLOW_S"]))
             x, y = next(it)
             if me("RAISE") and step == env_int("RAISE_AT"):
@@ -117,6 +122,9 @@ def main() -> int:
             if me("KILL") and step >= env_int("KILL_AT") and (not in_write or hook.save_in_flight):
                 die(step)
             if me("STOP") and step == env_int("STOP_AT"):
+                if os.environ.get("STOP_MARK"):  # when it stopped, for the others to read
+                    with open(os.environ["STOP_MARK"], "w") as f:
+                        json.dump({"step": step, "at": time.time()}, f)
                 os.kill(os.getpid(), signal.SIGSTOP)
 
     try:
@@ -139,6 +147,9 @@ def main() -> int:
         "step": jit.step, "saved": jit.saved, "reason": jit.reason, "seconds": jit.seconds,
     }  # fmt: skip
     result["history"] = [(r.step, r.reason, r.ok) for r in hook.history]
+    abort = hook.aborted
+    result["aborted"] = abort and {"reason": abort.reason, "culprit": abort.culprit}
+    result["ended_at"] = time.time()  # the JIT save (if any) was durable before this
     if result["error"] is None:
         nxt = [t for _ in range(3) for t in next(it)]
         result.update(
