@@ -11,6 +11,7 @@ import random
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -215,6 +216,10 @@ def test_the_culprit_is_the_stopped_process() -> None:
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         os.kill(child.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 10
+        while (info := process_info(child.pid)) is None or info.status != "stopped":
+            assert time.monotonic() < deadline, info
+            time.sleep(0.01)
         job = Job2(pid=child.pid)
         for r in job.ranks:
             r.start_time = process_info(child.pid).start_time  # type: ignore[union-attr]

@@ -13,8 +13,8 @@ it first writes the step it completed to); ``STOP_RANK``/``STOP_AT``: it SIGSTOP
 ``SLOW_RANK``/``SLOW_AT``/``SLOW_S``: it sleeps ``SLOW_S`` seconds before that step;
 ``RAISE_RANK``/``RAISE_AT``: it raises ``ValueError`` in that step;
 ``COLLECTIVE_TIMEOUT``: the hook's ``collective_timeout``; ``SOCKET``: a daemon's
-socket (default: none there); ``STALL_FLOOR``: the hook's ``stall_floor`` (hang
-detection, tests/multiworker/test_hang.py).
+socket (default: none there); ``STALL_FLOOR``/``STALL_CAP``: the hook's
+``stall_floor``/``stall_cap`` (hang detection, tests/multiworker/test_hang.py).
 
 Result: the digests of the weights, the optimizer's variables, the hook's step and the
 rank's next three batches; the step resumed from; the just-in-time outcome (None: no
@@ -76,11 +76,12 @@ def main() -> int:
         opt.build(model.trainable_variables)
     it = iter(rows(world, rank))
     timeout = os.environ.get("COLLECTIVE_TIMEOUT")
-    floor = os.environ.get("STALL_FLOOR")
+    floor, cap = os.environ.get("STALL_FLOOR"), os.environ.get("STALL_CAP")
     hook = AdaptiveCheckpointer(
         os.environ["CKPT"], job="jit", policy=f"fixed:steps={EVERY}", max_to_keep=3,
         socket=os.environ.get("SOCKET", f"ipc://{os.environ['CKPT']}-none.sock"),
         daemon_timeout=0.5, stall_floor=float(floor) if floor else None,
+        stall_cap=float(cap) if cap else None,
         handle_sigterm=False, save_on_close=False,
         collective_timeout=float(timeout) if timeout else None,
         model=model, optimizer=opt, data_iterator=it,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import time
 from pathlib import Path
@@ -27,8 +28,9 @@ from multiworker.jit_jobs import COMPARED, HERE, STEPS, run
 
 pytestmark = [pytest.mark.slow, pytest.mark.tf]
 
-#: The hook's floor of the daemon's threshold in these jobs (seconds).
-FLOOR = "2"
+#: The hook's floor and cap of the daemon's threshold in these jobs (seconds): the
+#: model alone, with a save's slow steps seen in a 16-step job, would say about 10 s.
+FLOOR, CAP = "2", "3"
 #: A hang must be over well before this (the collective timeout is 120 s).
 BOUND_S = 10.0
 
@@ -49,12 +51,26 @@ def sock(root: Path) -> Any:
         stop_daemon(proc)
 
 
-def listing(ckpt: Path) -> dict[str, int]:
-    return {p.name: p.stat().st_mtime_ns for p in ckpt.iterdir()}
+def listing(ckpt: Path, since: int) -> dict[str, int]:
+    """The files of steps ``since`` and later, and the ``checkpoint`` state file, with
+    their times (a write in flight when the rank stopped, of an older step, may end)."""
+    out = {}
+    for path in ckpt.iterdir():
+        found = re.search(r"-(\d+)", path.name)
+        if path.name == "checkpoint" or (found and int(found.group(1)) >= since):
+            out[path.name] = path.stat().st_mtime_ns
+    return out
+
+
+_reference: list[Any] = []
 
 
 def resumes_exactly(root: Path, ckpt: Path, step: int, zygote: Zygote) -> None:
-    ref = run(root / "reference", 2, root / "reference" / "ckpt", zygote=zygote)
+    """The job started again from ``ckpt`` resumes from ``step`` and ends as the
+    uninterrupted run (run once per module)."""
+    if not _reference:
+        _reference.append(run(root / "reference", 2, root / "reference" / "ckpt", zygote=zygote))
+    ref = _reference[0]
     again = run(root / f"resumed-{ckpt.parent.name}", 2, ckpt, zygote=zygote)
     assert ref.codes == again.codes == [0, 0]
     for rank, (got, want) in enumerate(zip(again.results, ref.results, strict=True)):
@@ -72,8 +88,8 @@ def test_a_rank_sleeping_in_its_step_frees_the_survivor_in_seconds(
     writing; the job resumes from 12 exactly."""
     ckpt = root / "sleep" / "ckpt"
     ended = run(root / "sleep" / "job", 2, ckpt, zygote=zygote, timeout=90,
-                SOCKET=f"ipc://{sock}", STALL_FLOOR=FLOOR, SLOW_RANK="1", SLOW_AT="13",
-                SLOW_S="15")  # fmt: skip
+                SOCKET=f"ipc://{sock}", STALL_FLOOR=FLOOR, STALL_CAP=CAP, SLOW_RANK="1",
+                SLOW_AT="13", SLOW_S="15")  # fmt: skip
     chief, hung = ended.results
     assert ended.codes == [3, 3], ended
     assert chief is not None and hung is not None
@@ -97,7 +113,7 @@ def test_a_stopped_rank_is_named_and_saves_nothing_when_it_comes_back(
     work = root / "stop"
     ckpt, mark = work / "ckpt", work / "stopped.json"
     env = {"CKPT": str(ckpt), "STEPS": str(STEPS), "EVERY": "5", "SOCKET": f"ipc://{sock}",
-           "STALL_FLOOR": FLOOR, "STOP_RANK": "1", "STOP_AT": "12",
+           "STALL_FLOOR": FLOOR, "STALL_CAP": CAP, "STOP_RANK": "1", "STOP_AT": "12",
            "STOP_MARK": str(mark)}  # fmt: skip
     cluster = cluster_of(zygote, work / "job", 2, HERE / "jit_worker.py", env)
     with cluster:
@@ -106,7 +122,7 @@ def test_a_stopped_rank_is_named_and_saves_nothing_when_it_comes_back(
         while chief_proc.poll() is None:
             assert time.monotonic() < deadline, cluster.tails()
             time.sleep(0.05)
-        before = listing(ckpt)
+        before = listing(ckpt, 11)
         os.kill(stopped.pid, signal.SIGCONT)
         while stopped.poll() is None:
             assert time.monotonic() < deadline, cluster.tails()
@@ -120,5 +136,5 @@ def test_a_stopped_rank_is_named_and_saves_nothing_when_it_comes_back(
     assert freed_s < BOUND_S, f"the survivor ended {freed_s:.1f}s after the stop"
     assert "stopped (T)" in chief["aborted"]["reason"] and chief["aborted"]["culprit"] == 1
     assert late["jit"] is None or not late["jit"]["saved"], late
-    assert listing(ckpt) == before, "the rank that came back wrote to the checkpoints"
+    assert listing(ckpt, 11) == before, "the rank that came back wrote to the checkpoints"
     resumes_exactly(root, ckpt, 12, zygote)

@@ -34,6 +34,9 @@ __all__ = ["BEAT_LOST_S", "Limits", "StallVerdicts", "StallWatch", "Watched", "n
 #: A rank whose heartbeat is this much older than the newest beat of its job stopped
 #: beating (the hook beats every second).
 BEAT_LOST_S = 5.0
+#: A beat says what holds its rank's loop only this long (a stopped rank's last beat
+#: may have been sent in a save's blocking part: it holds nothing now).
+HOLD_FRESH_S = 2.5
 #: Process states that name a rank that cannot be the blocked-but-alive kind.
 _STUCK = {"stopped": "stopped (T)", "tracing-stop": "stopped (T)", "disk-sleep": "in D state"}
 
@@ -167,12 +170,14 @@ class StallWatch:
         except ValueError:
             return limits
 
-    def _holding(self, job: Job, w: Watched) -> str:
+    def _holding(self, job: Job, w: Watched, now: float) -> str:
         if self.paused(job.id):
             return "an operator's pause (adaptd pause)"
         if job.rounds is not None and job.rounds.open is not None:
             return "an agreement round of the daemon's holds the ranks"
-        for rank, (_, holding, _) in sorted(w.beats.items()):
+        for rank, (at, holding, _) in sorted(w.beats.items()):
+            if now - at > HOLD_FRESH_S or self._stuck(job.ranks.get(rank)):
+                continue
             if holding == "save":
                 return f"rank {rank} is in a save's blocking part"
             if holding == "round":
@@ -190,20 +195,25 @@ class StallWatch:
             gpus=t.gpus,
             restart_s=t.restore_s,
             unsaved_s=max(0.0, now - since),
-            holding=self._holding(job, w),
+            holding=self._holding(job, w, now),
         )
+
+    def _stuck(self, rank: Rank | None) -> str:
+        """Why ``rank``'s process (on this host) cannot be blocked-but-alive: gone,
+        stopped (T) or uninterruptible (D); "" when it can, or cannot be seen."""
+        if rank is None or not rank.checkable:
+            return ""
+        info = self.process(rank.pid)
+        if info is None or not info.running:
+            return "gone"
+        return _STUCK.get(info.status, "")
 
     def culprit(self, job: Job, w: Watched, now: float) -> tuple[int | None, str]:
         """The rank taken for the cause of the stall, and why (None: unknown)."""
         for rank in sorted(job.ranks.values(), key=lambda r: r.rank):
-            if rank.checkable:
-                info = self.process(rank.pid)
-                if info is None or not info.running:
-                    return rank.rank, f"rank {rank.rank}'s process (pid {rank.pid}) is gone"
-                if info.status in _STUCK:
-                    return rank.rank, f"rank {rank.rank}'s process (pid {rank.pid}) is " + _STUCK[
-                        info.status
-                    ]
+            why = self._stuck(rank)
+            if why:
+                return rank.rank, f"rank {rank.rank}'s process (pid {rank.pid}) is {why}"
         newest = max((at for at, _, _ in w.beats.values()), default=None)
         if newest is not None and now - newest < BEAT_LOST_S:
             for rank in sorted(job.ranks):
