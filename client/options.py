@@ -115,7 +115,7 @@ class HookOptions:
             healthy rank (see docs/multiworker.md, "Just-in-time saves").
         stall_floor, stall_cap: seconds; the shortest and the longest silence (no step
             completed by any rank) the daemon takes for a hang of this multi-worker job,
-            whatever its step times say (None: the daemon's config, else 10 and 300;
+            whatever its step times say (None: the daemon's config, else 7 and 300;
             see docs/multiworker.md, "Hangs"). Sent with the rank's heartbeat; they win
             over the config's ``stall_floor_s``/``stall_cap_s``.
 

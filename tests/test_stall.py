@@ -41,8 +41,8 @@ def facts(**kw: object) -> StallFacts:
         ("first steps", facts(silent_s=1e6, steps_done=1), LIMITS, None, False, "compiling"),
         ("no step time: the cap", facts(step_s=None, silent_s=299), LIMITS, 300.0, False, "cap"),
         ("past the cap", facts(step_s=None, silent_s=301), LIMITS, 300.0, True, "no step for"),
-        ("fast steps: the floor", facts(silent_s=9.9), LIMITS, 10.0, False, "floor"),
-        ("fast steps, past the floor", facts(silent_s=10.5), LIMITS, 10.0, True, "floor"),
+        ("fast steps: the floor", facts(silent_s=6.9), LIMITS, 7.0, False, "floor"),
+        ("fast steps, past the floor", facts(silent_s=7.5), LIMITS, 7.0, True, "floor"),
         ("a floor of its own", facts(silent_s=3.5), StallLimits(3.0, 60.0), 3.0, True, "floor"),
         # evaluations at 30x a step seen: the spread is 1.45 s; p = 0.05/90, k = 42.4
         ("evals seen: the model", facts(longest_s=1.5, silent_s=30), LIMITS,
@@ -179,7 +179,7 @@ def test_a_hang_is_found_within_its_threshold_and_answered_to_every_beat() -> No
         job.watch.tick(t)
         assert t - end < 30, "no stall found"
     (stalled,) = job.stalls()
-    assert stalled.threshold_s == 10.0 and 10.0 < stalled.silent_s <= 12.0, stalled
+    assert stalled.threshold_s == 7.0 and 7.0 < stalled.silent_s <= 9.0, stalled
     assert stalled.culprit is None and "not known" in stalled.reason
     aborts = [(who, m) for who, m in job.sent if isinstance(m, p.Abort)]
     assert {who for who, _ in aborts} == {b"\x0a", b"\x0b"}

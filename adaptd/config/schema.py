@@ -223,12 +223,12 @@ JOB_SETTINGS: tuple[Setting, ...] = (
             "replaced); needs `local_tier` in the same entry", "the hook's"),
     Setting("hang_detection", boolean, None,
             "whether the daemon frees a multi-worker job's survivors when no rank completes "
-            "a step for longer than its step times make credible (see "
-            "[multiworker.md](multiworker.md#hangs)); `false`: only the collective timeout "
-            "bounds a hang", "true"),
+            "a step for longer than its step times make credible (see [multiworker.md]"
+            "(multiworker.md#hangs-the-daemon-frees-the-survivors-in-seconds)); `false`: only "
+            "the collective timeout bounds a hang", "true"),
     Setting("stall_floor_s", number(0), None,
             "the shortest silence (seconds without a step) the daemon takes for a hang of "
-            "the job, whatever its step times", "10"),
+            "the job, whatever its step times", "7"),
     Setting("stall_cap_s", stall_cap, None,
             "the longest: past it the job is taken for hung however slow its steps were; "
             "at least `stall_floor_s`", "300"),

@@ -43,8 +43,10 @@ __all__ = [
 ]
 
 #: The shortest threshold by default: a job whose steps take milliseconds is still given
-#: this long (the hook's report interval, the daemon's tick and a busy host's jitter).
-DEFAULT_FLOOR_S = 10.0
+#: this long (a busy host's jitter, a first slow batch), and its survivors are still
+#: saved within 10 s of a hang: the silence is seen through beats and reports a second
+#: apart, judged at the daemon's tick (a second), then the just-in-time save runs.
+DEFAULT_FLOOR_S = 7.0
 #: The longest by default: well under the hook's 120 s collective timeout's tenfold
 #: waste on a 16k-GPU job, and above any evaluation a step-time model has not seen.
 DEFAULT_CAP_S = 300.0

@@ -10,7 +10,9 @@ step ``KILL_AT`` is done (``KILL_IN_WRITE=1``: at the first save call at or afte
 while its write is in flight; ``KILL_BEFORE_HOOK=1``: after step ``KILL_AT``'s training
 and before its ``hook.step()``, so a save due there never starts; ``KILL_MARK``: a file
 it first writes the step it completed to); ``STOP_RANK``/``STOP_AT``: it SIGSTOPs itself there;
-``SLOW_RANK``/``SLOW_AT``/``SLOW_S``: it sleeps ``SLOW_S`` seconds before that step;
+``SLOW_RANK``/``SLOW_AT``/``SLOW_S``: it sleeps ``SLOW_S`` seconds before that step
+(``HANG_MARK``: a file it first writes the step it completed and the time to, as a
+stopping rank does);
 ``RAISE_RANK``/``RAISE_AT``: it raises ``ValueError`` in that step;
 ``COLLECTIVE_TIMEOUT``: the hook's ``collective_timeout``; ``SOCKET``: a daemon's
 socket (default: none there); ``STALL_FLOOR``/``STALL_CAP``: the hook's
@@ -101,7 +103,14 @@ def main() -> int:
                 json.dump({"step": step}, f)
         os.kill(os.getpid(), signal.SIGKILL)
 
-    result: dict[str, Any] = {"rank": rank, "error": None, "failed_after_s": None}
+    def mark(step: int) -> None:
+        """``$HANG_MARK``: when this rank hung (stopped or began to sleep) and the step it
+        had completed, for the test or benchmark to read."""
+        if os.environ.get("HANG_MARK"):
+            with open(os.environ["HANG_MARK"], "w") as f:
+                json.dump({"step": step, "at": time.time()}, f)
+
+    result: dict[str, Any] = {"rank": rank, "error": None, "failed_after_s": None, "step_s": []}
     last = time.monotonic()
 
     def loop() -> None:
@@ -111,6 +120,7 @@ def main() -> int:
         for step in range(start + 1, STEPS + 1):
             if me("SLOW") and step == env_int("SLOW_AT"):
                 result["hung_at"] = time.time()
+                mark(step - 1)
                 time.sleep(float(os.environ["SLOW_S"]))
             x, y = next(it)
             if me("RAISE") and step == env_int("RAISE_AT"):
@@ -119,13 +129,12 @@ def main() -> int:
             if me("KILL") and step == env_int("KILL_AT") and before_hook:
                 die(step)  # its step done, its hook not told: a save due here never starts
             hook.step()
+            result["step_s"].append(time.monotonic() - last)
             last = time.monotonic()
             if me("KILL") and step >= env_int("KILL_AT") and (not in_write or hook.save_in_flight):
                 die(step)
             if me("STOP") and step == env_int("STOP_AT"):
-                if os.environ.get("STOP_MARK"):  # when it stopped, for the others to read
-                    with open(os.environ["STOP_MARK"], "w") as f:
-                        json.dump({"step": step, "at": time.time()}, f)
+                mark(step)
                 os.kill(os.getpid(), signal.SIGSTOP)
 
     try:

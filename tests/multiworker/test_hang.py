@@ -114,7 +114,7 @@ def test_a_stopped_rank_is_named_and_saves_nothing_when_it_comes_back(
     ckpt, mark = work / "ckpt", work / "stopped.json"
     env = {"CKPT": str(ckpt), "STEPS": str(STEPS), "EVERY": "5", "SOCKET": f"ipc://{sock}",
            "STALL_FLOOR": FLOOR, "STALL_CAP": CAP, "STOP_RANK": "1", "STOP_AT": "12",
-           "STOP_MARK": str(mark)}  # fmt: skip
+           "HANG_MARK": str(mark)}  # fmt: skip
     cluster = cluster_of(zygote, work / "job", 2, HERE / "jit_worker.py", env)
     with cluster:
         chief_proc, stopped = cluster.procs
