@@ -229,3 +229,14 @@ def test_the_culprit_is_the_stopped_process() -> None:
     finally:
         child.kill()
         child.wait(10)
+
+
+def test_the_daemon_takes_a_jobs_limits_from_its_config() -> None:
+    """``[jobs."PATTERN"]`` floor, cap and switch reach the watch's limits; no entry:
+    the defaults (None)."""
+    from adaptd.config import loader
+    from adaptd.daemon.service_parts import stall_limits
+
+    cfg = loader.loads('[jobs."train-*"]\nstall_floor_s = 3\nhang_detection = false\n')
+    assert stall_limits(cfg, "train-1") == StallLimits(3.0, 300.0, enabled=False)
+    assert stall_limits(cfg, "other") is None
