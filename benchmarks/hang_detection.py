@@ -5,8 +5,9 @@ Each trial runs the job of tests/multiworker/jit_worker.py (a real
 ``MultiWorkerMirroredStrategy`` job on localhost, each rank its own shuffled shard,
 Adam, 16 steps, a periodic save every 5) on 2 or 3 workers, all talking to one real
 ``adaptd serve`` with its default hang detection (floor 7 s, cap 300 s; nothing set by
-the hook; the collective timeout at the hook's 120 s), and hangs a random rank at a
-random step in one of two ways:
+the hook; no collective timeout: the worker leaves ``collective_timeout`` unset, so
+only the daemon or TensorFlow's heartbeat can end a hang), and hangs a random rank at
+a random step in one of two ways:
 
 * ``sleep``: the rank sleeps inside its step (alive: its process and its heartbeat
   go on; without the daemon the others wait for the collective timeout, ~121 s);
@@ -23,11 +24,18 @@ survivors ended (tests/multiworker/test_hang.py checks what it does when it come
 
 Goal: freed within max(10 s, 5 x the job's p99 step time, measured on the uninterrupted
 run) in >= 95 % of trials, <= 1 step lost, every resume exact, 0 hangs.
-``--baseline`` also runs one trial of each kind on 2 workers without a daemon (the
-collective timeout or TensorFlow's heartbeat ends them), for the figures to compare.
+``--baseline`` also runs one trial of each kind on 2 workers without a daemon and with
+the hook's default ``collective_timeout`` (120 s): what ends a hang today, for the
+figures to compare; ``--baseline-only`` runs just those.
+
+``--false-aborts STEPS``: instead, one 2-worker job of STEPS steps under the daemon's
+default detection with heavy-tailed step times: a slow first step (20 s), an
+evaluation on every rank after every 100th step taking 30x the job's step (1.5 s),
+and one rank's input pipeline stalled 10 s at step STEPS/2 + 50 (the others wait in their
+collective, as for a hang); goal: it ends normally, 0 aborts.
 
 Usage: ``nice .venv/bin/python benchmarks/hang_detection.py [--trials 20] [--seed 34]
-[--baseline] [--json]``
+[--baseline | --baseline-only | --false-aborts 2000] [--json]``
 """
 
 from __future__ import annotations
@@ -52,8 +60,11 @@ from adaptd.commands._spawn import stop_daemon  # noqa: E402
 from adaptd.sim import local_cluster  # noqa: E402
 
 KINDS = ("sleep", "stop")
-#: How long a sleeping rank sleeps: far past any detection (it is killed before).
+#: How long a sleeping rank sleeps: far past any detection and the collective timeout
+#: (it is killed before it wakes).
 SLEEP_S = 150
+#: The hook's default collective timeout (the baseline's).
+COLLECTIVE_TIMEOUT_S = 120.0
 
 
 def p99(values: list[float]) -> float:
@@ -62,7 +73,7 @@ def p99(values: list[float]) -> float:
 
 
 def hang(root: Path, n: int, kind: str, rank: int, at: int, socket: str | None,
-         timeout: float) -> dict[str, Any]:  # fmt: skip
+         timeout: float, collective_timeout: float | None = None) -> dict[str, Any]:  # fmt: skip
     """One job with ``rank`` hung at step ``at``; the survivors' results and times."""
     work = root
     mark = work / "hang.json"
@@ -70,6 +81,8 @@ def hang(root: Path, n: int, kind: str, rank: int, at: int, socket: str | None,
            "HANG_MARK": str(mark)}  # fmt: skip
     if socket is not None:
         env["SOCKET"] = socket
+    if collective_timeout is not None:
+        env["COLLECTIVE_TIMEOUT"] = str(collective_timeout)
     if kind == "sleep":
         env.update(SLOW_RANK=str(rank), SLOW_AT=str(at), SLOW_S=str(SLEEP_S))
     else:
@@ -125,9 +138,13 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=34)
     parser.add_argument("--timeout", type=float, default=200.0)
     parser.add_argument("--baseline", action="store_true")
+    parser.add_argument("--baseline-only", action="store_true")
+    parser.add_argument("--false-aborts", type=int, default=0, metavar="STEPS")
     parser.add_argument("--json", action="store_true", help="one JSON object, for scripts")
     args = parser.parse_args()
-    if args.trials < 1:
+    if args.false_aborts:
+        return false_aborts(args.false_aborts, args.json)
+    if args.trials < 1 and not args.baseline_only:
         parser.error(f"--trials must be >= 1, got {args.trials}")
     pick = random.Random(args.seed)
     t0 = time.monotonic()
@@ -141,9 +158,12 @@ def main() -> int:
             refs[n] = ref.results
             steps = [s for r in ref.results if r for s in r["step_s"][1:]]
             goal[n] = max(10.0, 5 * p99(steps))
+        if args.baseline_only:
+            args.trials, args.baseline = 0, True
         if args.baseline:
             for kind in KINDS:
-                row = hang(root / f"baseline-{kind}", 2, kind, 1, 9, None, args.timeout)
+                row = hang(root / f"baseline-{kind}", 2, kind, 1, 9, None, args.timeout,
+                           collective_timeout=COLLECTIVE_TIMEOUT_S)  # fmt: skip
                 base.append({"kind": kind, **row})
                 if not args.json:
                     print(
@@ -164,6 +184,9 @@ def main() -> int:
         finally:
             with contextlib.suppress(Exception):
                 stop_daemon(proc)
+    if not rows:
+        print(json.dumps({"baseline": base}) if args.json else "")
+        return 0
     ok = [r for r in rows if not r["hang"] and r.get("freed_s", 1e9) <= r["goal_s"]]
     freed = sorted(r["freed_s"] for r in rows if "freed_s" in r)
     summary = {
@@ -192,6 +215,47 @@ def main() -> int:
               f"resumes {s['inexact']} (goal 0), hangs {s['hangs']} (goal 0); "
               f"{s['seconds']} s")  # fmt: skip
     return 0
+
+
+def false_aborts(steps: int, as_json: bool) -> int:
+    """One heavy-tailed 2-worker job under the daemon (see the module docstring)."""
+    t0 = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="adaptd-tail-") as tmp:
+        root = Path(tmp)
+        proc = daemons.serve(root, "a", "fixed:steps=200")
+        try:
+            env = {"CKPT": str(root / "ckpt"), "STEPS": str(steps), "EVERY": "200",
+                   "SOCKET": f"ipc://{root / 'a' / 'd.sock'}", "FIRST_S": "20",
+                   "EVAL_EVERY": "100", "EVAL_S": "1.5", "SLOW_RANK": "1",
+                   "SLOW_AT": str(steps // 2 + 50), "SLOW_S": "10"}  # fmt: skip
+            cluster = local_cluster.Cluster(root / "job", 2, HERE / "jit_worker.py", env=env,
+                                            cwd=REPO)  # fmt: skip
+            with cluster:
+                codes = cluster.wait(timeout=3600)
+                results = [cluster.result(r) for r in range(2)]
+        finally:
+            with contextlib.suppress(Exception):
+                stop_daemon(proc)
+    step_s = sorted(s for r in results for s in r["step_s"][1:])
+    out = {
+        "steps": steps,
+        "codes": codes,
+        "aborted": [r.get("aborted") for r in results],
+        "errors": [r.get("message") for r in results if r.get("error")],
+        "step_s_median": step_s[len(step_s) // 2],
+        "step_s_p99": p99(step_s),
+        "step_s_max": step_s[-1],
+        "seconds": round(time.monotonic() - t0, 1),
+    }
+    if as_json:
+        print(json.dumps(out))
+    else:
+        ok = codes == [0, 0] and not any(out["aborted"])
+        print(f"{steps} steps on 2 workers: exit codes {codes}, aborts "
+              f"{sum(1 for a in out['aborted'] if a)} (goal 0): {'ok' if ok else 'FAILED'}; "
+              f"steps median {out['step_s_median']:.3f}s, p99 {out['step_s_p99']:.3f}s, "
+              f"longest {out['step_s_max']:.1f}s; {out['seconds']} s")  # fmt: skip
+    return 0 if codes == [0, 0] and not any(out["aborted"]) else 1
 
 
 def _line(r: dict[str, Any]) -> str:

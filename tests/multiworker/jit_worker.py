@@ -14,6 +14,8 @@ it first writes the step it completed to); ``STOP_RANK``/``STOP_AT``: it SIGSTOP
 (``HANG_MARK``: a file it first writes the step it completed and the time to, as a
 stopping rank does);
 ``RAISE_RANK``/``RAISE_AT``: it raises ``ValueError`` in that step;
+``EVAL_EVERY``/``EVAL_S``: every rank sleeps ``EVAL_S`` before each ``EVAL_EVERY``-th
+step (an evaluation), ``FIRST_S``: before its first step (a slow first step);
 ``COLLECTIVE_TIMEOUT``: the hook's ``collective_timeout``; ``SOCKET``: a daemon's
 socket (default: none there); ``STALL_FLOOR``/``STALL_CAP``: the hook's
 ``stall_floor``/``stall_cap`` (hang detection, tests/multiworker/test_hang.py).
@@ -118,6 +120,10 @@ def main() -> int:
         start = hook.restore_or_initialize()
         result["resumed_from"] = start
         for step in range(start + 1, STEPS + 1):
+            if step == start + 1 and os.environ.get("FIRST_S"):
+                time.sleep(float(os.environ["FIRST_S"]))
+            if env_int("EVAL_EVERY") > 0 and step % env_int("EVAL_EVERY") == 0:
+                time.sleep(float(os.environ["EVAL_S"]))
             if me("SLOW") and step == env_int("SLOW_AT"):
                 result["hung_at"] = time.time()
                 mark(step - 1)
