@@ -240,3 +240,20 @@ def test_the_daemon_takes_a_jobs_limits_from_its_config() -> None:
     cfg = loader.loads('[jobs."train-*"]\nstall_floor_s = 3\nhang_detection = false\n')
     assert stall_limits(cfg, "train-1") == StallLimits(3.0, 300.0, enabled=False)
     assert stall_limits(cfg, "other") is None
+
+
+def test_a_rank_that_stopped_in_a_save_holds_nothing() -> None:
+    """Rank 1's last beat came from a save's blocking part, then it beat no more (it
+    stopped there): that stale beat does not hold the job; the hang is found and rank 1
+    named. (Before: the job was held for good, and TensorFlow's heartbeat freed the
+    survivor after 10 s.)"""
+    job = Job2()
+    end = run(job, [0.05] * 400)
+    job.beat(1, 400, end + 0.5, holding="save")
+    t = end
+    while not job.stalls():
+        t += 1.0
+        job.beat(0, 400, t)
+        job.watch.tick(t)
+        assert t - end < 30, job.watch.verdict("j")
+    assert job.stalls()[0].culprit == 1
