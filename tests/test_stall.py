@@ -257,3 +257,25 @@ def test_a_rank_that_stopped_in_a_save_holds_nothing() -> None:
         job.watch.tick(t)
         assert t - end < 30, job.watch.verdict("j")
     assert job.stalls()[0].culprit == 1
+
+
+def test_a_round_holds_only_while_every_rank_is_in_the_hook() -> None:
+    """Every rank holding for a round: not judged. Rank 1 holding for a round that
+    rank 0 (outside the hook, asleep in its step) does not answer: a hang, rank 0
+    named. (Before: the round's own timeout, 2 x 30 s, bounded the detection.)"""
+    job = Job2()
+    end = run(job, [0.05] * 400)
+    for k in range(1, 30):
+        for r in (0, 1):
+            job.beat(r, 400, end + k, holding="round")
+        job.watch.tick(end + k)
+    assert job.stalls() == []
+    t = end + 30
+    while not job.stalls():
+        t += 1.0
+        job.beat(0, 400, t)
+        job.beat(1, 400, t, holding="round")
+        job.watch.tick(t)
+        assert t - end < 60, job.watch.verdict("j")
+    (stalled,) = job.stalls()
+    assert stalled.culprit == 0 and "agreement round it does not answer" in stalled.reason

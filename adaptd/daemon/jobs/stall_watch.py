@@ -170,18 +170,32 @@ class StallWatch:
         except ValueError:
             return limits
 
+    def _held(self, job: Job, w: Watched, now: float) -> dict[int, str]:
+        """What holds each rank's loop, from its fresh beats (a stale beat, or a rank
+        whose process is stopped or gone, holds nothing: it may have stopped there)."""
+        return {
+            rank: holding
+            for rank, (at, holding, _) in w.beats.items()
+            if now - at <= HOLD_FRESH_S and not self._stuck(job.ranks.get(rank))
+        }
+
     def _holding(self, job: Job, w: Watched, now: float) -> str:
+        """What legitimately holds the job's ranks now ("": nothing). A rank in a save's
+        blocking part holds the others (they wait in their collective); a rank holding
+        for an agreement round waits on the others' answers, which is legitimate only
+        while every rank is in the hook: a rank outside it that the round waits for
+        (a chief asleep in its step) is no round but a hang."""
         if self.paused(job.id):
             return "an operator's pause (adaptd pause)"
         if job.rounds is not None and job.rounds.open is not None:
             return "an agreement round of the daemon's holds the ranks"
-        for rank, (at, holding, _) in sorted(w.beats.items()):
-            if now - at > HOLD_FRESH_S or self._stuck(job.ranks.get(rank)):
-                continue
+        held = self._held(job, w, now)
+        for rank, holding in sorted(held.items()):
             if holding == "save":
                 return f"rank {rank} is in a save's blocking part"
-            if holding == "round":
-                return f"rank {rank} holds for an agreement round"
+        rounds = sorted(rank for rank, holding in held.items() if holding == "round")
+        if rounds and all(held.get(rank) for rank in job.ranks):
+            return f"rank(s) {', '.join(map(str, rounds))} hold for an agreement round"
         return ""
 
     def _facts(self, job: Job, w: Watched, now: float) -> stall.StallFacts:
@@ -226,6 +240,14 @@ class StallWatch:
             hit = [pids[pid] for pid in gpu.pids if pid in pids]
             if gpu.xid_events and hit:
                 return hit[0], f"rank {hit[0]}'s GPU {gpu.index} reported XID {gpu.xid_events[0]}"
+        held = self._held(job, w, now)
+        if "round" in held.values():
+            out = [rank for rank in sorted(job.ranks) if not held.get(rank)]
+            if len(out) == 1:
+                return out[0], (
+                    f"rank {out[0]} is alive but outside the hook while the others hold for "
+                    "an agreement round it does not answer"
+                )
         return None, "every rank seen here is alive and beating: the cause is not known"
 
     def _abort(self, job: Job, w: Watched, now: float) -> None:
