@@ -279,3 +279,21 @@ def test_a_round_holds_only_while_every_rank_is_in_the_hook() -> None:
         assert t - end < 60, job.watch.verdict("j")
     (stalled,) = job.stalls()
     assert stalled.culprit == 0 and "agreement round it does not answer" in stalled.reason
+
+
+def test_the_culprit_is_the_rank_whose_gpu_reported_an_xid() -> None:
+    """Every rank beats, no process is stopped: the rank whose GPU's newest sample
+    carries an XID (NVML, here the snapshot a sampler would give) is named."""
+    from adaptd.core.snapshot import GpuSample, Snapshot
+
+    job = Job2()
+    job.ranks[0].pid, job.ranks[1].pid = 101, 202
+    gpus = (
+        GpuSample(0, "GPU-a", pids=(101,)),
+        GpuSample(1, "GPU-b", xid_events=(79,), pids=(202,)),
+    )
+    job.watch.snapshot = lambda: Snapshot(time=0.0, gpus=gpus)
+    w = job.watch._watched(job.job, 0.0)
+    for r in (0, 1):
+        job.beat(r, 0, 0.0)
+    assert job.watch.culprit(job.job, w, 0.5) == (1, "rank 1's GPU 1 reported XID 79")
