@@ -252,6 +252,7 @@ class AdaptiveCheckpointer(HookViews):
         """
         if self._jit is None or not self._started or self._closed or peer_failure(exc) is None:
             return None
+        self._session.peers_lost()  # the chief may be stopped: post nothing to it
         self._saver.finish(self._n, None, CLOSE_TIMEOUT_S)  # its part may be a replay's base
         abort = self.aborted
         if abort is not None and abort.culprit == self.rank:  # it may be behind: never writes

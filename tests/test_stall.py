@@ -297,3 +297,28 @@ def test_the_culprit_is_the_rank_whose_gpu_reported_an_xid() -> None:
     for r in (0, 1):
         job.beat(r, 0, 0.0)
     assert job.watch.culprit(job.job, w, 0.5) == (1, "rank 1's GPU 1 reported XID 79")
+
+
+def test_a_stopped_rank_leaves_nothing_held() -> None:
+    """Rank 1 beats from a save's blocking part, but rank 0's process is stopped (T):
+    the save may wait on it (a post to a stopped chief), so nothing holds the job."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        os.kill(child.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 10
+        while (info := process_info(child.pid)) is None or info.status != "stopped":
+            assert time.monotonic() < deadline, info
+            time.sleep(0.01)
+        job = Job2()
+        job.ranks[0].pid, job.ranks[0].start_time = child.pid, info.start_time
+        end = run(job, [0.05] * 400)
+        t = end
+        while not job.stalls():
+            t += 1.0
+            job.beat(1, 400, t, holding="save")
+            job.watch.tick(t)
+            assert t - end < 30, job.watch.verdict("j")
+        assert job.stalls()[0].culprit == 0
+    finally:
+        child.kill()
+        child.wait(10)

@@ -28,6 +28,7 @@ seconds after the last completed step.
 
 from __future__ import annotations
 
+import faulthandler
 import hashlib
 import json
 import os
@@ -69,6 +70,7 @@ def rows(world: int, rank: int) -> tf.data.Dataset:
 
 
 def main() -> int:
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # where it is, when asked
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     rank, world = ranks.resolve()
     with strategy.scope():

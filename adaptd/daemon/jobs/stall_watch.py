@@ -181,7 +181,8 @@ class StallWatch:
 
     def _holding(self, job: Job, w: Watched, now: float) -> str:
         """What legitimately holds the job's ranks now ("": nothing). A rank in a save's
-        blocking part holds the others (they wait in their collective); a rank holding
+        blocking part holds the others (they wait in their collective), unless a rank's
+        process is stopped or gone (then the hold may wait on it); a rank holding
         for an agreement round waits on the others' answers, which is legitimate only
         while every rank is in the hook: a rank outside it that the round waits for
         (a chief asleep in its step) is no round but a hang."""
@@ -189,6 +190,9 @@ class StallWatch:
             return "an operator's pause (adaptd pause)"
         if job.rounds is not None and job.rounds.open is not None:
             return "an agreement round of the daemon's holds the ranks"
+        stuck = [rank.rank for rank in job.ranks.values() if self._stuck(rank)]
+        if stuck:  # what the others hold may wait on it (a post to a stopped chief)
+            return ""
         held = self._held(job, w, now)
         for rank, holding in sorted(held.items()):
             if holding == "save":
