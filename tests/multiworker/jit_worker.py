@@ -28,7 +28,6 @@ seconds after the last completed step.
 
 from __future__ import annotations
 
-import faulthandler
 import hashlib
 import json
 import os
@@ -70,7 +69,6 @@ def rows(world: int, rank: int) -> tf.data.Dataset:
 
 
 def main() -> int:
-    faulthandler.register(signal.SIGUSR1, all_threads=True)  # where it is, when asked
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     rank, world = ranks.resolve()
     with strategy.scope():
