@@ -38,6 +38,7 @@ __all__ = [
     "JobResumed",
     "JobRevived",
     "JobSettingsChanged",
+    "JobStalled",
     "MessageRejected",
     "PlanChanged",
     "SaveInFlight",
@@ -98,6 +99,21 @@ class JobLost(JobEvent):
     gpus: int
     world_size: int
     jobs_active: int | None = None  # active jobs in the registry after this event
+
+
+@dataclass(frozen=True, slots=True)
+class JobStalled(JobEvent):
+    """No rank of the job completed a step for ``silent_s`` > ``threshold_s``: the daemon
+    told its ranks to abort their collectives and save just in time (docs/multiworker.md).
+    ``culprit``: the rank taken for the cause (None: unknown); ``reason``: why, with the
+    threshold's derivation."""
+
+    step: int
+    silent_s: float
+    threshold_s: float
+    culprit: int | None
+    reason: str
+    gpus: int = 1
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,6 +35,8 @@ from time import perf_counter
 from typing import Any
 
 from adaptd.client import arguments, assembly
+from adaptd.client.daemon import heartbeat
+from adaptd.client.daemon.heartbeat import JobAborted
 from adaptd.client.daemon.session import WELCOME_WAIT_S, HelloFacts
 from adaptd.client.hook_views import HookViews
 from adaptd.client.options import HookOptions
@@ -43,14 +45,14 @@ from adaptd.client.restore import notes as resume_notes
 from adaptd.client.restore.resume import Resumed
 from adaptd.client.save.costs import Baseline, StepClock
 from adaptd.client.save.just_in_time import Outcome as JitOutcome
-from adaptd.client.save.peer_failure import peer_failure
+from adaptd.client.save.peer_failure import ABORTED_MARKER, abort_collectives, peer_failure
 from adaptd.client.save.saver import FINAL_SAVE_REASON, final_reason
 from adaptd.client.save.schedule import NEVER
 from adaptd.client.save.sigterm import SIGTERM_REASON, SigtermHandler
 from adaptd.client.save.state import SEEDS_KEY, STEP_KEY
 from adaptd.core.estimators import JobTracker
 from adaptd.core.policy import PolicyError
-from adaptd.protocol.job import JIT_REASON
+from adaptd.protocol.job import JIT_REASON, Abort
 
 log = logging.getLogger("adaptd.client")
 
@@ -134,6 +136,11 @@ class AdaptiveCheckpointer(HookViews):
 
         self._started = False
         self._closed = False
+        #: What of the hook holds the loop now, for the heartbeat ("save", "round", "").
+        self._holding = ""
+        self._heartbeat: heartbeat.Heartbeat | None = None
+        #: The daemon's Abort of a stalled job (None: none).
+        self.aborted: Abort | None = None
         self._tracker: JobTracker | None = None
         self._preempt: int | None = None
         self.resumed_from = 0
@@ -245,8 +252,15 @@ class AdaptiveCheckpointer(HookViews):
         """
         if self._jit is None or not self._started or self._closed or peer_failure(exc) is None:
             return None
+        self._session.peers_lost()  # the chief may be stopped: post nothing to it
         self._saver.finish(self._n, None, CLOSE_TIMEOUT_S)  # its part may be a replay's base
-        outcome = self._jit.save(self._n, exc)
+        abort = self.aborted
+        if abort is not None and abort.culprit == self.rank:  # it may be behind: never writes
+            why = "the daemon took this rank for the cause of the stall: it saves nothing"
+            outcome = JitOutcome(self._n, False, why, f"{ABORTED_MARKER}: {abort.reason}")
+            log.error("%s (%s)", why, abort.reason)
+        else:
+            outcome = self._jit.save(self._n, exc)
         assert outcome is not None
         self.just_in_time = outcome
         if outcome.saved:
@@ -298,6 +312,7 @@ class AdaptiveCheckpointer(HookViews):
         if self._sigterm is not None:
             self._sigterm.install()
         self._authority.start()
+        self._beat()
         self._store_due()
         self._tick_at = now + self._poll_s
 
@@ -316,14 +331,19 @@ class AdaptiveCheckpointer(HookViews):
                 self._due, self._tick_at = NEVER, _INF
                 return
             raise resume_notes.not_restored("step()", self.directory)
+        if self.aborted is not None:  # it came back after the daemon freed the others
+            raise JobAborted(self.aborted.reason)
         if now >= self._tick_at:
             self._tick(n, now)
         if self._preempt is not None and not self._authority.preempt(n):
             log.warning("SIGTERM: saving step %d, then exiting", n)
             self._finish(None, goodbye=SIGTERM_REASON)
             return
+        self._holding = "round"
         stop = self._authority.boundary(n, self._tracker.step_time_s, now)
+        self._holding = "save"
         self._saver.save_if_due(n)
+        self._holding = ""
         if self._jit is not None and self._schedule.last_saved_step == n:
             self._jit.observe(n)  # the counters at a save: how far a step moves them
         if stop:
@@ -343,6 +363,26 @@ class AdaptiveCheckpointer(HookViews):
         self._saver.report_done(n, now)
 
     # ------------------------------------------------------------------ SIGTERM, close
+
+    def _on_abort(self, msg: Abort) -> None:
+        # The heartbeat's thread, while the loop may be blocked in a collective: free it
+        # (its collective raises a peer failure, and the just-in-time save follows).
+        self.aborted = msg
+        self._due = 0
+        abort_collectives(msg.reason)
+
+    def _beat(self) -> None:
+        """Start the heartbeat of a rank of a multi-worker job (see
+        :mod:`adaptd.client.daemon.heartbeat`)."""
+        if self.world_size < 2 or self._heartbeat is not None:
+            return
+        o = self.options
+        self._heartbeat = heartbeat.Heartbeat(
+            self.endpoint, self.job, self.rank, position=lambda: self._n,
+            holding=lambda: self._holding, on_abort=self._on_abort,
+            stall_floor_s=o.stall_floor, stall_cap_s=o.stall_cap,
+            curve_server_key=o.curve_server_key, curve_client_key=o.curve_client_key,
+        ).start()  # fmt: skip
 
     def _wake(self) -> None:
         self._due = 0  # (any thread) the next step takes the slow path
@@ -378,6 +418,8 @@ class AdaptiveCheckpointer(HookViews):
                 self._session.goodbye(n, goodbye, now)
                 self._saver.stop()
         finally:
+            if self._heartbeat is not None:
+                self._heartbeat.stop()
             self._authority.close()
             self._link.close(linger_ms=200)
             if self._sigterm is not None:

@@ -29,6 +29,7 @@ from adaptd.client.save.collective_timeout import COLLECTIVE_TIMEOUT_S
 from adaptd.client.save.local_tier import MEMORY_SHARE, MemoryBudget
 from adaptd.client.save.writer import AUTO, WriterNice, WriterPriority
 from adaptd.core.policy import Policy, parse
+from adaptd.core.stall import DEFAULT_CAP_S, DEFAULT_FLOOR_S, check_limits
 from adaptd.protocol.job import REPORT_INTERVAL_S
 
 __all__ = ["HookOptions"]
@@ -112,6 +113,11 @@ class HookOptions:
             heartbeat (about 10 s) does not see, a peer whose process lives but does
             not take part; it must exceed the longest wait between two collectives of a
             healthy rank (see docs/multiworker.md, "Just-in-time saves").
+        stall_floor, stall_cap: seconds; the shortest and the longest silence (no step
+            completed by any rank) the daemon takes for a hang of this multi-worker job,
+            whatever its step times say (None: the daemon's config, else 7 and 300;
+            see docs/multiworker.md, "Hangs"). Sent with the rank's heartbeat; they win
+            over the config's ``stall_floor_s``/``stall_cap_s``.
 
     Raises:
         ValueError: a field is invalid (the message names it and the value).
@@ -142,6 +148,8 @@ class HookOptions:
     just_in_time: bool = True
     step_counters: Collection[str] = ()
     collective_timeout: float | None = COLLECTIVE_TIMEOUT_S
+    stall_floor: float | None = None
+    stall_cap: float | None = None
 
     def __post_init__(self) -> None:
         keep = self.max_to_keep
@@ -151,6 +159,13 @@ class HookOptions:
             check_seconds(name, getattr(self, name))
         if self.collective_timeout is not None:
             check_seconds("collective_timeout", self.collective_timeout)
+        if self.stall_floor is not None or self.stall_cap is not None:
+            floor = DEFAULT_FLOOR_S if self.stall_floor is None else self.stall_floor
+            cap = self.stall_cap
+            if cap is None:  # the default cap, or the floor where the floor is above it
+                above = isinstance(floor, (int, float)) and floor > DEFAULT_CAP_S
+                cap = floor if above else DEFAULT_CAP_S
+            check_limits(floor, cap, names=("stall_floor", "stall_cap"))
         if not isinstance(self.just_in_time, bool):
             raise ValueError(f"just_in_time must be True or False, got {self.just_in_time!r}")
         _check_writer_nice(self.writer_nice)

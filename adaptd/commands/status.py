@@ -117,6 +117,10 @@ def parts(reply: object) -> list[tables.Part]:
             note += f"  (resumed past a damaged checkpoint: {j.restore_fallback})"
         if j.agreement != "none":
             note += f"  ({_agreement(j)})"
+        if j.stalled:
+            note += f"  (stalled, its ranks told to abort: {j.stall_reason})"
+        elif j.stall_threshold_s is not None:
+            note += f"  (hang after {j.stall_threshold_s:.3g}s without a step)"
         if j.failures_covered:
             share = f", planned with {j.jit_coverage:.0%}" if j.jit_coverage is not None else ""
             note += (f"  (failures: {j.failures_covered} covered just in time, "

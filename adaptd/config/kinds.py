@@ -280,6 +280,24 @@ def beside_local_tier(parse: Parse) -> Parse:
     return checked
 
 
+def stall_cap(check: Check, v: Any, dotted: str, ctx: Mapping[str, Any]) -> float:
+    """The cap of a job's hang detection threshold: a positive duration, not below the
+    entry's ``stall_floor_s`` (or the default floor)."""
+    from adaptd.core.stall import DEFAULT_FLOOR_S
+
+    value = number(0)(check, v, dotted, ctx)
+    floor = ctx.get("stall_floor_s")
+    floor = DEFAULT_FLOOR_S if floor is None else floor
+    if value < floor:
+        where = dotted.rsplit(".", 1)[0]
+        raise check.fail(
+            dotted,
+            f"must be at least {where}.stall_floor_s ({floor:g} s: the cap of the hang "
+            f"detection threshold cannot be below its floor), got {show(v)}",
+        )
+    return value
+
+
 def replicate_to(check: Check, v: Any, dotted: str, ctx: Mapping[str, Any]) -> tuple[str, ...]:
     destinations: Mapping[str, Any] = ctx["destinations"]
     if isinstance(v, str):

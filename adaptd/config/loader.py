@@ -98,6 +98,10 @@ class JobOverride:
     local_tier: str | None = None
     local_tier_memory: float | None = None
     local_tier_disk: str | None = None
+    #: Hang detection (docs/multiworker.md): off, and the threshold's floor and cap.
+    hang_detection: bool | None = None
+    stall_floor_s: float | None = None
+    stall_cap_s: float | None = None
 
     def staging_dir(self, job: str) -> Path | None:
         """The job's staging directory (``None``: not configured)."""

@@ -55,6 +55,7 @@ from adaptd.config.kinds import (
     show_path,
     socket,
     staging,
+    stall_cap,
     text,
     url,
 )
@@ -223,6 +224,17 @@ JOB_SETTINGS: tuple[Setting, ...] = (
     Setting("local_tier_disk", beside_local_tier(local_tier), None,
             "the local-disk directory a full memory tier falls back to (`{job}`, `{rank}` "
             "replaced); needs `local_tier` in the same entry", "the hook's"),
+    Setting("hang_detection", boolean, None,
+            "whether the daemon frees a multi-worker job's survivors when no rank completes "
+            "a step for longer than its step times make credible (see [multiworker.md]"
+            "(multiworker.md#hangs-the-daemon-frees-the-survivors-in-seconds)); `false`: only "
+            "the collective timeout bounds a hang", "true"),
+    Setting("stall_floor_s", number(0), None,
+            "the shortest silence (seconds without a step) the daemon takes for a hang of "
+            "the job, whatever its step times", "7"),
+    Setting("stall_cap_s", stall_cap, None,
+            "the longest: past it the job is taken for hung however slow its steps were; "
+            "at least `stall_floor_s`", "300"),
 )  # fmt: skip
 
 STORAGE_SETTINGS: tuple[Setting, ...] = (

@@ -34,6 +34,7 @@ from adaptd.daemon.jobs.policy_choice import PolicyChoice
 from adaptd.daemon.jobs.registry import Registry
 from adaptd.daemon.jobs.rounds import Agreements
 from adaptd.daemon.jobs.settings import ConfiguredSettings, OperatorSettings
+from adaptd.daemon.jobs.stall_watch import Limits, StallWatch, no_limits
 from adaptd.daemon.jobs.table import JobTable
 from adaptd.daemon.options import DaemonOptions
 from adaptd.daemon.parts import Core, DaemonParts, TickHook
@@ -62,6 +63,7 @@ class Seams:
       local tier; default: nothing configured).
     - ``status_extra``, ``replication_source``: more for ``adaptd status``.
     - ``history_source``: the saves ``adaptd history`` shows (``None``: refused).
+    - ``stall_limits``: the config's hang detection limits for a job (None: defaults).
     - ``decide_again``: job ids to decide again at once, read after each tick's hooks
       (the fleet's jobs just granted a write slot).
     - ``waker``: wakes the loop (signals, :meth:`~adaptd.daemon.waker.Waker.tick_soon`
@@ -80,6 +82,7 @@ class Seams:
     replication_source: ReplicationSource | None = None
     history_source: HistorySource | None = None
     decide_again: Callable[[], Iterable[str]] | None = None
+    stall_limits: Limits = no_limits
     waker: Waker = field(default_factory=Waker)
 
 
@@ -141,10 +144,14 @@ def assemble(options: DaemonOptions, seams: Seams) -> DaemonParts:
         relayed=commands.relayed,
         relay_key=options.relay_key,
     )
+    stall = StallWatch(registry.table, send=transport.send, emit=events,
+                       snapshot=seams.snapshot_source, paused=settings.paused,
+                       limits=seams.stall_limits)  # fmt: skip
     status = StatusView(jobs=registry.table, hostname=registry.hostname, settings=settings,
                         stats=stats, events=events, transport=transport,
                         default_spec=options.policy, status_extra=seams.status_extra,
-                        replication_source=seams.replication_source)  # fmt: skip
+                        replication_source=seams.replication_source,
+                        stall=stall.verdict)  # fmt: skip
     core = Core(
         transport=transport,
         events=events,
@@ -170,10 +177,10 @@ def assemble(options: DaemonOptions, seams: Seams) -> DaemonParts:
                          delivery=delivery, share=options.memory_tier_share)  # fmt: skip
     return DaemonParts(
         core=core,
-        jobs=JobHandler(core, seams.job_config),
+        jobs=JobHandler(core, seams.job_config, stall=stall),
         admin=admin,
         # after the seams' hooks: the snapshot is sampled first
-        tick_hooks=(*seams.tick_hooks, memory.tick),
+        tick_hooks=(*seams.tick_hooks, memory.tick, stall.tick),
         tick_interval_s=options.tick_interval_s,
         decide_again=seams.decide_again,
     )

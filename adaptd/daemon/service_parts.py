@@ -31,12 +31,14 @@ closed again.
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from adaptd.config.loader import Config
+from adaptd.core.stall import StallLimits
 from adaptd.daemon import assembly
 from adaptd.daemon.host_snapshot import HostSnapshot
 from adaptd.daemon.jobs import job_config
@@ -49,11 +51,14 @@ from adaptd.daemon.transport import CurveKeys, DaemonError
 from adaptd.daemon.upkeep import Upkeep
 from adaptd.daemon.waker import Waker
 from adaptd.fleet.part import FleetPart
+from adaptd.logfmt import logfmt
 from adaptd.metrics.exporter import Metrics, upload_histogram
 from adaptd.protocol import admin
 from adaptd.protocol.relay_auth import RelayKey
 from adaptd.state.learned import Learned, restore_failure_rate
 from adaptd.state.store import Store, StoreError
+
+log = logging.getLogger("adaptd.server")
 
 if TYPE_CHECKING:
     from adaptd.telemetry.sampler import Sampler
@@ -187,6 +192,7 @@ def _around(
         jobs=table,
         tracker_factory=learned.tracker_for,
         config_settings=lambda job: configured_settings(cfg, job),
+        stall_limits=lambda job: stall_limits(cfg, job),
         job_config=job_config.from_overrides(cfg.job_override),
         status_extra=lambda: status_extra(snapshot(), fleet),
         replication_source=replicator.status if replicator is not None else None,
@@ -262,6 +268,25 @@ def configured_settings(cfg: Config, job: str) -> admin.JobSettings | None:
     if o is None or (o.policy is None and not o.paused):
         return None
     return admin.JobSettings(policy=o.policy, paused=bool(o.paused))
+
+
+def stall_limits(cfg: Config, job: str) -> StallLimits | None:
+    """The job's hang detection limits from its ``[jobs."ID"]`` entries (None: the
+    defaults). Entries merged from several globs whose floor and cap do not go together
+    keep the defaults, with a warning (each entry alone was checked at load)."""
+    o = cfg.job_override(job)
+    if o is None or (o.hang_detection, o.stall_floor_s, o.stall_cap_s) == (None, None, None):
+        return None
+    d = StallLimits()
+    try:
+        return StallLimits(
+            floor_s=o.stall_floor_s if o.stall_floor_s is not None else d.floor_s,
+            cap_s=o.stall_cap_s if o.stall_cap_s is not None else d.cap_s,
+            enabled=o.hang_detection is not False,
+        )
+    except ValueError as exc:
+        log.warning(logfmt("stall_limits_ignored", job=job, error=str(exc)))
+        return None
 
 
 def status_extra(snapshot: Any, fleet: FleetPart | None) -> dict[str, Any]:

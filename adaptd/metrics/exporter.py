@@ -214,6 +214,17 @@ class Metrics:
             "Failures observed: the job vanished without a goodbye and resumed from an older step.",
             [JOB], registry=r,
         )  # fmt: skip
+        self.stalls = Counter(
+            "adaptd_job_stalls",
+            "Times the job was found stalled (hung) and its ranks were told to abort and "
+            "save just in time.",
+            [JOB], registry=r,
+        )  # fmt: skip
+        self.stall_seconds = Gauge(
+            "adaptd_job_stall_detected_seconds",
+            "The silence (no step) after which the job's newest stall was declared.",
+            [JOB], registry=r,
+        )  # fmt: skip
         self.jobs = Gauge("adaptd_jobs_connected", "Jobs the daemon serves now.", registry=r)
         self.rejected = Counter(
             "adaptd_rejected_messages",
@@ -388,7 +399,7 @@ class Metrics:
             self.save_bytes, self.bad_streak,
             self.last_save, self.started, self.interval_s, self.interval_steps, self.waste,
             self.durable_every, self.step_time, self.paused, self.decisions, self.failures,
-            self.restore_fallbacks,
+            self.restore_fallbacks, self.stalls, self.stall_seconds,
         ):  # fmt: skip
             _remove(metric, job)
         for result in ("ok", "failed"):
@@ -436,6 +447,9 @@ class Metrics:
             if ev.restore_fallback and self._fell_back.get(ev.job) != ev.incarnation:
                 self._fell_back[ev.job] = ev.incarnation  # once per run, not per rank
                 self.restore_fallbacks.labels(ev.job).inc()
+        elif isinstance(ev, events.JobStalled):
+            self.stalls.labels(ev.job).inc()
+            self.stall_seconds.labels(ev.job).set(ev.silent_s)
         elif isinstance(ev, events.JobFinished | events.JobForgotten):
             # forgotten: a lost job the registry dropped; it will not come back as itself
             self._incarnations.pop(ev.job, None)

@@ -258,6 +258,13 @@ class JobInfo(msgspec.Struct, frozen=True):
     decided_here: bool = True
     plan_from_step: int | None = None  # the agreed plan is in force from this step
     rounds: RoundsInfo | None = None  # the daemon's agreement rounds (agreement "daemon")
+    # Hang detection (a job of several ranks this daemon decides, docs/multiworker.md):
+    # the silence past which it is taken for stalled (None: not judged now), why, the
+    # silence now, and whether it was judged stalled (its ranks were told to abort)
+    stall_threshold_s: float | None = None
+    stall_reason: str = ""
+    stall_silent_s: float | None = None
+    stalled: bool = False
 
 
 class DaemonInfo(msgspec.Struct, frozen=True):

@@ -7,10 +7,12 @@ daemon validates every message before it looks at it. Nothing is ever unpickled.
 
 Client -> daemon: :class:`Hello`, :class:`Steps`, :class:`SaveReport`, :class:`Goodbye`,
 :class:`AskConfig` (answered by :class:`JobConfig`: the job's configured local tier),
+:class:`Beat` (a rank's heartbeat thread, over a connection of its own),
 and for jobs of several ranks :class:`Ack`, :class:`JobPlan`, :class:`Request`,
 :class:`SaveCost` (the chief forwards another rank's cost of a save: δ of a job is
 its slowest rank's; accepted from any rank of the job, since it names another rank).
 Daemon -> client: :class:`Welcome`, :class:`Plan`, :class:`SaveNow`, :class:`Error`,
+:class:`Abort` (the job stalled: free the survivors, answering a :class:`Beat`),
 and for jobs of several ranks :class:`Propose`, :class:`Decide`, :class:`Relay`.
 
 A message whose ``v`` differs from :data:`VERSION` is refused with an error reply
@@ -27,6 +29,11 @@ does not decide the job's plan travels to the deciding host in-band: the daemon
 hands it to its ranks (:class:`Relay`), the job's chief hands it to its own daemon
 (:class:`Request`). A version-1 client would switch plans on arrival, which is what
 broke agreement, so it is refused rather than served.
+
+Hang detection (docs/multiworker.md) added :class:`Beat` and :class:`Abort` within
+version 2, as :class:`AskConfig` was: a daemon older than them refuses a Beat (an
+:class:`Error`, code ``invalid``) and the hook's heartbeat stops; a hook older than
+them never beats, so it is never sent an Abort.
 """
 
 from __future__ import annotations
@@ -43,10 +50,12 @@ __all__ = [
     "ROUND_TIMEOUT_S",
     "TIER_NAMES",
     "VERSION",
+    "Abort",
     "Ack",
     "Action",
     "AgreementKind",
     "AskConfig",
+    "Beat",
     "ClientMessage",
     "Count",
     "DaemonMessage",
@@ -261,6 +270,25 @@ class AskConfig(Message, frozen=True, tag="ask_config"):
     rank: Count = 0
 
 
+class Beat(Message, frozen=True, tag="beat"):
+    """A rank's heartbeat: a thread of its hook sends it about every second over a
+    connection of its own, whatever its training loop does (blocked in a collective
+    too), so the daemon tells a blocked-but-alive rank from a stopped or dead one.
+    Accepted without a hello when the connection's credentials are those of the rank's
+    hello (the same process). ``step``: the newest step its loop completed;
+    ``holding``: what of the hook holds the loop now ("save": a save's blocking part,
+    "round": an agreement round, "": nothing); ``stall_floor_s``/``stall_cap_s``: the
+    hook's own limits of the threshold (None: the daemon's). Answered only by
+    :class:`Abort`."""
+
+    job: JobId
+    rank: Count
+    step: Count
+    holding: _t.Literal["", "save", "round"] = ""
+    stall_floor_s: _t.Annotated[float, msgspec.Meta(gt=0, le=MAX_SECONDS)] | None = None
+    stall_cap_s: _t.Annotated[float, msgspec.Meta(gt=0, le=MAX_SECONDS)] | None = None
+
+
 class Goodbye(Message, frozen=True, tag="goodbye"):
     """A clean exit: the job is not counted as failed."""
 
@@ -349,6 +377,20 @@ class JobConfig(Message, frozen=True, tag="job_config"):
     local_tier: Text = ""
     local_tier_memory: _t.Annotated[float, msgspec.Meta(gt=0, le=1)] | None = None
     local_tier_disk: Text = ""
+
+
+class Abort(Message, frozen=True, tag="abort"):
+    """The deciding daemon found the job stalled (no rank completed a step for longer
+    than its step-time model makes credible): every rank aborts its pending collectives,
+    saves the last completed step just in time and exits. ``culprit``: the rank taken
+    for the cause (its heartbeat or process stopped, or its GPU reported an XID; None:
+    unknown), which saves nothing. ``incarnation``: the job's run the daemon judged.
+    Sent in answer to a :class:`Beat`, so again to a rank that comes back later."""
+
+    job: JobId
+    reason: Text
+    culprit: Count | None = None
+    incarnation: Count = 0
 
 
 class SaveNow(Message, frozen=True, tag="save_now"):
@@ -469,10 +511,10 @@ class SaveCost(Message, frozen=True, tag="save_cost"):
 
 
 ClientMessage = _t.Union[  # noqa: UP007
-    Hello, Steps, SaveReport, Goodbye, Ack, JobPlan, Request, SaveCost, AskConfig
+    Hello, Steps, SaveReport, Goodbye, Ack, JobPlan, Request, SaveCost, AskConfig, Beat
 ]
 DaemonMessage = _t.Union[  # noqa: UP007
-    Welcome, Plan, SaveNow, Error, Propose, Decide, Relay, JobConfig
+    Welcome, Plan, SaveNow, Error, Propose, Decide, Relay, JobConfig, Abort
 ]
 #: The records ranks exchange among themselves (on TensorFlow's coordination service).
 RankMessage = _t.Union[  # noqa: UP007

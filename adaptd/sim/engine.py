@@ -97,6 +97,8 @@ class RunResult:
     failures: int
     local_saves: int = 0  # of ``saves``, those that stayed in the local tier
     jit_saves: int = 0  # just-in-time saves made after covered failures
+    hang_s: float = 0.0  # waiting on hung jobs until the hangs were found
+    hangs: int = 0  # of ``failures``, those that were hangs
 
     @property
     def goodput(self) -> float:
@@ -150,6 +152,7 @@ class _Run:
         self.policy = policy
         self.clock = FailureClock(scenario, seed)
         self.kinds = FailureKinds(scenario, seed)
+        self.hang_draws = np.random.default_rng([seed, 0x4A46])  # which failures are hangs
         self.fleet: FleetSample | None = None
         rate = None
         if fleet is not None:  # the job starts from what its fleet learned (docs/simulator.md)
@@ -179,6 +182,7 @@ class _Run:
         self.writes = Writes()
         self.overhead = self.lost = self.restart = 0.0
         self.saves = self.failures = self.local_saves = self.jit_saves = 0
+        self.hang_s, self.hangs = 0.0, 0
         self.next_fail = self.clock.next()
         self.reported_step = 0
         self.run_wall = 0.0  # compute wall time since the last step report
@@ -298,6 +302,13 @@ class _Run:
         self.failures += 1
         at = self.t
         kind, covered = self.kinds.next()
+        if self.s.hang_share and self.hang_draws.random() < self.s.hang_share:
+            # a hang: every rank waits, nothing breaks until it is found; then as a
+            # failure (the survivors freed, a just-in-time save where it is covered)
+            wait = self.s.hang_detection_s
+            self.hang_s += wait
+            self.hangs += 1
+            self.t += wait
         self.writes.clear()
         self.next_fail = self.clock.next()
         if covered and self.t >= self.warm_end:  # in a warm-up there is nothing to save
@@ -478,6 +489,8 @@ class _Run:
             failures=self.failures,
             local_saves=self.local_saves,
             jit_saves=self.jit_saves,
+            hang_s=self.hang_s,
+            hangs=self.hangs,
         )
 
 

@@ -29,6 +29,11 @@ The format is a contract (``adaptd simulate --scenario``)::
     peer_share = 0.9                # optional: share after which a survivor holds a complete
                                     # replica and saves just in time (issue 23; gpus >= 2)
     jit_save_s = 5.0                # what that save takes (required with peer_share > 0)
+    hang_share = 0.2                # optional: share of failures that are hangs (issue 34):
+                                    # nothing breaks until they are found (gpus >= 2)
+    hang_detect_s = 120.0           # optional: seconds from a hang until it is found (a
+                                    # collective timeout); default: the daemon's threshold
+                                    # for this job (adaptd.core.stall), plus 2 s to see it
     [[phases]]                      # optional storage slow-downs
     start_s = 7200
     end_s = 10800
@@ -50,6 +55,7 @@ from pathlib import Path
 from typing import Any
 
 from adaptd.config import toml
+from adaptd.core import stall
 from adaptd.core.model import HOUR, weibull_scale
 
 __all__ = [
@@ -61,6 +67,11 @@ __all__ = [
     "from_dict",
     "load",
 ]
+
+
+#: Beyond the threshold, a hang is seen within a beat and a tick of the daemon (a second
+#: each: docs/multiworker.md).
+SEEN_S = 2.0
 
 
 class ScenarioError(ValueError):
@@ -138,6 +149,8 @@ class Scenario:
     process_share: float = 0.0  # share of failures the host (and its local tier) survives
     peer_share: float = 0.0  # share after which a survivor saves just in time
     jit_save_s: float = 0.0  # what that just-in-time save takes
+    hang_share: float = 0.0  # share of failures that are hangs, found after hang_detection_s
+    hang_detect_s: float | None = None  # None: the daemon's threshold (hang_detection_s)
 
     @property
     def classed(self) -> bool:
@@ -148,6 +161,20 @@ class Scenario:
     def warmup_s(self) -> float:
         """What the first step of every incarnation takes beyond a normal step."""
         return 0.0 if self.first_step_s is None else self.first_step_s - self.step_time_s
+
+    @property
+    def hang_detection_s(self) -> float:
+        """Seconds from a hang until the job's survivors are freed: ``hang_detect_s``, or
+        the daemon's threshold for this job (:func:`adaptd.core.stall.threshold`: its
+        steps, slowed by a write in flight, the longest healthy wait; its restart the
+        cost of a false abort) plus :data:`SEEN_S`, the beats' and ticks' granularity."""
+        if self.hang_detect_s is not None:
+            return self.hang_detect_s
+        longest = self.step_time_s / (1.0 - self.slowdown)
+        facts = stall.StallFacts(silent_s=0.0, steps_done=stall.WARMUP_STEPS,
+                                 step_s=self.step_time_s, longest_s=longest, gpus=self.gpus,
+                                 restart_s=self.restore_s)  # fmt: skip
+        return stall.threshold(facts, stall.StallLimits())[0] + SEEN_S
 
     @property
     def job_mtbf_s(self) -> float:
@@ -210,7 +237,7 @@ def load(name_or_path: str | Path) -> Scenario:
 
 
 #: The [failures] keys of failure classes and just-in-time saves.
-_CLASS_KEYS = ("process_share", "peer_share", "jit_save_s")
+_CLASS_KEYS = ("process_share", "peer_share", "jit_save_s", "hang_share", "hang_detect_s")
 
 
 def _get(table: Mapping[str, Any], section: str, key: str, kind: type, default: Any = ...) -> Any:
@@ -276,6 +303,8 @@ def _from_dict(data: Mapping[str, Any], default_name: str) -> Scenario:
     process_share = _get(fl, "failures", "process_share", float, 0.0)
     peer_share = _get(fl, "failures", "peer_share", float, 0.0)
     jit_save = _get(fl, "failures", "jit_save_s", float, None)
+    hang_share = _get(fl, "failures", "hang_share", float, 0.0)
+    hang_detect = _get(fl, "failures", "hang_detect_s", float, None)
     local = _local(ck.get("local"), slowdown)
     checks = [
         (steps >= 1, "[job] steps must be >= 1", steps),
@@ -316,6 +345,14 @@ def _from_dict(data: Mapping[str, Any], default_name: str) -> Scenario:
             jit_save,
         ),
         (jit_save is None or jit_save >= 0, "[failures] jit_save_s must be >= 0", jit_save),
+        (0 <= hang_share <= 1, "[failures] hang_share must be a share in [0, 1]", hang_share),
+        (
+            hang_share == 0 or gpus >= 2,
+            "[failures] hang_share needs ranks that wait on the hung one: [job] gpus must be >= 2",
+            gpus,
+        ),
+        (hang_detect is None or hang_detect > 0, "[failures] hang_detect_s must be > 0",
+         hang_detect),
     ]  # fmt: skip
     for ok, message, value in checks:
         if not ok:
@@ -370,6 +407,8 @@ def _from_dict(data: Mapping[str, Any], default_name: str) -> Scenario:
         process_share=process_share,
         peer_share=peer_share,
         jit_save_s=0.0 if jit_save is None else jit_save,
+        hang_share=hang_share,
+        hang_detect_s=hang_detect,
     )
 
 

@@ -108,6 +108,8 @@ class DaemonSession:
         self._fell_back = False
         self._error_codes: set[str] = set()
         self._report_at = self._decide_at = self._hello_at = self._deadline_at = 0.0
+        #: A peer failed (or the job was aborted as stalled): the ranks agree no more.
+        self._peers_lost = False
         self._tracker: JobTracker | None = None
         self._clock: StepClock | None = None
         #: The newest plan the job's ranks agreed on, as told to this daemon (told
@@ -266,10 +268,18 @@ class DaemonSession:
             now,
         )
 
+    def peers_lost(self) -> None:
+        """A peer failed: from now on nothing goes to the job's chief through the
+        agreement (a SIGSTOPped chief's coordination service would hold the post for
+        good, and with it the just-in-time save); the daemon still hears everything."""
+        self._peers_lost = True
+
     def saved(self, report: protocol.SaveReport, now: float) -> None:
-        """A save's report: to the daemon (and its cost to the job's chief); the
-        embedded policy re-decides after it."""
+        """A save's report: to the daemon (and its cost to the job's chief, while the
+        ranks still agree); the embedded policy re-decides after it."""
         self.link.send(report, now)
+        if self._peers_lost:
+            return
         self.authority.save_cost(
             protocol.SaveCost(
                 v=protocol.VERSION,

@@ -34,6 +34,10 @@ ROOT = Path(__file__).resolve().parents[2]
         ("writer_nice", 25, "writer_nice must be .* got 25"),
         ("writer_nice", "low", "writer_nice must be .* got 'low'"),
         ("storage_options", ["endpoint_url"], "storage_options must be a mapping .* got list"),
+        ("stall_floor", 0, "stall_floor = 0: must be a positive number of seconds"),
+        ("stall_floor", float("nan"), "stall_floor = nan: must be a positive"),
+        ("stall_cap", -1.0, "stall_cap = -1.0: must be a positive"),
+        ("stall_cap", 5, r"stall_cap = 5 is below stall_floor = 7\.0"),
     ],
 )
 def test_each_setting_is_checked_and_the_message_names_it(field, value, match):
@@ -41,6 +45,14 @@ def test_each_setting_is_checked_and_the_message_names_it(field, value, match):
         HookOptions(**{field: value})
     with pytest.raises(ValueError, match=match):  # a replacement is checked the same way
         HookOptions().replace(**{field: value})
+
+
+def test_a_floor_above_the_default_cap_raises_the_cap_with_it():
+    """Only ``stall_floor`` set, above the default cap: the cap follows it (no error
+    about a cap the user did not set); both set, the cap must be at least the floor."""
+    assert HookOptions(stall_floor=400).stall_floor == 400
+    with pytest.raises(ValueError, match=r"stall_cap = 10 is below stall_floor = 20"):
+        HookOptions(stall_floor=20, stall_cap=10)
 
 
 def test_a_policy_spec_is_parsed_when_the_settings_are_made():

@@ -53,8 +53,14 @@ def _kinds() -> list[Kind]:
     def kinds(classes, decode, encode, refusal, version):  # type: ignore[no-untyped-def]
         return [Kind(c, decode, encode, refusal, version) for c in classes]
 
-    client = (p.Hello, p.Steps, p.SaveReport, p.Goodbye, p.Ack, p.JobPlan, p.Request, p.AskConfig)
-    daemon = (p.Welcome, p.Plan, p.SaveNow, p.Error, p.Propose, p.Decide, p.Relay, p.JobConfig)
+    client = (
+        p.Hello, p.Steps, p.SaveReport, p.Goodbye, p.Ack, p.JobPlan, p.Request, p.AskConfig,
+        p.Beat,
+    )  # fmt: skip
+    daemon = (
+        p.Welcome, p.Plan, p.SaveNow, p.Error, p.Propose, p.Decide, p.Relay, p.JobConfig,
+        p.Abort,
+    )  # fmt: skip
     ops = (
         admin.StatusRequest,
         admin.SaveNowRequest,
@@ -120,7 +126,11 @@ CHOICES = {
     ("hello", "local_tier"): ("", "memory", "disk"),
     ("hello", "resumed_tier"): ("", "local"),
     ("save_report", "tier"): ("", "local"),
+    # hang detection (docs/multiworker.md): what of the hook holds the loop
+    ("beat", "holding"): ("", "save", "round"),
 }
+#: A hook's limits of the hang detection threshold: positive durations.
+STALL_LIMITS = {("beat", "stall_floor_s"), ("beat", "stall_cap_s")}
 #: Counts with a smaller ceiling: a job's GPUs weigh in the host's failure rate.
 CEILING = {("hello", "world_size"): 2**20, ("hello", "gpus"): 1024}
 #: Step times: 0 (unmeasured) or at least a nanosecond, since intervals divide by them.
@@ -214,6 +224,8 @@ def edges(kind: Kind, name: str, t: mi.Type) -> list[Edge]:
             out = _float_edges(0.0, True, 86_400.0)
         elif (tag, name) == SHARE:
             out = _float_edges(0.0, True, 1.0)
+        elif (tag, name) in STALL_LIMITS:
+            out = _float_edges(0.0, True, MAX_SECONDS)
         else:  # a measured duration
             out = _float_edges(0.0, False, MAX_SECONDS)
         if (tag, name) in STEP_TIMES:

@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from adaptd.core.policy import parse
 from adaptd.core.snapshot import Snapshot
 from adaptd.daemon.jobs.registry import Registry
+from adaptd.daemon.jobs.stall_watch import StallWatch
 from adaptd.protocol import job as p
 from adaptd.state.store import Store
 
@@ -128,7 +129,7 @@ def job_session(draw: st.DrawFn) -> tuple[bytes, list[tuple[Kind, bytes]]]:
     hello = draw(messages(hello_kind))
     reports = []
     # the reports the registry takes (the agreement's messages go to other parts)
-    others = [k for k in CLIENT_KINDS if k.cls in (p.Steps, p.SaveReport, p.Goodbye)]
+    others = [k for k in CLIENT_KINDS if k.cls in (p.Steps, p.SaveReport, p.Goodbye, p.Beat)]
     for kind in draw(st.lists(st.sampled_from(others), min_size=1, max_size=8)):
         msg = {**draw(messages(kind)), "job": hello["job"], "rank": hello.get("rank", 0)}
         reports.append((kind, encode(msg)))
@@ -138,14 +139,17 @@ def job_session(draw: st.DrawFn) -> tuple[bytes, list[tuple[Kind, bytes]]]:
 @settings(max_examples=150)
 @given(session=job_session())
 def test_accepted_reports_leave_the_daemon_sane(session) -> None:
-    """Whatever the decoder accepts, the daemon's registry, tracker, default policy and
-    store take: no exception, finite estimates, every row written. (Before the bounds
-    on durations and counts: an ``inf`` save cost raised in the tracker, and a step of
-    2^64 − 1 made every later write of the store fail.)"""
+    """Whatever the decoder accepts, the daemon's registry, tracker, default policy,
+    hang detection and store take: no exception, finite estimates, every row written.
+    (Before the bounds on durations and counts: an ``inf`` save cost raised in the
+    tracker, and a step of 2^64 − 1 made every later write of the store fail.)"""
     hello_frame, reports = session
     with tempfile.TemporaryDirectory() as where:
         store = Store.open(Path(where) / "state.db")
         reg = Registry(emit=store.on_event)
+        sent: list[p.Message] = []
+        watch = StallWatch(reg.table, send=lambda who, m: sent.append(m) or True,
+                           emit=store.on_event, process=lambda pid: None)  # fmt: skip
         now = 1.0
         job, rank, _ = reg.hello(b"peer", p.decode_client(hello_frame), now)
         for kind, frame in reports:
@@ -154,11 +158,20 @@ def test_accepted_reports_leave_the_daemon_sane(session) -> None:
             now += 1.0
             if isinstance(msg, p.Steps):
                 reg.steps(job, rank, msg, now)
+                watch.steps(job, msg, now)
+            elif isinstance(msg, p.Beat):
+                watch.beat(job, rank, b"beat", msg, now)
             elif isinstance(msg, p.SaveReport):
                 reg.save_report(job, rank, msg, now)
             else:
                 reg.goodbye(job, rank, msg, now)
                 break
+        job.decides, job.world_size = True, max(2, job.world_size)
+        watch.tick(now + 1e6)  # a silence far past any cap: judged, never an exception
+        judged = watch.verdict(job.id)
+        if judged is not None and judged[0].threshold_s is not None:
+            assert math.isfinite(judged[0].threshold_s) and judged[0].threshold_s > 0
+        assert all(isinstance(m, p.Abort) for m in sent)
         t = job.tracker
         state = t.state(time=now)
         decision = parse("default").decide(Snapshot(time=now), state)

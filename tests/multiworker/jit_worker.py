@@ -10,9 +10,15 @@ step ``KILL_AT`` is done (``KILL_IN_WRITE=1``: at the first save call at or afte
 while its write is in flight; ``KILL_BEFORE_HOOK=1``: after step ``KILL_AT``'s training
 and before its ``hook.step()``, so a save due there never starts; ``KILL_MARK``: a file
 it first writes the step it completed to); ``STOP_RANK``/``STOP_AT``: it SIGSTOPs itself there;
-``SLOW_RANK``/``SLOW_AT``/``SLOW_S``: it sleeps ``SLOW_S`` seconds before that step;
+``SLOW_RANK``/``SLOW_AT``/``SLOW_S``: it sleeps ``SLOW_S`` seconds before that step
+(``HANG_MARK``: a file it first writes the step it completed and the time to, as a
+stopping rank does);
 ``RAISE_RANK``/``RAISE_AT``: it raises ``ValueError`` in that step;
-``COLLECTIVE_TIMEOUT``: the hook's ``collective_timeout``.
+``EVAL_EVERY``/``EVAL_S``: every rank sleeps ``EVAL_S`` before each ``EVAL_EVERY``-th
+step (an evaluation), ``FIRST_S``: before its first step (a slow first step);
+``COLLECTIVE_TIMEOUT``: the hook's ``collective_timeout``; ``SOCKET``: a daemon's
+socket (default: none there); ``STALL_FLOOR``/``STALL_CAP``: the hook's
+``stall_floor``/``stall_cap`` (hang detection, tests/multiworker/test_hang.py).
 
 Result: the digests of the weights, the optimizer's variables, the hook's step and the
 rank's next three batches; the step resumed from; the just-in-time outcome (None: no
@@ -74,9 +80,12 @@ def main() -> int:
         opt.build(model.trainable_variables)
     it = iter(rows(world, rank))
     timeout = os.environ.get("COLLECTIVE_TIMEOUT")
+    floor, cap = os.environ.get("STALL_FLOOR"), os.environ.get("STALL_CAP")
     hook = AdaptiveCheckpointer(
         os.environ["CKPT"], job="jit", policy=f"fixed:steps={EVERY}", max_to_keep=3,
-        socket=f"ipc://{os.environ['CKPT']}-none.sock", daemon_timeout=0.5,
+        socket=os.environ.get("SOCKET", f"ipc://{os.environ['CKPT']}-none.sock"),
+        daemon_timeout=0.5, stall_floor=float(floor) if floor else None,
+        stall_cap=float(cap) if cap else None,
         handle_sigterm=False, save_on_close=False,
         collective_timeout=float(timeout) if timeout else None,
         model=model, optimizer=opt, data_iterator=it,
@@ -96,7 +105,14 @@ def main() -> int:
                 json.dump({"step": step}, f)
         os.kill(os.getpid(), signal.SIGKILL)
 
-    result: dict[str, Any] = {"rank": rank, "error": None, "failed_after_s": None}
+    def mark(step: int) -> None:
+        """``$HANG_MARK``: when this rank hung (stopped or began to sleep) and the step it
+        had completed, for the test or benchmark to read."""
+        if os.environ.get("HANG_MARK"):
+            with open(os.environ["HANG_MARK"], "w") as f:
+                json.dump({"step": step, "at": time.time()}, f)
+
+    result: dict[str, Any] = {"rank": rank, "error": None, "failed_after_s": None, "step_s": []}
     last = time.monotonic()
 
     def loop() -> None:
@@ -104,7 +120,13 @@ def main() -> int:
         start = hook.restore_or_initialize()
         result["resumed_from"] = start
         for step in range(start + 1, STEPS + 1):
+            if step == start + 1 and os.environ.get("FIRST_S"):
+                time.sleep(float(os.environ["FIRST_S"]))
+            if env_int("EVAL_EVERY") > 0 and step % env_int("EVAL_EVERY") == 0:
+                time.sleep(float(os.environ["EVAL_S"]))
             if me("SLOW") and step == env_int("SLOW_AT"):
+                result["hung_at"] = time.time()
+                mark(step - 1)
                 time.sleep(float(os.environ["SLOW_S"]))
             x, y = next(it)
             if me("RAISE") and step == env_int("RAISE_AT"):
@@ -113,10 +135,12 @@ def main() -> int:
             if me("KILL") and step == env_int("KILL_AT") and before_hook:
                 die(step)  # its step done, its hook not told: a save due here never starts
             hook.step()
+            result["step_s"].append(time.monotonic() - last)
             last = time.monotonic()
             if me("KILL") and step >= env_int("KILL_AT") and (not in_write or hook.save_in_flight):
                 die(step)
             if me("STOP") and step == env_int("STOP_AT"):
+                mark(step)
                 os.kill(os.getpid(), signal.SIGSTOP)
 
     try:
@@ -139,6 +163,9 @@ def main() -> int:
         "step": jit.step, "saved": jit.saved, "reason": jit.reason, "seconds": jit.seconds,
     }  # fmt: skip
     result["history"] = [(r.step, r.reason, r.ok) for r in hook.history]
+    abort = hook.aborted
+    result["aborted"] = abort and {"reason": abort.reason, "culprit": abort.culprit}
+    result["ended_at"] = time.time()  # the JIT save (if any) was durable before this
     if result["error"] is None:
         nxt = [t for _ in range(3) for t in next(it)]
         result.update(

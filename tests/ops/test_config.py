@@ -179,6 +179,13 @@ BAD = [
     ('[jobs."a*"]\npolicy = "phased:late_every=0"', 'jobs."a*".policy', ["late_every"]),
     ('[jobs."a*"]\npoliccy = "phased"', 'jobs."a*".policcy', ["did you mean 'policy'"]),
     ("[jobs]\nx = 1", 'jobs."x"', ["must be a table"]),
+    # hang detection (docs/multiworker.md): positive durations, the cap not below the floor
+    ('[jobs."a*"]\nstall_floor_s = 0', 'jobs."a*".stall_floor_s', ["must be > 0", "0 (integer)"]),
+    ('[jobs."a*"]\nstall_cap_s = -5.0', 'jobs."a*".stall_cap_s', ["must be > 0", "-5.0"]),
+    ('[jobs."a*"]\nstall_floor_s = 60\nstall_cap_s = 30', 'jobs."a*".stall_cap_s',
+     ["at least jobs.\"a*\".stall_floor_s (60 s", "30 (integer)"]),
+    ('[jobs."a*"]\nstall_cap_s = 5', 'jobs."a*".stall_cap_s', ["at least", "(7 s", "5 (integer)"]),
+    ('[jobs."a*"]\nhang_detection = "no"', 'jobs."a*".hang_detection', ['"no" (string)']),
     ("[storage.s]\nmax_concurrent_saves = 1", 'storage."s".path', ["is required"]),
     ("[storage.s]\npath = '/s'\nmax_concurrent_saves = 0", 'storage."s".max_concurrent_saves',
      [">= 1"]),

@@ -130,6 +130,16 @@ def without(path: str) -> dict:
         ),
         (changed("failures.mtbf_gpu_hours", 0), "[failures] mtbf_gpu_hours must be > 0, got 0.0"),
         (
+            changed("failures.hang_share", 1.5),
+            "[failures] hang_share must be a share in [0, 1], got 1.5",
+        ),
+        (changed("failures.hang_detect_s", 0), "[failures] hang_detect_s must be > 0, got 0.0"),
+        (
+            {**changed("failures.hang_share", 0.5), "job": {**FULL["job"], "gpus": 1}},
+            "[failures] hang_share needs ranks that wait on the hung one: [job] gpus must be >= 2, "
+            "got 1",
+        ),
+        (
             changed("failures.weibull_shape", 0.049),
             "[failures] weibull_shape must be in [0.05, 20], got 0.049",
         ),
@@ -166,8 +176,8 @@ def without(path: str) -> dict:
         (
             changed("failures.rate", 1),
             "[failures] has unknown key(s) rate; "
-            "known: distribution, jit_save_s, mtbf_gpu_hours, peer_share, process_share, trace, "
-            "weibull_shape",
+            "known: distribution, hang_detect_s, hang_share, jit_save_s, mtbf_gpu_hours, "
+            "peer_share, process_share, trace, weibull_shape",
         ),
         (
             {**FULL, "phases": [{"start_s": 5.0, "end_s": 5.0}]},

@@ -254,3 +254,24 @@ def test_parallel_and_serial_comparisons_agree() -> None:
     serial = sim.compare(s, ["daly", "fixed:steps=100"], 3, jobs=1)
     parallel = sim.compare(s, ["daly", "fixed:steps=100"], 3, jobs=2)
     assert [x.runs for x in serial] == [x.runs for x in parallel]
+
+
+def test_hangs_wait_until_found_and_count_as_waste() -> None:
+    """Every failure a hang found after 120 s: each is waited for (``hang_s``), in the
+    waste; the daemon's threshold for llama3-16k (6 s steps, 600 s restart) is a minute
+    or so, well under the timeout, and wastes less on the same seed."""
+    from dataclasses import replace
+
+    from adaptd import sim
+    from adaptd.core.policy import parse
+    from adaptd.sim.engine import run as run_once
+
+    base = replace(sim.load("llama3-16k"), steps=20_000, hang_share=1.0, hang_detect_s=120.0)
+    timeout = run_once(base, parse("fixed:steps=300"), seed=3)
+    assert timeout.hangs > 0 and timeout.hang_s == pytest.approx(timeout.hangs * 120.0)
+    assert timeout.waste_s >= timeout.hang_s
+    model = replace(base, hang_detect_s=None)
+    assert 30.0 < model.hang_detection_s < 120.0, model.hang_detection_s
+    daemon = run_once(model, parse("fixed:steps=300"), seed=3)
+    assert daemon.hang_s == pytest.approx(daemon.hangs * model.hang_detection_s)
+    assert daemon.hang_s < timeout.hang_s

@@ -18,6 +18,7 @@ from adaptd import __version__
 from adaptd.core.snapshot import Decision
 from adaptd.daemon.jobs.records import Job
 from adaptd.daemon.jobs.settings import OperatorSettings
+from adaptd.daemon.jobs.stall_watch import StallVerdicts
 from adaptd.daemon.jobs.table import JobTable
 from adaptd.daemon.stats import DaemonStats
 from adaptd.daemon.transport import Transport
@@ -59,8 +60,11 @@ class StatusView:
         default_spec: str,
         status_extra: StatusExtra | None = None,
         replication_source: ReplicationSource | None = None,
+        stall: StallVerdicts | None = None,
     ) -> None:
         self.jobs = jobs
+        #: The hang detection's newest verdict on a job (None: no watch).
+        self.stall = stall
         self.hostname = hostname
         self.settings = settings
         self.stats = stats
@@ -129,6 +133,8 @@ class StatusView:
         ]
         setting = self.settings.get(job.id) or admin.JobSettings()
         lost = job.state == "lost"
+        judged = self.stall(job.id) if self.stall is not None else None
+        verdict, silent = judged if judged is not None else (None, None)
         return admin.JobInfo(
             job=job.id,
             ranks=ranks,
@@ -145,6 +151,10 @@ class StatusView:
             decided_here=job.decides,
             plan_from_step=plan_from,
             rounds=_rounds_info(job),
+            stall_threshold_s=verdict.threshold_s if verdict is not None else None,
+            stall_reason=verdict.reason if verdict is not None else "",
+            stall_silent_s=silent,
+            stalled=verdict.stalled if verdict is not None else False,
             jit_coverage=t.jit.coverage if t.jit.covered + t.jit.uncovered else None,
             **{name: getattr(t, name) for name in TRACKER_FIGURES},
             **{name: getattr(job, name) for name in JOB_FACTS},

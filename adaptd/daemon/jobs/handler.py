@@ -30,6 +30,7 @@ import zmq
 from adaptd.daemon.jobs import job_config
 from adaptd.daemon.jobs.records import Job, PeerCred, Rank
 from adaptd.daemon.jobs.registry import HelloRefused, RegistryFull
+from adaptd.daemon.jobs.stall_watch import StallWatch
 from adaptd.daemon.parts import Core
 from adaptd.daemon.transport import peer_cred
 from adaptd.logfmt import logfmt
@@ -44,11 +45,17 @@ class JobHandler:
     """Handles the job socket's messages, one at a time, in the daemon's loop."""
 
     def __init__(
-        self, core: Core, configured: job_config.JobConfigSource = job_config.nothing
+        self,
+        core: Core,
+        configured: job_config.JobConfigSource = job_config.nothing,
+        *,
+        stall: StallWatch | None = None,
     ) -> None:
         self.core = core
         #: A job's configured settings, for a rank that asks before its hello.
         self.configured = configured
+        #: The watch for hung jobs (heartbeats and progress; None: no watch).
+        self.stall = stall
 
     def reject(self, identity: bytes | None, code: str, message: str, *, counter: str = "") -> None:
         """Count, log (throttled) and answer a refused message with an Error (when the
@@ -89,6 +96,9 @@ class JobHandler:
         if isinstance(msg, p.AskConfig):  # before the hello: no connection check
             c.transport.send(identity, self.configured(msg.job))
             return
+        if isinstance(msg, p.Beat):  # its own connection: no hello on it
+            self.on_beat(identity, msg, now, peer_cred(parts[1]))
+            return
         where = c.registry.peer(identity)
         if where is None:
             self.reject(
@@ -111,6 +121,8 @@ class JobHandler:
             return
         if isinstance(msg, p.Steps):
             c.registry.steps(job, rank, msg, now)
+            if self.stall is not None:
+                self.stall.steps(job, msg, now)
         elif isinstance(msg, p.SaveReport):
             self._save_report(job, rank, msg, now)
         elif isinstance(msg, p.Goodbye):
@@ -125,6 +137,30 @@ class JobHandler:
             return
         c.planner.decide(job, now)
         c.delivery.answer(job, rank, now)
+
+    def on_beat(self, identity: bytes, msg: p.Beat, now: float, peer: PeerCred | None) -> None:
+        """A rank's heartbeat, over a connection of its own: taken when the job and rank
+        are known here and the connection is the same process as the rank's hello
+        (where the kernel or CURVE says who it is)."""
+        job = self.core.registry.jobs.get(msg.job)
+        rank = job.ranks.get(msg.rank) if job is not None else None
+        if job is None or rank is None or self.stall is None:
+            return  # a rank not (yet) registered here: its hello comes first
+        known = rank.peer
+        if (
+            known is not None
+            and peer is not None
+            and (known.owner != peer.owner or (known.pid and peer.pid and known.pid != peer.pid))
+        ):
+            self.reject(
+                identity,
+                "wrong_job",
+                f"beat for job {msg.job!r} rank {msg.rank} from a process that is not the one "
+                "that said hello as it",
+            )
+            return
+        self.core.registry.heard(job, rank, now)
+        self.stall.beat(job, rank, identity, msg, now)
 
     def _save_report(self, job: Job, rank: Rank, msg: p.SaveReport, now: float) -> None:
         counted = self.core.registry.save_report(job, rank, msg, now)
