@@ -10,6 +10,7 @@ Keys of one checkpointer's session (``adaptd/<job>/<session>/``)::
     restore/done/<rank>  each rank's Restored
     mail/<rank>/<i>      a rank's i-th message to the chief (Request, SaveCost;
                          :mod:`adaptd.client.agreement.mailbox`)
+    mail/bell/<group>    rung by a rank of the group after it wrote mail
 
 Sessions are numbered per job in each process, so the ranks' N-th checkpointers meet
 (every rank of a data-parallel job creates its checkpointers in the same order).
@@ -77,6 +78,9 @@ class Keys:
 
     def mail(self, rank: int, i: int) -> str:
         return f"{self.prefix}/mail/{rank}/{i}"
+
+    def bell(self, group: int) -> str:
+        return f"{self.prefix}/mail/bell/{group}"
 
 
 #: A session key's kind, from its part after the session prefix (see the module docstring).

@@ -5,10 +5,21 @@ A rank whose daemon does not decide the job has two things to tell the chief (ra
 the daemon's :class:`~adaptd.protocol.job.Relay`) and what each save cost it
 (:class:`~adaptd.protocol.job.SaveCost`, so that δ is the slowest rank's). Each rank
 writes its own numbered keys, ``mail/<rank>/<i>`` (:meth:`Mailbox.post`: one put on
-the training thread, no contention: nobody else writes them); the chief's agreement
-watcher thread reads every other rank's next key after a quiet slice of its wait for
-a proposal (:meth:`Mailbox.collect`: one 1 ms get per rank) and deletes what it read. The
-training thread never waits for the mail.
+the training thread, no contention: nobody else writes them), then rings its group's
+doorbell, ``mail/bell/<group>`` (one more put; the ranks are in groups of
+:data:`GROUP`, and a bell already rung stays rung). The chief's agreement watcher
+thread, after a quiet slice of its wait for a proposal, looks at every bell
+(:meth:`Mailbox.collect`: one get per group, about 1 ms when it is not rung), and for
+a rung one takes the bell down, then reads each rank of the group's next keys and
+deletes what it read. The training thread never waits for the mail.
+
+Why the bells: reading every rank's next key costs a get per rank, about 1 ms each
+when there is no mail, every slice: at 2,048 ranks the chief's watcher would poll for
+2 s at a time, 4,000 gets a second, and a proposal would wait behind it
+(docs/scale.md). With bells an idle chief makes one get per group. No mail is
+missed: a rank writes its mail *before* it rings, and the chief takes a bell down
+*before* it reads the group, so mail that lands after the chief read its rank's key
+rings the bell again.
 """
 
 from __future__ import annotations
@@ -25,6 +36,8 @@ log = logging.getLogger("adaptd.client")
 #: At most this many messages are read from one rank per collect (a rank that posts
 #: faster than the chief reads cannot hold the watcher from the rounds).
 PER_COLLECT = 16
+#: Ranks per doorbell.
+GROUP = 32
 
 
 class Mailbox:
@@ -58,7 +71,9 @@ class Mailbox:
             i = self._sent
             self._sent += 1
         try:
-            return self.store.put(self.keys.mail(self.rank, i), p.encode_json(msg))
+            sent = self.store.put(self.keys.mail(self.rank, i), p.encode_json(msg))
+            self.store.put(self.keys.bell(self.rank // GROUP), "1")  # False: already rung
+            return sent
         except Exception as exc:  # a lost message must never stop training
             self.failed += 1
             log.warning("could not send %s to the job's chief: %s", type(msg).__name__, exc)
@@ -69,25 +84,42 @@ class Mailbox:
         last call into :attr:`inbox`; returns how many were read. Raises the store's
         :class:`~adaptd.client.agreement.coordination.CoordinationError` when it is gone."""
         got = 0
-        for r in self._next:
-            for _ in range(PER_COLLECT):
-                key = self.keys.mail(r, self._next[r])
-                raw = self.store.try_get(key)
-                if raw is None:
-                    break
-                self._next[r] += 1
-                self.store.delete(key)
-                try:
-                    msg = p.decode_rank(raw)
-                    if not isinstance(msg, (p.Request, p.SaveCost)) or msg.rank != r:
-                        raise p.ProtocolError("invalid", "not a request or save cost of its rank")
-                except p.ProtocolError as exc:
-                    self.bad += 1
-                    log.warning("bad mail from rank %d skipped: %s", r, exc)
-                    continue
-                self.inbox.append(msg)
-                got += 1
+        for g in range(-(-self.world_size // GROUP)):
+            bell = self.keys.bell(g)
+            if self.store.try_get(bell) is None:
+                continue
+            self.store.delete(bell)  # before reading: mail written after rings again
+            more = False
+            for r in range(max(1, g * GROUP), min(self.world_size, (g + 1) * GROUP)):
+                n, left = self._read(r)
+                got += n
+                more = more or left
+            if more:  # a rank posted more than PER_COLLECT: read the rest next time
+                self.store.put(bell, "1")
         return got
+
+    def _read(self, r: int) -> tuple[int, bool]:
+        """Read rank ``r``'s next messages (at most PER_COLLECT) into the inbox: how
+        many were read, and whether it stopped at the bound rather than a missing key."""
+        got = 0
+        for _ in range(PER_COLLECT):
+            key = self.keys.mail(r, self._next[r])
+            raw = self.store.try_get(key)
+            if raw is None:
+                return got, False
+            self._next[r] += 1
+            self.store.delete(key)
+            try:
+                msg = p.decode_rank(raw)
+                if not isinstance(msg, (p.Request, p.SaveCost)) or msg.rank != r:
+                    raise p.ProtocolError("invalid", "not a request or save cost of its rank")
+            except p.ProtocolError as exc:
+                self.bad += 1
+                log.warning("bad mail from rank %d skipped: %s", r, exc)
+                continue
+            self.inbox.append(msg)
+            got += 1
+        return got, True
 
     def take(self) -> list[p.RankMessage]:
         """(The chief's training thread.) Everything read so far, oldest first."""
@@ -97,4 +129,4 @@ class Mailbox:
         return out
 
 
-__all__ = ["PER_COLLECT", "Mailbox"]
+__all__ = ["GROUP", "PER_COLLECT", "Mailbox"]
