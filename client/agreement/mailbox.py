@@ -7,19 +7,18 @@ the daemon's :class:`~adaptd.protocol.job.Relay`) and what each save cost it
 writes its own numbered keys, ``mail/<rank>/<i>`` (:meth:`Mailbox.post`: one put on
 the training thread, no contention: nobody else writes them), then rings its group's
 doorbell, ``mail/bell/<group>`` (one more put; the ranks are in groups of
-:data:`GROUP`, and a bell already rung stays rung). The chief's agreement watcher
-thread, after a quiet slice of its wait for a proposal, looks at every bell
-(:meth:`Mailbox.collect`: one get per group, about 1 ms when it is not rung), and for
-a rung one takes the bell down, then reads each rank of the group's next keys and
+:data:`GROUP`, and a bell already rung stays rung). The chief's mail thread
+(:class:`~adaptd.client.agreement.rounds.Agreement`, every ``MAIL_S``) looks at every
+bell (:meth:`Mailbox.collect`: one get per group, about 1 ms when it is not rung), and
+for a rung one takes the bell down, then reads each rank of the group's next keys and
 deletes what it read. The training thread never waits for the mail.
 
 Why the bells: reading every rank's next key costs a get per rank, about 1 ms each
-when there is no mail, every slice: at 2,048 ranks the chief's watcher would poll for
-2 s at a time, 4,000 gets a second, and a proposal would wait behind it
-(docs/scale.md). With bells an idle chief makes one get per group. No mail is
-missed: a rank writes its mail *before* it rings, and the chief takes a bell down
-*before* it reads the group, so mail that lands after the chief read its rank's key
-rings the bell again.
+when there is no mail: at 2,048 ranks an idle chief would make about 4,000 gets a
+second and read for 2 s at a time (docs/scale.md). With bells an idle chief makes one
+get per group. No mail is missed: a rank writes its mail *before* it rings, and the
+chief takes a bell down *before* it reads the group, so mail that lands after the
+chief read its rank's key rings the bell again.
 """
 
 from __future__ import annotations

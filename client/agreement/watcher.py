@@ -7,8 +7,7 @@ rank's answer (in threads of :data:`ACKS_PER_READER` ranks in a larger job) and 
 the decision; then waits for the decision, aborting the
 round itself after twice the timeout (first writer wins, so every rank reads one
 outcome), and hands it to its owner. Every wait is sliced, so :meth:`stop` is noticed
-within a slice. After a slice in which no proposal came it runs ``between`` (the
-chief reads the other ranks' mail there: :mod:`adaptd.client.agreement.mailbox`).
+within a slice.
 """
 
 from __future__ import annotations
@@ -16,7 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Protocol
 
 from adaptd.client.agreement.coordination import CoordinationError
@@ -66,10 +65,8 @@ class RoundWatcher:
         world_size: int,
         timeout_s: float,
         slice_s: float,
-        between: Callable[[], None] | None = None,
     ) -> None:
         self._owner = owner
-        self._between = between
         self.store = store
         self.keys = keys
         self.rank = rank
@@ -93,8 +90,6 @@ class RoundWatcher:
                 k = self._owner.round
                 raw = self.store.get(self.keys.proposal(k), self._slice_s)
                 if raw is None:
-                    if self._between is not None:  # a quiet slice: e.g. the chief's mail
-                        self._between()
                     continue
                 self._round_of(k, raw)
         except CoordinationError as exc:

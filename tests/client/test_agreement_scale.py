@@ -27,10 +27,13 @@ from client.kv_store import WaitingDictStore
 DEADLINE_S = 20.0
 ROUND_KINDS = ("proposal", "ack", "decision", "round")
 WAIT = ("get", "proposal")
+ROUND_S = 5.0  # bound on one round in this process
 
 
 class Rank:
-    def __init__(self, store: WaitingDictStore, rank: int, world: int) -> None:
+    def __init__(
+        self, store: WaitingDictStore, rank: int, world: int, slice_s: float = DEADLINE_S
+    ) -> None:
         self.store = CountingStore(store)
         self.recorded = threading.Event()
         self.agreement = Agreement(
@@ -39,7 +42,7 @@ class Rank:
             position=lambda: 0,
             wake=self._wake,
             session=0,
-            options=AgreementOptions(timeout_s=DEADLINE_S, slice_s=DEADLINE_S, lead_time_s=0.0),
+            options=AgreementOptions(timeout_s=DEADLINE_S, slice_s=slice_s, lead_time_s=0.0),
         )
 
     def _wake(self) -> None:
@@ -146,3 +149,41 @@ def test_mail_written_while_the_chief_reads_its_group_is_not_lost() -> None:
     assert chief.collect() == 1  # its bell rang again: read on the next collect
     assert [m.step for m in chief.take()] == [1, 2]
     assert time.monotonic() - t0 < DEADLINE_S
+
+
+def test_a_round_does_not_wait_while_the_chief_reads_mail() -> None:
+    """The chief reads mail on a thread of its own: a collect that takes long (here:
+    one held until the round is over) does not hold a proposal up."""
+    shared = WaitingDictStore()
+    reading = threading.Event()
+    release = threading.Event()
+
+    class SlowMail(WaitingDictStore):
+        def try_get(self, key: str) -> str | None:
+            if "/mail/" in key:
+                reading.set()
+                release.wait(3 * DEADLINE_S)
+            return shared.try_get(key)
+
+    slow = SlowMail()
+    for name in ("put", "get", "delete"):
+        setattr(slow, name, getattr(shared, name))
+    # short slices: a watcher that read mail between them would be reading it by now
+    ranks = [Rank(shared, r, 2, slice_s=0.1) for r in range(2)]
+    chief = ranks[0]
+    chief.agreement.store = chief.agreement.mailbox.store = slow
+    try:
+        for r in ranks:
+            r.agreement.start()
+        assert reading.wait(DEADLINE_S)  # the chief's mail reader is busy now
+        chief.agreement.want_save("guard", 10)
+        chief.agreement.boundary(10, SaveSchedule(), None)
+        assert all(r.recorded.wait(ROUND_S) for r in ranks)
+        assert chief.agreement.rounds[0].commit and not release.is_set()
+    finally:
+        release.set()
+        for r in ranks:
+            r.agreement._watcher.stop()
+        shared.close()
+        for r in ranks:
+            r.agreement.close()
