@@ -31,13 +31,16 @@ job.SaveCost`, one ``put``, as the hook does after a save), and the next round s
 Figures per N: round latency (the proposer's ``put`` to the last rank's record, and
 to the proposer's own record) p50 and max; the chief's operations per round by
 operation and key kind; a non-chief rank's; the chief's operations per second while
-idle. Then least-squares fits (a power law for the exponent; a line) and their value
-at 2,048 ranks.
+idle; the CPU time of the chief's process (rank 0 and the coordination service) per
+round and gap, and of every process of the job per round. Then least-squares fits (a
+power law for the exponent; a line), over all runs and over each kind alone, and
+their value at 2,048 ranks.
 
 Usage::
 
-    nice -n 10 python benchmarks/scale_agreement.py                      # 2..16 and 32..128
+    nice -n 10 python benchmarks/scale_agreement.py                      # 2..16 and 32..256
     nice -n 10 python benchmarks/scale_agreement.py --sizes 2 4 --wide --json
+    python benchmarks/scale_agreement.py --plot docs/scale_agreement.png before.json after.json
 """
 
 from __future__ import annotations
@@ -137,9 +140,11 @@ def worker() -> int:
     chief = mine[0] if task == 0 else None
     out: dict[str, Any] = {"task": task, "ranks": [r.rank for r in mine], "rounds": []}
     deadline_each = 4 * timeout_s + 30
+    cpu_start = time.process_time()  # every thread of this process: its ranks, its service
     for i in range(rounds):
         if chief is not None:
             cycle = _counts(chief.store)
+            cpu_cycle = time.process_time()
             time.sleep(gap_s)  # rounds of a real job are seconds to minutes apart
             before = _counts(chief.store)
             chief.step = 1000 * (i + 1)
@@ -168,7 +173,9 @@ def worker() -> int:
                 "all_s": max(ends) - t0,
                 "chief_ops": _minus(_counts(chief.store), before),
                 "cycle_ops": _minus(_counts(chief.store), cycle),
+                "cycle_cpu_s": time.process_time() - cpu_cycle,
             })  # fmt: skip
+    out["cpu_s"] = time.process_time() - cpu_start
     # rounds over: everyone idles, and the chief's watcher is counted meanwhile
     base.barrier("bench/rounds-over", 300)
     if chief is not None:
@@ -234,6 +241,10 @@ def run_size(zygote: Any, workdir: Path, n: int, procs: int, args: argparse.Name
         "round_commit_p50_s": statistics.median(r["commit_s"] for r in rounds),
         "chief_ops_per_round": statistics.mean(total(r["chief_ops"]) for r in rounds),
         "chief_ops_per_cycle": statistics.mean(total(r["cycle_ops"]) for r in rounds),
+        # the chief's process (rank 0 and the coordination service) per round and gap
+        "chief_cpu_per_cycle_s": statistics.mean(r["cycle_cpu_s"] for r in rounds),
+        # every process of the job, per round (the gaps and the mail included)
+        "job_cpu_per_round_s": sum(r["cpu_s"] for r in results) / args.rounds,
         "chief_ops_by_kind": {k: round(v, 1) for k, v in sorted(per_round.items())},
         "rank_ops_per_round": sum(rank_ops.values()) / rank_rounds if rank_ops else None,
         "rank_ops_by_kind": rank_ops,
@@ -262,12 +273,43 @@ def fit(xs: list[float], ys: list[float]) -> dict[str, float]:
     return out
 
 
+def plot(path: Path, runs: list[Path]) -> None:
+    """Round latency and the chief's calls per round against N, one line per saved
+    ``--json`` output (named after its file), on log-log axes with the 1 s goal."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    for run in runs:
+        data = json.loads(run.read_text())
+        ns = [s["n"] for s in data["sizes"]]
+        label = run.stem
+        ax1.plot(ns, [s["round_all_p50_s"] for s in data["sizes"]], "o-", label=label)
+        ax2.plot(ns, [s["chief_ops_per_cycle"] for s in data["sizes"]], "o-", label=label)
+        f = data["fits"].get("round_all_p50_s")
+        if f:
+            xs = [ns[0], TARGET_N]
+            ax1.plot(xs, [f["a"] + f["b"] * x for x in xs], ":", color=ax1.lines[-1].get_color())
+    ax1.axhline(TARGET_ROUND_S, color="grey", lw=0.8)
+    ax1.set(xscale="log", yscale="log", xlabel="ranks (N)", ylabel="round p50 (s)",
+            title="round latency (dotted: linear fit)")  # fmt: skip
+    ax2.set(xscale="log", yscale="log", xlabel="ranks (N)", ylabel="chief key-value calls",
+            title="chief's calls per round, mail included")  # fmt: skip
+    for ax in (ax1, ax2):
+        ax.legend()
+        ax.grid(True, which="both", lw=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("role", nargs="?", default="", help=argparse.SUPPRESS)
     parser.add_argument("--sizes", type=int, nargs="*", default=[2, 4, 8, 16],
                         help="jobs of one rank per worker process")  # fmt: skip
-    parser.add_argument("--wide", type=int, nargs="*", default=[32, 64, 128],
+    parser.add_argument("--wide", type=int, nargs="*", default=[32, 64, 128, 256],
                         help="jobs of many ranks over --procs worker processes")  # fmt: skip
     parser.add_argument("--procs", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=8)
@@ -276,9 +318,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=60.0, help="the agreement's timeout_s")
     parser.add_argument("--deadline", type=float, default=600.0, help="bound on one job")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--plot", type=Path, help="draw saved --json outputs (given after it)")
+    parser.add_argument("runs", nargs="*", type=Path, default=[], help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.role == "_worker":
         return worker()
+    if args.plot:
+        plot(args.plot, [Path(args.role), *args.runs] if args.role else args.runs)
+        return 0
     from faults.zygote import Zygote
 
     runs = [(n, n) for n in args.sizes] + [(n, min(args.procs, n)) for n in args.wide]
@@ -295,15 +342,27 @@ def main(argv: list[str] | None = None) -> int:
                           f"{r['round_commit_p50_s']*1e3:8.1f} ms  chief ops/round "
                           f"{r['chief_ops_per_round']:7.1f} (cycle {r['chief_ops_per_cycle']:7.1f})"
                           f"  rank ops/round {r['rank_ops_per_round'] or 0:5.1f}  chief idle "
-                          f"ops/s {r['chief_idle_ops_per_s']:7.1f}", flush=True)  # fmt: skip
+                          f"ops/s {r['chief_idle_ops_per_s']:7.1f}  chief cpu/cycle "
+                          f"{r['chief_cpu_per_cycle_s']*1e3:6.1f} ms  job cpu/round "
+                          f"{r['job_cpu_per_round_s']*1e3:7.1f} ms", flush=True)  # fmt: skip
         finally:
             zygote.close()
     ns = [float(r["n"]) for r in sizes]
     fits = {}
     if len(sizes) >= 2:
-        for key in ("round_all_p50_s", "round_commit_p50_s", "chief_ops_per_round",
-                    "chief_ops_per_cycle", "chief_idle_ops_per_s"):  # fmt: skip
+        keys = ("round_all_p50_s", "round_commit_p50_s", "chief_ops_per_round",
+                "chief_ops_per_cycle", "chief_idle_ops_per_s", "chief_cpu_per_cycle_s",
+                "job_cpu_per_round_s")  # fmt: skip
+        for key in keys:
             fits[key] = fit(ns, [float(r[key]) for r in sizes])
+        # the same over each kind of run alone (one rank per process; many)
+        for kind, part in (("one", [r for r in sizes if r["procs"] == r["n"]]),
+                           ("many", [r for r in sizes if r["procs"] < r["n"]])):  # fmt: skip
+            if len(part) >= 2:
+                for key in keys:
+                    fits[f"{key} ({kind})"] = fit(
+                        [float(r["n"]) for r in part], [float(r[key]) for r in part]
+                    )
     report = {
         "machine": f"{os.cpu_count()} cores, load {os.getloadavg()[0]:.1f} at the end",
         "rounds": args.rounds,
