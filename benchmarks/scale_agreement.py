@@ -195,7 +195,12 @@ def worker() -> int:
         r.agreement.close()
     out["broken"] = [r.agreement.broken for r in mine if r.agreement.broken]
     Path(os.environ["RESULT"]).write_text(json.dumps(out))
-    # the chief hosts the service: it leaves once every other task made its last call
+    # no task leaves before every task is done with the service (a task that left can
+    # make the service fail the others' calls), and the chief, which hosts it, leaves
+    # last: once every other task made its last call
+    base.put(f"bench/done/{task}", "1")
+    for t in range(tasks):
+        base.get(f"bench/done/{t}", 120)
     if task:
         base.put(f"bench/left/{task}", "1")
     else:
