@@ -179,7 +179,12 @@ def worker() -> int:
     # rounds over: everyone idles, and the chief's watcher is counted meanwhile
     base.barrier("bench/rounds-over", 300)
     if chief is not None:
-        time.sleep(1.0)  # let the last round's mail be read before the idle window
+        # the idle window starts once the chief has read every save's cost (the mail
+        # of the last rounds is still being read a while after them)
+        expected, until = rounds * (n - 1), time.monotonic() + 120
+        while len(chief.agreement.mailbox.inbox) < expected and time.monotonic() < until:
+            time.sleep(0.05)
+        out["mail_drain_s"] = time.monotonic() - (until - 120)
         before = _counts(chief.store)
         t0 = time.monotonic()
         time.sleep(idle_s)
@@ -256,6 +261,7 @@ def run_size(zygote: Any, workdir: Path, n: int, procs: int, args: argparse.Name
         "chief_idle_ops_per_s": total(idle["chief_ops"]) / idle["seconds"],
         "chief_idle_ops": idle["chief_ops"],
         "mail_read": chief["mail_read"],
+        "mail_drain_s": chief["mail_drain_s"],
         "broken": [b for r in results for b in r["broken"]],
     }
 
