@@ -48,12 +48,10 @@ from adaptd.protocol import job as p
 
 log = logging.getLogger("adaptd.client")
 
-#: The chief reads the other ranks' mail this often, on a thread of its own (one get
-#: per doorbell, and the mail of the groups that rang: :mod:`adaptd.client.agreement.
-#: mailbox`). Not on the watcher thread: after every rank's save the chief reads a
-#: message from each, a few milliseconds per rank, and a proposal that waited behind
-#: that made a round of 128 ranks take 0.56 s instead of 0.05 (docs/scale.md).
-MAIL_S = 0.5
+#: The chief reads the other ranks' mail at most this often, after a slice without a
+#: proposal (on the watcher thread: one get per doorbell, and the mail of the groups
+#: that rang, a bounded share per call: :mod:`adaptd.client.agreement.mailbox`).
+MAIL_S = 0.1
 
 
 @dataclass(frozen=True)
@@ -139,8 +137,7 @@ class Agreement(Recorded):
         self.stall_s = 0.0
         #: The other ranks' messages to the chief (read by the chief's watcher).
         self.mailbox = Mailbox(store, self.keys, rank=self.rank, world_size=self.world_size)
-        self._mail_stop = threading.Event()
-        self._mail_thread: threading.Thread | None = None
+        self._mail_at = 0.0
         #: Plans committed since the training thread last took them (:meth:`take_plans`).
         self._committed_plans: deque[p.Propose] = deque()
 
@@ -152,32 +149,26 @@ class Agreement(Recorded):
             world_size=self.world_size,
             timeout_s=self._timeout_s,
             slice_s=self._slice_s,
+            between=self._read_mail if who.chief and self.world_size > 1 else None,
         )
         self._thread: threading.Thread | None = None
 
     # ------------------------------------------------------------------ life cycle
 
     def start(self) -> None:
-        """Start the watcher thread (once), and the chief's mail reader."""
+        """Start the watcher thread (once)."""
         if self._thread is None:
             self._thread = threading.Thread(
                 target=self._watcher.run, name=f"adaptd-agreement-{self.rank}", daemon=True
             )
             self._thread.start()
-            if self.who.chief and self.world_size > 1:
-                self._mail_thread = threading.Thread(
-                    target=self._read_mail, name="adaptd-agreement-mail", daemon=True
-                )
-                self._mail_thread.start()
 
     def close(self, timeout_s: float | None = None) -> None:
         """Stop the watcher; waits for it at most ``timeout_s`` (default: two slices)."""
         self._watcher.stop()
-        self._mail_stop.set()
-        wait_s = 2 * self._slice_s + 1.0 if timeout_s is None else timeout_s
-        for thread in (self._thread, self._mail_thread):
-            if thread is not None:
-                thread.join(wait_s)
+        thread = self._thread
+        if thread is not None:
+            thread.join(2 * self._slice_s + 1.0 if timeout_s is None else timeout_s)
         with self.lock:
             self.gate = NEVER
             self._hold = None
@@ -384,18 +375,15 @@ class Agreement(Recorded):
                 "" if commit or decision is None else f": {decision.reason}",
             )
 
-    def _read_mail(self) -> None:
-        """(The chief's mail thread.) Read the other ranks' mail every MAIL_S until
-        closed; ends quietly when the store is gone (the watcher says so)."""
-        while not self._mail_stop.wait(MAIL_S):
-            try:
-                self.mailbox.collect()
-            except CoordinationError as exc:
-                log.debug("the chief's mail reader stops: %s", exc)
-                return
-            except Exception:  # a bug: the mail stops, the rounds go on
-                log.exception("adaptd agreement mail reader failed")
-                return
+    def _read_mail(self) -> bool:
+        """(The chief's watcher thread, between rounds.) Read the other ranks' mail;
+        True when some is left for the next call (the watcher then looks for a
+        proposal only briefly before it reads on)."""
+        now = time.monotonic()
+        if now >= self._mail_at or self.mailbox.behind:
+            self._mail_at = now + MAIL_S
+            self.mailbox.collect()
+        return self.mailbox.behind
 
     def _settle_wishes(self, committed: p.Propose) -> None:
         wish = self._wish_save

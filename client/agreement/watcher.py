@@ -7,7 +7,11 @@ rank's answer (in threads of :data:`ACKS_PER_READER` ranks in a larger job) and 
 the decision; then waits for the decision, aborting the
 round itself after twice the timeout (first writer wins, so every rank reads one
 outcome), and hands it to its owner. Every wait is sliced, so :meth:`stop` is noticed
-within a slice.
+within a slice. After a slice in which no proposal came it runs ``between`` (the
+chief reads the other ranks' mail there: :mod:`adaptd.client.agreement.mailbox`), a
+bounded share at a time: while ``between`` says there is more, the watcher looks for
+a proposal for :data:`BRIEF_S` only, then calls it again, so a proposal waits for at
+most one share of the mail, however many ranks wrote.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Protocol
 
 from adaptd.client.agreement.coordination import CoordinationError
@@ -32,6 +36,10 @@ log = logging.getLogger("adaptd.client")
 #: docs/scale.md). Jobs of up to this many ranks read them in the watcher thread.
 ACKS_PER_READER = 16
 MAX_ACK_READERS = 32
+
+
+#: How long the watcher looks for a proposal between two shares of ``between``'s work.
+BRIEF_S = 0.001
 
 
 def reader_count(world_size: int) -> int:
@@ -65,8 +73,10 @@ class RoundWatcher:
         world_size: int,
         timeout_s: float,
         slice_s: float,
+        between: Callable[[], bool] | None = None,
     ) -> None:
         self._owner = owner
+        self._between = between
         self.store = store
         self.keys = keys
         self.rank = rank
@@ -86,10 +96,14 @@ class RoundWatcher:
     def run(self) -> None:
         """The thread's body: one round after another until :meth:`stop`."""
         try:
+            wait_s = self._slice_s
             while not self._stop.is_set():
                 k = self._owner.round
-                raw = self.store.get(self.keys.proposal(k), self._slice_s)
+                raw = self.store.get(self.keys.proposal(k), wait_s)
+                wait_s = self._slice_s
                 if raw is None:
+                    if self._between is not None and self._between():
+                        wait_s = BRIEF_S  # more to do between rounds: look, then go on
                     continue
                 self._round_of(k, raw)
         except CoordinationError as exc:
@@ -212,4 +226,4 @@ class RoundWatcher:
             self._owner.stop_with(f"could not abort round {k}: {exc}")
 
 
-__all__ = ["ACKS_PER_READER", "MAX_ACK_READERS", "Owner", "RoundWatcher", "reader_count"]
+__all__ = ["ACKS_PER_READER", "BRIEF_S", "MAX_ACK_READERS", "Owner", "RoundWatcher", "reader_count"]
