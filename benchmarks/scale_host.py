@@ -296,7 +296,7 @@ def measure(args: argparse.Namespace) -> dict:
             stop_daemon(daemon)
         inside = json.loads(report.read_text())
         db = Path(d) / "state" / DB_NAME
-        day = day_of_history(db, (w0, w1), Path(d) / "day.sqlite3")
+        day = day_of_history(db, (w0, w1), Path(d) / "day.sqlite3") if args.day else None
     cpu_s = (c1.user - c0.user) + (c1.system - c0.system)
     out = json.loads(ranks_out)
     lat = sorted(out.pop("latencies_s", []))
@@ -341,6 +341,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--policy", default="fixed:seconds=60",
                         help="the jobs' policy ('' for the daemon's choice)")  # fmt: skip
     parser.add_argument("--fixture", default="h100_8gpu")
+    parser.add_argument("--no-day", dest="day", action="store_false",
+                        help="skip the day of history (minutes of writing)")  # fmt: skip
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     if args.role == "_ranks":
@@ -364,9 +366,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  step report -> decision: p50 {lat['p50'] * 1e3:.2f} ms, p99 "
                   f"{lat['p99'] * 1e3:.2f} ms, max {lat['max'] * 1e3:.2f} ms "
                   f"({lat['n']} probes)")  # fmt: skip
-        print(f"  a day of history: {day['rows_written']} rows written "
-              f"({', '.join(f'{t} {v:.2f}/s' for t, v in day['rows_per_s'].items())}), "
-              f"{day['rows_kept']} kept, database {day['db_bytes'] / 2**20:.1f} MiB")  # fmt: skip
+        if day:
+            print(f"  a day of history: {day['rows_written']} rows written "
+                  f"({', '.join(f'{t} {v:.2f}/s' for t, v in day['rows_per_s'].items())}), "
+                  f"{day['rows_kept']} kept, database "
+                  f"{day['db_bytes'] / 2**20:.1f} MiB")  # fmt: skip
         for name, ok in checks.items():
             print(f"  {'ok  ' if ok else 'MISS'} {name}")
     return 0 if all(checks.values()) else 1
