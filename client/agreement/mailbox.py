@@ -20,9 +20,10 @@ when there is no mail: at 2,048 ranks an idle chief would make about 4,000 gets 
 second. With bells an idle chief makes one get per group. No mail is missed: a rank
 writes its mail *before* it rings, and the chief takes a bell down *before* it reads
 the group, so mail that lands after the chief read its rank's key rings the bell
-again. Why the bound: after a save every rank sends its cost, and the watcher reading
-all of it at once (three calls per rank) kept a proposal waiting for it: 0.26 s at
-64 ranks, 1.4 s at 256 (docs/scale.md).
+again (and a sweep every :data:`SWEEP_EVERY` passes reads every rank, for a get that
+timed out on a key that was there). Why the bound: after a save every rank sends its
+cost, and the watcher reading all of it at once (three calls per rank) kept a proposal
+waiting for it: 0.26 s at 64 ranks, 1.4 s at 256 (docs/scale.md).
 """
 
 from __future__ import annotations
@@ -44,6 +45,11 @@ GROUP = 32
 #: Reads and deletes of mail per :meth:`Mailbox.collect` (the bells' gets aside): what a
 #: proposal may wait for, at about a millisecond each.
 CALLS_PER_COLLECT = 32
+#: Every this many passes over the groups, one reads every rank's next key, rung or not:
+#: a get that waited longer than its millisecond for a key that *is* there (a busy
+#: host) reads as missing, and mail whose bell was already taken down would wait for
+#: the rank's next message; a sweep picks it up (every ~10 s while idle).
+SWEEP_EVERY = 20
 
 
 class Mailbox:
@@ -63,6 +69,8 @@ class Mailbox:
         self._sent = 0  # the next index this rank posts at
         self._next = dict.fromkeys(range(1, world_size), 0)  # chief: next index per rank
         self._cursor = 0  # chief: the group the next collect starts at
+        self._passes = 0  # chief: passes over the groups begun
+        self._sweeping = False  # chief: this pass reads every group, rung or not
         #: (Chief.) The last collect stopped at its bound: there may be more to read.
         self.behind = False
         self._lock = threading.Lock()
@@ -97,11 +105,16 @@ class Mailbox:
         got = calls = 0
         groups = -(-self.world_size // GROUP)
         self.behind = False
+        if self._cursor == 0 and not self._sweeping:  # a new pass over the groups
+            self._passes += 1
+            self._sweeping = self._passes % SWEEP_EVERY == 0
         for _ in range(groups):
             g = self._cursor
             bell = self.keys.bell(g)
-            if self.store.try_get(bell) is not None:
-                self.store.delete(bell)  # before reading: mail written after rings again
+            rung = self.store.try_get(bell) is not None
+            if rung or self._sweeping:
+                if rung:
+                    self.store.delete(bell)  # before reading: mail written after rings again
                 more = False
                 ranks = range(max(1, g * GROUP), min(self.world_size, (g + 1) * GROUP))
                 for r in ranks:
@@ -116,6 +129,8 @@ class Mailbox:
                 if self.behind:
                     return got
             self._cursor = (g + 1) % groups
+            if self._cursor == 0:
+                self._sweeping = False
             if calls >= CALLS_PER_COLLECT:
                 self.behind = True
                 return got
@@ -155,4 +170,4 @@ class Mailbox:
         return out
 
 
-__all__ = ["CALLS_PER_COLLECT", "GROUP", "PER_COLLECT", "Mailbox"]
+__all__ = ["CALLS_PER_COLLECT", "GROUP", "PER_COLLECT", "SWEEP_EVERY", "Mailbox"]
