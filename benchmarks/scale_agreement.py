@@ -299,13 +299,16 @@ def plot(path: Path, runs: list[Path]) -> None:
         label = run.stem
         ax1.plot(ns, [s["round_all_p50_s"] for s in data["sizes"]], "o-", label=label)
         ax2.plot(ns, [s["chief_ops_per_cycle"] for s in data["sizes"]], "o-", label=label)
-        f = data["fits"].get("round_all_p50_s")
+        f = data["fits"].get("round_all_p50_s (many)")
         if f:
-            xs = [ns[0], TARGET_N]
+            x0 = min(s["n"] for s in data["sizes"] if s["procs"] < s["n"])
+            if f["a"] + f["b"] * x0 <= 0:  # a line below 0 there: from where it is above
+                x0 = -2 * f["a"] / f["b"]
+            xs = [x0, TARGET_N]
             ax1.plot(xs, [f["a"] + f["b"] * x for x in xs], ":", color=ax1.lines[-1].get_color())
     ax1.axhline(TARGET_ROUND_S, color="grey", lw=0.8)
     ax1.set(xscale="log", yscale="log", xlabel="ranks (N)", ylabel="round p50 (s)",
-            title="round latency (dotted: linear fit)")  # fmt: skip
+            title="round latency (dotted: line fitted to 32-256)")  # fmt: skip
     ax2.set(xscale="log", yscale="log", xlabel="ranks (N)", ylabel="chief key-value calls",
             title="chief's calls per round, mail included")  # fmt: skip
     for ax in (ax1, ax2):

@@ -30,10 +30,10 @@ from adaptd.protocol import job as p
 log = logging.getLogger("adaptd.client")
 
 #: The proposer reads a round's acknowledgements in threads of this many ranks each,
-#: at most :data:`MAX_ACK_READERS` of them: each read is one get of about a round trip
-#: to the service, so one thread reading every rank's in turn makes a round grow by a
-#: round trip per rank (about 1.3 ms per rank measured, 2.7 s at 2,048 ranks:
-#: docs/scale.md). Jobs of up to this many ranks read them in the watcher thread.
+#: at most :data:`MAX_ACK_READERS` of them: each read is a get of about a round trip
+#: to the service, and one thread reading every rank's in turn adds a round trip per
+#: rank to the round (docs/scale.md). Jobs of up to this many ranks read them in the
+#: watcher thread.
 ACKS_PER_READER = 16
 MAX_ACK_READERS = 32
 
