@@ -198,7 +198,10 @@ class RoundWatcher:
             return self._decision_from(proposal, raw)
         why = "closing" if self._stop.is_set() else f"no decision within {2 * self._timeout_s:g}s"
         self.store.put(key, p.encode_json(rules.abort(proposal, f"rank {self.rank}: {why}")))
-        raw = self.store.try_get(key)
+        # the key is there now (ours, or the first writer's): a get, not a 1 ms try_get,
+        # which on a busy host can time out on a key that is there and leave this rank
+        # with its own abort's reason while the others read the first writer's
+        raw = self.store.get(key, self._slice_s)
         if raw is None:
             return rules.abort(proposal, why)
         return self._decision_from(proposal, raw)
