@@ -5,8 +5,9 @@ procfs at ``psutil.PROCFS_PATH`` (``/proc``), a setting of the whole process: th
 recorded-host tests point it at a fixture tree so that psutil's own parsers read the
 recorded files, and a daemon in a container could point it at the host's procfs.
 Hand-parsed procfs files remain only where psutil has nothing (mount IDs and options
-in ``mountinfo``, NFS ``mountstats``: :mod:`.storage`); they are read under the same
-root, :func:`procfs`.
+in ``mountinfo``, NFS ``mountstats``: :mod:`.storage`) and where psutil costs too
+much to be asked every second for every rank (:func:`process_info`); they are read
+under the same root, :func:`procfs`.
 
 An async TensorFlow save first copies the whole training state into host memory:
 a save needs that much available memory, or it pushes the host into swap or the
@@ -91,20 +92,44 @@ class ProcessInfo:
         return self.status not in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
 
 
+#: ``/proc/<pid>/stat``'s state letter as psutil names it (its ``STATUS_*`` strings).
+_STATES = {
+    "R": psutil.STATUS_RUNNING,
+    "S": psutil.STATUS_SLEEPING,
+    "D": psutil.STATUS_DISK_SLEEP,
+    "T": psutil.STATUS_STOPPED,
+    "t": psutil.STATUS_TRACING_STOP,
+    "Z": psutil.STATUS_ZOMBIE,
+    "X": psutil.STATUS_DEAD,
+    "x": psutil.STATUS_DEAD,
+    "K": "wake-kill",
+    "W": psutil.STATUS_WAKING,
+    "I": psutil.STATUS_IDLE,
+    "P": psutil.STATUS_PARKED,
+}
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
 def process_info(pid: int) -> ProcessInfo | None:
     """``pid``'s parent, start time and status; ``None`` when there is no such process
-    or it cannot be read (another pid namespace, ``hidepid``)."""
+    or it cannot be read (another pid namespace, ``hidepid``).
+
+    One read of ``/proc/<pid>/stat`` (under :func:`procfs`), parsed here: the daemon
+    asks it for every rank each second (:mod:`adaptd.daemon.jobs.liveness`), and
+    ``psutil.Process`` read five files for it, ``/proc/stat`` twice for the boot time
+    (at 512 ranks, the most of the daemon's CPU: docs/scale.md). The start time is
+    the kernel's start ticks over the tick rate, which is what psutil's create time
+    less its boot time comes to: seconds after boot, unchanged by wall-clock steps,
+    rounded so that two reads never differ."""
     try:
-        p = psutil.Process(pid)
-        with p.oneshot():  # one read of /proc/<pid>/stat for all three
-            # create_time() is boot time + start ticks; subtracting boot time again
-            # keeps the figure fixed when the wall clock is stepped (NTP)
-            # keeps the figure fixed when the wall clock is stepped (NTP); rounded to the
-            # kernel's tick so that the float arithmetic cannot differ between two calls
-            started = round(p.create_time() - psutil.boot_time(), 3)
-            return ProcessInfo(pid, p.ppid(), started, p.status())
-    except (psutil.Error, OSError, ValueError):
+        with open(f"{psutil.PROCFS_PATH}/{int(pid)}/stat", "rb") as f:  # no pathlib: 2x
+            raw = f.read()
+        # the command name is in parentheses and may hold anything: fields after it
+        fields = raw[raw.rindex(b")") + 2 :].split()
+        state, ppid, ticks = fields[0].decode(), int(fields[1]), int(fields[19])
+    except (OSError, ValueError, IndexError):
         return None
+    return ProcessInfo(pid, ppid, round(ticks / _TICKS, 3), _STATES.get(state, state))
 
 
 def pid_exists(pid: int) -> bool:

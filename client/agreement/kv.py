@@ -10,6 +10,7 @@ Keys of one checkpointer's session (``adaptd/<job>/<session>/``)::
     restore/done/<rank>  each rank's Restored
     mail/<rank>/<i>      a rank's i-th message to the chief (Request, SaveCost;
                          :mod:`adaptd.client.agreement.mailbox`)
+    mail/bell/<group>    rung by a rank of the group after it wrote mail
 
 Sessions are numbered per job in each process, so the ranks' N-th checkpointers meet
 (every rank of a data-parallel job creates its checkpointers in the same order).
@@ -18,7 +19,9 @@ Sessions are numbered per job in each process, so the ranks' N-th checkpointers 
 from __future__ import annotations
 
 import itertools
+import re
 import threading
+from collections import Counter
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -76,5 +79,74 @@ class Keys:
     def mail(self, rank: int, i: int) -> str:
         return f"{self.prefix}/mail/{rank}/{i}"
 
+    def bell(self, group: int) -> str:
+        return f"{self.prefix}/mail/bell/{group}"
 
-__all__ = ["Keys", "Store", "next_session"]
+
+#: A session key's kind, from its part after the session prefix (see the module docstring).
+_KINDS = (
+    (re.compile(r"r\d+/proposal$"), "proposal"),
+    (re.compile(r"r\d+/ack/\d+$"), "ack"),
+    (re.compile(r"r\d+/decision$"), "decision"),
+    (re.compile(r"r\d+$"), "round"),
+    (re.compile(r"mail/"), "mail"),
+    (re.compile(r"restore/"), "restore"),
+)
+
+
+def kind_of(key: str) -> str:
+    """The kind of a session key (``proposal``, ``ack``, ``decision``, ``round`` for a
+    round's whole range, ``mail``, ``restore``), or ``other``."""
+    for pattern, kind in _KINDS:
+        if pattern.search(key):
+            return kind
+    return "other"
+
+
+class CountingStore:
+    """A :class:`Store` that counts every call made through it, by operation and key
+    kind (:func:`kind_of`), then passes it on unchanged.
+
+    The one place the agreement's key-value work is measured (benchmarks/
+    scale_agreement.py, and the suite's guard that a round's work at the chief grows
+    no faster than the job): everything the agreement does to its store goes through
+    this interface, so what is counted here is all of it. Thread-safe (a rank's watcher
+    and training threads share their store)."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._counts: Counter[tuple[str, str]] = Counter()
+        self._lock = threading.Lock()
+
+    def _count(self, op: str, key: str) -> None:
+        with self._lock:
+            self._counts[(op, kind_of(key))] += 1
+
+    def counts(self) -> Counter[tuple[str, str]]:
+        """A copy of the counts so far, keyed by (operation, key kind)."""
+        with self._lock:
+            return Counter(self._counts)
+
+    def total(self) -> int:
+        """Every call so far."""
+        with self._lock:
+            return sum(self._counts.values())
+
+    def put(self, key: str, value: str) -> bool:
+        self._count("put", key)
+        return self.store.put(key, value)
+
+    def get(self, key: str, timeout_s: float) -> str | None:
+        self._count("get", key)
+        return self.store.get(key, timeout_s)
+
+    def try_get(self, key: str) -> str | None:
+        self._count("try_get", key)
+        return self.store.try_get(key)
+
+    def delete(self, key: str) -> None:
+        self._count("delete", key)
+        self.store.delete(key)
+
+
+__all__ = ["CountingStore", "Keys", "Store", "kind_of", "next_session"]

@@ -49,7 +49,8 @@ from adaptd.protocol import job as p
 log = logging.getLogger("adaptd.client")
 
 #: The chief reads the other ranks' mail at most this often, after a slice without a
-#: proposal (each read is one 1 ms get per rank, on the watcher thread).
+#: proposal (on the watcher thread: one get per doorbell, and the mail of the groups
+#: that rang, a bounded share per call: :mod:`adaptd.client.agreement.mailbox`).
 MAIL_S = 0.1
 
 
@@ -374,12 +375,15 @@ class Agreement(Recorded):
                 "" if commit or decision is None else f": {decision.reason}",
             )
 
-    def _read_mail(self) -> None:
-        """(The chief's watcher thread, between rounds.) Read the other ranks' mail."""
+    def _read_mail(self) -> bool:
+        """(The chief's watcher thread, between rounds.) Read the other ranks' mail;
+        True when some is left for the next call (the watcher then looks for a
+        proposal only briefly before it reads on)."""
         now = time.monotonic()
-        if now >= self._mail_at:
+        if now >= self._mail_at or self.mailbox.behind:
             self._mail_at = now + MAIL_S
             self.mailbox.collect()
+        return self.mailbox.behind
 
     def _settle_wishes(self, committed: p.Propose) -> None:
         wish = self._wish_save

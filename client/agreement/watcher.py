@@ -3,11 +3,15 @@
 For round ``k`` it waits for the proposal, has its owner (:class:`~adaptd.client.
 agreement.Agreement`) answer it (which holds the training thread at the proposed
 step when the answer is yes), writes the answer; as the proposer, collects every
-rank's answer and writes the decision; then waits for the decision, aborting the
+rank's answer (in threads of :data:`ACKS_PER_READER` ranks in a larger job) and writes
+the decision; then waits for the decision, aborting the
 round itself after twice the timeout (first writer wins, so every rank reads one
 outcome), and hands it to its owner. Every wait is sliced, so :meth:`stop` is noticed
 within a slice. After a slice in which no proposal came it runs ``between`` (the
-chief reads the other ranks' mail there: :mod:`adaptd.client.agreement.mailbox`).
+chief reads the other ranks' mail there: :mod:`adaptd.client.agreement.mailbox`), a
+bounded share at a time: while ``between`` says there is more, the watcher looks for
+a proposal for :data:`BRIEF_S` only, then calls it again, so a proposal waits for at
+most one share of the mail, however many ranks wrote.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Protocol
 
 from adaptd.client.agreement.coordination import CoordinationError
@@ -24,6 +28,23 @@ from adaptd.core import agreement as rules
 from adaptd.protocol import job as p
 
 log = logging.getLogger("adaptd.client")
+
+#: The proposer reads a round's acknowledgements in threads of this many ranks each,
+#: at most :data:`MAX_ACK_READERS` of them: each read is a get of about a round trip
+#: to the service, and one thread reading every rank's in turn adds a round trip per
+#: rank to the round (docs/scale.md). Jobs of up to this many ranks read them in the
+#: watcher thread.
+ACKS_PER_READER = 16
+MAX_ACK_READERS = 32
+
+
+#: How long the watcher looks for a proposal between two shares of ``between``'s work.
+BRIEF_S = 0.001
+
+
+def reader_count(world_size: int) -> int:
+    """How many threads read a round's acknowledgements in a job of ``world_size``."""
+    return max(1, min(MAX_ACK_READERS, -(-world_size // ACKS_PER_READER)))
 
 
 class Owner(Protocol):
@@ -52,7 +73,7 @@ class RoundWatcher:
         world_size: int,
         timeout_s: float,
         slice_s: float,
-        between: Callable[[], None] | None = None,
+        between: Callable[[], bool] | None = None,
     ) -> None:
         self._owner = owner
         self._between = between
@@ -75,12 +96,14 @@ class RoundWatcher:
     def run(self) -> None:
         """The thread's body: one round after another until :meth:`stop`."""
         try:
+            wait_s = self._slice_s
             while not self._stop.is_set():
                 k = self._owner.round
-                raw = self.store.get(self.keys.proposal(k), self._slice_s)
+                raw = self.store.get(self.keys.proposal(k), wait_s)
+                wait_s = self._slice_s
                 if raw is None:
-                    if self._between is not None:  # a quiet slice: e.g. the chief's mail
-                        self._between()
+                    if self._between is not None and self._between():
+                        wait_s = BRIEF_S  # more to do between rounds: look, then go on
                     continue
                 self._round_of(k, raw)
         except CoordinationError as exc:
@@ -125,7 +148,35 @@ class RoundWatcher:
         k = proposal.round
         deadline = time.monotonic() + self._timeout_s
         acks: dict[int, p.Ack] = {}
-        for r in range(self.world_size):
+        readers = reader_count(self.world_size)
+        if readers == 1:
+            self._read_acks(k, range(self.world_size), deadline, acks)
+        else:  # the gets wait on the service with the GIL released: read side by side
+            threads = [
+                threading.Thread(
+                    target=self._read_acks,
+                    args=(k, range(j, self.world_size, readers), deadline, acks),
+                    name=f"adaptd-acks-{self.rank}-{j}",
+                    daemon=True,
+                )
+                for j in range(readers)
+            ]
+            for t in threads:
+                t.start()
+            for t in threads:  # each ends by the deadline (or within a slice of stop())
+                t.join()
+        decision = rules.decide(proposal, acks, self.world_size)
+        self.store.put(self.keys.decision(k), p.encode_json(decision))
+        if decision.commit and k > 0:
+            # every rank acknowledged round k, so every rank is done with round k - 1
+            self.store.delete(self.keys.round(k - 1))
+
+    def _read_acks(
+        self, k: int, ranks: Iterable[int], deadline: float, acks: dict[int, p.Ack]
+    ) -> None:
+        """Read the acknowledgements of ``ranks`` into ``acks`` (one get each, waiting
+        until ``deadline``; past it only what is there)."""
+        for r in ranks:
             if time.monotonic() < deadline:
                 raw = self._wait_key(self.keys.ack(k, r), deadline)
             else:  # past the deadline: only see who did answer, for the reason
@@ -138,12 +189,7 @@ class RoundWatcher:
                 log.warning("round %d: bad acknowledgement of rank %d (%s)", k, r, exc)
                 continue
             if isinstance(ack, p.Ack) and ack.rank == r and ack.round == k:
-                acks[r] = ack
-        decision = rules.decide(proposal, acks, self.world_size)
-        self.store.put(self.keys.decision(k), p.encode_json(decision))
-        if decision.commit and k > 0:
-            # every rank acknowledged round k, so every rank is done with round k - 1
-            self.store.delete(self.keys.round(k - 1))
+                acks[r] = ack  # one key per rank: the readers never write the same one
 
     def _await_decision(self, proposal: p.Propose) -> p.Decide:
         key = self.keys.decision(proposal.round)
@@ -152,7 +198,10 @@ class RoundWatcher:
             return self._decision_from(proposal, raw)
         why = "closing" if self._stop.is_set() else f"no decision within {2 * self._timeout_s:g}s"
         self.store.put(key, p.encode_json(rules.abort(proposal, f"rank {self.rank}: {why}")))
-        raw = self.store.try_get(key)
+        # the key is there now (ours, or the first writer's): a get, not a 1 ms try_get,
+        # which on a busy host can time out on a key that is there and leave this rank
+        # with its own abort's reason while the others read the first writer's
+        raw = self.store.get(key, self._slice_s)
         if raw is None:
             return rules.abort(proposal, why)
         return self._decision_from(proposal, raw)
@@ -180,4 +229,4 @@ class RoundWatcher:
             self._owner.stop_with(f"could not abort round {k}: {exc}")
 
 
-__all__ = ["Owner", "RoundWatcher"]
+__all__ = ["ACKS_PER_READER", "BRIEF_S", "MAX_ACK_READERS", "Owner", "RoundWatcher", "reader_count"]

@@ -1,0 +1,202 @@
+"""The agreement's key-value work against the job's size, counted (not timed) at the
+one store interface (:class:`adaptd.client.agreement.kv.CountingStore`): a guard that
+the chief's work per round grows no faster than the job, and that an idle chief's
+mail reading does not grow with every rank (docs/scale.md, "The agreement"; the
+figures on the real coordination service are benchmarks/scale_agreement.py's).
+
+The ranks are real :class:`~adaptd.client.agreement.rounds.Agreement` objects, each
+with its watcher thread, in this process, on a store with the coordination service's
+semantics (first writer wins, a get waits for its key)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+
+import pytest
+
+from adaptd.client.agreement.kv import CountingStore, Keys
+from adaptd.client.agreement.mailbox import (
+    CALLS_PER_COLLECT,
+    GROUP,
+    PER_COLLECT,
+    SWEEP_EVERY,
+    Mailbox,
+)
+from adaptd.client.agreement.ranks import Identity
+from adaptd.client.agreement.rounds import Agreement, AgreementOptions
+from adaptd.client.save.schedule import SaveSchedule
+from adaptd.protocol import job as p
+from client.kv_store import WaitingDictStore
+
+DEADLINE_S = 20.0
+ROUND_KINDS = ("proposal", "ack", "decision", "round")
+WAIT = ("get", "proposal")
+
+
+class Rank:
+    def __init__(self, store: WaitingDictStore, rank: int, world: int) -> None:
+        self.store = CountingStore(store)
+        self.recorded = threading.Event()
+        self.agreement = Agreement(
+            self.store,
+            Identity("scale", rank, world),
+            position=lambda: 0,
+            wake=self._wake,
+            session=0,
+            options=AgreementOptions(timeout_s=DEADLINE_S, slice_s=DEADLINE_S, lead_time_s=0.0),
+        )
+
+    def _wake(self) -> None:
+        if self.agreement.ledger.rounds:
+            self.recorded.set()
+
+
+def round_ops(world: int) -> tuple[int, int]:
+    """One committed save round in a job of ``world`` ranks: the chief's calls on the
+    round's keys, and the most any other rank made."""
+    shared = WaitingDictStore()
+    ranks = [Rank(shared, r, world) for r in range(world)]
+    for r in ranks:
+        r.agreement.start()
+    try:
+        chief = ranks[0]
+        before = chief.store.counts()
+        chief.agreement.want_save("guard", 10)
+        chief.agreement.boundary(10, SaveSchedule(), None)
+        for r in ranks:
+            assert r.recorded.wait(DEADLINE_S), f"rank {r.agreement.rank} saw no round"
+        assert chief.agreement.rounds[0].commit, chief.agreement.rounds
+        spent = chief.store.counts() - before
+        others = [r.store.counts() for r in ranks[1:]]
+    finally:
+        for r in ranks:
+            r.agreement._watcher.stop()
+        shared.close()  # the watchers' waits end now, not at the end of their slices
+        for r in ranks:
+            r.agreement.close()
+
+    def on_round(c: Counter[tuple[str, str]]) -> int:
+        # left out: the watcher's wait for a proposal, made whenever its thread gets to it
+        return sum(n for (op, kind), n in c.items() if kind in ROUND_KINDS and (op, kind) != WAIT)
+
+    return on_round(spent), max(on_round(c) for c in others)
+
+
+def test_the_chiefs_work_per_round_grows_with_the_job_and_a_ranks_does_not() -> None:
+    sizes = (4, 16, 64)
+    chief, rank = zip(*(round_ops(n) for n in sizes), strict=True)
+    for n, ops in zip(sizes, chief, strict=True):
+        # the proposal put, its own ack, one get of each rank's ack, the decision put
+        # and read: N + 4, never a multiple of N (a second read per rank, a poll)
+        assert ops == n + 4, (n, ops)
+    # the same per rank at every size: its ack, the decision read
+    assert rank == (2, 2, 2), rank
+
+
+@pytest.mark.parametrize("world", [2, GROUP, 10 * GROUP + 5])
+def test_an_idle_chief_reads_one_bell_per_group_and_mail_still_arrives(world: int) -> None:
+    store = CountingStore(WaitingDictStore())
+    keys = Keys.of("scale", 0)
+    chief = Mailbox(store, keys, rank=0, world_size=world)
+    groups = -(-world // GROUP)
+    before = store.total()
+    assert chief.collect() == 0
+    assert store.total() - before == groups  # one get per bell, none per rank
+    last = world - 1
+    sender = Mailbox(store, keys, rank=last, world_size=world)
+    cost = p.SaveCost(v=p.VERSION, job="scale", rank=last, step=7, blocking_s=0.1)
+    assert sender.post(cost)
+    before = store.total()
+    assert chief.collect() == 1 and chief.take() == [cost]
+    # the bells, the rung one taken down, each rank of that group's next key, the read
+    # mail deleted and the next one looked for: a group's worth, not the job's
+    assert store.total() - before <= groups + 1 + GROUP + 2
+    before = store.total()
+    assert chief.collect() == 0 and store.total() - before == groups
+
+
+def test_mail_written_while_the_chief_reads_its_group_is_not_lost() -> None:
+    shared = WaitingDictStore()
+    keys = Keys.of("scale", 0)
+    chief = Mailbox(shared, keys, rank=0, world_size=4)
+    ranks = [Mailbox(shared, keys, rank=r, world_size=4) for r in (1, 2, 3)]
+
+    class Interleaved:
+        """The store, where rank 1 posts once the chief has read its next key."""
+
+        def __init__(self) -> None:
+            self.posted = False
+
+        def put(self, key: str, value: str) -> bool:
+            return shared.put(key, value)
+
+        def get(self, key: str, timeout_s: float) -> str | None:
+            return shared.get(key, timeout_s)
+
+        def try_get(self, key: str) -> str | None:
+            raw = shared.try_get(key)
+            if key == keys.mail(1, 1) and not self.posted:
+                self.posted = True
+                ranks[0].post(p.SaveCost(v=p.VERSION, job="scale", rank=1, step=2, blocking_s=0))
+            return raw
+
+        def delete(self, key: str) -> None:
+            shared.delete(key)
+
+    chief.store = Interleaved()
+    ranks[0].post(p.SaveCost(v=p.VERSION, job="scale", rank=1, step=1, blocking_s=0))
+    assert chief.collect() == 1  # the second message landed after its key was read
+    t0 = time.monotonic()
+    assert chief.collect() == 1  # its bell rang again: read on the next collect
+    assert [m.step for m in chief.take()] == [1, 2]
+    assert time.monotonic() - t0 < DEADLINE_S
+
+
+@pytest.mark.parametrize("world", [40, 10 * GROUP + 5])
+def test_the_chief_reads_a_burst_of_mail_in_bounded_shares_and_all_of_it(world: int) -> None:
+    """After a save every rank sends its cost; the watcher reads them between rounds,
+    so one collect must stay bounded (a proposal waits for at most one), and the
+    collects after it must read the rest."""
+    store = CountingStore(WaitingDictStore())
+    keys = Keys.of("scale", 0)
+    chief = Mailbox(store, keys, rank=0, world_size=world)
+    sent = []
+    for r in range(1, world):
+        msg = p.SaveCost(v=p.VERSION, job="scale", rank=r, step=5, blocking_s=0.1)
+        assert Mailbox(store, keys, rank=r, world_size=world).post(msg)
+        sent.append(msg)
+    groups = -(-world // GROUP)
+    read, collects = [], 0
+    while True:
+        before = store.total()
+        read.extend(chief.take() if chief.collect() else [])
+        collects += 1
+        # the bells (a get, and a delete of each rung one), then the bound's reads and
+        # deletes, over by at most one rank's share, and a bell rung again: not the job's
+        bound = 2 * groups + CALLS_PER_COLLECT + 2 * PER_COLLECT + 1
+        assert store.total() - before <= bound
+        if not chief.behind:
+            break
+        assert collects < 10 * world, "the mail was never all read"
+    assert sorted(read, key=lambda m: m.rank) == sent
+    assert chief.collect() == 0 and not chief.behind
+
+
+def test_mail_whose_bell_was_missed_is_read_by_the_next_sweep() -> None:
+    """A get that waited past its millisecond for a key that is there reads as missing
+    (a busy host): mail left behind a bell already taken down is read by a sweep."""
+    store = CountingStore(WaitingDictStore())
+    keys = Keys.of("scale", 0)
+    world = 3 * GROUP
+    chief = Mailbox(store, keys, rank=0, world_size=world)
+    msg = p.SaveCost(v=p.VERSION, job="scale", rank=GROUP + 3, step=5, blocking_s=0.1)
+    store.put(keys.mail(GROUP + 3, 0), p.encode_json(msg))  # written, its bell never seen
+    read, collects = [], 0
+    while not read:
+        collects += 1
+        assert collects <= SWEEP_EVERY * 4, "the mail was never read"
+        if chief.collect():
+            read = chief.take()
+    assert read == [msg] and collects >= SWEEP_EVERY - 1
