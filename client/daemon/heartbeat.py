@@ -15,7 +15,9 @@ training thread is still blocked (it aborts the collectives).
 
 Without a daemon the beats are dropped (``IMMEDIATE``) at no cost, and the hook's
 collective timeout stays the bound on a hang. A daemon older than the message refuses
-it (an :class:`~adaptd.protocol.job.Error`): the thread stops, logging it once.
+it (an :class:`~adaptd.protocol.job.Error`): the thread stops, logging it once. A daemon
+that has not heard the rank's hello (yet, or since it restarted) answers ``unknown_peer``:
+the thread beats on until the training thread's link says hello again.
 """
 
 from __future__ import annotations
@@ -122,6 +124,10 @@ class Heartbeat:
                 self.aborted = msg
                 log.error("the daemon aborts the job: %s", msg.reason)
                 self.on_abort(msg)
+            elif isinstance(msg, protocol.Error) and msg.code == "unknown_peer":
+                # the daemon has not heard this rank's hello (yet, or again after a
+                # restart): the training thread's link says it; beats go on meanwhile
+                continue
             elif isinstance(msg, protocol.Error):
                 log.warning("the daemon refuses heartbeats (%s: %s): hang detection is off "
                             "for this rank", msg.code, msg.message)  # fmt: skip

@@ -154,14 +154,17 @@ def test_every_random_message_gets_an_answer_and_the_daemon_serves_on(
     served: Served, zctx: zmq.Context, frames: list[bytes]
 ) -> None:
     """Whatever a peer sends (one to three frames of anything under ZeroMQ's hard cap),
-    the daemon answers it: an Error for a refusal, Welcome for a valid hello, an
-    ``unknown_peer`` Error for a valid report from a stranger. So each message was
+    the daemon answers it: an Error for a refusal, Welcome for a valid hello, JobConfig
+    for a valid ask for a job's settings, an ``unknown_peer`` Error for a valid report or
+    heartbeat from a stranger. So each message was
     seen, judged and answered, and the daemon is alive to do it."""
     peer = Rank(zctx, served.endpoint, "fuzz")
     try:
         peer.sock.send_multipart(frames)
         reply = peer.recv(DEADLINE)
-        assert isinstance(reply, p.Error | p.Welcome), reply
+        assert isinstance(reply, p.Error | p.Welcome | p.JobConfig), reply
+        if isinstance(reply, p.JobConfig):  # a valid ask for a job's configured settings
+            assert any(b'ask_config' in f for f in frames), (reply, frames)
         if isinstance(reply, p.Error):
             assert reply.code in {
                 "malformed", "invalid", "version", "too_large", "unknown_peer", "bad_policy",

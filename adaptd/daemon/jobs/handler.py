@@ -144,8 +144,19 @@ class JobHandler:
         (where the kernel or CURVE says who it is)."""
         job = self.core.registry.jobs.get(msg.job)
         rank = job.ranks.get(msg.rank) if job is not None else None
-        if job is None or rank is None or self.stall is None:
-            return  # a rank not (yet) registered here: its hello comes first
+        if job is None or rank is None:
+            # a rank not (yet) registered here (the daemon restarted, or a stranger):
+            # answered like any report from one, and the rank's heartbeat beats on
+            # until its training thread's hello comes
+            self.reject(
+                identity,
+                "unknown_peer",
+                f"beat for job {msg.job!r} rank {msg.rank}, which has not said hello here "
+                "(the daemon may have restarted): its hello comes first",
+            )
+            return
+        if self.stall is None:
+            return  # hang detection is off on this daemon: a beat is only taken
         known = rank.peer
         if (
             known is not None

@@ -1,0 +1,48 @@
+"""The rank's heartbeat thread against a real ROUTER (the daemon side driven by the test):
+it beats on through a daemon that has not heard the rank's hello (``unknown_peer``: the
+daemon restarted, the hello comes from the training thread), and stops on any other
+refusal (an older daemon that does not know the message)."""
+
+from __future__ import annotations
+
+import time
+
+from adaptd.client.daemon.heartbeat import Heartbeat
+from adaptd.protocol import job as protocol
+
+DEADLINE = 10.0
+
+
+def _heartbeat(endpoint: str) -> Heartbeat:
+    return Heartbeat(endpoint, "hb-job", 1, position=lambda: 7, holding=lambda: "",
+                     on_abort=lambda _m: None, interval_s=0.05)  # fmt: skip
+
+
+def _refuse(daemon, code: str) -> None:
+    daemon.send(protocol.Error(v=protocol.VERSION, code=code, message="refused by the test"))
+
+
+def test_beats_go_on_while_the_daemon_has_not_heard_the_hello(fake_daemon) -> None:
+    hb = _heartbeat(fake_daemon.endpoint).start()
+    try:
+        first = fake_daemon.wait_for(protocol.Beat, DEADLINE)
+        assert (first.job, first.rank, first.step) == ("hb-job", 1, 7)
+        _refuse(fake_daemon, "unknown_peer")
+        for _ in range(3):  # beats keep coming after the refusal
+            fake_daemon.wait_for(protocol.Beat, DEADLINE)
+        assert hb._thread.is_alive()
+    finally:
+        hb.stop()
+
+
+def test_any_other_refusal_stops_the_beats(fake_daemon) -> None:
+    hb = _heartbeat(fake_daemon.endpoint).start()
+    try:
+        fake_daemon.wait_for(protocol.Beat, DEADLINE)
+        _refuse(fake_daemon, "version")
+        end = time.monotonic() + DEADLINE
+        while hb._thread.is_alive():
+            assert time.monotonic() < end, "the heartbeat went on after a version refusal"
+            hb._thread.join(0.05)
+    finally:
+        hb.stop()
