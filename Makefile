@@ -12,6 +12,13 @@ BIN        := $(VENV)/bin
 DEMO_STAMP := $(VENV)/.installed-demo
 TEST_STAMP := $(VENV)/.installed-test
 TEST_DEPS  ?=
+# PYTEST_WORKERS=2 runs the suite in that many pytest-xdist processes (docs/testing.md):
+# its slow tests mostly wait (etcd leases, throttled mounts, daemons draining), which two
+# processes overlap with the TensorFlow tests' CPU; each runs whole modules (--dist
+# loadscope: a module's fixtures start once). Unset (the default): one process, as before,
+# until it is green three times in a row on a quiet machine (docs/testing.md says why not yet).
+PYTEST_WORKERS ?=
+XDIST := $(if $(PYTEST_WORKERS),-n $(PYTEST_WORKERS) --dist loadscope)
 # setuptools tells every editable install of a package-dir layout that folders named like
 # the package may shadow it ("Editable installation.", an InformationOnly notice, not a
 # problem of the metadata); only that notice is filtered, every other warning shows.
@@ -49,7 +56,7 @@ test-deps:
 test: $(TEST_STAMP) test-deps
 	$(BIN)/ruff check .
 	$(BIN)/python scripts/layers.py
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(XDIST) $(PYTEST_ARGS)
 
 lint: $(TEST_STAMP)
 	$(BIN)/ruff check .

@@ -35,7 +35,9 @@ def test_restart_in_place_resumes_from_memory_and_wiped_or_damaged_from_durable(
     tmp_path, memory_tier, zygote
 ):
     # fixed two tiers: a save every 5 steps, every 2nd durable: 5 local, 10 durable,
-    # 15 local, 20 durable ...; killed after step 17: memory holds 15, durable 10
+    # 15 local, 20 durable ...; killed once the save of 15 is reported (its write runs
+    # beside the steps: on a loaded box it can end after step 17): memory holds 15,
+    # durable 10
     common = ["--steps", "30", "--policy", "fixed:steps=5,durable_every=2",
               "--socket", f"ipc://{tmp_path}/none", "--step-sleep", "0.05"]  # fmt: skip
     ref_out = tmp_path / "ref.bin"
@@ -46,9 +48,8 @@ def test_restart_in_place_resumes_from_memory_and_wiped_or_damaged_from_durable(
         ckpt, out = tmp_path / case / "ckpt", tmp_path / case / "out.bin"
         local = memory_tier / case.replace(" ", "-")
         tier = ["--local-tier", str(local)]
-        lines = kill_at(zygote, ckpt, out, r"step 17", *common, *tier)
+        lines = kill_at(zygote, ckpt, out, r"saved 15 ok=True tier=local", *common, *tier)
         assert "saved 5 ok=True tier=local" in lines and "saved 10 ok=True" in lines
-        assert "saved 15 ok=True tier=local" in lines
         # the durable directory holds only the durable saves; memory the newer local one
         assert [n for n in _files(ckpt) if n.endswith(".index")] == ["ckpt-10.index"]
         assert [n for n in _files(local) if n.endswith(".index")] == ["ckpt-15.index"]
