@@ -164,7 +164,7 @@ def test_every_random_message_gets_an_answer_and_the_daemon_serves_on(
         reply = peer.recv(DEADLINE)
         assert isinstance(reply, p.Error | p.Welcome | p.JobConfig), reply
         if isinstance(reply, p.JobConfig):  # a valid ask for a job's configured settings
-            assert any(b'ask_config' in f for f in frames), (reply, frames)
+            assert any(b"ask_config" in f for f in frames), (reply, frames)
         if isinstance(reply, p.Error):
             assert reply.code in {
                 "malformed", "invalid", "version", "too_large", "unknown_peer", "bad_policy",
