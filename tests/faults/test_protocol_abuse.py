@@ -22,7 +22,7 @@ from pathlib import Path
 import msgspec
 import pytest
 import zmq
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from adaptd.protocol import admin
@@ -150,29 +150,70 @@ def zctx() -> Iterator[zmq.Context]:
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(frames=st.lists(any_frame, min_size=1, max_size=3))
+# a valid heartbeat and a valid ask for a job's settings (each once found unanswered, or
+# answered with what the test did not expect)
+@example(frames=[b"\x85\xa4kind\xa4beat\xa1v\x02\xa3job\xa10\xa4rank\x00\xa4step\x00"])
+@example(frames=[b"\x83\xa4kind\xaaask_config\xa1v\x02\xa3job\xa10"])
 def test_every_random_message_gets_an_answer_and_the_daemon_serves_on(
     served: Served, zctx: zmq.Context, frames: list[bytes]
 ) -> None:
     """Whatever a peer sends (one to three frames of anything under ZeroMQ's hard cap),
     the daemon answers it: an Error for a refusal, Welcome for a valid hello, JobConfig
     for a valid ask for a job's settings, an ``unknown_peer`` Error for a valid report or
-    heartbeat from a stranger. So each message was
-    seen, judged and answered, and the daemon is alive to do it."""
+    heartbeat from a stranger. The one one-way message is a valid heartbeat of a rank
+    that said hello here (a process beats on a connection of its own, unanswered unless
+    its job was aborted): after it a probe that is never valid must be answered, so the
+    beat was judged and the daemon serves on. So each message was seen, judged and
+    answered, and the daemon is alive to do it."""
     peer = Rank(zctx, served.endpoint, "fuzz")
     try:
         peer.sock.send_multipart(frames)
-        reply = peer.recv(DEADLINE)
-        assert isinstance(reply, p.Error | p.Welcome | p.JobConfig), reply
-        if isinstance(reply, p.JobConfig):  # a valid ask for a job's configured settings
-            assert any(b"ask_config" in f for f in frames), (reply, frames)
-        if isinstance(reply, p.Error):
-            assert reply.code in {
-                "malformed", "invalid", "version", "too_large", "unknown_peer", "bad_policy",
-                "wrong_job", "rank_taken",
-            }, reply  # fmt: skip
+        if _is_beat(frames):
+            peer.sock.send_multipart([b"\xc1\xc1\xc1"])  # never valid: answered malformed
+            reply = peer.recv(DEADLINE)
+            while not (isinstance(reply, p.Error) and reply.code == "malformed"):
+                assert isinstance(reply, p.Abort) or (
+                    isinstance(reply, p.Error) and reply.code in {"unknown_peer", "wrong_job"}
+                ), reply
+                reply = peer.recv(DEADLINE)
+        else:
+            reply = peer.recv(DEADLINE)
+            assert isinstance(reply, p.Error | p.Welcome | p.JobConfig), reply
+            if isinstance(reply, p.JobConfig):  # a valid ask for a job's configured settings
+                assert any(b"ask_config" in f for f in frames), (reply, frames)
+            if isinstance(reply, p.Error):
+                assert reply.code in {
+                    "malformed", "invalid", "version", "too_large", "unknown_peer",
+                    "bad_policy", "wrong_job", "rank_taken",
+                }, reply  # fmt: skip
     finally:
         peer.close()
     assert served.alive()
+
+
+def test_a_heartbeat_from_a_stranger_is_answered_unknown_peer(
+    served: Served, zctx: zmq.Context
+) -> None:
+    """A beat for a job and rank that never said hello here (the daemon restarted, or a
+    stranger) is answered like a report from one, so the rank's heartbeat knows its
+    hello must come first."""
+    peer = Rank(zctx, served.endpoint, "never-said-hello")
+    try:
+        peer.sock.send(p.encode(p.Beat(v=V, job="never-said-hello", rank=3, step=5)))
+        reply = peer.recv(DEADLINE)
+        assert isinstance(reply, p.Error) and reply.code == "unknown_peer", reply
+    finally:
+        peer.close()
+
+
+def _is_beat(frames: list[bytes]) -> bool:
+    """One frame that decodes as a valid heartbeat."""
+    if len(frames) != 1:
+        return False
+    try:
+        return isinstance(p.decode_client(frames[0]), p.Beat)
+    except Exception:
+        return False
 
 
 def test_random_input_left_the_daemon_serving(served: Served, zctx: zmq.Context) -> None:
