@@ -77,6 +77,9 @@ def test_a_tensorflow_and_an_orbax_job_never_write_at_once_on_a_capped_target(
             tf_job.kill()
         host.stop()
     spans = sorted(saves)
-    for (_, ended, a), (start, _, b) in itertools.pairwise(spans):
-        assert start > ended, f"{a} and {b} wrote at once on a target capped at 1: {spans}"
+    # the claim is between the two jobs: a job's own saves are one at a time in its hook,
+    # and their windows here (the daemon's report time less durable_s) can touch
+    for (s1, e1, a), (s2, e2, b) in itertools.combinations(spans, 2):
+        if a.split("@")[0] != b.split("@")[0]:
+            assert e1 < s2 or e2 < s1, f"{a} and {b} wrote at once on a target capped at 1: {spans}"
     assert grants >= 2 * SAVES
