@@ -3,7 +3,7 @@
 Every import counts, the lazy ones inside functions too: a cycle that only shows at
 run time is still two modules that cannot be understood, tested or moved one
 without the other (docs/architecture.md, "Limits that keep it this way"). This
-script makes "no cycles" a check the suite runs (tests/test_sizes.py).
+script makes "no cycles" a check the suite runs (tests/test_import_cycles.py).
 
 import-linter's ``acyclic`` contract (pyproject.toml, ``make test``) checks more: no two
 parts of a package, modules or subpackages, import each other. It checks the daemon
