@@ -6,9 +6,9 @@ imported on first use, so importing this package costs nothing;
 ``adaptd.tiers.restore.restore`` fetches the newest verified checkpoint into a
 directory. See docs/tiers.md.
 
-Modules: ``layout`` (the folder's files and the manifest), ``folder`` (one folder as
-readers and the writer see it: its files, read, verify), ``upload`` (the resumable
-write path), ``replica`` (a folder with its write path and retention), ``throttle``
+Modules: ``layout`` (the folder's files and the manifest), ``replica`` (one folder as
+readers and the writer see it: its files, read, verify, the resumable write path,
+retention), ``throttle``
 (bandwidth cap and yielding), ``destination`` (one destination's queue and workers),
 ``replicator`` (the daemon's sink that feeds them), ``restore``.
 """
@@ -24,7 +24,7 @@ _EXPORTS = {
     "Replica": "replica",
     "Throttle": "throttle",
     "TierError": "layout",
-    "UploadResult": "upload",
+    "UploadResult": "replica",
     "RestoreResult": "restore",
 }
 

@@ -11,7 +11,7 @@
     .<name>.part                a file being written under a hidden name (mounted paths)
 
 :class:`Manifest` is what a reader trusts; :func:`local_files` is what an upload
-sends. Shared by :mod:`.replica` (the folder), :mod:`.upload` (the write path) and
+sends. Shared by :mod:`.replica` (the folder and its write path) and
 :mod:`.restore`. A step of a multi-worker job is its replicated part and every rank's
 part (:mod:`adaptd.checkpoints.rank_parts`): only a step complete for the job is uploaded, and a
 manifest that lists less is refused, so a step is never restored half.

@@ -1,7 +1,7 @@
 """Destination URLs: which are accepted, which are object stores, which are mounted paths.
 
 The one place that says it, for every module that takes a destination: the config's
-``[destinations.NAME] url`` (:mod:`adaptd.config.kinds`), a :class:`~adaptd.tiers.folder.Folder`
+``[destinations.NAME] url`` (:mod:`adaptd.config.kinds`), a :class:`~adaptd.tiers.replica.Replica`
 (what ``adaptd restore`` and the daemon's uploads open), the hook's ``restore_from``
 (:mod:`adaptd.client.restore.remote`) and the fleet, which names a shared object store
 by its bucket (:func:`adaptd.fleet.targets.object_target`).

@@ -19,8 +19,8 @@ from adaptd.client.restore import remote
 from adaptd.config import loader as config
 from adaptd.fleet.targets import object_target
 from adaptd.tiers import urls
-from adaptd.tiers.folder import Folder
 from adaptd.tiers.layout import TierError
+from adaptd.tiers.replica import Replica
 
 MISSING = [m for m in ("gcsfs", "ossfs", "adlfs") if importlib.util.find_spec(m) is None]
 
@@ -37,7 +37,7 @@ def by_config(url: str) -> str | None:
 
 def by_folder(url: str) -> str | None:
     try:
-        Folder(url)
+        Replica(url)
     except TierError as exc:
         return str(exc)
     return None
