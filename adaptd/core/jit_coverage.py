@@ -9,7 +9,7 @@ two covered ones), is :attr:`JitCoverage.coverage`; with what a just-in-time sav
 (:attr:`JitCoverage.save_s`, the median of the newest), it fills
 :class:`~adaptd.core.snapshot.JobState`'s ``jit_coverage`` and ``jit_save_s``, so the
 policy plans the periodic interval for the uncovered failures only
-(``policies/tiers.py``). Pure: the daemon feeds it (``adaptd/daemon/jobs/records.py``).
+(``policies/tiers.py``). Pure: the daemon feeds it (``adaptd/daemon/jobs/table.py``).
 """
 
 from __future__ import annotations

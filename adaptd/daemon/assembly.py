@@ -56,7 +56,7 @@ class Seams:
     - ``tick_hooks``: called every ``tick_interval_s`` in the loop with the time.
     - ``clock``: the loop's monotonic clock.
     - ``jobs``: the table the registry keeps its records in; pass one to read it (a
-      :class:`~adaptd.daemon.jobs.view.RegistryView`) from seams made before the daemon.
+      :class:`~adaptd.daemon.jobs.table.RegistryView`) from seams made before the daemon.
     - ``tracker_factory``: a new job's tracker from its first hello (default: a fresh one).
     - ``config_settings``: the config's settings for a job met for the first time.
     - ``job_config``: the config's answer to a rank asking for its job's settings (its

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from adaptd.config.loader import StorageTarget
 from adaptd.core.snapshot import Snapshot, StorageSample
-from adaptd.daemon.jobs.view import RegistryView
+from adaptd.daemon.jobs.table import RegistryView
 
 if TYPE_CHECKING:
     from adaptd.fleet.part import FleetPart

@@ -9,7 +9,7 @@ In order:
    posterior restored from it (:func:`adaptd.state.learned.restore_failure_rate`);
 2. the telemetry :class:`~adaptd.telemetry.sampler.Sampler` and the daemon's job table
    (:class:`~adaptd.daemon.jobs.table.JobTable`, read through a
-   :class:`~adaptd.daemon.jobs.view.RegistryView` by the parts below);
+   :class:`~adaptd.daemon.jobs.table.RegistryView` by the parts below);
 3. with a ``[fleet]``, the :class:`~adaptd.fleet.part.FleetPart` (docs/fleet.md): its
    pooled posterior is the one every tracker shares, the daemon's events go to it, its
    slot wishes go out at each tick, a granted slot wakes the daemon
@@ -42,8 +42,7 @@ from adaptd.core.stall import StallLimits
 from adaptd.daemon import assembly
 from adaptd.daemon.host_snapshot import HostSnapshot
 from adaptd.daemon.jobs import job_config
-from adaptd.daemon.jobs.table import JobTable
-from adaptd.daemon.jobs.view import RegistryView
+from adaptd.daemon.jobs.table import JobTable, RegistryView
 from adaptd.daemon.options import DaemonOptions
 from adaptd.daemon.sdnotify import Notifier
 from adaptd.daemon.server import Daemon

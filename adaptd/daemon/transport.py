@@ -25,7 +25,7 @@ from typing import Any
 
 import zmq
 
-from adaptd.daemon.jobs.records import PeerCred, Rank
+from adaptd.daemon.jobs.table import PeerCred, Rank
 from adaptd.daemon.stats import DaemonStats
 from adaptd.daemon.waker import Waker
 from adaptd.logfmt import Throttle, logfmt

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from adaptd import events as ev
 from adaptd.core.snapshot import Snapshot
-from adaptd.daemon.jobs.view import RegistryView
+from adaptd.daemon.jobs.table import RegistryView
 from adaptd.daemon.sdnotify import Notifier
 from adaptd.metrics.exporter import Metrics
 from adaptd.state.learned import Learned

@@ -54,7 +54,7 @@ HISTORY = 300
 
 
 #: Where a job's :class:`JobInfo` (or its ``(checkpoint_dir, pids)``) comes from:
-#: :meth:`adaptd.daemon.jobs.view.RegistryView.processes` in the daemon.
+#: :meth:`adaptd.daemon.jobs.table.RegistryView.processes` in the daemon.
 JobSource = Callable[[], Mapping[str, "JobInfo | tuple[str, tuple[int, ...]]"]]
 
 

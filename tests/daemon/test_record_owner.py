@@ -1,8 +1,8 @@
 """A job's record changes only through its own methods (issue 22: "the Job record changed
 from seven modules").
 
-:class:`~adaptd.daemon.jobs.records.Job` and :class:`~adaptd.daemon.jobs.records.Rank` say,
-in :mod:`adaptd.daemon.jobs.records`, every way they change (a rank joined, a save was
+:class:`~adaptd.daemon.jobs.table.Job` and :class:`~adaptd.daemon.jobs.table.Rank` say,
+in :mod:`adaptd.daemon.jobs.table`, every way they change (a rank joined, a save was
 counted, a plan was pushed, the job was lost); every other module of the runtime only
 reads them. This reads the runtime's source and fails on a write to one of their fields
 from anywhere else: an assignment (``job.urgent = ...``), an augmented one, a ``del``, or
@@ -16,10 +16,10 @@ import ast
 import dataclasses
 from pathlib import Path
 
-from adaptd.daemon.jobs.records import Job, Rank
+from adaptd.daemon.jobs.table import Job, Rank
 
 ROOT = Path(__file__).resolve().parents[2]
-RECORDS = ROOT / "adaptd" / "daemon" / "jobs" / "records.py"
+RECORDS = ROOT / "adaptd" / "daemon" / "jobs" / "table.py"
 #: What the runtime calls a job or a rank record.
 NAMES = {"job", "j", "rank", "r", "rk", "old", "replaced"}
 FIELDS = {f.name for f in dataclasses.fields(Job)} | {f.name for f in dataclasses.fields(Rank)}

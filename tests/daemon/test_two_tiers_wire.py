@@ -9,7 +9,7 @@ import msgspec
 
 from adaptd.core.snapshot import Decision
 from adaptd.daemon.jobs.costs import SaveCosts
-from adaptd.daemon.jobs.records import failure_kind
+from adaptd.daemon.jobs.table import failure_kind
 from adaptd.protocol import job as p
 
 
@@ -62,7 +62,7 @@ def test_failure_classes_are_learned_per_job_and_kept_across_a_daemon_restart(tm
     """A job with a local tier gets failure classes of its own; its returns teach them
     (intact: a process failure, gone: a host failure), and the store keeps them."""
     from adaptd.core.estimators import FailureRate
-    from adaptd.daemon.jobs.records import Job
+    from adaptd.daemon.jobs.table import Job
     from adaptd.state.learned import Learned
     from adaptd.state.store import Store
 
@@ -100,7 +100,7 @@ def test_the_daemon_counts_the_durable_cadence_from_the_durable_saves_only():
     """A save the daemon learns of from a step report (in flight) is counted as durable
     only where the plan's rule says so, as the hook decides: the anchor io_aware and
     the next durable save count from stays at the last durable save."""
-    from adaptd.daemon.jobs.records import Job
+    from adaptd.daemon.jobs.table import Job
 
     hello = p.Hello(v=p.VERSION, job="j", local_tier="memory")
     from adaptd.daemon.jobs.registry import default_tracker

@@ -12,8 +12,7 @@ import zmq
 from nvml_fixture import FixtureNvml
 
 from adaptd.daemon.assembly import Seams, build
-from adaptd.daemon.jobs.table import JobTable
-from adaptd.daemon.jobs.view import RegistryView
+from adaptd.daemon.jobs.table import JobTable, RegistryView
 from adaptd.daemon.options import DaemonOptions
 from adaptd.protocol import job as p
 from adaptd.telemetry import nvml

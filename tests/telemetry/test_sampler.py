@@ -14,7 +14,7 @@ from nvml_fixture import FixtureNvml
 
 from adaptd.core.snapshot import GpuSample
 from adaptd.daemon.jobs.registry import Registry
-from adaptd.daemon.jobs.view import RegistryView
+from adaptd.daemon.jobs.table import RegistryView
 from adaptd.protocol import job as p
 from adaptd.telemetry import nvml
 from adaptd.telemetry.host import Host, process_info

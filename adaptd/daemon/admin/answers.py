@@ -18,7 +18,7 @@ import logging
 from adaptd.core.policy import PolicyError
 from adaptd.daemon.admin.context import AdminContext
 from adaptd.daemon.jobs.ops import JobOps, RequestRefused
-from adaptd.daemon.jobs.records import Job
+from adaptd.daemon.jobs.table import Job
 from adaptd.logfmt import logfmt
 from adaptd.protocol import job as p
 from adaptd.protocol.admin import (

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from adaptd.daemon.jobs.ops import NoRankToRelay
-from adaptd.daemon.jobs.records import Job
+from adaptd.daemon.jobs.table import Job
 from adaptd.daemon.parts import Core
 from adaptd.protocol import admin
 from adaptd.protocol.job import Operation

@@ -15,8 +15,7 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from adaptd.daemon.jobs.records import Job, Rank
-from adaptd.daemon.jobs.table import JobTable
+from adaptd.daemon.jobs.table import Job, JobTable, Rank
 from adaptd.logfmt import logfmt
 from adaptd.protocol import admin
 from adaptd.protocol import job as p

@@ -22,7 +22,7 @@ import zmq
 
 from adaptd.daemon.admin.commands import OperatorCommands
 from adaptd.daemon.admin.context import AdminContext, HistorySource
-from adaptd.daemon.jobs.records import PeerCred
+from adaptd.daemon.jobs.table import PeerCred
 from adaptd.daemon.parts import Core
 from adaptd.daemon.transport import DaemonError, peer_cred
 from adaptd.logfmt import logfmt

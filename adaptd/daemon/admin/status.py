@@ -16,10 +16,9 @@ from typing import Any
 
 from adaptd import __version__
 from adaptd.core.snapshot import Decision
-from adaptd.daemon.jobs.records import Job
 from adaptd.daemon.jobs.settings import OperatorSettings
 from adaptd.daemon.jobs.stall_watch import StallVerdicts
-from adaptd.daemon.jobs.table import JobTable
+from adaptd.daemon.jobs.table import Job, JobTable
 from adaptd.daemon.stats import DaemonStats
 from adaptd.daemon.transport import Transport
 from adaptd.events import EventBus

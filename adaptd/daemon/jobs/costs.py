@@ -13,7 +13,7 @@ the other ranks' costs of it then raise that observation (:meth:`JobTracker.on_s
   :meth:`SaveCosts.on_save_cost`), kept until its save is counted if it comes first.
 
 :class:`SaveCosts` is one job's part of that (held by its
-:class:`~adaptd.daemon.jobs.records.Job`): which saved steps were counted, and the
+:class:`~adaptd.daemon.jobs.table.Job`): which saved steps were counted, and the
 forwarded costs of saves not counted yet.
 """
 

@@ -5,7 +5,7 @@ saves; :class:`Delivery` is the one part that tells the job's ranks, and the one
 of the daemon's agreement rounds:
 
 - a job whose ranks agree through this daemon
-  (:attr:`~adaptd.daemon.jobs.records.Job.runs_rounds`) must switch plans at the same
+  (:attr:`~adaptd.daemon.jobs.table.Job.runs_rounds`) must switch plans at the same
   step on every rank, so its plans and urgent saves are proposed in a round
   (:class:`~adaptd.daemon.jobs.rounds.Agreements`), never sent as they are; its ranks'
   hellos, acknowledgements and goodbyes go to the rounds, and so does every tick;
@@ -22,8 +22,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from adaptd import __version__
-from adaptd.daemon.jobs.records import Job, Rank
 from adaptd.daemon.jobs.rounds import Agreements
+from adaptd.daemon.jobs.table import Job, Rank
 from adaptd.daemon.stats import DaemonStats
 from adaptd.daemon.transport import SendRank
 from adaptd.protocol import job as p

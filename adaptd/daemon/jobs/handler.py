@@ -28,9 +28,9 @@ import logging
 import zmq
 
 from adaptd.daemon.jobs import job_config
-from adaptd.daemon.jobs.records import Job, PeerCred, Rank
 from adaptd.daemon.jobs.registry import HelloRefused, RegistryFull
 from adaptd.daemon.jobs.stall_watch import StallWatch
+from adaptd.daemon.jobs.table import Job, PeerCred, Rank
 from adaptd.daemon.parts import Core
 from adaptd.daemon.transport import peer_cred
 from adaptd.logfmt import logfmt

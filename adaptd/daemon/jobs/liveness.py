@@ -20,8 +20,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from adaptd import events as ev
-from adaptd.daemon.jobs.records import Job
-from adaptd.daemon.jobs.table import JobTable
+from adaptd.daemon.jobs.table import Job, JobTable
 from adaptd.protocol.job import LIVENESS_TIMEOUT_S
 from adaptd.telemetry.host import ProcessInfo, pid_exists, process_info
 

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable
 from adaptd.config.schema import MEMORY_TIER_SHARE  # the setting's default, defined with it
 from adaptd.core.snapshot import Snapshot
 from adaptd.daemon.jobs.delivery import Delivery, plan_message
-from adaptd.daemon.jobs.records import Job
+from adaptd.daemon.jobs.table import Job
 
 __all__ = ["MEMORY_TIER_SHARE", "RESEND_CHANGE", "MemoryTiers", "budgets", "check_share"]
 

@@ -1,7 +1,7 @@
 """Operator actions on one job, whoever asked, and on whichever host the job is decided.
 
 ``set-policy``, ``pause``/``resume`` and ``save-now`` change what a job's plan is. One
-daemon decides each job's plan (:attr:`~adaptd.daemon.jobs.records.Job.decides`): for a multi-host
+daemon decides each job's plan (:attr:`~adaptd.daemon.jobs.table.Job.decides`): for a multi-host
 job whose ranks agree on TensorFlow's coordination service, that is the daemon of
 its chief (rank 0). :class:`JobOps` does an action where it belongs:
 
@@ -35,9 +35,8 @@ from dataclasses import dataclass
 from adaptd.daemon.jobs.delivery import Delivery
 from adaptd.daemon.jobs.planner import Planner
 from adaptd.daemon.jobs.policy_choice import PolicyChoice
-from adaptd.daemon.jobs.records import Job, Rank
 from adaptd.daemon.jobs.settings import OperatorSettings
-from adaptd.daemon.jobs.table import JobTable
+from adaptd.daemon.jobs.table import Job, JobTable, Rank
 from adaptd.logfmt import logfmt
 from adaptd.protocol import job as p
 from adaptd.protocol.relay_auth import RelayKey

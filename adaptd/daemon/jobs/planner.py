@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from adaptd import events as ev
 from adaptd.core.snapshot import Decision, Snapshot, same_saves
 from adaptd.daemon.jobs.delivery import Delivery
-from adaptd.daemon.jobs.records import Job
 from adaptd.daemon.jobs.settings import OperatorSettings
+from adaptd.daemon.jobs.table import Job
 from adaptd.daemon.stats import DaemonStats
 from adaptd.logfmt import Throttle, logfmt
 

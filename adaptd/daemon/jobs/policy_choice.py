@@ -12,8 +12,8 @@ from __future__ import annotations
 import logging
 
 from adaptd.core.policy import Policy, PolicyCache, PolicyError
-from adaptd.daemon.jobs.records import HelloKind, Job
 from adaptd.daemon.jobs.settings import OperatorSettings
+from adaptd.daemon.jobs.table import HelloKind, Job
 from adaptd.logfmt import logfmt
 
 __all__ = ["PolicyChoice"]

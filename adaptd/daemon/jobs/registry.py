@@ -37,8 +37,15 @@ from adaptd.daemon.jobs.liveness import (
     ProcessProbe,
     ProcProbe,
 )
-from adaptd.daemon.jobs.records import HelloKind, Job, JobStateName, PeerCred, PendingResume, Rank
-from adaptd.daemon.jobs.table import JobTable
+from adaptd.daemon.jobs.table import (
+    HelloKind,
+    Job,
+    JobStateName,
+    JobTable,
+    PeerCred,
+    PendingResume,
+    Rank,
+)
 from adaptd.protocol.job import LIVENESS_TIMEOUT_S, Goodbye, Hello, SaveCost, SaveReport, Steps
 
 __all__ = [
@@ -94,7 +101,7 @@ class Registry:
     """Jobs and ranks, with liveness; emits :mod:`adaptd.events` through ``emit``.
 
     ``table``: where the records are kept (a new one by default; pass one to read it
-    through a :class:`~adaptd.daemon.jobs.view.RegistryView` built before the registry).
+    through a :class:`~adaptd.daemon.jobs.table.RegistryView` built before the registry).
     ``tracker_factory`` builds a new job's tracker from its first hello (e.g. to share
     one failure rate across the host's jobs, or to load what the store learned).
     Raises :class:`ValueError` for a ``silence_timeout_s`` that is not > 0.

@@ -33,7 +33,7 @@ from collections.abc import Iterable
 
 from adaptd.core.rounds import TIMEOUT_S, JobRounds
 from adaptd.core.snapshot import Decision
-from adaptd.daemon.jobs.records import Job, Rank
+from adaptd.daemon.jobs.table import Job, Rank
 from adaptd.daemon.stats import DaemonStats
 from adaptd.daemon.transport import SendRank
 from adaptd.logfmt import logfmt
@@ -45,7 +45,7 @@ log = logging.getLogger("adaptd.server")
 
 
 class Agreements:
-    """The rounds of every job that :attr:`~adaptd.daemon.jobs.records.Job.runs_rounds`;
+    """The rounds of every job that :attr:`~adaptd.daemon.jobs.table.Job.runs_rounds`;
     called from the daemon's loop."""
 
     def __init__(self, *, send: SendRank, stats: DaemonStats, timeout_s: float = TIMEOUT_S) -> None:

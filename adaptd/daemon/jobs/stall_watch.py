@@ -24,8 +24,7 @@ from dataclasses import dataclass, field
 from adaptd import events as ev
 from adaptd.core import stall
 from adaptd.core.snapshot import Snapshot
-from adaptd.daemon.jobs.records import Job, Rank
-from adaptd.daemon.jobs.table import JobTable
+from adaptd.daemon.jobs.table import Job, JobTable, Rank
 from adaptd.protocol import job as p
 from adaptd.telemetry.host import ProcessInfo, process_info
 
