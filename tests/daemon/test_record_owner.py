@@ -19,7 +19,10 @@ from pathlib import Path
 from adaptd.daemon.jobs.table import Job, Rank
 
 ROOT = Path(__file__).resolve().parents[2]
+#: The module of the records, where only the records' own classes may change them
+#: (the job table beside them is held to the rule like every other part).
 RECORDS = ROOT / "adaptd" / "daemon" / "jobs" / "table.py"
+OWNERS = {"Job", "Rank"}
 #: What the runtime calls a job or a rank record.
 NAMES = {"job", "j", "rank", "r", "rk", "old", "replaced"}
 FIELDS = {f.name for f in dataclasses.fields(Job)} | {f.name for f in dataclasses.fields(Rank)}
@@ -72,9 +75,11 @@ def _flat(target: ast.AST) -> list[ast.AST]:
 def test_only_the_records_module_changes_a_job_or_a_rank() -> None:
     offenders = []
     for path in sorted((ROOT / "adaptd").rglob("*.py")):
-        if path == RECORDS:
-            continue
         tree = ast.parse(path.read_text(encoding="utf-8"))
+        if path == RECORDS:
+            tree.body = [
+                n for n in tree.body if not (isinstance(n, ast.ClassDef) and n.name in OWNERS)
+            ]
         offenders += [f"{path.relative_to(ROOT)}:{line}: {what}" for line, what in writes(tree)]
     assert offenders == [], "write these through a method of Job or Rank:\n" + "\n".join(offenders)
 
