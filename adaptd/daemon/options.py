@@ -75,6 +75,8 @@ class DaemonOptions:
     curve: CurveKeys | None = None
     relay_key: RelayKey | None = None
     memory_tier_share: float = MEMORY_TIER_SHARE
+    #: The planner's part of these options (``replan_tolerance``), made and checked once.
+    planner: PlannerOptions = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         try:
@@ -94,12 +96,8 @@ class DaemonOptions:
         except ValueError as exc:
             raise DaemonError(str(exc)) from None
         try:
-            PlannerOptions(replan_tolerance=self.replan_tolerance)
+            planner = PlannerOptions(replan_tolerance=self.replan_tolerance)
         except ValueError as exc:
             raise DaemonError(str(exc)) from None
+        object.__setattr__(self, "planner", planner)
         object.__setattr__(self, "job_settings", MappingProxyType(dict(self.job_settings)))
-
-    @property
-    def planner(self) -> PlannerOptions:
-        """The planner's part of these options."""
-        return PlannerOptions(replan_tolerance=self.replan_tolerance)

@@ -28,6 +28,9 @@ from adaptd.daemon.transport import DaemonError
         ("tick_interval_s", float("inf"), "tick_interval_s must be > 0"),
         ("replan_tolerance", 1.0, "replan_tolerance must be in [0, 1)"),
         ("replan_tolerance", -0.1, "replan_tolerance must be in [0, 1)"),
+        # checked here only: the memory tiers' hook takes the share as these options hold it
+        ("memory_tier_share", 0, "daemon.memory_tier_share must be a share"),
+        ("memory_tier_share", 1.5, "daemon.memory_tier_share must be a share"),
     ],
 )
 def test_a_bad_option_is_refused_naming_it(option: str, value: object, named: str) -> None:
@@ -45,6 +48,7 @@ def test_every_option_has_a_default_and_the_object_is_frozen(short_dir: Path) ->
     frozen = DaemonOptions(job_settings=settings)  # type: ignore[arg-type]
     settings["b"] = object()  # the caller's dict is not the daemon's
     assert list(frozen.job_settings) == ["a"]
+    assert options.planner.replan_tolerance == options.replan_tolerance  # made once, kept
     d = build(DaemonOptions(socket=short_dir / "adaptd.sock")).start()
     try:
         assert d.status().daemon.default_policy == DaemonOptions().policy

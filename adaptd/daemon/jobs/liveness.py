@@ -71,10 +71,8 @@ class ProcProbe:
 
 
 class Liveness:
-    """Finds lost ranks and jobs in ``table``; emits through ``emit``.
-
-    Raises :class:`ValueError` for a ``silence_timeout_s`` that is not > 0.
-    """
+    """Finds lost ranks and jobs in ``table``; emits through ``emit``. ``silence_timeout_s``
+    is > 0, as :class:`~adaptd.daemon.options.DaemonOptions` checked it."""
 
     def __init__(
         self,
@@ -86,8 +84,6 @@ class Liveness:
         max_inactive_jobs: int = MAX_INACTIVE_JOBS,
         wall: Callable[[], float] = _time.time,
     ) -> None:
-        if not silence_timeout_s > 0:
-            raise ValueError(f"silence_timeout_s must be > 0 seconds, got {silence_timeout_s}")
         self.table = table
         self.emit = emit
         self.probe: ProcessProbe = probe if probe is not None else ProcProbe()

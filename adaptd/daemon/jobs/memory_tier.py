@@ -57,7 +57,8 @@ class MemoryTiers:
         jobs: the daemon's jobs (read; each one's ``memory_budget`` is set).
         snapshot: the newest host snapshot.
         delivery: sends a job's plan again when its budget changed.
-        share: ``daemon.memory_tier_share`` (checked by :func:`check_share`).
+        share: ``daemon.memory_tier_share``, as :class:`~adaptd.daemon.options.DaemonOptions`
+            checked it (:func:`check_share`, once, where the setting enters).
     """
 
     def __init__(
@@ -71,7 +72,7 @@ class MemoryTiers:
         self.jobs = jobs
         self.snapshot = snapshot
         self.delivery = delivery
-        self.share = check_share(share)
+        self.share = share
 
     def tick(self, now: float) -> None:
         host = self.snapshot().host

@@ -104,7 +104,6 @@ class Registry:
     through a :class:`~adaptd.daemon.jobs.table.RegistryView` built before the registry).
     ``tracker_factory`` builds a new job's tracker from its first hello (e.g. to share
     one failure rate across the host's jobs, or to load what the store learned).
-    Raises :class:`ValueError` for a ``silence_timeout_s`` that is not > 0.
     """
 
     def __init__(
