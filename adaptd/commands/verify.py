@@ -17,6 +17,7 @@ import argparse
 import json
 import os
 import sys
+from typing import Any
 
 from adaptd.commands import UsageError
 
@@ -35,29 +36,26 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from adaptd.client.orbax import checkpoints as orbax
 
+    report: Any
     if orbax.is_orbax(args.path):
-        found = orbax.verify(args.path)
-        if args.json:
-            json.dump(found.as_dict(), sys.stdout, indent=2)
-            sys.stdout.write("\n")
-        else:
-            sys.stdout.write(render_orbax(found))
-        return 0 if found.ok else 1
-    # TensorFlow's C++ start-up errors say nothing about a checkpoint (on a host without
-    # a GPU: "failed call to cuInit: ... CUDA error"); TF_CPP_MIN_LOG_LEVEL shows them.
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    try:
-        from adaptd.client.restore import verify
-    except ImportError as exc:
-        raise UsageError(
-            f"needs TensorFlow ({exc}); install it (pip install 'adaptd[tensorflow]')"
-        ) from None
-    report = verify.verify(args.path)
+        report, text = orbax.verify(args.path), render_orbax
+    else:
+        # TensorFlow's C++ start-up errors say nothing about a checkpoint (on a host
+        # without a GPU: "failed call to cuInit: ... CUDA error"); TF_CPP_MIN_LOG_LEVEL
+        # shows them.
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+        try:
+            from adaptd.client.restore import verify
+        except ImportError as exc:
+            raise UsageError(
+                f"needs TensorFlow ({exc}); install it (pip install 'adaptd[tensorflow]')"
+            ) from None
+        report, text = verify.verify(args.path), render
     if args.json:
         json.dump(report.as_dict(), sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
-        sys.stdout.write(render(report))
+        sys.stdout.write(text(report))
     return 0 if report.ok else 1
 
 
