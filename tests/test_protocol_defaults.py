@@ -23,8 +23,8 @@ def test_a_round_is_bounded_alike_on_both_sides() -> None:
 
 def test_a_silent_rank_is_gone_after_the_same_time_everywhere() -> None:
     assert config.from_mapping({}).liveness_timeout_s == p.LIVENESS_TIMEOUT_S
-    assert Registry().liveness.silence_timeout_s == p.LIVENESS_TIMEOUT_S
-    assert DaemonOptions().silence_timeout_s == p.LIVENESS_TIMEOUT_S
+    assert Registry().liveness.liveness_timeout_s == p.LIVENESS_TIMEOUT_S
+    assert DaemonOptions().liveness_timeout_s == p.LIVENESS_TIMEOUT_S
 
 
 def test_the_simulated_hook_reports_as_the_real_one() -> None:

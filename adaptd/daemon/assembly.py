@@ -107,7 +107,7 @@ def assemble(options: DaemonOptions, seams: Seams) -> DaemonParts:
     registry = Registry(
         seams.jobs,
         emit=events,
-        silence_timeout_s=options.silence_timeout_s,
+        liveness_timeout_s=options.liveness_timeout_s,
         hostname=options.hostname,
         tracker_factory=seams.tracker_factory,
     )

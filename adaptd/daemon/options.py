@@ -42,7 +42,7 @@ class DaemonOptions:
       (:mod:`adaptd.protocol.paths`); checked when the daemon is built (the path's
       length, TCP without CURVE), and bound when it opens.
     - ``policy``: the spec of jobs that name none (``--policy``, ``policy.default``).
-    - ``silence_timeout_s``: a rank silent this long is lost (``--silence-timeout``,
+    - ``liveness_timeout_s``: a rank silent this long is lost (``--silence-timeout``,
       ``daemon.liveness_timeout_s``); > 0.
     - ``resend_after_s``: a rank that reports after this long without hearing from the
       daemon gets its plan (or Welcome) again; > 0.
@@ -65,7 +65,7 @@ class DaemonOptions:
 
     socket: str | os.PathLike[str] | None = None
     policy: str = policy_mod.DEFAULT_SPEC
-    silence_timeout_s: float = LIVENESS_TIMEOUT_S
+    liveness_timeout_s: float = LIVENESS_TIMEOUT_S
     resend_after_s: float = RESEND_AFTER_S
     tick_interval_s: float = TICK_INTERVAL_S
     replan_tolerance: float = REPLAN_TOLERANCE
@@ -84,7 +84,7 @@ class DaemonOptions:
         except policy_mod.PolicyError as exc:
             raise DaemonError(f"policy (--policy) {self.policy!r}: {exc}") from None
         for name, flag in (
-            ("silence_timeout_s", " (--silence-timeout)"),
+            ("liveness_timeout_s", " (--silence-timeout)"),
             ("resend_after_s", ""),
             ("tick_interval_s", ""),
         ):

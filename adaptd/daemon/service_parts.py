@@ -222,7 +222,7 @@ def daemon_options(cfg: Config, store: Store | None = None) -> DaemonOptions:
         return DaemonOptions(
             socket=cfg.socket,
             policy=cfg.default_policy,
-            silence_timeout_s=cfg.liveness_timeout_s,
+            liveness_timeout_s=cfg.liveness_timeout_s,
             job_settings=initial_settings(cfg, store),
             admin_group=cfg.admin_group,
             curve=curve,

@@ -115,7 +115,7 @@ def test_bad_options_are_one_line_and_exit_1(short_dir) -> None:
     r = cli("serve", "--socket", "tcp://127.0.0.1:5555")
     assert r.returncode == 1 and "CURVE" in r.stderr
     with pytest.raises(DaemonError, match="silence-timeout"):
-        DaemonOptions(socket=short_dir / "a.sock", silence_timeout_s=0)
+        DaemonOptions(socket=short_dir / "a.sock", liveness_timeout_s=0)
 
 
 def test_status_without_daemon_is_one_line_exit_1(short_dir) -> None:

@@ -100,7 +100,7 @@ def test_goodbye_is_not_a_failure(short_dir, zctx) -> None:
 
 
 def test_silent_rank_is_lost_and_revived_when_it_speaks(short_dir, zctx) -> None:
-    kw = {"silence_timeout_s": 0.3, "tick_interval_s": 0.05}
+    kw = {"liveness_timeout_s": 0.3, "tick_interval_s": 0.05}
     with thread_daemon(short_dir / "adaptd.sock", **kw) as (daemon, sink):
         peer = Peer(zctx, daemon.endpoint)
         peer.hello("quiet-1", pid=0)  # pid unknown: only silence can tell

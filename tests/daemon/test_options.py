@@ -22,8 +22,8 @@ from adaptd.daemon.transport import DaemonError
     ("option", "value", "named"),
     [
         ("policy", "nosuch", "policy (--policy) 'nosuch'"),
-        ("silence_timeout_s", 0, "silence_timeout_s (--silence-timeout) must be > 0"),
-        ("silence_timeout_s", float("nan"), "silence_timeout_s"),
+        ("liveness_timeout_s", 0, "liveness_timeout_s (--silence-timeout) must be > 0"),
+        ("liveness_timeout_s", float("nan"), "liveness_timeout_s"),
         ("resend_after_s", -1.0, "resend_after_s must be > 0"),
         ("tick_interval_s", float("inf"), "tick_interval_s must be > 0"),
         ("replan_tolerance", 1.0, "replan_tolerance must be in [0, 1)"),
@@ -41,7 +41,7 @@ def test_a_bad_option_is_refused_naming_it(option: str, value: object, named: st
 
 def test_every_option_has_a_default_and_the_object_is_frozen(short_dir: Path) -> None:
     options = DaemonOptions()
-    assert options.silence_timeout_s == LIVENESS_TIMEOUT_S  # the config's default, one home
+    assert options.liveness_timeout_s == LIVENESS_TIMEOUT_S  # the config's default, one home
     with pytest.raises(dataclasses.FrozenInstanceError):
         options.policy = "young"  # type: ignore[misc]
     settings = {"a": object()}

@@ -80,7 +80,7 @@ def test_each_saved_step_counts_once_at_the_slowest_ranks_cost_failures_always()
 
 def test_liveness_by_silence_and_all_ranks_gone() -> None:
     seen: list[ev.Event] = []
-    reg = Registry(emit=seen.append, silence_timeout_s=10)
+    reg = Registry(emit=seen.append, liveness_timeout_s=10)
     job, r0, _ = reg.hello(b"a", hello("j", 0), 0.0)
     _, r1, _ = reg.hello(b"b", hello("j", 1), 0.0)
     reg.steps(job, r1, steps("j", 1, 5), 8.0)
@@ -93,7 +93,7 @@ def test_liveness_by_silence_and_all_ranks_gone() -> None:
 
 def test_resume_restart_and_reconnect_kinds() -> None:
     seen: list[ev.Event] = []
-    reg = Registry(emit=seen.append, silence_timeout_s=1)
+    reg = Registry(emit=seen.append, liveness_timeout_s=1)
     job, r0, kind = reg.hello(b"a", hello("j", 0, 1, pid=0), 0.0)
     assert kind == "new"
     assert reg.hello(b"a2", hello("j", 0, 1, pid=0), 0.1)[2] == "reconnect"
@@ -150,7 +150,7 @@ def test_a_save_in_flight_is_placed_on_the_plan_before_its_report() -> None:
 
 
 def test_bounds_on_ranks_and_inactive_jobs() -> None:
-    reg = Registry(max_ranks=3, max_inactive_jobs=2, silence_timeout_s=1)
+    reg = Registry(max_ranks=3, max_inactive_jobs=2, liveness_timeout_s=1)
     for i in range(3):
         reg.hello(bytes([i]), hello(f"j{i}", 0, 1), 0.0)
     with pytest.raises(RegistryFull, match="3 ranks"):
@@ -225,7 +225,7 @@ def test_a_failure_covered_by_a_just_in_time_save_is_learned_as_covered() -> Non
     and leaves: a job that returns resuming from 12 had its failure covered, one that
     returns from a periodic save's step did not; the policy sees the share and what a
     just-in-time save took, and the just-in-time save is no sample of the periodic δ."""
-    reg = Registry(silence_timeout_s=1)
+    reg = Registry(liveness_timeout_s=1)
     job, r0, _ = reg.hello(b"a", hello("j", 0), 0.0)
     _, r1, _ = reg.hello(b"b", hello("j", 1), 0.0)
     reg.save_report(job, r0, save("j", 0, 10, blocking=0.5), 0.2)

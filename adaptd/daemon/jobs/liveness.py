@@ -2,7 +2,7 @@
 
 A rank whose process is gone (same host, same pid namespace: the pid no longer exists,
 is a zombie, or was reused by a younger process) or that has been silent for
-``silence_timeout_s`` is *lost*. A job whose ranks are all gone and that did not say
+``liveness_timeout_s`` is *lost*. A job whose ranks are all gone and that did not say
 goodbye is lost, a failure candidate (:class:`~adaptd.events.JobLost`); when the
 same processes speak again the loss was a false alarm
 (:class:`~adaptd.events.JobRevived`).
@@ -71,7 +71,7 @@ class ProcProbe:
 
 
 class Liveness:
-    """Finds lost ranks and jobs in ``table``; emits through ``emit``. ``silence_timeout_s``
+    """Finds lost ranks and jobs in ``table``; emits through ``emit``. ``liveness_timeout_s``
     is > 0, as :class:`~adaptd.daemon.options.DaemonOptions` checked it."""
 
     def __init__(
@@ -80,14 +80,14 @@ class Liveness:
         *,
         emit: Callable[[ev.Event], None],
         probe: ProcessProbe | None = None,
-        silence_timeout_s: float = LIVENESS_TIMEOUT_S,
+        liveness_timeout_s: float = LIVENESS_TIMEOUT_S,
         max_inactive_jobs: int = MAX_INACTIVE_JOBS,
         wall: Callable[[], float] = _time.time,
     ) -> None:
         self.table = table
         self.emit = emit
         self.probe: ProcessProbe = probe if probe is not None else ProcProbe()
-        self.silence_timeout_s = silence_timeout_s
+        self.liveness_timeout_s = liveness_timeout_s
         self.max_inactive_jobs = max_inactive_jobs
         self.wall = wall
 
@@ -103,7 +103,7 @@ class Liveness:
                     continue
                 if rank.checkable and not self.probe.alive(rank.pid, rank.start_time):
                     rank.lose(f"pid {rank.pid} gone")
-                elif now - rank.last_seen > self.silence_timeout_s:
+                elif now - rank.last_seen > self.liveness_timeout_s:
                     rank.lose(f"silent for {now - rank.last_seen:.0f}s")
             if job.ranks and not job.live_ranks():
                 reasons = sorted({r.lost_reason for r in job.ranks.values()})

@@ -112,7 +112,7 @@ class Registry:
         *,
         emit: Callable[[ev.Event], None] = lambda event: None,
         probe: ProcessProbe | None = None,
-        silence_timeout_s: float = LIVENESS_TIMEOUT_S,
+        liveness_timeout_s: float = LIVENESS_TIMEOUT_S,
         hostname: str | None = None,
         wall: Callable[[], float] = _time.time,
         max_inactive_jobs: int = MAX_INACTIVE_JOBS,
@@ -125,7 +125,7 @@ class Registry:
             self.table,
             emit=emit,
             probe=probe,
-            silence_timeout_s=silence_timeout_s,
+            liveness_timeout_s=liveness_timeout_s,
             max_inactive_jobs=max_inactive_jobs,
             wall=wall,
         )
