@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import statistics
 import tempfile
 import time
 from collections.abc import Iterator
@@ -113,7 +114,11 @@ def test_long_run_keeps_memory_registry_and_database_bounded(where: Path) -> Non
     # the registry is full (1,024 finished or lost jobs) after about 1,100 lifetimes and
     # the learned parameters (retention.rows = 2,000 jobs) after about 2,000; from then
     # on every new job evicts one of each, and memory must stay flat
-    full = dict(rss)[3000]
+    # compared as medians of ten waves each (2,100-3,000 and 3,100-4,000 lifetimes): one
+    # reading of RSS moves by a few MiB with the allocator's arenas (a single reading 4.7 MiB
+    # above its neighbours failed a run), a leak moves all ten
+    full = statistics.median(m for n, m in rss if 2000 < n <= 3000)
+    late = statistics.median(m for n, m in rss if n > 3000)
     print(
         f"\nbounds: {LIFETIMES} lifetimes in {lifetimes_s:.1f}s, RSS by lifetimes "
         f"{', '.join(f'{n}: {m:.1f}' for n, m in rss[::4])}, end {after_lifetimes:.1f} MiB; "
@@ -125,7 +130,8 @@ def test_long_run_keeps_memory_registry_and_database_bounded(where: Path) -> Non
     assert len(status.jobs) <= MAX_INACTIVE_JOBS
     assert status.daemon.jobs_lost > 0 and served_jobs_finished(status) > 0
     # memory: what the last 1,000 lifetimes and then 57,600 reports added
-    assert after_lifetimes - full < 4, rss
+    assert late - full < 4, rss
+    assert after_lifetimes - late < 6, (after_lifetimes, rss)
     assert end_rss - after_lifetimes < 4
     # the database: history capped per table (+ at most one flush's worth), params too
     for table in ("saves", "decisions", "failures"):
