@@ -427,6 +427,9 @@ class FleetAgent:
         entries = s.get_prefix(self.settings.keys.members)
         self._members = parse_members(entries, self.settings.keys)
         self._members_mark = Mark.of(entries)
+        if self._table is not None:
+            members = self._members
+            self._table.per_target_through = members.newest if members.grant_per_target else None
 
     def _read_records(self, s: EtcdSession, fresh: bool) -> tuple[FailureRecord, ...]:
         """The fleet's failure records: those written since the last read, merged into
