@@ -262,7 +262,8 @@ def measure(args: argparse.Namespace) -> dict:
         report = Path(d) / "report.json"
         daemon = subprocess.Popen(
             [*footprint, "_daemon", "--socket", str(sock), "--report", str(report),
-             "--fixture", args.fixture, "--gpu-pid", str(os.getpid())],
+             "--fixture", args.fixture, "--gpu-pid", str(os.getpid()),
+             *(["--profile", args.profile] if args.profile else [])],
         )  # fmt: skip
         ranks = None
         try:
@@ -344,6 +345,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-day", dest="day", action="store_false",
                         help="skip the day of history (minutes of writing)")  # fmt: skip
     parser.add_argument("--json", action="store_true")
+    parser.add_argument(
+        "--profile", default="", help="write the daemon's cProfile stats (the whole run) here"
+    )
     args = parser.parse_args(argv)
     if args.role == "_ranks":
         return ranks_main(args)
