@@ -30,7 +30,9 @@ The etcd recipe, with a fair wait queue:
 - **Fair order.** Waiters are served by the work they have at risk (GPU-seconds since
   their last durable save, growing at their GPU count while they wait), most first,
   then by who asked first. The ``free`` slots go to the first ``free`` waiters, so a
-  slow daemon at the head of the queue does not hold up a second free slot.
+  slow daemon at the head of the queue does not hold up a second free slot, and a
+  waiter seen in line for a free slot for ``PATIENCE_S`` without taking it is passed
+  over (:meth:`SlotTable.view`).
 - **Release on durable**: the daemon deletes the holder's key when the save is
   durable (or failed, or the job went away).
 - **One cap.** Each claim carries its daemon's cap for the target; the smallest cap
@@ -63,6 +65,14 @@ MAX_ATTEMPTS = 4
 #: grant key) and re-read (issue 35 measured 1.6 conflicts per grant at 4 slots, 7.8 at 8).
 TAKE_STAGGER_S = 0.05
 MAX_STAGGER_S = 0.5
+#: A waiter this daemon has seen in line for a free slot for this long without taking
+#: it is passed over. Daemons order a queue by when each first saw a claim (its own
+#: clock), so two of them that read at different times can each put the other ahead
+#: and leave a free slot unused until one reads again (issue 35: grants 17 s late in a
+#: storm on 4 targets, once grants stopped conflicting across targets); a daemon that
+#: is slow or stopped at the head of a queue holds it up no longer either. Longer than
+#: a live daemon takes to take (a read and a transaction), so fairness holds.
+PATIENCE_S = 3.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -266,6 +276,38 @@ class SlotTable:
         #: etcd's revision of the newest :meth:`read`: a watch from the next one misses
         #: no change made since.
         self.read_revision = 0
+        #: Since when (this daemon's monotonic clock) each other waiter has been in line
+        #: for a free slot in its view, by (host, target, job): see ``PATIENCE_S``.
+        self._in_line: dict[tuple[str, str, str, int], float] = {}
+
+    def view(self, claims: Iterable[Claim], target: str, cap: int, wall: float) -> TargetSlots:
+        """:func:`target_view` less the waiters that were in line for a free slot for
+        ``PATIENCE_S`` without taking it (they stay in etcd, and take when they can)."""
+        view = target_view(claims, target, cap, wall)
+        stalled = {
+            c.owner
+            for c in view.waiters
+            if c.host != self.host
+            and wall - self._in_line.get((c.host, target, c.job, c.create_revision), wall)
+            >= PATIENCE_S
+        }
+        if not stalled:
+            return view
+        return replace(view, waiters=tuple(c for c in view.waiters if c.owner not in stalled))
+
+    def _note_in_line(self, claims: Iterable[Claim], wall: float) -> None:
+        """Remember since when each other waiter has been in line for a free slot."""
+        claims = list(claims)
+        seen: dict[tuple[str, str, str], float] = {}
+        for target in {c.target for c in claims}:
+            full = target_view(claims, target, 1 << 30, wall)
+            cap = min(c.cap for c in claims if c.target == target)
+            free = max(0, cap - len(full.holders))
+            for c in full.waiters[:free]:
+                key = (c.host, target, c.job, c.create_revision)
+                if c.host != self.host:
+                    seen[key] = self._in_line.get(key, wall)
+        self._in_line = seen
 
     def sync(self, wants: Mapping[str, Want], wall: float) -> SlotsState:
         """One round: release claims no job wants, queue new wishes, take the slots
@@ -300,13 +342,13 @@ class SlotTable:
                     revision = self.session.revision  # the claim's create revision
                     self._first_seen[(self.host, w.target, job, revision)] = wall
                     claims.append(replace(me, stamped=wall, create_revision=revision))
-                    view = target_view(claims, w.target, w.cap, wall)
+                    view = self.view(claims, w.target, w.cap, wall)
                     if place_in_line(view, claims[-1], wall) is not None:
                         claims, seen = self.read(wall)  # its turn: take, on what is there now
                         retry = True
                         break
                     continue
-                place = place_in_line(target_view(claims, me.target, me.cap, wall), me, wall)
+                place = place_in_line(self.view(claims, me.target, me.cap, wall), me, wall)
                 if place and not staggered:
                     # the ones ahead take theirs first; then decide again on what they did
                     staggered = True
@@ -341,7 +383,7 @@ class SlotTable:
         """Turn ``me`` into a holder if :func:`may_take` allows it on the ``claims`` read
         at revision ``seen``: True (taken), False (not its turn), ``None`` (the claims
         changed since ``seen``: another daemon moved first)."""
-        ok, _why = may_take(target_view(claims, me.target, me.cap, wall), me, wall)
+        ok, _why = may_take(self.view(claims, me.target, me.cap, wall), me, wall)
         if not ok:
             return False
         held = replace(me, holding=True)
@@ -409,6 +451,7 @@ class SlotTable:
                 first[key] = self._first_seen.get(key, now)
                 claims[i] = replace(c, stamped=first[key])
             self._first_seen = first
+            self._note_in_line(claims, now)
         return claims, newest_revision(entries)
 
     def _state(
@@ -424,7 +467,7 @@ class SlotTable:
             caps.setdefault(c.target, c.cap)
         mine = [c for c in claims if c.host == self.host and c.job in wants]
         return SlotsState(
-            targets={t: target_view(claims, t, cap, wall) for t, cap in sorted(caps.items())},
+            targets={t: self.view(claims, t, cap, wall) for t, cap in sorted(caps.items())},
             granted=frozenset(c.job for c in mine if c.holding),
             waiting=frozenset(c.job for c in mine if not c.holding),
             new_grants=grants,

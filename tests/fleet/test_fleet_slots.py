@@ -14,6 +14,7 @@ from adaptd.fleet.agent import FleetAgent
 from adaptd.fleet.membership import Member, read_members, register
 from adaptd.fleet.session import EtcdSession
 from adaptd.fleet.slots import (
+    PATIENCE_S,
     Claim,
     SlotTable,
     Want,
@@ -343,6 +344,22 @@ def test_agents_grant_per_target_once_every_member_does(etcd: Etcd, fleet_prefix
     finally:
         a.stop()
         b.stop()
+
+
+def test_a_waiter_in_line_that_does_not_take_a_free_slot_is_passed_over(etcd: Etcd, fleet_prefix):
+    """Daemons order a queue by when each first saw a claim, so two can each put the
+    other ahead while a slot stays free (issue 35: grants 17 s late in a storm on 4
+    targets). A waiter seen in line for PATIENCE_S without taking is passed over."""
+    ta, tb = _member_tables(etcd, fleet_prefix, "ab")
+    stuck = Claim("b", T, "jb", at_risk_gpu_s=100.0, cap=1)  # first in line; never takes
+    tb.session.put(tb.keys.claim("b", T, "jb"), stuck.record(), leased=True)
+    want = {"ja": Want(T, 1, 0.0, 1, 0.0)}
+    assert ta.sync(want, wall=0.0).waiting == {"ja"}
+    assert ta.sync(want, wall=PATIENCE_S / 2).waiting == {"ja"}  # b may still take
+    assert ta.sync(want, wall=PATIENCE_S + 0.1).granted == {"ja"}
+    assert sorted(holders(etcd, fleet_prefix)) == [("a", T, "ja")]
+    for t in (ta, tb):
+        t.session.close()
 
 
 def test_a_released_slot_reaches_a_waiter_at_once_not_at_its_next_poll(etcd: Etcd, fleet_prefix):
