@@ -70,6 +70,7 @@ class Job:
         from adaptd.protocol import job as p
 
         self.name = name
+        self.ckpt = ckpt
         self.step = 0
         self.next_save: int | None = None
         self.every: int | None = None
@@ -95,6 +96,8 @@ class Job:
         while self.next_save is not None and self.next_save <= end:
             saved.append(self.next_save)
             self.next_save = None if self.every is None else self.next_save + self.every
+        if saved:  # a real job's first save creates its directory, which the daemon
+            self.ckpt.mkdir(parents=True, exist_ok=True)  # then resolves once, not each second
         self.step = end
         return saved
 
