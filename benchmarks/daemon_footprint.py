@@ -79,7 +79,14 @@ def daemon_main(args: argparse.Namespace) -> int:
         f'drain_grace_s = 0\n[metrics]\nlisten = "127.0.0.1:{port}"\n'
     )
     service = Service(cfg, sampler=sampler)
-    service.run()  # SIGTERM stops it (no drain: drain_grace_s = 0)
+    if args.profile:  # where the daemon's CPU goes (benchmarks/scale_host.py --profile)
+        import cProfile
+
+        with cProfile.Profile() as prof:
+            service.run()  # SIGTERM stops it (no drain: drain_grace_s = 0)
+        prof.dump_stats(args.profile)
+    else:
+        service.run()
     import resource
 
     snap = sampler.latest()
@@ -231,6 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--report", required=True)
     d.add_argument("--fixture", default="h100_8gpu")
     d.add_argument("--gpu-pid", type=int, required=True)
+    d.add_argument("--profile", default="", help="write the daemon's cProfile stats here")
     j = sub.add_parser("_jobs")
     j.add_argument("--socket", required=True)
     j.add_argument("--jobs", type=int, default=16)

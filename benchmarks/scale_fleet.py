@@ -20,7 +20,10 @@ The workload, per N (a fresh etcd each):
    the drain time (first want to last release) against the ideal N/c × save time,
    each grant's latency after the release that freed its slot (the k-th grant after
    the first c pairs with the (k-c)-th release, both on the machine's one monotonic
-   clock), transaction conflicts per grant, etcd requests and bytes per second;
+   clock), transaction conflicts per grant, etcd requests and bytes per second. With
+   ``--targets K`` the members are spread over K shared targets (member i on target
+   i % K, cap N / K / ``--per-slot`` each, the same ideal): what a claim or a grant on
+   one target costs the grants on the others;
 5. **kill**: a member of the last process holds a slot (cap 1) on another target, a
    member of the first waits for it; the last process is SIGKILLed; the time until the
    waiter holds the slot (lease TTL), then the killed process's members come back and
@@ -104,7 +107,8 @@ def member_main(args: argparse.Namespace) -> int:
             if key in granted_at:
                 continue
             granted_at[key] = now
-            emit(ev="grant", host=host, job=job, t=now)
+            target = storm.get("targets", {}).get(host, "") if job == "storm" else ""
+            emit(ev="grant", host=host, job=job, target=target, t=now)
             if job == "storm":
                 with rel_cv:
                     heapq.heappush(releases, (now + storm["save_s"], host))
@@ -117,7 +121,8 @@ def member_main(args: argparse.Namespace) -> int:
                     rel_cv.wait(None if not releases else releases[0][0] - time.monotonic())
                 _due, host = heapq.heappop(releases)
             agents[host].release("storm")
-            emit(ev="release", host=host, t=time.monotonic())
+            target = storm.get("targets", {}).get(host, "")
+            emit(ev="release", host=host, target=target, t=time.monotonic())
 
     threading.Thread(target=releaser, daemon=True).start()
     hosts = [f"h{i:05d}" for i in range(args.first, args.first + args.count)]
@@ -128,7 +133,10 @@ def member_main(args: argparse.Namespace) -> int:
             lease_ttl_s=args.ttl,
         )  # fmt: skip
         agents[host] = FleetAgent(settings, poll_s=args.poll_s, on_grant=lambda h=host: on_grant(h))
-    for agent in agents.values():
+    t_start = time.monotonic()
+    for i, agent in enumerate(agents.values()):
+        if args.join_rate > 0:  # a fleet restarted in waves, not all at once
+            time.sleep(max(0.0, t_start + i / args.join_rate - time.monotonic()))
         agent.start()
     for host, agent in agents.items():
         agent.publish(FailureRecord(host, GPU_MODEL, gpu_seconds=3600.0, failures=1.0,
@@ -152,11 +160,17 @@ def member_main(args: argparse.Namespace) -> int:
             threading.Thread(
                 target=_await_record, args=(agents, model, limit, emit), daemon=True
             ).start()
-        elif cmd == "storm":  # storm CAP SAVE_S SEED
+        elif cmd == "storm":  # storm CAP SAVE_S SEED [TARGETS]: host i on target i % TARGETS
             cap, storm["save_s"], seed = int(words[1]), float(words[2]), int(words[3])
+            spread = int(words[4]) if len(words) > 4 else 1
+            storm["targets"] = {
+                h: STORM_TARGET if spread == 1 else f"{STORM_TARGET}-{int(h[1:]) % spread}"
+                for h in agents
+            }
             for host, agent in agents.items():
                 risk = random.Random(f"{seed}/{host}").uniform(0.0, 1000.0)
-                agent.want("storm", STORM_TARGET, cap=cap, at_risk_gpu_s=risk, gpus=1)
+                target = storm["targets"][host]
+                agent.want("storm", target, cap=cap, at_risk_gpu_s=risk, gpus=1)
             emit(ev="wanted", t=time.monotonic())
         elif cmd == "want":  # want HOST JOB TARGET CAP
             host, job, target, cap = words[1], words[2], words[3], int(words[4])
@@ -206,6 +220,7 @@ class Members:
             sys.executable, __file__, "member", "--urls", ",".join(urls), "--prefix",
             args.prefix, "--first", str(first), "--count", str(count), "--ttl", str(args.ttl),
             "--poll-s", str(args.poll_s), "--up-deadline-s", str(args.up_deadline_s),
+            "--join-rate", str(args.join_rate / max(1, args.procs)),
         ]  # fmt: skip
         env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
         self.proc = subprocess.Popen(
@@ -419,18 +434,19 @@ def _settle(seconds: float) -> None:
 
 
 def storm(n: int, args: argparse.Namespace, urls: list[str], procs: list[Members]) -> dict:
-    cap = max(1, math.ceil(n / args.per_slot))
-    ideal = n / cap * args.save_s
+    k = args.targets  # the storm's targets; each with its share of the members and a cap
+    cap = max(1, math.ceil(n / k / args.per_slot))
+    ideal = n / k / cap * args.save_s
     for p in procs:
         p.send("stats")
     before = [p.next("stats", time.monotonic() + 30) for p in procs]
     w = Window(urls, procs)
     t0 = time.monotonic()
     for p in procs:
-        p.send(f"storm {cap} {args.save_s} {args.seed}")
+        p.send(f"storm {cap} {args.save_s} {args.seed} {k}")
     deadline = t0 + ideal * args.storm_factor + 20
-    grants: list[float] = []
-    releases: list[float] = []
+    grants: dict[str, list[float]] = {}
+    releases: dict[str, list[float]] = {}
     done = False
     while not done and time.monotonic() < deadline:
         for p in procs:
@@ -440,31 +456,32 @@ def storm(n: int, args: argparse.Namespace, urls: list[str], procs: list[Members
                 except queue.Empty:
                     break
                 if e["ev"] == "grant" and e["job"] == "storm":
-                    grants.append(e["t"])
+                    grants.setdefault(e.get("target", ""), []).append(e["t"])
                 elif e["ev"] == "release":
-                    releases.append(e["t"])
-        done = len(releases) >= n
+                    releases.setdefault(e.get("target", ""), []).append(e["t"])
+        done = sum(map(len, releases.values())) >= n
         if not done:
             time.sleep(0.05)  # collecting events from n members' pipes
     window = w.close(n)
     for p in procs:
         p.send("stats")
     after = [p.next("stats", time.monotonic() + 30) for p in procs]
-    grants.sort()
-    releases.sort()
-    lat = [
-        grants[k] - releases[k - cap] for k in range(cap, len(grants)) if k - cap < len(releases)
-    ]
+    lat = []  # per target: its k-th grant after the first cap pairs with its (k - cap)-th release
+    for target, got in grants.items():
+        got.sort()
+        freed = sorted(releases.get(target, []))
+        lat += [got[i] - freed[i - cap] for i in range(cap, len(got)) if i - cap < len(freed)]
     new_grants = sum(a["grants"] - b["grants"] for a, b in zip(after, before, strict=True))
     conflicts = sum(a["conflicts"] - b["conflicts"] for a, b in zip(after, before, strict=True))
-    drain = (releases[-1] - t0) if done else None
+    drain = (max(max(r) for r in releases.values()) - t0) if done else None
     return {
         "cap": cap,
+        "targets": k,
         "save_s": args.save_s,
         "ideal_s": round(ideal, 2),
         "drain_s": round(drain, 2) if drain is not None else None,
         "drain_vs_ideal": round(drain / ideal, 3) if drain is not None else None,
-        "drained": len(releases),
+        "drained": sum(map(len, releases.values())),
         "grant_p50_s": _r(_pct(lat, 0.5)),
         "grant_p99_s": _r(_pct(lat, 0.99)),
         "grant_max_s": _r(max(lat) if lat else None),
@@ -629,9 +646,17 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--idle-s", type=float, default=20.0)
     ap.add_argument("--per-slot", type=int, default=25, help="cap c = ceil(N / per_slot)")
     ap.add_argument("--save-s", type=float, default=1.0)
+    ap.add_argument(
+        "--targets", type=int, default=1,
+        help="storm targets: member i wants target i %% K, cap ceil(N / K / per_slot) each",
+    )  # fmt: skip
     ap.add_argument("--storm-factor", type=float, default=3.0, help="storm deadline × ideal")
     ap.add_argument("--record-deadline-s", type=float, default=40.0)
     ap.add_argument("--up-deadline-s", type=float, default=120.0)
+    ap.add_argument(
+        "--join-rate", type=float, default=0.0,
+        help="members started per second, all processes together (0: all at once, a herd)",
+    )  # fmt: skip
     ap.add_argument("--seed", type=int, default=35)
     ap.add_argument(
         "--skip", default="", help="phases left out, comma-separated: storm, kill (large N)"

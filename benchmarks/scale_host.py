@@ -70,6 +70,7 @@ class Job:
         from adaptd.protocol import job as p
 
         self.name = name
+        self.ckpt = ckpt
         self.step = 0
         self.next_save: int | None = None
         self.every: int | None = None
@@ -95,6 +96,8 @@ class Job:
         while self.next_save is not None and self.next_save <= end:
             saved.append(self.next_save)
             self.next_save = None if self.every is None else self.next_save + self.every
+        if saved:  # a real job's first save creates its directory, which the daemon
+            self.ckpt.mkdir(parents=True, exist_ok=True)  # then resolves once, not each second
         self.step = end
         return saved
 
@@ -262,7 +265,8 @@ def measure(args: argparse.Namespace) -> dict:
         report = Path(d) / "report.json"
         daemon = subprocess.Popen(
             [*footprint, "_daemon", "--socket", str(sock), "--report", str(report),
-             "--fixture", args.fixture, "--gpu-pid", str(os.getpid())],
+             "--fixture", args.fixture, "--gpu-pid", str(os.getpid()),
+             *(["--profile", args.profile] if args.profile else [])],
         )  # fmt: skip
         ranks = None
         try:
@@ -344,6 +348,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-day", dest="day", action="store_false",
                         help="skip the day of history (minutes of writing)")  # fmt: skip
     parser.add_argument("--json", action="store_true")
+    parser.add_argument(
+        "--profile", default="", help="write the daemon's cProfile stats (the whole run) here"
+    )
     args = parser.parse_args(argv)
     if args.role == "_ranks":
         return ranks_main(args)

@@ -270,10 +270,14 @@ class Daemon:
         core = self.parts.core
         self.registry.check(now)
         core.delivery.tick(self.registry, now)
+        self._guarded(self._decide_reported, now)
         for hook in self.tick_hooks:
             self._guarded(hook, now)
         if self.parts.decide_again is not None:
             self._guarded(self._decide_again, now)
+
+    def _decide_reported(self, now: float) -> None:
+        self.parts.core.planner.decide_reported(self.registry.jobs.values(), now)
 
     def _decide_again(self, now: float) -> None:
         assert self.parts.decide_again is not None

@@ -282,6 +282,7 @@ class FleetAgent:
         with self._lock:
             wants = dict(self._wants)
         needs: dict[str, int] = {}
+        next_up = False  # a job of this host is next after the waiters a free slot is for
         for job in view.waiting:
             w = wants.get(job)
             slots = view.targets.get(w.target) if w is not None else None
@@ -294,6 +295,7 @@ class FleetAgent:
                 return True
             need = releases_needed(slots, (self.settings.host, job))
             needs[w.target] = min(need, needs.get(w.target, need))
+            next_up = next_up or (need == 1 and slots.free > 0)
 
         def enough(new: Sequence[str]) -> bool:
             went: dict[str, int] = {}
@@ -309,7 +311,11 @@ class FleetAgent:
         if out.deleted:
             self._deleted.extend(out.deleted)
             self._watch_from = out.revision + 1
-        return out.resync or enough(())
+        # next in line after a free slot that the waiter ahead has not taken yet: read
+        # again after the watch, so that one that does not take is passed over
+        # (slots.PATIENCE_S); the waiters further back wait for releases as before (a
+        # re-read by every waiter that saw a slot free cost a 200-host storm 0.9 s p50)
+        return out.resync or enough(()) or next_up
 
     def poll_once(self) -> FleetView:
         """One full round (tests may drive it directly): the claims synced."""
@@ -427,6 +433,9 @@ class FleetAgent:
         entries = s.get_prefix(self.settings.keys.members)
         self._members = parse_members(entries, self.settings.keys)
         self._members_mark = Mark.of(entries)
+        if self._table is not None:
+            members = self._members
+            self._table.per_target_through = members.newest if members.grant_per_target else None
 
     def _read_records(self, s: EtcdSession, fresh: bool) -> tuple[FailureRecord, ...]:
         """The fleet's failure records: those written since the last read, merged into

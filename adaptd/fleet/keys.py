@@ -7,6 +7,12 @@ own keys (docs/fleet.md shows the ``etcdctl`` commands)::
     {prefix}members/{host}                    leased: the host's daemon is up
     {prefix}claims/{host}/{target}/{job}      leased: a job waits for / holds a write slot
     {prefix}failures/{host}/{gpu_model}       kept:   what the host learned about failures
+    {prefix}grants/{target}                   leased: rewritten by every grant on target
+
+The one exception is ``grants/``: a target's grant key is written by whichever host
+takes a slot on it, so that a grant compares its own target's key, not every claim of
+the fleet (issue 35). Every host's role needs readwrite on ``{prefix}grants/``
+(docs/fleet.md); the key holds who took the last slot, nothing any decision reads.
 
 ``target``, ``job`` and ``gpu_model`` are percent-encoded (no ``/`` inside a part),
 so a key splits back into its parts unambiguously. Host names may not contain ``/``.
@@ -22,6 +28,7 @@ DEFAULT_PREFIX = "/adaptd/"
 MEMBERS = "members/"
 CLAIMS = "claims/"
 FAILURES = "failures/"
+GRANTS = "grants/"
 
 
 def _part(text: str) -> str:
@@ -112,6 +119,20 @@ class KeySpace:
         if len(parts) != 2 or not all(parts):
             return None
         return parts[0], unquote(parts[1])
+
+    # -------------------------------------------------------------- grants
+
+    @property
+    def grants(self) -> str:
+        return self.prefix + GRANTS
+
+    def grant(self, target: str) -> str:
+        return self.grants + _part(target)
+
+    def grant_target(self, key: str) -> str | None:
+        """The target a grant key names, or ``None`` for a foreign key."""
+        rest = _after(key, self.grants)
+        return unquote(rest) if rest and "/" not in rest else None
 
 
 def _after(key: str, prefix: str) -> str | None:

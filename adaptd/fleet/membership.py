@@ -22,6 +22,12 @@ from adaptd.fleet.session import Entry, EtcdSession
 
 LEADER = "leader"
 MEMBER = "member"
+#: What a member's record says about how it takes write slots: this version compares
+#: its target's grant key (``grants/{target}``) alone; a member that says nothing (a
+#: daemon from before issue 35's change) compares the whole claims range and does not
+#: bump that key, so while one is up every daemon takes the whole-range way too
+#: (:class:`~adaptd.fleet.slots.SlotTable`).
+PER_TARGET_GRANTS = "per-target"
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,10 +39,17 @@ class Member:
     started: float = 0.0  # wall-clock time of the registration (seconds since the epoch)
     version: str = ""
     create_revision: int = 0
+    grants: str = PER_TARGET_GRANTS
 
     def record(self) -> bytes:
         return json.dumps(
-            {"host": self.host, "pid": self.pid, "started": self.started, "version": self.version}
+            {
+                "host": self.host,
+                "pid": self.pid,
+                "started": self.started,
+                "version": self.version,
+                "grants": self.grants,
+            }
         ).encode()
 
 
@@ -49,6 +62,16 @@ class Members:
     @property
     def names(self) -> tuple[str, ...]:
         return tuple(m.host for m in self.hosts)
+
+    @property
+    def newest(self) -> int:
+        """The newest registration's create revision (0 for none)."""
+        return max((m.create_revision for m in self.hosts), default=0)
+
+    @property
+    def grant_per_target(self) -> bool:
+        """Whether every member up takes slots by its target's grant key alone."""
+        return all(m.grants == PER_TARGET_GRANTS for m in self.hosts)
 
     def role(self, host: str) -> str | None:
         """``leader``, ``member``, or ``None`` when ``host`` is not registered."""
@@ -68,9 +91,10 @@ def parse_members(entries: Iterable[Entry], keys: KeySpace) -> Members:
         try:
             data = json.loads(e.value)
             pid, started, version = int(data["pid"]), float(data["started"]), str(data["version"])
-        except (ValueError, KeyError, TypeError):
-            pid, started, version = 0, 0.0, ""
-        out.append(Member(host, pid, started, version, e.create_revision))
+            grants = str(data.get("grants", ""))
+        except (ValueError, KeyError, TypeError, AttributeError):
+            pid, started, version, grants = 0, 0.0, "", ""
+        out.append(Member(host, pid, started, version, e.create_revision, grants))
     out.sort(key=lambda m: (m.create_revision, m.host))
     return Members(tuple(out))
 

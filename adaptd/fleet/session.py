@@ -179,6 +179,55 @@ class WatchOutcome:
 
 
 @dataclass(frozen=True, slots=True)
+class Put:
+    """One write of :meth:`EtcdSession.put_all_if`."""
+
+    key: str
+    value: bytes
+    leased: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Guard:
+    """One condition of :meth:`EtcdSession.put_all_if` (an etcd transaction compare).
+
+    Build it with :meth:`range_since`, :meth:`key_at` or :meth:`none_created_since`."""
+
+    key: str
+    prefix: bool
+    target: str  # "MOD" or "CREATE"
+    result: str  # "LESS" or "EQUAL"
+    revision: int
+
+    @staticmethod
+    def range_since(prefix: str, seen_revision: int) -> Guard:
+        """No key under ``prefix`` was created or modified after ``seen_revision``."""
+        return Guard(prefix, True, "MOD", "LESS", seen_revision + 1)
+
+    @staticmethod
+    def key_at(key: str, mod_revision: int) -> Guard:
+        """``key`` was last written at ``mod_revision`` (0: it does not exist)."""
+        return Guard(key, False, "MOD", "EQUAL", mod_revision)
+
+    @staticmethod
+    def none_created_since(prefix: str, newest_create: int) -> Guard:
+        """No key under ``prefix`` was created after ``newest_create``."""
+        return Guard(prefix, True, "CREATE", "LESS", newest_create + 1)
+
+    def compare(self) -> dict[str, Any]:
+        field_name = "mod_revision" if self.target == "MOD" else "create_revision"
+        out: dict[str, Any] = {
+            "key": _b64(self.key),
+            "target": self.target,
+            "result": self.result,
+            field_name: self.revision,
+        }
+        if self.prefix:
+            out["range_end"] = _b64(range_end(self.key))
+        return out
+
+
+@dataclass(frozen=True, slots=True)
 class Entry:
     """One key as etcd returned it."""
 
@@ -304,17 +353,16 @@ class EtcdSession:
         caller read there; 0 when it was empty). False: someone else moved first, re-read
         and decide again. Deletions under ``watched`` do not count (they only free room).
         """
+        return self.put_all_if(
+            [Put(key, value, leased)], [Guard.range_since(watched, seen_revision)]
+        )
+
+    def put_all_if(self, puts: Sequence[Put], guards: Sequence[Guard]) -> bool:
+        """Write every one of ``puts`` in one transaction if every one of ``guards``
+        holds; False (nothing written) when one does not: someone moved first."""
         txn = {
-            "compare": [
-                {
-                    "key": _b64(watched),
-                    "range_end": _b64(range_end(watched)),
-                    "target": "MOD",
-                    "result": "LESS",
-                    "mod_revision": seen_revision + 1,
-                }
-            ],
-            "success": [{"request_put": self._put(key, value, leased)}],
+            "compare": [g.compare() for g in guards],
+            "success": [{"request_put": self._put(p.key, p.value, p.leased)} for p in puts],
             "failure": [],
         }
         return bool(self._call("kv/txn", txn).get("succeeded", False))
@@ -324,15 +372,25 @@ class EtcdSession:
         newest one's key alone, not the keys."""
         return _mark(self._call("kv/range", _mark_request(prefix)))
 
-    def get_prefix_marking(self, prefix: str, marked: str) -> tuple[list[Entry], Mark]:
-        """Every key under ``prefix``, and the :class:`Mark` of those under ``marked``,
-        in one request at one revision; sets :attr:`revision`."""
-        whole = {"key": _b64(prefix), "range_end": _b64(range_end(prefix))}
-        ranges = [{"request_range": whole}, {"request_range": _mark_request(marked)}]
+    def get_prefixes_marking(
+        self, prefixes: Sequence[str], marked: str | None
+    ) -> tuple[list[list[Entry]], Mark | None]:
+        """Every key under each of ``prefixes``, and the :class:`Mark` of those under
+        ``marked`` (if given), in one request at one revision; sets :attr:`revision`."""
+        ranges = [
+            {"request_range": {"key": _b64(p), "range_end": _b64(range_end(p))}} for p in prefixes
+        ]
+        if marked is not None:
+            ranges.append({"request_range": _mark_request(marked)})
         out = self._call("kv/txn", {"compare": [], "success": ranges, "failure": []})
-        got = out.get("responses", [{}, {}])
-        entries = [_entry(kv) for kv in got[0].get("response_range", {}).get("kvs", ())]
-        return entries, _mark(got[1].get("response_range", {}))
+        got = out.get("responses", [])
+        got = [*got, *({} for _ in range(len(ranges) - len(got)))]
+        lists = [
+            [_entry(kv) for kv in r.get("response_range", {}).get("kvs", ())]
+            for r in got[: len(prefixes)]
+        ]
+        mark = _mark(got[-1].get("response_range", {})) if marked is not None else None
+        return lists, mark
 
     def watch_deletes(
         self,

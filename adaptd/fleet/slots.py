@@ -6,15 +6,33 @@ The etcd recipe, with a fair wait queue:
   ``{prefix}claims/{host}/{target}/{job}``, under its daemon's lease: first as a
   *waiter*, and as a *holder* once granted. A dead daemon's claims vanish with its
   lease, so a crash never keeps a slot longer than the lease TTL.
-- **Grant by transaction.** A daemon reads every claim (revision R), decides with
+- **Grant by transaction, per target.** A daemon reads every claim and the targets'
+  grant keys (``{prefix}grants/{target}``) at one revision, decides with
   :func:`may_take` whether its job is next, and turns the claim into a holder in a
-  transaction that succeeds only if no claim anywhere was created or changed after R
-  (a compare on the whole claims range). Two daemons deciding from the same state
-  cannot both win, so the cap holds across hosts; the loser re-reads and decides again.
+  transaction that also rewrites the target's grant key, and succeeds only if that key
+  is as it was read. Every grant on a target rewrites its key, so two daemons deciding
+  from the same state cannot both win and the cap holds across hosts; the loser
+  re-reads and decides again. A new waiter, a release, or a grant on another target
+  changes nothing the transaction compares (issue 35: with a compare on the whole
+  claims range every claim anywhere made every grant retry, 18.7 conflicts per grant
+  in a storm of 200 hosts). Safe because only a grant adds a holder: a release or a
+  lease's expiry only frees room the taker did not count on. The grant key lives under
+  its last granter's lease, like the claims: nothing stays behind a clean stop, and a
+  key gone with its daemon only makes a taker that read it lose once and re-read.
+- **Mixed fleets.** A daemon from before this rule compares the whole claims range and
+  does not write grant keys. Each member's record says which rule it takes by
+  (:data:`~adaptd.fleet.membership.PER_TARGET_GRANTS`); while any member up does not
+  say so, every daemon compares the whole claims range *and* rewrites the grant key,
+  so old and new exclude each other. A per-target grant also compares that no member
+  registered after the members it read (an old daemon joining makes it fail and
+  re-read). So a fleet upgrades host by host; the per-target rule starts once the
+  last old daemon is gone.
 - **Fair order.** Waiters are served by the work they have at risk (GPU-seconds since
   their last durable save, growing at their GPU count while they wait), most first,
   then by who asked first. The ``free`` slots go to the first ``free`` waiters, so a
-  slow daemon at the head of the queue does not hold up a second free slot.
+  slow daemon at the head of the queue does not hold up a second free slot, and a
+  waiter seen in line for a free slot for ``PATIENCE_S`` without taking it is passed
+  over (:meth:`SlotTable.view`).
 - **Release on durable**: the daemon deletes the holder's key when the save is
   durable (or failed, or the job went away).
 - **One cap.** Each claim carries its daemon's cap for the target; the smallest cap
@@ -34,7 +52,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 
 from adaptd.fleet.keys import KeySpace
-from adaptd.fleet.session import Entry, EtcdSession, Mark, newest_revision
+from adaptd.fleet.session import Entry, EtcdSession, Guard, Mark, Put, newest_revision
 from adaptd.logfmt import logfmt
 
 log = logging.getLogger("adaptd.fleet")
@@ -42,11 +60,19 @@ log = logging.getLogger("adaptd.fleet")
 #: Grant attempts per sync when other daemons' claims keep changing under us.
 MAX_ATTEMPTS = 4
 #: When several slots free at once, the waiter k-th in line (k > 0) reads again after
-#: k times this before it takes, and at most ``MAX_STAGGER_S``: the grant transaction
-#: compares the whole claims range, so takers at the same moment all but one lose and
-#: re-read (issue 35 measured 1.6 conflicts per grant at 4 slots, 7.8 at 8).
+#: k times this before it takes, and at most ``MAX_STAGGER_S``: takers of one target's
+#: free slots at the same moment all but one lose (each grant rewrites the target's
+#: grant key) and re-read (issue 35 measured 1.6 conflicts per grant at 4 slots, 7.8 at 8).
 TAKE_STAGGER_S = 0.05
 MAX_STAGGER_S = 0.5
+#: A waiter this daemon has seen in line for a free slot for this long without taking
+#: it is passed over. Daemons order a queue by when each first saw a claim (its own
+#: clock), so two of them that read at different times can each put the other ahead
+#: and leave a free slot unused until one reads again (issue 35: grants 17 s late in a
+#: storm on 4 targets, once grants stopped conflicting across targets); a daemon that
+#: is slow or stopped at the head of a queue holds it up no longer either. Longer than
+#: a live daemon takes to take (a read and a transaction), so fairness holds.
+PATIENCE_S = 3.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,6 +262,13 @@ class SlotTable:
         self.pause = pause
         self._marked = marked
         self.mark: Mark | None = None
+        #: The members' newest create revision when every member up takes slots per
+        #: target (set by the agent from its members' view), else ``None``: a grant
+        #: compares its target's grant key alone only while the members :meth:`read`
+        #: marks are those (see the module's *Mixed fleets*).
+        self.per_target_through: int | None = None
+        #: Each target's grant key's ``mod_revision`` as of the newest :meth:`read`.
+        self._grant_revs: dict[str, int] = {}
         self.keys = session.keys
         self.host = session.settings.host
         #: When this daemon first saw each claim (its monotonic clock), by claim.
@@ -243,6 +276,38 @@ class SlotTable:
         #: etcd's revision of the newest :meth:`read`: a watch from the next one misses
         #: no change made since.
         self.read_revision = 0
+        #: Since when (this daemon's monotonic clock) each other waiter has been in line
+        #: for a free slot in its view, by (host, target, job): see ``PATIENCE_S``.
+        self._in_line: dict[tuple[str, str, str, int], float] = {}
+
+    def view(self, claims: Iterable[Claim], target: str, cap: int, wall: float) -> TargetSlots:
+        """:func:`target_view` less the waiters that were in line for a free slot for
+        ``PATIENCE_S`` without taking it (they stay in etcd, and take when they can)."""
+        view = target_view(claims, target, cap, wall)
+        stalled = {
+            c.owner
+            for c in view.waiters
+            if c.host != self.host
+            and wall - self._in_line.get((c.host, target, c.job, c.create_revision), wall)
+            >= PATIENCE_S
+        }
+        if not stalled:
+            return view
+        return replace(view, waiters=tuple(c for c in view.waiters if c.owner not in stalled))
+
+    def _note_in_line(self, claims: Iterable[Claim], wall: float) -> None:
+        """Remember since when each other waiter has been in line for a free slot."""
+        claims = list(claims)
+        seen: dict[tuple[str, str, str], float] = {}
+        for target in {c.target for c in claims}:
+            full = target_view(claims, target, 1 << 30, wall)
+            cap = min(c.cap for c in claims if c.target == target)
+            free = max(0, cap - len(full.holders))
+            for c in full.waiters[:free]:
+                key = (c.host, target, c.job, c.create_revision)
+                if c.host != self.host:
+                    seen[key] = self._in_line.get(key, wall)
+        self._in_line = seen
 
     def sync(self, wants: Mapping[str, Want], wall: float) -> SlotsState:
         """One round: release claims no job wants, queue new wishes, take the slots
@@ -277,13 +342,13 @@ class SlotTable:
                     revision = self.session.revision  # the claim's create revision
                     self._first_seen[(self.host, w.target, job, revision)] = wall
                     claims.append(replace(me, stamped=wall, create_revision=revision))
-                    view = target_view(claims, w.target, w.cap, wall)
+                    view = self.view(claims, w.target, w.cap, wall)
                     if place_in_line(view, claims[-1], wall) is not None:
                         claims, seen = self.read(wall)  # its turn: take, on what is there now
                         retry = True
                         break
                     continue
-                place = place_in_line(target_view(claims, me.target, me.cap, wall), me, wall)
+                place = place_in_line(self.view(claims, me.target, me.cap, wall), me, wall)
                 if place and not staggered:
                     # the ones ahead take theirs first; then decide again on what they did
                     staggered = True
@@ -304,9 +369,12 @@ class SlotTable:
                     log.info(logfmt("fleet_slot_granted", job=job, target=w.target))
                     claims = [c for c in claims if c.owner != me.owner or c.target != me.target]
                     claims.append(replace(me, holding=True))
-                    # nothing changed between ``seen`` and the transaction (its compare):
-                    # the claims are whole as of its revision
-                    seen = self.read_revision = self.session.revision
+                    if not self.per_target:
+                        # nothing changed between ``seen`` and the transaction (its
+                        # compare): the claims are whole as of its revision. A per-target
+                        # grant says nothing of the other claims: a watch goes on from
+                        # the read, so no release since it is missed.
+                        seen = self.read_revision = self.session.revision
             if not retry:
                 break
         return self._state(claims, wants, wall, grants, conflicts)
@@ -315,19 +383,37 @@ class SlotTable:
         """Turn ``me`` into a holder if :func:`may_take` allows it on the ``claims`` read
         at revision ``seen``: True (taken), False (not its turn), ``None`` (the claims
         changed since ``seen``: another daemon moved first)."""
-        ok, _why = may_take(target_view(claims, me.target, me.cap, wall), me, wall)
+        ok, _why = may_take(self.view(claims, me.target, me.cap, wall), me, wall)
         if not ok:
             return False
         held = replace(me, holding=True)
-        if self.session.put_if_unchanged(
-            self.keys.claim(me.host, me.target, me.job),
-            held.record(),
-            leased=True,
-            watched=self.keys.claims,
-            seen_revision=seen,
-        ):
+        grant_key = self.keys.grant(me.target)
+        puts = [
+            Put(self.keys.claim(me.host, me.target, me.job), held.record(), leased=True),
+            Put(grant_key, json.dumps({"host": me.host, "job": me.job}).encode(), leased=True),
+        ]
+        if self.per_target:
+            assert self._marked is not None and self.per_target_through is not None
+            guards = [
+                Guard.key_at(grant_key, self._grant_revs.get(me.target, 0)),
+                Guard.none_created_since(self._marked, self.per_target_through),
+            ]
+        else:
+            guards = [Guard.range_since(self.keys.claims, seen)]
+        if self.session.put_all_if(puts, guards):
+            self._grant_revs[me.target] = self.session.revision
             return True
         return None
+
+    @property
+    def per_target(self) -> bool:
+        """Whether a grant now compares its target's grant key alone: every member up
+        takes slots that way, as of the members the newest :meth:`read` marked."""
+        return (
+            self.per_target_through is not None
+            and self.mark is not None
+            and self.mark.newest == self.per_target_through
+        )
 
     def release_all(self) -> None:
         """Delete every claim of this host (a clean stop; a crash leaves it to the lease)."""
@@ -346,11 +432,17 @@ class SlotTable:
         (tests/fleet/test_fleet_matrix.py). Daemons see a claim within a poll of each
         other, so they now agree on the order up to that.
         """
-        if self._marked is None:
-            entries = self.session.get_prefix(self.keys.claims)
-        else:
-            entries, self.mark = self.session.get_prefix_marking(self.keys.claims, self._marked)
+        (entries, grants), mark = self.session.get_prefixes_marking(
+            [self.keys.claims, self.keys.grants], self._marked
+        )
+        if mark is not None:
+            self.mark = mark
         self.read_revision = self.session.revision
+        self._grant_revs = {}
+        for e in grants:
+            target = self.keys.grant_target(e.key)
+            if target is not None:
+                self._grant_revs[target] = e.mod_revision
         claims = parse_claims(entries, self.keys)
         if now is not None:
             first: dict[tuple[str, str, str, int], float] = {}
@@ -359,6 +451,7 @@ class SlotTable:
                 first[key] = self._first_seen.get(key, now)
                 claims[i] = replace(c, stamped=first[key])
             self._first_seen = first
+            self._note_in_line(claims, now)
         return claims, newest_revision(entries)
 
     def _state(
@@ -374,7 +467,7 @@ class SlotTable:
             caps.setdefault(c.target, c.cap)
         mine = [c for c in claims if c.host == self.host and c.job in wants]
         return SlotsState(
-            targets={t: target_view(claims, t, cap, wall) for t, cap in sorted(caps.items())},
+            targets={t: self.view(claims, t, cap, wall) for t, cap in sorted(caps.items())},
             granted=frozenset(c.job for c in mine if c.holding),
             waiting=frozenset(c.job for c in mine if not c.holding),
             new_grants=grants,

@@ -5,7 +5,9 @@ cannot be timing noise: etcd's own request counters (its ``/metrics``). Before i
 35 an idle member polled every member and every claim twice a second (4.2 requests a
 second each), and in a storm every waiter re-read the whole queue at each release
 (about 150 range reads per grant at N = 50): both grow with the fleet, and either
-coming back fails these tests.
+coming back fails these tests. A grant compared the whole claims range until issue 35's
+second pass: in a storm spread over 10 targets that retried 1.5-2.1 times per grant,
+against 0.2-0.5 with the per-target compare (measured in the test's own two storms).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from pathlib import Path
 from fleet_helpers import Etcd, settings
 
 from adaptd.fleet.agent import FleetAgent
+from adaptd.fleet.session import EtcdSession
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from scale_fleet import etcd_figures
@@ -112,3 +115,71 @@ def test_a_storm_wakes_the_waiters_next_in_line_not_the_whole_queue(etcd: Etcd, 
     # what etcd sent per grant: 25-30 KB here; 124 KB with every waiter woken by every
     # release (releases_needed() always 1), more on main
     assert d.sent_bytes / N <= 60_000, f"{d.sent_bytes / N:.0f} bytes from etcd per grant"
+
+
+def _spread_storm(etcd: Etcd, prefix: str, targets: int, old_member: bool) -> tuple[float, int]:
+    """N members over ``targets`` targets (member i on target i mod targets, cap 1 each)
+    want a slot at once and release 0.1 s after their grant: transaction conflicts per
+    grant, and the most holders one target had at once. ``old_member``: a member from
+    before per-target grants is up, so every daemon compares the whole claims range."""
+    lock = threading.Lock()
+    holding: dict[str, set[int]] = {}
+    granted: set[int] = set()
+    most = 0
+    all_done = threading.Event()
+    timers: list[threading.Timer] = []
+
+    def release(i: int) -> None:
+        with lock:
+            holding[f"t{i % targets}"].discard(i)
+        agents[i].release("save")
+
+    def on_grant(i: int) -> None:
+        nonlocal most
+        if "save" not in agents[i].view().granted:
+            return
+        with lock:
+            if i in granted:
+                return
+            granted.add(i)
+            held = holding.setdefault(f"t{i % targets}", set())
+            held.add(i)
+            most = max(most, len(held))
+            if len(granted) == N:
+                all_done.set()
+        t = threading.Timer(0.1, release, args=(i,))
+        t.start()
+        timers.append(t)
+
+    old = None
+    if old_member:
+        old = EtcdSession(settings(etcd.url, "old", prefix)).open()
+        old.put(old.keys.member("old"), b'{"host": "old", "pid": 1, "started": 0, '
+                b'"version": "0"}', leased=True)  # fmt: skip
+    agents = _agents(etcd, prefix, on_grant)
+    try:
+        _up(agents)
+        for i, a in enumerate(agents):
+            a.want("save", f"t{i % targets}", cap=1, at_risk_gpu_s=float((i * 37) % N), gpus=1)
+        assert all_done.wait(60), f"only {len(granted)} of {N} saves granted"
+        for t in timers:
+            t.join(5)
+        conflicts = sum(a.view().conflicts for a in agents)
+    finally:
+        for a in agents:
+            a.stop()
+        if old is not None:
+            old.close()
+    return conflicts / N, most
+
+
+def test_a_grant_on_one_target_is_not_retried_for_claims_on_others(etcd: Etcd, fleet_prefix):
+    """50 members over 10 targets (cap 1 each) at once: a grant compares its own target's
+    grant key, so claims and grants on the other 9 targets do not make it retry. With a
+    member from before that rule up (every grant compares the whole claims range, as all
+    did before issue 35's second pass) the same storm retries several times as often."""
+    per_target, most = _spread_storm(etcd, fleet_prefix, 10, old_member=False)
+    assert most <= 1
+    whole, most = _spread_storm(etcd, fleet_prefix + "old/", 10, old_member=True)
+    assert most <= 1
+    assert per_target <= 0.5 * whole, f"{per_target:.2f} vs {whole:.2f} conflicts per grant"

@@ -5,15 +5,19 @@ from __future__ import annotations
 import itertools
 import threading
 import time
+from urllib.parse import quote
 
 import pytest
 from fleet_helpers import Etcd, MemberProc, holders, settings
 
 from adaptd.fleet.agent import FleetAgent
+from adaptd.fleet.membership import Member, read_members, register
 from adaptd.fleet.session import EtcdSession
 from adaptd.fleet.slots import (
+    PATIENCE_S,
     Claim,
     SlotTable,
+    Want,
     may_take,
     place_in_line,
     queue_order,
@@ -250,6 +254,112 @@ def test_two_daemons_deciding_from_the_same_state_cannot_both_take_the_last_slot
     assert holders(etcd, fleet_prefix) == [("a", T, "ja")]
     ta.session.close()
     tb.session.close()
+
+
+def _member_tables(etcd: Etcd, prefix: str, hosts: str, grants: str = "per-target"):
+    """One table per host, registered as a member whose record says ``grants``; each
+    table knows the members as the agent would tell it (issue 35's per-target rule)."""
+    tables = []
+    for h in hosts:
+        s = EtcdSession(settings(etcd.url, h, prefix)).open()
+        register(s, Member(h, 1, 0.0, "test", grants=grants))
+        tables.append(SlotTable(s, marked=s.keys.members))
+    members = read_members(tables[-1].session)
+    for t in tables:
+        t.per_target_through = members.newest if members.grant_per_target else None
+    return tables
+
+
+def test_a_grant_on_one_target_is_not_retried_for_claims_and_grants_on_another(
+    etcd: Etcd, fleet_prefix
+):
+    """Issue 35: a grant compared the whole claims range, so a claim on target B made a
+    grant on target A retry (a storm on one target starved every other). Now a grant
+    compares A's grant key alone; a take on A by another host still makes it lose."""
+    ta, tb, tc = _member_tables(etcd, fleet_prefix, "abc")
+    other = "nfs://10.0.4.21/export/other"
+    claims_a, seen_a = ta.read()
+    assert ta.per_target
+    tb.sync({"jb": Want(other, 1, 10.0, 1, 0.0)}, wall=0)  # a claim and a grant on B
+    assert ta.try_take(Claim("a", T, "ja", cap=1), claims_a, seen_a, wall=0) is True
+    claims_c, seen_c = tc.read()  # A's last slot is taken by now: c waits
+    assert tc.try_take(Claim("c", T, "jc", cap=1), claims_c, seen_c, wall=0) is False
+    assert sorted(holders(etcd, fleet_prefix)) == [("a", T, "ja"), ("b", other, "jb")]
+    for t in (ta, tb, tc):
+        t.session.close()
+
+
+def test_two_per_target_grants_from_the_same_state_cannot_both_take_the_last_slot(
+    etcd: Etcd, fleet_prefix
+):
+    ta, tb = _member_tables(etcd, fleet_prefix, "ab")
+    claims_a, seen_a = ta.read()
+    claims_b, seen_b = tb.read()
+    assert ta.per_target and tb.per_target
+    assert ta.try_take(Claim("a", T, "ja", cap=1), claims_a, seen_a, wall=0) is True
+    assert tb.try_take(Claim("b", T, "jb", cap=1), claims_b, seen_b, wall=0) is None
+    assert holders(etcd, fleet_prefix) == [("a", T, "ja")]
+    for t in (ta, tb):
+        t.session.close()
+
+
+def test_a_daemon_from_before_per_target_grants_makes_every_grant_compare_every_claim(
+    etcd: Etcd, fleet_prefix
+):
+    """A rolling upgrade: an old daemon takes by the whole-range compare and writes no
+    grant key. While one is up the others compare the whole range too; one that joins
+    after a per-target daemon read the members makes that daemon's grant lose."""
+    ta, tb = _member_tables(etcd, fleet_prefix, "ab")
+    claims_a, seen_a = ta.read()
+    assert ta.per_target
+    old = EtcdSession(settings(etcd.url, "old", fleet_prefix)).open()
+    old.put(old.keys.member("old"), b'{"host": "old", "pid": 1, "started": 0, "version": "0"}',
+            leased=True)  # fmt: skip
+    # the old daemon joined after a's read: a's per-target grant must not go through
+    assert ta.try_take(Claim("a", T, "ja", cap=1), claims_a, seen_a, wall=0) is None
+    members = read_members(ta.session)
+    assert not members.grant_per_target
+    ta.per_target_through = tb.per_target_through = None  # what the agents learn
+    claims_a, seen_a = ta.read()
+    assert not ta.per_target
+    other = "nfs://10.0.4.21/export/other"
+    tb.sync({"jb": Want(other, 1, 10.0, 1, 0.0)}, wall=0)
+    assert ta.try_take(Claim("a", T, "ja", cap=1), claims_a, seen_a, wall=0) is None
+    for s in (ta.session, tb.session, old):
+        s.close()
+
+
+def test_agents_grant_per_target_once_every_member_does(etcd: Etcd, fleet_prefix):
+    a = agent(etcd, "pa", fleet_prefix)
+    b = agent(etcd, "pb", fleet_prefix)
+    try:
+        a.want("j", T, cap=1, at_risk_gpu_s=1, gpus=1)
+        a.wait_for(lambda v: "j" in v.granted and len(v.hosts) == 2, 10)
+        b.want("j", T, cap=1, at_risk_gpu_s=1, gpus=1)
+        b.wait_for(lambda v: "j" in v.waiting, 10)
+        assert a._table is not None and a._table.per_target
+        a.release("j")
+        b.wait_for(lambda v: "j" in v.granted, 10)
+        assert etcd.keys(fleet_prefix + "grants/") == [fleet_prefix + "grants/" + quote(T, safe="")]
+    finally:
+        a.stop()
+        b.stop()
+
+
+def test_a_waiter_in_line_that_does_not_take_a_free_slot_is_passed_over(etcd: Etcd, fleet_prefix):
+    """Daemons order a queue by when each first saw a claim, so two can each put the
+    other ahead while a slot stays free (issue 35: grants 17 s late in a storm on 4
+    targets). A waiter seen in line for PATIENCE_S without taking is passed over."""
+    ta, tb = _member_tables(etcd, fleet_prefix, "ab")
+    stuck = Claim("b", T, "jb", at_risk_gpu_s=100.0, cap=1)  # first in line; never takes
+    tb.session.put(tb.keys.claim("b", T, "jb"), stuck.record(), leased=True)
+    want = {"ja": Want(T, 1, 0.0, 1, 0.0)}
+    assert ta.sync(want, wall=0.0).waiting == {"ja"}
+    assert ta.sync(want, wall=PATIENCE_S / 2).waiting == {"ja"}  # b may still take
+    assert ta.sync(want, wall=PATIENCE_S + 0.1).granted == {"ja"}
+    assert sorted(holders(etcd, fleet_prefix)) == [("a", T, "ja")]
+    for t in (ta, tb):
+        t.session.close()
 
 
 def test_a_released_slot_reaches_a_waiter_at_once_not_at_its_next_poll(etcd: Etcd, fleet_prefix):

@@ -123,8 +123,10 @@ class JobHandler:
             c.registry.steps(job, rank, msg, now)
             if self.stall is not None:
                 self.stall.steps(job, msg, now)
+            c.planner.reported(job, rank.rank, now)  # decides once all its ranks reported
         elif isinstance(msg, p.SaveReport):
             self._save_report(job, rank, msg, now)
+            c.planner.decide(job, now)
         elif isinstance(msg, p.Goodbye):
             c.registry.goodbye(job, rank, msg, now)
             log.info(
@@ -132,10 +134,8 @@ class JobHandler:
             )
             c.delivery.left(job, now)
             return
-        elif not self.on_agreement(identity, job, rank, msg, now):
-            c.delivery.answer(job, rank, now)
-            return
-        c.planner.decide(job, now)
+        elif self.on_agreement(identity, job, rank, msg, now):
+            c.planner.decide(job, now)
         c.delivery.answer(job, rank, now)
 
     def on_beat(self, identity: bytes, msg: p.Beat, now: float, peer: PeerCred | None) -> None:
