@@ -42,7 +42,7 @@ def _imports():  # a daemon's maker and the protocol, wherever the layout keeps 
         from adaptd.protocol import job as protocol
 
         def daemon(sock: Path, policy: str):  # type: ignore[no-untyped-def]
-            return build(DaemonOptions(socket=sock, policy=policy))
+            return build(DaemonOptions(socket=sock, default_policy=policy))
     except ImportError:  # before one build path (issue 22)
         try:
             from adaptd.daemon.server import Daemon

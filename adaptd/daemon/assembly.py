@@ -119,7 +119,9 @@ def assemble(options: DaemonOptions, seams: Seams) -> DaemonParts:
         initial=options.job_settings,
         configured=seams.config_settings,
     )
-    choice = PolicyChoice(default_spec=options.policy, policies=policies, settings=settings)
+    choice = PolicyChoice(
+        default_policy=options.default_policy, policies=policies, settings=settings
+    )
     delivery = Delivery(
         send=transport.send_rank,
         rounds=Agreements(send=transport.send_rank, stats=stats),
@@ -150,7 +152,7 @@ def assemble(options: DaemonOptions, seams: Seams) -> DaemonParts:
                        limits=seams.stall_limits)  # fmt: skip
     status = StatusView(jobs=registry.table, hostname=registry.hostname, settings=settings,
                         stats=stats, events=events, transport=transport,
-                        default_spec=options.policy, status_extra=seams.status_extra,
+                        default_policy=options.default_policy, status_extra=seams.status_extra,
                         replication_source=seams.replication_source,
                         stall=stall.verdict)  # fmt: skip
     drains = Drains(jobs=registry.table, save_now=ops.save_now, reply=transport.send_admin)
