@@ -271,6 +271,12 @@ class EventBus:
     def __call__(self, event: Event) -> None:
         self.emit(event)
 
+    def subscribe(self, sink: Sink) -> None:
+        """Add ``sink``, heard after every sink before it. For a part of the daemon that
+        is built after the bus because it needs a part that emits on it (the drains ask
+        the planner, which emits, to save): it hears its events as every other sink does."""
+        self.sinks = (*self.sinks, sink)
+
     def emit(self, event: Event) -> None:
         """Hand ``event`` to every sink; a failing sink is counted and logged, never raised."""
         _log_lifecycle(event)

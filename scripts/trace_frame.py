@@ -4,14 +4,18 @@
 A reader who follows a step report from the socket to the plan it may change walks the
 same path as this script: a real daemon (in a thread) gets a Hello, then one ``Steps``
 frame from a real DEALER socket, and the handling of that frame is traced with
-:func:`sys.settrace`. Printed (``--json`` for scripts):
+:func:`sys.settrace`. ``--frame save`` sends a ``SaveReport`` instead, to a daemon built
+as ``adaptd serve`` builds it (:func:`adaptd.daemon.service_parts.build_service`, from a
+config in a temporary directory), so its sinks (the store, the metrics, the upkeep,
+the drains) hear it as they do in service; the replicator and the fleet, which need
+a config of their own, are not in it. Printed (``--json`` for scripts):
 
 - ``files``: the project's files the frame's handling runs code in;
 - ``stops``: the project functions called while handling it, in order;
 - ``returns``: how often the path enters a file it had already left (A -> B -> A
   counts one): the figure a flat, tangled layout drives up.
 
-    python scripts/trace_frame.py [--json] [--steps N]
+    python scripts/trace_frame.py [--json] [--path] [--steps N] [--frame steps|save]
 
 Only the project's own code counts (``adaptd/``, ``client/``, ``policies/``), not
 the standard library, pyzmq or msgspec.
@@ -38,7 +42,7 @@ def _imports():  # a daemon's maker and the protocol, wherever the layout keeps 
         from adaptd.protocol import job as protocol
 
         def daemon(sock: Path, policy: str):  # type: ignore[no-untyped-def]
-            return build(DaemonOptions(socket=sock, policy=policy))
+            return build(DaemonOptions(socket=sock, default_policy=policy))
     except ImportError:  # before one build path (issue 22)
         try:
             from adaptd.daemon.server import Daemon
@@ -68,8 +72,32 @@ def _ours(filename: str) -> str | None:
     return rel.as_posix() if rel.parts[0] in {"adaptd", "client", "policies"} else None
 
 
-def trace(steps: int = 50) -> dict[str, object]:
-    """Run a daemon, send it a Hello and one Steps report, and trace that report."""
+def _service(sock: Path, tmp: str):  # type: ignore[no-untyped-def]
+    """A daemon with the sinks ``adaptd serve`` gives it, and how to close them."""
+    import threading as th
+    import time
+
+    from adaptd.config import loader
+    from adaptd.daemon.sdnotify import Notifier
+    from adaptd.daemon.service_parts import build_service
+    from adaptd.telemetry.sampler import Sampler
+
+    cfg = loader.loads(f'[daemon]\nsocket = "{sock}"\ndb_path = "{Path(tmp) / "state.db"}"\n')
+    sampler = Sampler.default(interval=cfg.sample_interval_s)
+    parts = build_service(
+        cfg, notifier=Notifier({}), stopping=th.Event(), sampler=sampler, clock=time.monotonic
+    )
+
+    def close() -> None:
+        parts.store.close()
+        sampler.close()
+
+    return parts.daemon, close
+
+
+def trace(steps: int = 50, frame: str = "steps") -> dict[str, object]:
+    """Run a daemon, send it a Hello and one Steps (or SaveReport) frame, and trace that
+    frame."""
     make_daemon, protocol = _imports()
     calls: list[tuple[str, str]] = []
     done = threading.Event()
@@ -83,7 +111,12 @@ def trace(steps: int = 50) -> dict[str, object]:
 
     with tempfile.TemporaryDirectory(prefix="adaptd-trace-") as tmp:
         sock = Path(tmp) / "adaptd.sock"
-        daemon = make_daemon(sock, "default").start()
+        close = None
+        if frame == "save":
+            daemon, close = _service(sock, tmp)
+            daemon.start()
+        else:
+            daemon = make_daemon(sock, "default").start()
         try:
             jobs = daemon.parts.jobs
             original = jobs.on_frames
@@ -113,16 +146,24 @@ def trace(steps: int = 50) -> dict[str, object]:
             if not dealer.poll(10_000):
                 raise SystemExit("trace_frame: the daemon did not answer the Hello")
             dealer.recv()
-            report = protocol.Steps(
-                v=protocol.VERSION, job="trace", rank=0, step=steps, count=steps,
-                mean_s=0.5, max_s=0.6,
-            )  # fmt: skip
+            if frame == "save":
+                report = protocol.SaveReport(
+                    v=protocol.VERSION, job="trace", rank=0, step=steps, blocking_s=0.1,
+                    durable_s=0.4, bytes=1 << 20, reason="periodic",
+                )  # fmt: skip
+            else:
+                report = protocol.Steps(
+                    v=protocol.VERSION, job="trace", rank=0, step=steps, count=steps,
+                    mean_s=0.5, max_s=0.6,
+                )  # fmt: skip
             dealer.send(protocol.encode(report))
             if not done.wait(10):
-                raise SystemExit("trace_frame: the Steps frame was not handled within 10 s")
+                raise SystemExit(f"trace_frame: the {frame} frame was not handled within 10 s")
             dealer.close()
         finally:
             daemon.stop()
+            if close is not None:
+                close()
 
     files = [f for f, _ in calls]
     order: list[str] = []
@@ -146,8 +187,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     parser.add_argument("--path", action="store_true", help="also print every stop")
     parser.add_argument("--steps", type=int, default=50, help="the report's step (default 50)")
+    parser.add_argument("--frame", choices=("steps", "save"), default="steps",
+                        help="the frame traced: a Steps report (default) or a SaveReport, "
+                        "to a daemon with the service's sinks")  # fmt: skip
     args = parser.parse_args(argv)
-    out = trace(args.steps)
+    out = trace(args.steps, args.frame)
     if args.json:
         print(json.dumps(out if args.path else {k: v for k, v in out.items() if k != "path"}))
         return 0

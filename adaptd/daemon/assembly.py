@@ -7,7 +7,8 @@ runs at each tick, the state database's history...). ``adaptd serve`` makes both
 config (:class:`adaptd.daemon.service.Service`); the tests and the demo write them out;
 all of them call :func:`build`, which wires every part with the others it needs, in
 order, and hands the result to :class:`~adaptd.daemon.server.Daemon`. Nothing is set on
-a part after it is built.
+a part after it is built; the one thing added later is a sink on the event bus: the
+drains, which need the planner that emits on it.
 """
 
 from __future__ import annotations
@@ -118,7 +119,9 @@ def assemble(options: DaemonOptions, seams: Seams) -> DaemonParts:
         initial=options.job_settings,
         configured=seams.config_settings,
     )
-    choice = PolicyChoice(default_spec=options.policy, policies=policies, settings=settings)
+    choice = PolicyChoice(
+        default_policy=options.default_policy, policies=policies, settings=settings
+    )
     delivery = Delivery(
         send=transport.send_rank,
         rounds=Agreements(send=transport.send_rank, stats=stats),
@@ -149,9 +152,11 @@ def assemble(options: DaemonOptions, seams: Seams) -> DaemonParts:
                        limits=seams.stall_limits)  # fmt: skip
     status = StatusView(jobs=registry.table, hostname=registry.hostname, settings=settings,
                         stats=stats, events=events, transport=transport,
-                        default_spec=options.policy, status_extra=seams.status_extra,
+                        default_policy=options.default_policy, status_extra=seams.status_extra,
                         replication_source=seams.replication_source,
                         stall=stall.verdict)  # fmt: skip
+    drains = Drains(jobs=registry.table, save_now=ops.save_now, reply=transport.send_admin)
+    events.subscribe(drains.on_event)  # last: a save is recorded before it releases a drain
     core = Core(
         transport=transport,
         events=events,
@@ -164,7 +169,7 @@ def assemble(options: DaemonOptions, seams: Seams) -> DaemonParts:
         planner=planner,
         delivery=delivery,
         ops=ops,
-        drains=Drains(jobs=registry.table, save_now=ops.save_now, reply=transport.send_admin),
+        drains=drains,
         status=status,
     )
     admin = AdminHandler(

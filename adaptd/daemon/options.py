@@ -41,7 +41,8 @@ class DaemonOptions:
       (``curve`` required), or ``None`` for ``$ADAPTD_SOCKET`` / the runtime directory
       (:mod:`adaptd.protocol.paths`); checked when the daemon is built (the path's
       length, TCP without CURVE), and bound when it opens.
-    - ``policy``: the spec of jobs that name none (``--policy``, ``policy.default``).
+    - ``default_policy``: the spec of jobs that name none (``--policy``,
+      ``policy.default``; :attr:`adaptd.config.loader.Config.default_policy`).
     - ``liveness_timeout_s``: a rank silent this long is lost (``--silence-timeout``,
       ``daemon.liveness_timeout_s``); > 0.
     - ``resend_after_s``: a rank that reports after this long without hearing from the
@@ -64,7 +65,7 @@ class DaemonOptions:
     """
 
     socket: str | os.PathLike[str] | None = None
-    policy: str = policy_mod.DEFAULT_SPEC
+    default_policy: str = policy_mod.DEFAULT_SPEC
     liveness_timeout_s: float = LIVENESS_TIMEOUT_S
     resend_after_s: float = RESEND_AFTER_S
     tick_interval_s: float = TICK_INTERVAL_S
@@ -80,9 +81,9 @@ class DaemonOptions:
 
     def __post_init__(self) -> None:
         try:
-            policy_mod.parse(self.policy)
+            policy_mod.parse(self.default_policy)
         except policy_mod.PolicyError as exc:
-            raise DaemonError(f"policy (--policy) {self.policy!r}: {exc}") from None
+            raise DaemonError(f"policy (--policy) {self.default_policy!r}: {exc}") from None
         for name, flag in (
             ("liveness_timeout_s", " (--silence-timeout)"),
             ("resend_after_s", ""),

@@ -142,7 +142,7 @@ class Daemon:
             return
         self.transport.open()
         log.info(logfmt("listening", socket=self.endpoint, admin=self.admin_path,
-                        policy=self.parts.core.choice.default_spec, pid=os.getpid()))  # fmt: skip
+                        policy=self.parts.core.choice.default_policy, pid=os.getpid()))  # fmt: skip
 
     def serve(self) -> None:
         """Open (if needed) and run the loop in this thread until :meth:`stop`; then close."""

@@ -221,7 +221,7 @@ def daemon_options(cfg: Config, store: Store | None = None) -> DaemonOptions:
     try:
         return DaemonOptions(
             socket=cfg.socket,
-            policy=cfg.default_policy,
+            default_policy=cfg.default_policy,
             liveness_timeout_s=cfg.liveness_timeout_s,
             job_settings=initial_settings(cfg, store),
             admin_group=cfg.admin_group,

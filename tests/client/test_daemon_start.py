@@ -25,7 +25,7 @@ pytestmark = pytest.mark.tf
 
 def test_the_daemons_plan_is_in_force_when_restore_returns(short_dir: Path) -> None:
     sock = short_dir / "adaptd.sock"
-    with build(DaemonOptions(socket=sock, policy="fixed:steps=50")).start():
+    with build(DaemonOptions(socket=sock, default_policy="fixed:steps=50")).start():
         ckptr = AdaptiveCheckpointer(
             short_dir / "ck", job="starts", socket=f"ipc://{sock}", handle_sigterm=False,
             v=tf.Variable(1.0),

@@ -116,7 +116,7 @@ def test_a_short_daemon_timeout_never_falls_back_while_the_daemon_is_alive(
     # The daemon's plan never changes (its first save is far away), so only its
     # keep-alive answers the job's reports; the job allows 1 s of silence after a send.
     sock = short_dir / "adaptd.sock"
-    with build(DaemonOptions(socket=sock, policy="fixed:steps=1000000")).start() as daemon:
+    with build(DaemonOptions(socket=sock, default_policy="fixed:steps=1000000")).start() as daemon:
         ckptr = AdaptiveCheckpointer(
             short_dir / "ck", job="short-timeout", socket=f"ipc://{sock}", daemon_timeout=1.0,
             handle_sigterm=False, v=tf.Variable(1.0),

@@ -152,7 +152,7 @@ def thread_daemon(socket: Path, **kw) -> Iterator[tuple[Daemon, EventLog]]:
     """A daemon in a thread, built as every daemon is (:func:`adaptd.daemon.assembly.build`):
     ``kw`` are its options (:class:`DaemonOptions`) and seams (:class:`Seams`) by name."""
     sink = EventLog()
-    kw.setdefault("policy", PINNED)
+    kw.setdefault("default_policy", PINNED)
     seams = {k: kw.pop(k) for k in list(kw) if k in Seams.__dataclass_fields__}
     d = build(DaemonOptions(socket=socket, **kw), Seams(sinks=[sink], **seams)).start()
     try:

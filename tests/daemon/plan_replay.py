@@ -35,7 +35,7 @@ def main(spec: str, durable_s: float, step_s: float, noise: float, total: int) -
     clock = [1000.0]
     with tempfile.TemporaryDirectory(dir="/tmp") as d:
         daemon = build(
-            DaemonOptions(socket=Path(d) / "a.sock", policy=spec, tick_interval_s=3600),
+            DaemonOptions(socket=Path(d) / "a.sock", default_policy=spec, tick_interval_s=3600),
             Seams(clock=lambda: clock[0], snapshot_source=lambda: Snapshot(time=clock[0])),
         ).start()
         ctx = zmq.Context()

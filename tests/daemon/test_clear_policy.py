@@ -35,7 +35,7 @@ def configured(job: str) -> admin.JobSettings | None:
 
 @pytest.fixture
 def daemon(short_dir):
-    with thread_daemon(short_dir / "adaptd.sock", policy=DEFAULT,
+    with thread_daemon(short_dir / "adaptd.sock", default_policy=DEFAULT,
                        config_settings=configured) as (d, sink):  # fmt: skip
         yield d, sink, str(d.socket_path)
 

@@ -51,7 +51,9 @@ def test_signal_exits_zero_and_removes_sockets(short_dir, zctx, sig) -> None:
 def test_in_process_daemon_stops_at_once_and_refuses_a_twin(short_dir, zctx) -> None:
     """stop() wakes the poll through its wake-up socket, not at the next tick."""
     d = build(
-        DaemonOptions(socket=short_dir / "adaptd.sock", policy="phased", tick_interval_s=3600)
+        DaemonOptions(
+            socket=short_dir / "adaptd.sock", default_policy="phased", tick_interval_s=3600
+        )
     ).start()
     try:
         assert Peer(zctx, d.endpoint).hello("thread-job").seq == 1

@@ -140,7 +140,7 @@ def test_default_policy_does_not_churn_plans_on_noisy_step_times(short_dir, zctx
 
     from adaptd.core.policy import DEFAULT_SPEC
 
-    with thread_daemon(short_dir / "adaptd.sock", policy=DEFAULT_SPEC) as (daemon, sink):
+    with thread_daemon(short_dir / "adaptd.sock", default_policy=DEFAULT_SPEC) as (daemon, sink):
         peer = Peer(zctx, daemon.endpoint)
         peer.hello("noisy-1", pid=0)
         rng = random.Random(7)

@@ -54,7 +54,7 @@ def host(
 
     extra: dict = {} if snapshot_source is None else {"snapshot_source": snapshot_source}
     d = build(
-        DaemonOptions(socket=sock, policy=PINNED, hostname=name, relay_key=relay_key),
+        DaemonOptions(socket=sock, default_policy=PINNED, hostname=name, relay_key=relay_key),
         Seams(sinks=[sink], tracker_factory=tracker, **extra),
     ).start()
     try:

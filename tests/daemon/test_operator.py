@@ -286,7 +286,7 @@ def test_every_example_spec_in_the_help_texts_is_accepted(capsys) -> None:
 
 
 def test_pause_holds_planned_saves_but_not_urgent_ones(short_dir, jobs, capsys) -> None:
-    with thread_daemon(short_dir / "adaptd.sock", policy="fixed:steps=50") as (d, sink):
+    with thread_daemon(short_dir / "adaptd.sock", default_policy="fixed:steps=50") as (d, sink):
         job = SavingJob(d.endpoint, "pz")
         jobs.append(job)
         assert job.wait_plan()["every"] == 50
@@ -495,7 +495,7 @@ def test_sigterm_drains_a_real_daemon_process(short_dir, jobs) -> None:
 
 
 def test_stop_with_drain_and_no_jobs_is_immediate(short_dir) -> None:
-    d = build(DaemonOptions(socket=short_dir / "adaptd.sock", policy="phased")).start()
+    d = build(DaemonOptions(socket=short_dir / "adaptd.sock", default_policy="phased")).start()
     t0 = time.monotonic()
     d.stop(timeout_s=DEADLINE, drain_s=30.0)
     assert time.monotonic() - t0 < 1.0 and not d._thread.is_alive()

@@ -21,7 +21,7 @@ from adaptd.daemon.transport import DaemonError
 @pytest.mark.parametrize(
     ("option", "value", "named"),
     [
-        ("policy", "nosuch", "policy (--policy) 'nosuch'"),
+        ("default_policy", "nosuch", "policy (--policy) 'nosuch'"),
         ("liveness_timeout_s", 0, "liveness_timeout_s (--silence-timeout) must be > 0"),
         ("liveness_timeout_s", float("nan"), "liveness_timeout_s"),
         ("resend_after_s", -1.0, "resend_after_s must be > 0"),
@@ -43,7 +43,7 @@ def test_every_option_has_a_default_and_the_object_is_frozen(short_dir: Path) ->
     options = DaemonOptions()
     assert options.liveness_timeout_s == LIVENESS_TIMEOUT_S  # the config's default, one home
     with pytest.raises(dataclasses.FrozenInstanceError):
-        options.policy = "young"  # type: ignore[misc]
+        options.default_policy = "young"  # type: ignore[misc]
     settings = {"a": object()}
     frozen = DaemonOptions(job_settings=settings)  # type: ignore[arg-type]
     settings["b"] = object()  # the caller's dict is not the daemon's
@@ -51,6 +51,6 @@ def test_every_option_has_a_default_and_the_object_is_frozen(short_dir: Path) ->
     assert options.planner.replan_tolerance == options.replan_tolerance  # made once, kept
     d = build(DaemonOptions(socket=short_dir / "adaptd.sock")).start()
     try:
-        assert d.status().daemon.default_policy == DaemonOptions().policy
+        assert d.status().daemon.default_policy == DaemonOptions().default_policy
     finally:
         d.stop()

@@ -40,7 +40,9 @@ def test_an_overdue_save_is_made_even_when_the_plan_arrives_a_report_late() -> N
     with tempfile.TemporaryDirectory(prefix="ad-", dir="/tmp") as d:
         daemon = build(
             DaemonOptions(
-                socket=Path(d) / "a.sock", policy="fixed:steps=1000000", tick_interval_s=3600
+                socket=Path(d) / "a.sock",
+                default_policy="fixed:steps=1000000",
+                tick_interval_s=3600,
             ),
             Seams(clock=lambda: clock[0], snapshot_source=lambda: Snapshot(time=clock[0])),
         ).start()

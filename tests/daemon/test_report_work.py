@@ -57,7 +57,9 @@ def work_per_report(short_dir: Path, jobs: int) -> dict[str, float]:
     snapshots = Counted()
     ctx = zmq.Context()
     with thread_daemon(
-        short_dir / f"adaptd-{jobs}.sock", policy="fixed:steps=1000", snapshot_source=snapshots
+        short_dir / f"adaptd-{jobs}.sock",
+        default_policy="fixed:steps=1000",
+        snapshot_source=snapshots,
     ) as (_, sink):
         endpoint = f"ipc://{short_dir / f'adaptd-{jobs}.sock'}"
         socks, job_of = [], []

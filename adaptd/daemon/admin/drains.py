@@ -15,10 +15,10 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from adaptd.daemon.jobs.table import Job, JobTable, Rank
+from adaptd import events as ev
+from adaptd.daemon.jobs.table import Job, JobTable
 from adaptd.logfmt import logfmt
 from adaptd.protocol import admin
-from adaptd.protocol import job as p
 from adaptd.state.records import copy_fields
 
 __all__ = ["Drain", "DrainJob", "Drains"]
@@ -104,19 +104,26 @@ class Drains:
                         reason=reason))  # fmt: skip
         return drain
 
-    def on_report(self, job: Job, rank: Rank, msg: p.SaveReport, now: float) -> None:
-        """A save report: it may be a save a drain waits for."""
+    def on_event(self, event: ev.Event) -> None:
+        """An :data:`adaptd.events.Sink`: a save report may be a save a drain waits for.
+
+        The drains subscribe last (:func:`adaptd.daemon.assembly.assemble`), so a save they
+        wait for is already recorded by every other sink when it releases a drain, whose
+        reply is sent at the loop's next :meth:`check`."""
+        if not isinstance(event, ev.SaveReported):
+            return
+        msg, now = event.report, event.time
         for drain in self._drains:
-            entry = drain.jobs.get(job.id)
-            if entry is None or entry.done_at is not None or rank.rank not in entry.waiting:
+            entry = drain.jobs.get(event.job)
+            if entry is None or entry.done_at is not None or msg.rank not in entry.waiting:
                 continue
-            if msg.step < entry.waiting[rank.rank]:
+            if msg.step < entry.waiting[msg.rank]:
                 continue  # an older save finishing: not the one asked for
             if not msg.ok:
-                entry.error = f"rank {rank.rank} save of step {msg.step} failed: {msg.error}"
+                entry.error = f"rank {msg.rank} save of step {msg.step} failed: {msg.error}"
                 entry.done_at = now
                 continue
-            del entry.waiting[rank.rank]
+            del entry.waiting[msg.rank]
             entry.step = msg.step if entry.step is None else min(entry.step, msg.step)
             if not entry.waiting:
                 entry.done_at = now

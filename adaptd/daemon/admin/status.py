@@ -56,7 +56,7 @@ class StatusView:
         stats: DaemonStats,
         events: EventBus,
         transport: Transport,
-        default_spec: str,
+        default_policy: str,
         status_extra: StatusExtra | None = None,
         replication_source: ReplicationSource | None = None,
         stall: StallVerdicts | None = None,
@@ -69,7 +69,7 @@ class StatusView:
         self.stats = stats
         self.events = events
         self.transport = transport
-        self.default_spec = default_spec
+        self.default_policy = default_policy
         self.status_extra = status_extra
         self.replication_source = replication_source
         self._throttle = Throttle()
@@ -83,7 +83,7 @@ class StatusView:
             pid=os.getpid(),
             socket=self.transport.endpoint.removeprefix("ipc://"),
             admin_socket=str(self.transport.admin_path),
-            default_policy=self.default_spec,
+            default_policy=self.default_policy,
             uptime_s=now - self.transport.opened_at,
             messages=c["messages"],
             by_kind=dict(self.stats.by_kind),

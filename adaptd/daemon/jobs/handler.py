@@ -12,8 +12,9 @@
 - answers a rank's question for its job's configured settings, hello or not
   (:mod:`~adaptd.daemon.jobs.job_config`);
 - hands it to the part that owns what it says: the
-  :class:`~adaptd.daemon.jobs.registry.Registry` (hello, steps, save report, goodbye),
-  the drains waiting for saves, the :class:`~adaptd.daemon.jobs.delivery.Delivery`
+  :class:`~adaptd.daemon.jobs.registry.Registry` (hello, steps, save report, goodbye;
+  what it learns goes to the sinks, the drains among them), the
+  :class:`~adaptd.daemon.jobs.delivery.Delivery`
   (a hello's Welcome, an agreement round's acknowledgement, the liveness signal),
   the job's operator actions (a request relayed from another host);
 - asks the :class:`~adaptd.daemon.jobs.planner.Planner` for a decision.
@@ -175,7 +176,6 @@ class JobHandler:
 
     def _save_report(self, job: Job, rank: Rank, msg: p.SaveReport, now: float) -> None:
         counted = self.core.registry.save_report(job, rank, msg, now)
-        self.core.drains.on_report(job, rank, msg, now)
         log.info(logfmt("save", job=job.id, rank=rank.rank, step=msg.step, ok=msg.ok,
                         blocking_s=msg.blocking_s, durable_s=msg.durable_s,
                         extra_step_s=msg.extra_step_s, bytes=msg.bytes, reason=msg.reason,

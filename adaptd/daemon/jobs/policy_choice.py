@@ -22,14 +22,14 @@ log = logging.getLogger("adaptd.server")
 
 
 class PolicyChoice:
-    """The daemon's policies for its jobs. ``default_spec`` is parsed here: raises
-    :class:`~adaptd.core.policy.PolicyError` when it does not."""
+    """The daemon's policies for its jobs. ``default_policy`` (the spec of jobs that name
+    none) is parsed here: raises :class:`~adaptd.core.policy.PolicyError` when it does not."""
 
     def __init__(
-        self, *, default_spec: str, policies: PolicyCache, settings: OperatorSettings
+        self, *, default_policy: str, policies: PolicyCache, settings: OperatorSettings
     ) -> None:
-        self.default_spec = default_spec
-        self.default_policy = policies.get(default_spec)
+        self.default_policy = default_policy
+        self._default = policies.get(default_policy)  # parsed once
         self.policies = policies
         self.settings = settings
 
@@ -51,12 +51,12 @@ class PolicyChoice:
         if job.policy is None and configured is not None:
             job.use_policy(self.policies.get(configured), configured)  # parsed when set
         if job.policy is None:
-            spec = asked or self.default_spec
+            spec = asked or self.default_policy
             try:
                 job.use_policy(self.policies.get(spec), spec)
             except PolicyError as exc:
-                job.use_policy(self.default_policy, self.default_spec)
-                return f"policy {asked!r} refused, using {self.default_spec!r}: {exc}"
+                job.use_policy(self._default, self.default_policy)
+                return f"policy {asked!r} refused, using {self.default_policy!r}: {exc}"
         elif asked and asked != job.policy_spec:
             log.warning(
                 logfmt("policy_ignored", job=job.id, rank=rank, asked=asked, using=job.policy_spec)
@@ -96,4 +96,4 @@ class PolicyChoice:
                     return spec, source, self.policies.get(spec)
                 except PolicyError:
                     continue  # refused at hello already: the default took over then too
-        return self.default_spec, "default", self.default_policy
+        return self.default_policy, "default", self._default
