@@ -114,7 +114,7 @@ def test_a_rank_that_does_not_report_holds_its_job_decision_back_a_tick_at_most(
     job anyway, within a second, and the plan in seconds becomes one in steps."""
     ctx = zmq.Context()
     sock_path = short_dir / "adaptd-lag.sock"
-    with thread_daemon(sock_path, policy="fixed:seconds=60") as (_, sink):
+    with thread_daemon(sock_path, default_policy="fixed:seconds=60") as (_, sink):
         socks = []
         for r in range(WORLD):
             s = ctx.socket(zmq.DEALER)
