@@ -308,7 +308,7 @@ def plot(path: Path, runs: list[Path]) -> None:
             ax1.plot(xs, [f["a"] + f["b"] * x for x in xs], ":", color=ax1.lines[-1].get_color())
     ax1.axhline(TARGET_ROUND_S, color="grey", lw=0.8)
     ax1.set(xscale="log", yscale="log", xlabel="ranks (N)", ylabel="round p50 (s)",
-            title="round latency (dotted: line fitted to 32-256)")  # fmt: skip
+            title="round latency (dotted: line fitted to the many-ranks runs)")  # fmt: skip
     ax2.set(xscale="log", yscale="log", xlabel="ranks (N)", ylabel="chief key-value calls",
             title="chief's calls per round, mail included")  # fmt: skip
     for ax in (ax1, ax2):
