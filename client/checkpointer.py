@@ -434,7 +434,12 @@ class AdaptiveCheckpointer(HookViews):
                 clean = save_on_close or signum is not None
                 self._saver.finish(n, reason, timeout, clean=clean)
                 now = perf_counter()
-                self._session.report_steps(n, now, False, (self._slowest, self._slowest_n))
+                # the last batch ends with the last completed step, not now: after a peer
+                # failure or the daemon's abort, the time since is a wait in a collective
+                # that never completed, not a step (counted as one, it taught the daemon a
+                # step time of seconds for a job of 20 ms steps: issue 34's trials)
+                self._session.report_steps(n, self._last, False,
+                                           (self._slowest, self._slowest_n))  # fmt: skip
                 self._session.goodbye(n, goodbye, now)
                 self._saver.stop()
         finally:
