@@ -40,8 +40,8 @@ tests/multiworker/test_coordination.py:
   at most :data:`CALL_TIMEOUT_S`, or until :func:`abandon` (the daemon found the job
   stalled); a get, which has its own deadline, is made in slices of at most
   :data:`ABANDON_SLICE_S` when it waits longer, so that :func:`abandon` ends it too.
-  A call left behind stays blocked in TensorFlow until the process exits; after it,
-  every call raises :class:`CoordinationLost` at once.
+  A call left behind stays blocked in TensorFlow until the process exits; after it
+  (or after :func:`abandon`), every call raises :class:`CoordinationLost` at once.
 
 Keys are plain strings; values are UTF-8 text (the service decodes them as such).
 """
@@ -177,6 +177,7 @@ class Coordination:
         self.rank = rank
         self.world_size = world_size
         self.call_timeout_s = call_timeout_s
+        self._unanswered: str | None = None  # a put or delete got no answer in time
         self._barriers: dict[str, int] = {}
         ctx = context if context is not None else _context()
         missing = [name for name in REQUIRED_CALLS if not callable(getattr(ctx, name, None))]
@@ -285,6 +286,8 @@ class Coordination:
     def _check(self, what: str, key: str) -> None:
         if _abandoned is not None:
             raise CoordinationLost(f"coordination service {what} {key!r} abandoned: {_abandoned}")
+        if self._unanswered is not None:
+            raise CoordinationLost(f"{what} {key!r} not tried: {self._unanswered}")
 
     def _bounded(self, what: str, key: str, call: Callable[[], object]) -> None:
         """Make ``call`` (a put or delete: TensorFlow gives them no deadline) on a thread
@@ -315,10 +318,13 @@ class Coordination:
             raise raised[0]
         self._check(what, key)
         if not answered:
-            raise CoordinationLost(
+            # taken for lost: each later call would wait as long again (seen: without
+            # abandon(), a survivor's posts kept it past the test's 60 s deadline)
+            self._unanswered = (
                 f"coordination service {what} {key!r}: no answer within "
                 f"{self.call_timeout_s:g}s (is the chief, task 0, stopped?)"
             )
+            raise CoordinationLost(self._unanswered)
 
     @staticmethod
     def _lost(what: str, key: str, exc: BaseException) -> CoordinationLost:
