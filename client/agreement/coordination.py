@@ -38,8 +38,11 @@ tests/multiworker/test_coordination.py:
   still blocked 200 s later). So :meth:`Coordination.put` and
   :meth:`Coordination.delete` make the call on a thread of their own and wait for it
   at most :data:`CALL_TIMEOUT_S`, or until :func:`abandon` (the daemon found the job
-  stalled); a get, which has its own deadline, is made in slices of at most
-  :data:`ABANDON_SLICE_S` when it waits longer, so that :func:`abandon` ends it too.
+  stalled); a get has its own deadline (a get in flight is not abandoned: it ends at
+  its timeout; the next call raises). Slicing long gets to hear :func:`abandon` sooner
+  was tried and dropped: with it, tests/multiworker/test_hook.py's random plan changes
+  failed 2 times in 6, a get meeting the chief's service closed at the job's end (the
+  cause not confirmed).
   A call left behind stays blocked in TensorFlow until the process exits; after it
   (or after :func:`abandon`), every call raises :class:`CoordinationLost` at once.
 
@@ -65,8 +68,6 @@ TRY_GET_S = 0.001
 #: map takes about a millisecond; 30 s only a stopped (frozen) chief takes. Within the
 #: hook's 120 s collective timeout, so a job without a daemon is bounded as before.
 CALL_TIMEOUT_S = 30.0
-#: A get waiting longer than this waits in slices of it, to hear :func:`abandon`.
-ABANDON_SLICE_S = 0.25
 
 #: Why this process abandoned the coordination service (None: it did not); see
 #: :func:`abandon`. Process-wide, as the service's agent and TensorFlow's collectives are.
@@ -79,7 +80,7 @@ _pending_lock = threading.Lock()
 def abandon(reason: str) -> None:
     """Make every pending and later call of this process on the coordination service
     raise :class:`CoordinationLost` naming ``reason`` (a put or delete blocked on a
-    stopped chief at once; a get within :data:`ABANDON_SLICE_S`). Any thread; the
+    stopped chief at once; a get in flight at its own timeout). Any thread; the
     process cannot use the service again (as :func:`~adaptd.client.save.peer_failure.
     abort_collectives` for collectives): called when the daemon aborts the stalled job."""
     global _abandoned
@@ -222,21 +223,14 @@ class Coordination:
         """The value of ``key``, waiting up to ``timeout_s`` for it to be written;
         None when it was not. Raises CoordinationLost, or ValueError for a
         timeout that is not positive."""
-        _ms(timeout_s)  # validate
-        deadline = time.monotonic() + timeout_s
-        while True:
-            self._check("get", key)
-            left = deadline - time.monotonic()
-            sliced = left > ABANDON_SLICE_S  # a long wait: in slices, to hear abandon()
-            try:
-                return self._ctx.get_config_key_value(
-                    key, _ms(ABANDON_SLICE_S if sliced else max(left, TRY_GET_S))
-                )
-            except self._errors.DeadlineExceededError:
-                if not sliced:
-                    return None
-            except self._errors.OpError as exc:
-                raise self._lost("get", key, exc) from None
+        ms = _ms(timeout_s)
+        self._check("get", key)
+        try:
+            return self._ctx.get_config_key_value(key, ms)
+        except self._errors.DeadlineExceededError:
+            return None
+        except self._errors.OpError as exc:
+            raise self._lost("get", key, exc) from None
 
     def try_get(self, key: str) -> str | None:
         """The value of ``key`` if it is there now (waits about 1 ms), else None."""
@@ -348,7 +342,6 @@ def _tf_version() -> str:
 
 
 __all__ = [
-    "ABANDON_SLICE_S",
     "CALL_TIMEOUT_S",
     "BarrierTimeout",
     "Coordination",
