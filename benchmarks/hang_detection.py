@@ -16,7 +16,10 @@ a random step in one of two ways:
 
 It measures, per trial, the seconds from the hang (the hung rank's mark) to the end of
 the survivors (their just-in-time save is written synchronously and durable before
-they exit), the steps lost (the hung rank's completed step less the step saved), then
+they exit), the steps lost (the hung rank's completed step less the step saved: the
+survivors' just-in-time step, also when a planned save of it had already completed it
+and they wrote nothing), the daemon's threshold and what set it (from its abort's
+reason: step time, longest healthy wait, model, floor or cap), then
 starts every rank again without the daemon and checks that every rank ends
 bit-identical to the uninterrupted run (weights, optimizer variables, step, next
 batches); a run past ``--timeout`` is a hang. The hung rank itself is killed once the
@@ -44,6 +47,7 @@ import argparse
 import contextlib
 import json
 import random
+import re
 import sys
 import tempfile
 import time
@@ -56,6 +60,7 @@ sys.path.insert(0, str(REPO / "tests"))
 from multiworker import daemons  # noqa: E402
 from multiworker.jit_jobs import COMPARED, EVERY, HERE, STEPS, run  # noqa: E402
 
+from adaptd.checkpoints import rank_parts  # noqa: E402
 from adaptd.commands._spawn import stop_daemon  # noqa: E402
 from adaptd.sim import local_cluster  # noqa: E402
 
@@ -100,11 +105,24 @@ def hang(root: Path, n: int, kind: str, rank: int, at: int, socket: str | None,
         results = [cluster.result(r) for r in range(n) if r != rank]
     hung = json.loads(mark.read_text())
     ended = max(r["ended_at"] for r in results)
-    saved = [r["jit"] for r in results if r.get("jit") and r["jit"]["saved"]]
+    listing = rank_parts.listing(work / "ckpt")
+    # a survivor saves nothing just in time when the step is already complete (a
+    # planned save of that very step, or another survivor, wrote it): saved all the same
+    saved = [r["jit"] for r in results if r.get("jit") and (
+        r["jit"]["saved"] or rank_parts.status(listing, r["jit"]["step"]).complete)]  # fmt: skip
     row = {"hang": False, "codes": codes, "freed_s": ended - hung["at"],
            "completed": hung["step"], "saved_step": saved[0]["step"] if saved else None,
            "by": "daemon" if any(r.get("aborted") for r in results) else "runtime",
            "error": results[0].get("message", "")[-160:]}  # fmt: skip
+    aborted = next((r["aborted"] for r in results if r.get("aborted")), None)
+    # the daemon's threshold and what set it ("... -> 8.1s, floor 7s"): why a trial
+    # took longer than the floor is in its figures
+    why = (
+        re.search(r"step [^;]*?, (floor|cap|model) [0-9.]+s", aborted["reason"])
+        if aborted
+        else None
+    )
+    row["threshold"] = why.group(0) if why else None
     row["lost"] = None if not saved else hung["step"] - saved[0]["step"]
     return row
 
@@ -264,7 +282,8 @@ def _line(r: dict[str, Any]) -> str:
         return f"{head}  HANG: {r.get('error')}"
     return (f"{head}  freed {r['freed_s']:5.1f}s (goal {r['goal_s']:.1f}s) by {r['by']:<7} "
             f"done {r['completed']:>2} saved {r['saved_step']} lost {r['lost']} "
-            f"resumed {r.get('resumed_from')} exact {'yes' if r['exact'] else 'NO'}")  # fmt: skip
+            f"resumed {r.get('resumed_from')} exact {'yes' if r['exact'] else 'NO'}"
+            + (f"  [{r['threshold']}]" if r.get("threshold") else ""))  # fmt: skip
 
 
 if __name__ == "__main__":

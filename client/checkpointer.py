@@ -35,6 +35,7 @@ from time import perf_counter
 from typing import Any
 
 from adaptd.client import arguments, assembly
+from adaptd.client.agreement import coordination
 from adaptd.client.daemon import heartbeat
 from adaptd.client.daemon.heartbeat import JobAborted
 from adaptd.client.daemon.session import WELCOME_WAIT_S, HelloFacts
@@ -254,7 +255,7 @@ class AdaptiveCheckpointer(HookViews):
             return None
         self._session.peers_lost()  # the chief may be stopped: post nothing to it
         self._saver.finish(self._n, None, CLOSE_TIMEOUT_S)  # its part may be a replay's base
-        abort = self.aborted
+        abort = self._abort_heard()
         if abort is not None and abort.culprit == self.rank:  # it may be behind: never writes
             why = "the daemon took this rank for the cause of the stall: it saves nothing"
             outcome = JitOutcome(self._n, False, why, f"{ABORTED_MARKER}: {abort.reason}")
@@ -331,8 +332,9 @@ class AdaptiveCheckpointer(HookViews):
                 self._due, self._tick_at = NEVER, _INF
                 return
             raise resume_notes.not_restored("step()", self.directory)
-        if self.aborted is not None:  # it came back after the daemon freed the others
-            raise JobAborted(self.aborted.reason)
+        abort = self._abort_heard()
+        if abort is not None:  # it came back after the daemon freed the others
+            raise JobAborted(abort.reason)
         if now >= self._tick_at:
             self._tick(n, now)
         if self._preempt is not None and not self._authority.preempt(n):
@@ -366,10 +368,28 @@ class AdaptiveCheckpointer(HookViews):
 
     def _on_abort(self, msg: Abort) -> None:
         # The heartbeat's thread, while the loop may be blocked in a collective: free it
-        # (its collective raises a peer failure, and the just-in-time save follows).
+        # (its collective raises a peer failure, and the just-in-time save follows); or
+        # blocked on the coordination service of a stopped chief: abandon it (the post
+        # fails, the loop goes on to its next collective, which raises).
         self.aborted = msg
         self._due = 0
         abort_collectives(msg.reason)
+        coordination.abandon(msg.reason)
+
+    def _abort_heard(self) -> Abort | None:
+        """The daemon's Abort of this job, if any; first heard afresh when the heartbeat
+        could not beat (the process was stopped and continued: the others may have saved
+        and exited meanwhile, and this rank must not write over their save)."""
+        beating = self._heartbeat
+        if self.aborted is None and beating is not None and beating.stale():
+            # beats say "save" meanwhile: this wait is the hook's (before a save), and the
+            # daemon, if it did not abort the job, must not take it for a hang
+            held, self._holding = self._holding, "save"
+            try:
+                beating.catch_up()
+            finally:
+                self._holding = held
+        return self.aborted
 
     def _beat(self) -> None:
         """Start the heartbeat of a rank of a multi-worker job (see
@@ -414,7 +434,12 @@ class AdaptiveCheckpointer(HookViews):
                 clean = save_on_close or signum is not None
                 self._saver.finish(n, reason, timeout, clean=clean)
                 now = perf_counter()
-                self._session.report_steps(n, now, False, (self._slowest, self._slowest_n))
+                # the last batch ends with the last completed step, not now: after a peer
+                # failure or the daemon's abort, the time since is a wait in a collective
+                # that never completed, not a step (counted as one, it taught the daemon a
+                # step time of seconds for a job of 20 ms steps: issue 34's trials)
+                self._session.report_steps(n, self._last, False,
+                                           (self._slowest, self._slowest_n))  # fmt: skip
                 self._session.goodbye(n, goodbye, now)
                 self._saver.stop()
         finally:

@@ -31,6 +31,20 @@ tests/multiworker/test_coordination.py:
   ``UnavailableError``; when another worker died, a get waits for its key until its
   timeout and the service marks the job unhealthy. So every wait has a timeout, and
   the errors are mapped to :class:`CoordinationLost`.
+* When the chief's process is *stopped* (SIGSTOP; its connection stays open),
+  ``set_config_key_value`` and ``delete_config_key_value`` wait for its answer with no
+  deadline, and neither TensorFlow's heartbeat nor ``abort_collective_ops`` ends the
+  wait (measured, issue 34: a survivor posting its save's cost to a stopped chief was
+  still blocked 200 s later). So :meth:`Coordination.put` and
+  :meth:`Coordination.delete` make the call on a thread of their own and wait for it
+  at most :data:`CALL_TIMEOUT_S`, or until :func:`abandon` (the daemon found the job
+  stalled); a get has its own deadline (a get in flight is not abandoned: it ends at
+  its timeout; the next call raises). Slicing long gets to hear :func:`abandon` sooner
+  was tried and dropped: with it, tests/multiworker/test_hook.py's random plan changes
+  failed 2 times in 6, a get meeting the chief's service closed at the job's end (the
+  cause not confirmed).
+  A call left behind stays blocked in TensorFlow until the process exits; after it
+  (or after :func:`abandon`), every call raises :class:`CoordinationLost` at once.
 
 Keys are plain strings; values are UTF-8 text (the service decodes them as such).
 """
@@ -39,7 +53,9 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 log = logging.getLogger("adaptd.client")
@@ -48,6 +64,36 @@ log = logging.getLogger("adaptd.client")
 REQUIRED_CALLS = ("set_config_key_value", "get_config_key_value", "delete_config_key_value")
 #: How long :meth:`Coordination.try_get` waits (the service has no non-blocking get).
 TRY_GET_S = 0.001
+#: The longest a put or a delete may wait for the service: a write to its in-memory
+#: map takes about a millisecond; 30 s only a stopped (frozen) chief takes. Within the
+#: hook's 120 s collective timeout, so a job without a daemon is bounded as before.
+CALL_TIMEOUT_S = 30.0
+
+#: Why this process abandoned the coordination service (None: it did not); see
+#: :func:`abandon`. Process-wide, as the service's agent and TensorFlow's collectives are.
+_abandoned: str | None = None
+#: The events of the puts and deletes in flight, set by :func:`abandon` to end their wait.
+_pending: set[threading.Event] = set()
+_pending_lock = threading.Lock()
+
+
+def abandon(reason: str) -> None:
+    """Make every pending and later call of this process on the coordination service
+    raise :class:`CoordinationLost` naming ``reason`` (a put or delete blocked on a
+    stopped chief at once; a get in flight at its own timeout). Any thread; the
+    process cannot use the service again (as :func:`~adaptd.client.save.peer_failure.
+    abort_collectives` for collectives): called when the daemon aborts the stalled job."""
+    global _abandoned
+    with _pending_lock:
+        _abandoned = reason
+        waiting = list(_pending)
+    for event in waiting:
+        event.set()
+
+
+def abandoned() -> str | None:
+    """Why this process abandoned the coordination service (None: it did not)."""
+    return _abandoned
 
 
 class CoordinationError(RuntimeError):
@@ -108,19 +154,31 @@ class Coordination:
         rank, world_size: this task's index among the cluster's tasks and their
             number (for :meth:`barrier`).
         context: TensorFlow's eager context (default: the process's).
+        call_timeout_s: the longest a put or delete waits (:data:`CALL_TIMEOUT_S`).
 
     Raises:
-        ValueError: ``rank``/``world_size`` are not a rank and a size.
+        ValueError: ``rank``/``world_size`` are not a rank and a size, or
+            ``call_timeout_s`` is not a positive number.
         CoordinationUnavailable: this TensorFlow lacks the calls, or no coordination
             service runs in this process, or it does not answer. The message says
             what to do.
     """
 
-    def __init__(self, rank: int, world_size: int, *, context: Any = None) -> None:
+    def __init__(
+        self,
+        rank: int,
+        world_size: int,
+        *,
+        context: Any = None,
+        call_timeout_s: float = CALL_TIMEOUT_S,
+    ) -> None:
         if not (isinstance(rank, int) and isinstance(world_size, int) and 0 <= rank < world_size):
             raise ValueError(f"rank {rank!r} must be an integer below world_size {world_size!r}")
+        _ms(call_timeout_s)  # validate
         self.rank = rank
         self.world_size = world_size
+        self.call_timeout_s = call_timeout_s
+        self._unanswered: str | None = None  # a put or delete got no answer in time
         self._barriers: dict[str, int] = {}
         ctx = context if context is not None else _context()
         missing = [name for name in REQUIRED_CALLS if not callable(getattr(ctx, name, None))]
@@ -154,7 +212,7 @@ class Coordination:
         """Store ``value`` under ``key`` unless the key exists: True when this call
         wrote it, False when another writer was first. Raises CoordinationLost."""
         try:
-            self._ctx.set_config_key_value(key, value)
+            self._bounded("put", key, lambda: self._ctx.set_config_key_value(key, value))
         except self._errors.AlreadyExistsError:
             return False
         except self._errors.OpError as exc:
@@ -166,6 +224,7 @@ class Coordination:
         None when it was not. Raises CoordinationLost, or ValueError for a
         timeout that is not positive."""
         ms = _ms(timeout_s)
+        self._check("get", key)
         try:
             return self._ctx.get_config_key_value(key, ms)
         except self._errors.DeadlineExceededError:
@@ -180,7 +239,7 @@ class Coordination:
     def delete(self, key: str) -> None:
         """Remove ``key`` and every key under ``key/``; a missing key is no error."""
         try:
-            self._ctx.delete_config_key_value(key)
+            self._bounded("delete", key, lambda: self._ctx.delete_config_key_value(key))
         except self._errors.NotFoundError:
             return
         except self._errors.OpError as exc:
@@ -218,6 +277,49 @@ class Coordination:
 
     # ------------------------------------------------------------------ internals
 
+    def _check(self, what: str, key: str) -> None:
+        if _abandoned is not None:
+            raise CoordinationLost(f"coordination service {what} {key!r} abandoned: {_abandoned}")
+        if self._unanswered is not None:
+            raise CoordinationLost(f"{what} {key!r} not tried: {self._unanswered}")
+
+    def _bounded(self, what: str, key: str, call: Callable[[], object]) -> None:
+        """Make ``call`` (a put or delete: TensorFlow gives them no deadline) on a thread
+        of its own, and wait for it at most :attr:`call_timeout_s` or until
+        :func:`abandon`; re-raise what it raised. Raises CoordinationLost when it did
+        not answer in time (the chief is stopped), or the service was abandoned."""
+        self._check(what, key)
+        done = threading.Event()
+        raised: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                call()
+            except BaseException as exc:  # handed to the caller
+                raised.append(exc)
+            finally:
+                done.set()
+
+        with _pending_lock:
+            _pending.add(done)
+        try:
+            threading.Thread(target=run, name="adaptd-coordination-call", daemon=True).start()
+            answered = done.wait(self.call_timeout_s)
+        finally:
+            with _pending_lock:
+                _pending.discard(done)
+        if raised:
+            raise raised[0]
+        self._check(what, key)
+        if not answered:
+            # taken for lost: each later call would wait as long again (seen: without
+            # abandon(), a survivor's posts kept it past the test's 60 s deadline)
+            self._unanswered = (
+                f"coordination service {what} {key!r}: no answer within "
+                f"{self.call_timeout_s:g}s (is the chief, task 0, stopped?)"
+            )
+            raise CoordinationLost(self._unanswered)
+
     @staticmethod
     def _lost(what: str, key: str, exc: BaseException) -> CoordinationLost:
         return CoordinationLost(
@@ -240,10 +342,13 @@ def _tf_version() -> str:
 
 
 __all__ = [
+    "CALL_TIMEOUT_S",
     "BarrierTimeout",
     "Coordination",
     "CoordinationError",
     "CoordinationLost",
     "CoordinationUnavailable",
+    "abandon",
+    "abandoned",
     "service_configured",
 ]

@@ -13,6 +13,15 @@ whose beats stopped (dead, stopped ``T``), and answers beats with an Abort once 
 judged the job stalled: :attr:`Heartbeat.on_abort` runs in this thread, while the
 training thread is still blocked (it aborts the collectives).
 
+A rank whose process was stopped (SIGSTOP) and continued could not beat meanwhile: its
+loop goes on at once, before this thread's next beat is answered. So before it writes
+anything the hook asks :meth:`Heartbeat.stale` and, when it is, waits for the answer to
+a fresh beat (:meth:`Heartbeat.catch_up`): a rank the others gave up on hears the Abort
+and does not write over their just-in-time save (measured in
+tests/multiworker/test_hang.py: a chief stopped before its hook saw a save step, once
+continued, started that save within milliseconds, before the answer to its heartbeat's
+next beat).
+
 Without a daemon the beats are dropped (``IMMEDIATE``) at no cost, and the hook's
 collective timeout stays the bound on a hang. A daemon older than the message refuses
 it (an :class:`~adaptd.protocol.job.Error`): the thread stops, logging it once. A daemon
@@ -31,12 +40,22 @@ from collections.abc import Callable
 from adaptd.client.daemon.link import DaemonLink
 from adaptd.protocol import job as protocol
 
-__all__ = ["BEAT_INTERVAL_S", "Heartbeat", "JobAborted"]
+__all__ = ["ANSWER_S", "BEAT_INTERVAL_S", "CATCH_UP_S", "STALE_BEATS", "Heartbeat", "JobAborted"]
 
 log = logging.getLogger("adaptd.client")
 
 #: How often a rank beats: the daemon's tick, so a stopped beat is seen within seconds.
 BEAT_INTERVAL_S = 1.0
+#: A last beat older than this many intervals says the thread could not beat: the
+#: process was stopped (or starved); the hook catches up before it writes.
+STALE_BEATS = 3
+#: How long the answer to a beat after a gap is awaited: a daemon on the host answers
+#: within milliseconds, but on a loaded host (load average 8-16 on 2 cores, the tests')
+#: 0.5 s was missed; no answer by then means "not aborted". Paid once, by a rank that
+#: was stopped for seconds anyway.
+ANSWER_S = 3.0
+#: The longest the hook waits, catching up, for a fresh beat and its answer.
+CATCH_UP_S = 5.0
 
 
 class JobAborted(RuntimeError):
@@ -82,6 +101,9 @@ class Heartbeat:
         self._link = DaemonLink(endpoint, curve_server_key=curve_server_key,
                                 curve_client_key=curve_client_key)  # fmt: skip
         self._stop = threading.Event()
+        self._changed = threading.Condition()
+        self._beat_at = time.monotonic()  # when the newest beat was sent (or the start)
+        self._settle_by = 0.0  # until then the answer to a beat after a gap is awaited
         self._thread = threading.Thread(target=self._run, name="adaptd-heartbeat", daemon=True)
         #: The Abort heard (None: none).
         self.aborted: protocol.Abort | None = None
@@ -97,6 +119,31 @@ class Heartbeat:
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout_s)
 
+    def stale(self) -> bool:
+        """True when the daemon may have given this rank up unheard: the thread runs but
+        sent no beat for :data:`STALE_BEATS` intervals (the process is being continued
+        after a stop, or starved), or its first beat after such a gap has not had
+        :data:`ANSWER_S` to be answered. Costs a clock read."""
+        now = time.monotonic()
+        return self._thread.is_alive() and (
+            now - self._beat_at > STALE_BEATS * self.interval_s or now < self._settle_by
+        )
+
+    def catch_up(self, timeout_s: float = CATCH_UP_S) -> protocol.Abort | None:
+        """(The training thread, when :meth:`stale`.) Wait until a beat after the gap
+        had :data:`ANSWER_S` to be answered, at most ``timeout_s`` in all; the daemon's
+        Abort if it was heard (then :attr:`on_abort` has run), else None."""
+        deadline = time.monotonic() + timeout_s
+        with self._changed:
+            while self.aborted is None:
+                now = time.monotonic()
+                fresh = now - self._beat_at <= STALE_BEATS * self.interval_s
+                if now >= deadline or (fresh and now >= self._settle_by):
+                    break
+                until = self._settle_by if fresh else deadline
+                self._changed.wait(max(0.001, min(deadline, until) - now))
+        return self.aborted
+
     def _run(self) -> None:
         link = self._link
         try:
@@ -108,6 +155,12 @@ class Heartbeat:
                                      **self.limits)  # fmt: skip
                 if link.send(beat, now):
                     self.beats += 1
+                sent = time.monotonic()  # not ``now``: the thread may have stopped since
+                with self._changed:
+                    if sent - self._beat_at > STALE_BEATS * self.interval_s:
+                        self._settle_by = sent + ANSWER_S  # after a gap: await the answer
+                    self._beat_at = sent
+                    self._changed.notify_all()
                 deadline = now + self.interval_s
                 while not self._stop.is_set() and (left := deadline - time.monotonic()) > 0:
                     if link.poll(left) and not self._heard(link.receive(time.monotonic())):
@@ -124,6 +177,8 @@ class Heartbeat:
                 self.aborted = msg
                 log.error("the daemon aborts the job: %s", msg.reason)
                 self.on_abort(msg)
+                with self._changed:
+                    self._changed.notify_all()
             elif isinstance(msg, protocol.Error) and msg.code == "unknown_peer":
                 # the daemon has not heard this rank's hello (yet, or again after a
                 # restart): the training thread's link says it; beats go on meanwhile

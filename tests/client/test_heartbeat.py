@@ -5,6 +5,7 @@ refusal (an older daemon that does not know the message)."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 from adaptd.client.daemon.heartbeat import Heartbeat
@@ -45,4 +46,45 @@ def test_any_other_refusal_stops_the_beats(fake_daemon) -> None:
             assert time.monotonic() < end, "the heartbeat went on after a version refusal"
             hb._thread.join(0.05)
     finally:
+        hb.stop()
+
+
+def test_a_rank_that_could_not_beat_hears_the_abort_before_it_goes_on(fake_daemon) -> None:
+    """The thread held past :data:`STALE_BEATS` intervals (as a SIGSTOPped process's is):
+    :meth:`Heartbeat.stale` says so, and :meth:`Heartbeat.catch_up` waits for the answer
+    to the first beat after the gap, here an Abort sent 0.3 s after that beat arrived
+    (a loaded daemon): the training thread learns it before it writes anything."""
+    held = threading.Event()
+    aborts: list[protocol.Abort] = []
+    hb = Heartbeat(fake_daemon.endpoint, "hb-job", 1, position=lambda: 7,
+                   holding=lambda: held.wait(DEADLINE) and "", on_abort=aborts.append,
+                   interval_s=0.05)  # fmt: skip
+    held.set()
+    hb.start()
+    try:
+        fake_daemon.wait_for(protocol.Beat, DEADLINE)
+        assert not hb.stale()
+        held.clear()  # the thread cannot beat (its next beat waits on this)
+        end = time.monotonic() + DEADLINE
+        while not hb.stale():
+            assert time.monotonic() < end, "never stale while it could not beat"
+            time.sleep(0.01)  # the clock passing is the event
+        held.set()
+        abort = protocol.Abort(v=protocol.VERSION, job="hb-job", reason="stalled by the test",
+                               culprit=1, incarnation=1)  # fmt: skip
+
+        def answer() -> None:
+            fake_daemon.wait_for(protocol.Beat, DEADLINE)
+            time.sleep(0.3)  # the daemon's delay is what is tested
+            fake_daemon.send(abort)
+
+        answering = threading.Thread(target=answer)
+        answering.start()
+        try:
+            assert hb.catch_up() == abort
+        finally:
+            answering.join(DEADLINE)
+        assert aborts == [abort]
+    finally:
+        held.set()
         hb.stop()

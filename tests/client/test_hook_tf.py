@@ -20,6 +20,7 @@ tf = pytest.importorskip("tensorflow")
 keras = pytest.importorskip("keras")
 
 from adaptd.client import AdaptiveCheckpointCallback, AdaptiveCheckpointer  # noqa: E402
+from adaptd.core.levels import steady_part  # noqa: E402
 from adaptd.core.policy import PolicyError  # noqa: E402
 from adaptd.protocol import job as protocol  # noqa: E402
 
@@ -394,6 +395,33 @@ def test_daemon_hello_plan_savenow_reports_goodbye(tmp_path, fake_daemon: FakeDa
     bye = fake_daemon.wait_for(protocol.Goodbye)
     assert (bye.job, bye.step, bye.reason) == ("wired", ckptr.step_count, "closed")
     ckptr.close()  # idempotent
+
+
+def test_the_last_step_report_ends_at_the_last_completed_step(tmp_path, fake_daemon: FakeDaemon):
+    """A run that ends after a wait that completed no step (a survivor freed from a hung
+    collective) does not report that wait as step time: its last batch ends with its
+    last step. (Issue 34's trials: counted, it taught the daemon a step time of 1-2 s for
+    a job of 20 ms steps, and the next incarnation's hang threshold became 10-22 s.)"""
+    model, opt, it, train_step = keras_state()
+    train_step()  # traced here, not in a step the hook times
+    ckptr = AdaptiveCheckpointer(
+        tmp_path / "ck", job="last", socket=fake_daemon.endpoint, handle_sigterm=False,
+        report_interval=60, poll_interval=0.005, model=model, optimizer=opt, data_iterator=it,
+    )  # fmt: skip
+    fake_daemon.wait_connected()
+    ckptr.restore_or_initialize()
+    fake_daemon.wait_for(protocol.Hello)
+    fake_daemon.send(welcome("last", 0))
+    for _ in range(5):
+        train_step()
+        ckptr.step()
+    time.sleep(1.5)  # the wait in a collective that never completes: what is measured
+    ckptr.close()
+    fake_daemon.wait_for(protocol.Goodbye)
+    last = [m for m in fake_daemon.received if isinstance(m, protocol.Steps)][-1]
+    assert last.step == 5
+    learned = steady_part(last.count, last.mean_s, last.max_s, last.max_steps, last.warmup)
+    assert learned is not None and learned[1] < 0.1, f"the wait was reported as steps: {last}"
 
 
 def test_policy_spec_goes_to_the_daemon(tmp_path, fake_daemon: FakeDaemon):

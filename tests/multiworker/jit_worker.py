@@ -9,7 +9,9 @@ block sees the error) or ``explicit`` (the loop catches it and calls
 step ``KILL_AT`` is done (``KILL_IN_WRITE=1``: at the first save call at or after it,
 while its write is in flight; ``KILL_BEFORE_HOOK=1``: after step ``KILL_AT``'s training
 and before its ``hook.step()``, so a save due there never starts; ``KILL_MARK``: a file
-it first writes the step it completed to); ``STOP_RANK``/``STOP_AT``: it SIGSTOPs itself there;
+it first writes the step it completed to); ``STOP_RANK``/``STOP_AT``: it SIGSTOPs itself there
+(``STOP_BEFORE_HOOK=1``: after the step's training, before its ``hook.step()``, so the
+others' save there posts to a chief that never got to it);
 ``SLOW_RANK``/``SLOW_AT``/``SLOW_S``: it sleeps ``SLOW_S`` seconds before that step
 (``HANG_MARK``: a file it first writes the step it completed and the time to, as a
 stopping rank does);
@@ -98,6 +100,7 @@ def main() -> int:
 
     in_write = bool(os.environ.get("KILL_IN_WRITE"))
     before_hook = bool(os.environ.get("KILL_BEFORE_HOOK"))
+    stop_before_hook = bool(os.environ.get("STOP_BEFORE_HOOK"))
 
     def die(step: int) -> None:
         if os.environ.get("KILL_MARK"):  # first the step it completed, then the kill
@@ -134,12 +137,15 @@ def main() -> int:
             train(x, y)
             if me("KILL") and step == env_int("KILL_AT") and before_hook:
                 die(step)  # its step done, its hook not told: a save due here never starts
+            if me("STOP") and step == env_int("STOP_AT") and stop_before_hook:
+                mark(step)
+                os.kill(os.getpid(), signal.SIGSTOP)
             hook.step()
             result["step_s"].append(time.monotonic() - last)
             last = time.monotonic()
             if me("KILL") and step >= env_int("KILL_AT") and (not in_write or hook.save_in_flight):
                 die(step)
-            if me("STOP") and step == env_int("STOP_AT"):
+            if me("STOP") and step == env_int("STOP_AT") and not stop_before_hook:
                 mark(step)
                 os.kill(os.getpid(), signal.SIGSTOP)
 
