@@ -38,6 +38,7 @@ from typing import Any
 
 from adaptd.commands import _report_tiers as tiers
 from adaptd.protocol.job import JIT_REASON, tier_name
+from adaptd.state.records import STALL_POLICY
 from adaptd.state.store import DecisionRecord, FailureRecord, SaveRecord, Store
 
 __all__ = [
@@ -103,6 +104,12 @@ class History:
         return sum(not s.ok for s in self.saves)
 
     @property
+    def stalls(self) -> tuple[DecisionRecord, ...]:
+        """The hang aborts: decisions the daemon's hang detection made when the job
+        stalled (docs/multiworker.md, "Hangs"), each with its threshold and culprit."""
+        return tuple(d for d in self.decisions if d.policy == STALL_POLICY)
+
+    @property
     def covered(self) -> int:
         """Job failures a just-in-time save covered: the job resumed from one."""
         jit = {s.step for s in self.saves if s.ok and s.reason == JIT_REASON}
@@ -119,6 +126,7 @@ class Summary:
     failed: int
     decisions: int
     over_alert: int
+    stalls: int
     width_px: int
     height_px: int
     bytes: int
@@ -358,7 +366,7 @@ def png_bytes(h: History, *, slow_save_s: float = 1.0) -> bytes:
             color="tab:gray",
             label="time since the previous save",
         )
-    urgent = [d for d in h.decisions if d.urgent]
+    urgent = [d for d in h.decisions if d.urgent and d.policy != STALL_POLICY]
     for i, d in enumerate(urgent):
         ax_int.axvline(
             _dates([d.time])[0],
@@ -366,6 +374,14 @@ def png_bytes(h: History, *, slow_save_s: float = 1.0) -> bytes:
             lw=1,
             ls="-.",
             label="urgent save requested" if i == 0 else None,
+        )
+    for i, d in enumerate(h.stalls):
+        ax_int.axvline(
+            _dates([d.time])[0],
+            color="tab:red",
+            lw=1.5,
+            ls="--",
+            label="hang detected: survivors freed to save" if i == 0 else None,
         )
     cadence = tiers.draw_cadence(
         ax_int,
@@ -489,6 +505,10 @@ def _stats_rows(h: History) -> list[tuple[str, str]]:
     rows = [("saves", f"{len(h.saves)} ({h.failed} failed)"), ("decisions", str(len(h.decisions)))]
     if h.failures:
         rows.append(("job failures", _failures(h)))
+    if h.stalls:
+        last = h.stalls[-1]
+        rows.append(("hangs detected", f"{len(h.stalls)}; last {_utc(last.time)} at step "
+                     f"{last.step}: {last.reason}"))  # fmt: skip
     if ok:
         for label, attr in (("blocking", "blocking_s"), ("durable", "durable_s")):
             vals = sorted(getattr(s, attr) for s in ok)
@@ -574,6 +594,7 @@ def write(h: History, out: str | Path, *, slow_save_s: float = 1.0) -> Summary:
         failed=h.failed,
         decisions=len(h.decisions),
         over_alert=sum(s.ok and s.blocking_s > ALERT_BLOCKING_S for s in h.saves),
+        stalls=len(h.stalls),
         width_px=width,
         height_px=height,
         bytes=len(data),

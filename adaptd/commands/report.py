@@ -106,7 +106,8 @@ def run(args: argparse.Namespace) -> int:
         f"wrote {summary.out} ({summary.format}, {summary.bytes / 1024:.0f} KiB, "
         f"{summary.width_px}x{summary.height_px} px): {summary.saves} saves "
         f"({summary.failed} failed, {summary.over_alert} over the "
-        f"{report.ALERT_BLOCKING_S:g} s alert), {summary.decisions} decisions",
+        f"{report.ALERT_BLOCKING_S:g} s alert), {summary.decisions} decisions"
+        + (f", {summary.stalls} hangs detected" if summary.stalls else ""),
         file=sys.stdout,
     )
     return 0

@@ -24,6 +24,7 @@ from adaptd.core.snapshot import Decision
 from adaptd.protocol.job import SaveReport
 
 __all__ = [
+    "STALL_POLICY",
     "DecisionRecord",
     "FailureRecord",
     "JobSettings",
@@ -32,6 +33,7 @@ __all__ = [
     "SaveRecord",
     "copy_fields",
     "record_of",
+    "stall_decision",
 ]
 
 _T = TypeVar("_T")
@@ -141,6 +143,30 @@ class JobSummary:
     failures: int
 
 
+#: The ``policy`` of the decision a fired stall makes (:func:`stall_decision`): the
+#: report tells hang aborts from other urgent saves by it.
+STALL_POLICY = "hang-detection"
+
+
+def stall_decision(ev: events.JobStalled) -> DecisionRecord:
+    """A fired stall as the decision it was: an urgent just-in-time save of the job's
+    last completed step by the survivors, with the threshold and the culprit in its
+    reason (no new table: the decisions table holds every urgent save's why)."""
+    culprit = "unknown" if ev.culprit is None else f"rank {ev.culprit}"
+    return DecisionRecord(
+        ev.job,
+        ev.wall,
+        ev.step,
+        None,
+        urgent=True,
+        policy=STALL_POLICY,
+        reason=(
+            f"stalled {ev.silent_s:.1f} s > threshold {ev.threshold_s:.1f} s, culprit "
+            f"{culprit}: {ev.reason}"
+        ),
+    )
+
+
 #: What :func:`record_of` makes.
 Record = SaveRecord | DecisionRecord | FailureRecord
 
@@ -151,7 +177,8 @@ def record_of(ev: events.Event) -> Record | None:
     Every rank's save report is a save; a plan change and an urgent save request are
     decisions (with the job's step time then, as the event carries it); a confirmed
     failure (:class:`~adaptd.events.JobResumed`) is a failure dated when the lost run
-    stopped (``restart_s`` before the new run's first step).
+    stopped (``restart_s`` before the new run's first step); a fired stall
+    (:class:`~adaptd.events.JobStalled`) an urgent decision (:func:`stall_decision`).
     """
     if isinstance(ev, events.SaveReported):
         return SaveRecord.from_report(ev.report, received=ev.wall)
@@ -169,6 +196,8 @@ def record_of(ev: events.Event) -> Record | None:
             reason=ev.reason,
             step_time_s=ev.step_time_s,
         )
+    if isinstance(ev, events.JobStalled):
+        return stall_decision(ev)
     if isinstance(ev, events.JobResumed):
         return FailureRecord(
             job=ev.job,

@@ -361,3 +361,35 @@ def test_the_k_line_steps_with_each_plan() -> None:
         assert tiers.draw_cadence(ax, report._dates, plans[1:3], T0 + 30) is None
     finally:
         plt.close(fig)
+
+
+def test_a_hang_the_daemon_detected_is_in_the_report(tmp_path: Path, capsys) -> None:
+    """A fired stall reaches the database through the store's own sink (the daemon's
+    event bus) and the report names it apart from other urgent saves: how many, the
+    threshold, the culprit and the step; the printed summary counts it."""
+    from adaptd import events
+
+    path = tmp_path / "adaptd.sqlite3"
+    with Store.open(path, clock=lambda: T0 + 600) as store:
+        for i in range(4):
+            t = T0 + 60 * i
+            store.record_save(SaveRecord(JOB, 0, 100 * (i + 1), t, t + 2, 0.2, 2.0, 10**8))
+        store.on_event(
+            events.JobStalled(1.0, T0 + 250, JOB, step=431, silent_s=8.2, threshold_s=7.0,
+                              culprit=1, reason="rank 1 stopped (T)", gpus=2)
+        )  # fmt: skip
+        store.on_event(
+            events.SaveRequested(2.0, T0 + 120, JOB, step=200, reason="operator", ranks=2)
+        )
+    out = tmp_path / "r.html"
+    assert _main("--job", JOB, "--db", str(path), "--out", str(out)) == 0
+    assert "2 decisions, 1 hangs detected" in capsys.readouterr().out
+    page = out.read_text(encoding="utf-8")
+    row = re.search(r"hangs detected</t[hd]><td>([^<]*)<", page)
+    assert row, page[:2000]
+    assert row.group(1).startswith("1; last ") and "at step 431" in row.group(1)
+    assert "threshold 7.0 s" in row.group(1) and "culprit rank 1" in row.group(1)
+    with Store.open(path, readonly=True) as store:
+        urgent = [d for d in store.decisions(JOB) if d.urgent]
+    # the operator's urgent save is not taken for a hang
+    assert sorted(d.policy == "hang-detection" for d in urgent) == [False, True]
