@@ -19,7 +19,7 @@ from adaptd import events as ev
 from adaptd.core import stall
 from adaptd.core.stall import StallFacts, StallLimits
 from adaptd.daemon.jobs.registry import Registry
-from adaptd.daemon.jobs.stall_watch import StallWatch
+from adaptd.daemon.jobs.stall_watch import StallWatch, unseen
 from adaptd.protocol import job as p
 from adaptd.telemetry.host import process_info
 
@@ -90,16 +90,17 @@ def test_bad_limits_are_refused_naming_the_value(floor, cap, named) -> None:
 
 
 class Job2:
-    """A 2-rank job of this daemon (coordination agreement, rank 0 says hello here)."""
+    """A 2-rank job of this daemon (coordination agreement, rank 0 says hello here;
+    ``here``: the ranks connected to this daemon, the others on another host)."""
 
-    def __init__(self, pid: int = 0) -> None:
+    def __init__(self, pid: int = 0, here: tuple[int, ...] = (0, 1)) -> None:
         self.events: list[ev.Event] = []
         self.sent: list[tuple[bytes, p.Message]] = []
         self.reg = Registry(emit=self.events.append)
         self.watch = StallWatch(self.reg.table, send=lambda who, m: self.sent.append((who, m))
                                 or True, emit=self.events.append)  # fmt: skip
         self.ranks = []
-        for r in range(2):
+        for r in here:
             hello = p.Hello(v=p.VERSION, job="j", rank=r, world_size=2, pid=pid, gpus=8)
             self.job, rank, _ = self.reg.hello(bytes([r]), hello, 0.0)
             self.ranks.append(rank)
@@ -114,7 +115,8 @@ class Job2:
 
     def beat(self, rank: int, step: int, now: float, holding: str = "") -> None:
         msg = p.Beat(v=p.VERSION, job="j", rank=rank, step=step, holding=holding)  # type: ignore[arg-type]
-        self.watch.beat(self.job, self.ranks[rank], bytes([10 + rank]), msg, now)
+        (seen,) = [r for r in self.ranks if r.rank == rank]
+        self.watch.beat(self.job, seen, bytes([10 + rank]), msg, now)
 
     def stalls(self) -> list[ev.JobStalled]:
         return [e for e in self.events if isinstance(e, ev.JobStalled)]
@@ -140,8 +142,8 @@ def run(job: Job2, times: list[float], report_s: float = 1.0, save_every: int = 
     for dt in times:
         end = now + dt
         while next_tick <= end:  # the daemon's tick and the beats during the step
-            for r in (0, 1):
-                job.beat(r, step, next_tick)
+            for r in job.ranks:
+                job.beat(r.rank, step, next_tick)
             job.watch.tick(next_tick)
             next_tick += 1.0
         now, step = end, step + 1
@@ -186,6 +188,39 @@ def test_a_hang_is_found_within_its_threshold_and_answered_to_every_beat() -> No
     job.sent.clear()
     job.beat(1, 400, t + 1)  # a rank that comes back is told again
     assert [m for _, m in job.sent] == [aborts[0][1]]
+
+
+@pytest.mark.parametrize(
+    ("world_size", "here", "said"),
+    [
+        (2, [0, 1], "every rank seen here is alive and beating: the cause is not known"),
+        (2, [0], "no rank on this host (rank 0) is gone, stopped, silent or on a GPU that "
+                 "reported an XID, and rank 1 on other hosts cannot be seen from here: "
+                 "the cause is not known"),
+        (4, [2, 0], "no rank on this host (ranks 0, 2) is gone, stopped, silent or on a GPU "
+                    "that reported an XID, and ranks 1, 3 on other hosts cannot be seen "
+                    "from here: the cause is not known"),
+    ],
+)  # fmt: skip
+def test_no_culprit_seen_says_which_ranks_this_host_cannot_see(world_size, here, said) -> None:
+    assert unseen(world_size, here) == said
+
+
+def test_a_hang_of_a_two_host_job_says_the_other_host_cannot_be_seen() -> None:
+    """The chief's daemon sees only rank 0 (rank 1 beats to its own daemon): rank 0
+    beating on is no culprit, rank 1 not beating here is no "heartbeat stopped" (it
+    never beat here), and the reason says rank 1 cannot be seen from here."""
+    job = Job2(here=(0,))
+    end = run(job, [0.05] * 400)
+    t = end
+    while not job.stalls():
+        t += 1.0
+        job.beat(0, 400, t)
+        job.watch.tick(t)
+        assert t - end < 30, "no stall found"
+    (stalled,) = job.stalls()
+    assert stalled.culprit is None, stalled
+    assert "rank 1 on other hosts cannot be seen from here" in stalled.reason, stalled.reason
 
 
 def test_a_save_in_its_blocking_part_is_no_hang() -> None:

@@ -18,7 +18,7 @@ collective fails as after a peer's death, and they save just in time the same wa
 from __future__ import annotations
 
 import time as _time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from adaptd import events as ev
@@ -28,7 +28,7 @@ from adaptd.daemon.jobs.table import Job, JobTable, Rank
 from adaptd.protocol import job as p
 from adaptd.telemetry.host import ProcessInfo, process_info
 
-__all__ = ["BEAT_LOST_S", "Limits", "StallVerdicts", "StallWatch", "Watched", "no_limits"]
+__all__ = ["BEAT_LOST_S", "Limits", "StallVerdicts", "StallWatch", "Watched", "no_limits", "unseen"]
 
 #: A rank whose heartbeat is this much older than the newest beat of its job stopped
 #: beating (the hook beats every second).
@@ -69,6 +69,31 @@ class Watched:
     #: the hook's own limits (a rank's beat), which win over the config's
     floor_s: float | None = None
     cap_s: float | None = None
+
+
+def unseen(world_size: int, here: Iterable[int]) -> str:
+    """Why no culprit is named when no rank connected here is gone, stopped, silent
+    or on a GPU that reported an XID: with every rank here, the cause is not known (a
+    rank asleep in its step looks like one waiting in its collective); with ranks on
+    other hosts, the reason says which, and that this daemon cannot see them (their
+    process state, heartbeat and GPU are their own daemons', and no channel carries
+    them here: docs/multiworker.md, "Hangs"), rather than guessing either way."""
+    seen = sorted(set(here))
+    away = [rank for rank in range(world_size) if rank not in seen]
+    if not away:
+        return "every rank seen here is alive and beating: the cause is not known"
+    return (
+        f"no rank on this host ({_listed(seen)}) is gone, stopped, silent or on a GPU "
+        f"that reported an XID, and {_listed(away)} on other hosts cannot be seen from "
+        "here: the cause is not known"
+    )
+
+
+def _listed(ranks: list[int]) -> str:
+    """``rank 1``, ``ranks 1, 2``, ``no rank``."""
+    if not ranks:
+        return "no rank"
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
 
 
 class StallWatch:
@@ -251,7 +276,7 @@ class StallWatch:
                     f"rank {out[0]} is alive but outside the hook while the others hold for "
                     "an agreement round it does not answer"
                 )
-        return None, "every rank seen here is alive and beating: the cause is not known"
+        return None, unseen(job.world_size, job.ranks)
 
     def _abort(self, job: Job, w: Watched, now: float) -> None:
         verdict = w.verdict
