@@ -38,7 +38,7 @@ from adaptd.daemon.jobs.settings import ConfiguredSettings, OperatorSettings
 from adaptd.daemon.jobs.stall_watch import Limits, StallWatch, no_limits
 from adaptd.daemon.jobs.table import JobTable
 from adaptd.daemon.options import DaemonOptions
-from adaptd.daemon.parts import Core, DaemonParts, TickHook
+from adaptd.daemon.parts import DaemonParts, TickHook
 from adaptd.daemon.refusals import Refusals
 from adaptd.daemon.server import Daemon
 from adaptd.daemon.transport import Transport
@@ -157,32 +157,50 @@ def assemble(options: DaemonOptions, seams: Seams) -> DaemonParts:
                         stall=stall.verdict)  # fmt: skip
     drains = Drains(jobs=registry.table, save_now=ops.save_now, reply=transport.send_admin)
     events.subscribe(drains.on_event)  # last: a save is recorded before it releases a drain
-    core = Core(
+    refusals = Refusals(stats=stats, emit=events, clock=clock)
+    admin = AdminHandler(
+        transport=transport,
+        stats=stats,
+        refusals=refusals,
+        clock=clock,
+        registry=registry,
+        ops=ops,
+        drains=drains,
+        choice=choice,
+        settings=settings,
+        status=status,
+        commands=commands,
+        admin_gid=admin_gid(options.admin_group),
+        history=seams.history_source,
+    )
+    jobs = JobHandler(
+        transport=transport,
+        stats=stats,
+        refusals=refusals,
+        clock=clock,
+        registry=registry,
+        choice=choice,
+        planner=planner,
+        delivery=delivery,
+        ops=ops,
+        configured=seams.job_config,
+        stall=stall,
+    )
+    memory = MemoryTiers(jobs=registry.table, snapshot=seams.snapshot_source,
+                         delivery=delivery, share=options.memory_tier_share)  # fmt: skip
+    return DaemonParts(
         transport=transport,
         events=events,
         stats=stats,
-        refusals=Refusals(stats=stats, emit=events, clock=clock),
         clock=clock,
         registry=registry,
         settings=settings,
         choice=choice,
         planner=planner,
         delivery=delivery,
-        ops=ops,
         drains=drains,
         status=status,
-    )
-    admin = AdminHandler(
-        core,
-        commands=commands,
-        admin_gid=admin_gid(options.admin_group),
-        history=seams.history_source,
-    )
-    memory = MemoryTiers(jobs=registry.table, snapshot=seams.snapshot_source,
-                         delivery=delivery, share=options.memory_tier_share)  # fmt: skip
-    return DaemonParts(
-        core=core,
-        jobs=JobHandler(core, seams.job_config, stall=stall),
+        jobs=jobs,
         admin=admin,
         # after the seams' hooks: the snapshot is sampled first
         tick_hooks=(*seams.tick_hooks, memory.tick, stall.tick),

@@ -72,12 +72,11 @@ class Daemon:
 
     def __init__(self, parts: DaemonParts) -> None:
         self.parts = parts
-        core = parts.core
-        self.transport = core.transport
-        self.events = core.events
-        self.registry: Registry = core.registry
-        self.stats = core.stats
-        self.clock = core.clock
+        self.transport = parts.transport
+        self.events = parts.events
+        self.registry: Registry = parts.registry
+        self.stats = parts.stats
+        self.clock = parts.clock
         self.tick_hooks = parts.tick_hooks
         self.tick_interval_s = parts.tick_interval_s
         self._throttle = Throttle()
@@ -124,11 +123,11 @@ class Daemon:
     @property
     def job_settings(self) -> Mapping[str, admin.JobSettings]:
         """The operators' settings by job id, read-only."""
-        return self.parts.core.settings.as_mapping()
+        return self.parts.settings.as_mapping()
 
     def status(self, now: float | None = None) -> admin.StatusReply:
         """What ``adaptd status`` shows: every job and the daemon's counters."""
-        return self.parts.core.status.status(self.clock() if now is None else now)
+        return self.parts.status.status(self.clock() if now is None else now)
 
     def emit(self, event: ev.Event) -> None:
         """Hand ``event`` to every sink (:meth:`adaptd.events.EventBus.emit`)."""
@@ -142,7 +141,7 @@ class Daemon:
             return
         self.transport.open()
         log.info(logfmt("listening", socket=self.endpoint, admin=self.admin_path,
-                        policy=self.parts.core.choice.default_policy, pid=os.getpid()))  # fmt: skip
+                        policy=self.parts.choice.default_policy, pid=os.getpid()))  # fmt: skip
 
     def serve(self) -> None:
         """Open (if needed) and run the loop in this thread until :meth:`stop`; then close."""
@@ -220,7 +219,7 @@ class Daemon:
     # ------------------------------------------------------------------ loop
 
     def _loop(self) -> None:
-        transport, drains = self.transport, self.parts.core.drains
+        transport, drains = self.transport, self.parts.drains
         next_tick = self.clock() + self.tick_interval_s
         while not self._stopping.is_set():
             if self._stop_requested and not drains.shutting_down:
@@ -267,9 +266,8 @@ class Daemon:
         """Once a second: liveness, the agreement rounds that a lost rank or the time
         decides, the tick hooks (each guarded), then the jobs they asked to have
         decided again at once (``decide_again``: a job just granted a write slot)."""
-        core = self.parts.core
         self.registry.check(now)
-        core.delivery.tick(self.registry, now)
+        self.parts.delivery.tick(self.registry, now)
         self._guarded(self._decide_reported, now)
         for hook in self.tick_hooks:
             self._guarded(hook, now)
@@ -277,14 +275,14 @@ class Daemon:
             self._guarded(self._decide_again, now)
 
     def _decide_reported(self, now: float) -> None:
-        self.parts.core.planner.decide_reported(self.registry.jobs.values(), now)
+        self.parts.planner.decide_reported(self.registry.jobs.values(), now)
 
     def _decide_again(self, now: float) -> None:
         assert self.parts.decide_again is not None
         for job_id in self.parts.decide_again():
             job = self.registry.jobs.get(job_id)
             if job is not None:
-                self.parts.core.planner.decide(job, now)
+                self.parts.planner.decide(job, now)
 
     def _guarded(self, hook: Callable[[float], None], now: float) -> None:
         try:

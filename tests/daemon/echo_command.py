@@ -47,4 +47,4 @@ def _text(reply: EchoReply) -> str:
 
 def answer(req: EchoRequest, ctx) -> EchoReply:  # type: ignore[no-untyped-def]
     state = ctx.known_job(req.job).state if req.job else ""
-    return EchoReply(text=req.text.upper(), jobs=len(ctx.core.registry), state=state)
+    return EchoReply(text=req.text.upper(), jobs=len(ctx.registry), state=state)

@@ -56,7 +56,7 @@ log = logging.getLogger("adaptd.server")
 
 def status(req: StatusRequest, ctx: AdminContext) -> StatusReply:
     """The daemon's side: every job and its counters, now."""
-    return ctx.core.status.status(ctx.now)
+    return ctx.status.status(ctx.now)
 
 
 def history(req: HistoryRequest, ctx: AdminContext) -> HistoryReply:
@@ -68,7 +68,7 @@ def history(req: HistoryRequest, ctx: AdminContext) -> HistoryReply:
             "database); `adaptd serve` keeps one in daemon.state_dir"
         )  # fmt: skip
     rows = list(ctx.history(req.job, req.since, req.limit + 1))  # one more: are there?
-    registry = ctx.core.registry
+    registry = ctx.registry
     if not rows and req.job not in registry.jobs:
         known = ", ".join(sorted(j.id for j in registry)[:20]) or "none"
         window = " since then" if req.since is not None else ""
@@ -88,7 +88,7 @@ def save_now(req: SaveNowRequest, ctx: AdminContext) -> SaveNowReply:
     ranks, relayed = 0, []
     for job in jobs:
         if job.decides:
-            ranks += ctx.core.ops.save_now(job, req.reason, ctx.now)
+            ranks += ctx.ops.save_now(job, req.reason, ctx.now)
         else:
             ctx.relay(job, "save_now", reason=req.reason)
             relayed.append(job.id)
@@ -101,7 +101,7 @@ def save_now(req: SaveNowRequest, ctx: AdminContext) -> SaveNowReply:
 def drain(req: DrainRequest, ctx: AdminContext) -> None:
     """The daemon's side: every active job saves now; the reply goes to the caller when
     the drain ends (its ``timeout_s`` was checked by the decoder)."""
-    drains = ctx.core.drains
+    drains = ctx.drains
     drains.start(ctx.envelope, req.timeout_s, req.reason, ctx.now)
     drains.check(ctx.now)
 
@@ -116,14 +116,14 @@ def set_policy(req: SetPolicyRequest, ctx: AdminContext) -> SetPolicyReply:
     job = ctx.known_job(req.job)
     try:
         if not job.decides:
-            ctx.core.choice.check(req.spec)  # a bad spec is refused here, at once
+            ctx.choice.check(req.spec)  # a bad spec is refused here, at once
             decider = ctx.relay(job, "set_policy", spec=req.spec)
             log.info(logfmt("operator_action", action="set_policy", job=job.id, policy=req.spec,
                             relayed_to=decider))  # fmt: skip
             return SetPolicyReply(
                 job=job.id, policy=req.spec, previous="", plan_seq=0, relayed_to=decider
             )
-        previous, seq = ctx.core.ops.set_policy(job, req.spec, ctx.now)
+        previous, seq = ctx.ops.set_policy(job, req.spec, ctx.now)
     except PolicyError as exc:
         raise AdminError("bad_policy", f"policy spec {req.spec!r}: {exc}") from None
     log.info(logfmt("operator_action", action="set_policy", job=job.id, policy=req.spec,
@@ -134,8 +134,8 @@ def set_policy(req: SetPolicyRequest, ctx: AdminContext) -> SetPolicyReply:
 def _clear(job_id: str, ctx: AdminContext) -> SetPolicyReply:
     """``set-policy --clear``: the operator's policy taken back (here, where the job is
     decided; a job decided on another host is cleared there)."""
-    settings = ctx.core.settings
-    job = ctx.core.registry.jobs.get(job_id)
+    settings = ctx.settings
+    job = ctx.registry.jobs.get(job_id)
     if job is None:
         if job_id not in settings:
             ctx.known_job(job_id)  # raises unknown_job
@@ -149,7 +149,7 @@ def _clear(job_id: str, ctx: AdminContext) -> SetPolicyReply:
             f"run `adaptd set-policy --job {job_id} --clear` on that host",
         )
     else:
-        cleared, spec, source, seq = ctx.core.ops.clear_policy(job, ctx.now)
+        cleared, spec, source, seq = ctx.ops.clear_policy(job, ctx.now)
     log.info(logfmt("operator_action", action="clear_policy", job=job_id, cleared=cleared,
                     policy=spec or None, source=source or None, plan_seq=seq))  # fmt: skip
     return SetPolicyReply(job=job_id, policy=spec, previous=cleared or "", plan_seq=seq,
@@ -159,9 +159,9 @@ def _clear(job_id: str, ctx: AdminContext) -> SetPolicyReply:
 def pause(req: PauseRequest, ctx: AdminContext) -> PauseReply:
     """The daemon's side: hold (or release) the job's non-urgent saves, or every active
     job's (every paused job's, to resume); a job decided on another host is asked there."""
-    settings, ops = ctx.core.settings, ctx.core.ops
+    settings, ops = ctx.settings, ctx.ops
     if req.job is not None:
-        if req.job not in ctx.core.registry.jobs and req.job not in settings:
+        if req.job not in ctx.registry.jobs and req.job not in settings:
             ctx.known_job(req.job)  # raises unknown_job
         targets = [req.job]
     elif req.paused:
@@ -171,7 +171,7 @@ def pause(req: PauseRequest, ctx: AdminContext) -> PauseReply:
     changed, relayed = [], []
     op = "pause" if req.paused else "resume"
     for job_id in targets:
-        job = ctx.core.registry.jobs.get(job_id)
+        job = ctx.registry.jobs.get(job_id)
         if job is not None and not job.decides:
             if job.state == "active":
                 ctx.relay(job, op)

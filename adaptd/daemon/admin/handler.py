@@ -17,14 +17,22 @@ import grp
 import logging
 import os
 import pwd
+from collections.abc import Callable
 
 import zmq
 
 from adaptd.daemon.admin.commands import OperatorCommands
 from adaptd.daemon.admin.context import AdminContext, HistorySource
+from adaptd.daemon.admin.drains import Drains
+from adaptd.daemon.admin.status import StatusView
+from adaptd.daemon.jobs.ops import JobOps
+from adaptd.daemon.jobs.policy_choice import PolicyChoice
+from adaptd.daemon.jobs.registry import Registry
+from adaptd.daemon.jobs.settings import OperatorSettings
 from adaptd.daemon.jobs.table import PeerCred
-from adaptd.daemon.parts import Core
-from adaptd.daemon.transport import DaemonError, peer_cred
+from adaptd.daemon.refusals import Refusals
+from adaptd.daemon.stats import DaemonStats
+from adaptd.daemon.transport import DaemonError, Transport, peer_cred
 from adaptd.logfmt import logfmt
 from adaptd.protocol import admin
 
@@ -54,21 +62,35 @@ class AdminHandler:
 
     def __init__(
         self,
-        core: Core,
         *,
+        transport: Transport,
+        stats: DaemonStats,
+        refusals: Refusals,
+        clock: Callable[[], float],
+        registry: Registry,
+        ops: JobOps,
+        drains: Drains,
+        choice: PolicyChoice,
+        settings: OperatorSettings,
+        status: StatusView,
         commands: OperatorCommands,
         admin_gid: int | None = None,
         history: HistorySource | None = None,
     ) -> None:
-        self.core = core
+        self.transport = transport
+        self.stats = stats
+        self.refusals = refusals
+        self.clock = clock
+        # what each request's answer works through (:class:`AdminContext`)
+        self.registry, self.ops, self.drains = registry, ops, drains
+        self.choice, self.settings, self.status = choice, settings, status
         self.commands = commands
         self.admin_gid = admin_gid
         self.history = history
 
     def on_frames(self, parts: list[zmq.Frame]) -> None:
         """One message from the admin socket: check, decode, answer (or defer: drain)."""
-        core = self.core
-        core.stats.counters["admin_requests"] += 1
+        self.stats.counters["admin_requests"] += 1
         frames = [f.bytes for f in parts]
         # REQ peers send [identity, b"", body]; DEALER peers [identity, body]
         if len(frames) == 3 and frames[1] == b"":
@@ -82,15 +104,18 @@ class AdminHandler:
             if body is None:
                 raise admin.AdminError("invalid", f"expected one frame, got {len(frames) - 1}")
             req = self.commands.decode(body)
-            ctx = AdminContext(core=core, history=self.history, envelope=envelope,
-                               now=core.clock())  # fmt: skip
+            ctx = AdminContext(
+                registry=self.registry, ops=self.ops, drains=self.drains, choice=self.choice,
+                settings=self.settings, status=self.status, history=self.history,
+                envelope=envelope, now=self.clock(),
+            )  # fmt: skip
             reply = self.commands.answer(req, ctx)
         except admin.AdminError as exc:
-            core.refusals.count(f"admin_{exc.code}")
+            self.refusals.count(f"admin_{exc.code}")
             log.warning(logfmt("operator_refused", code=exc.code, message=str(exc)))
             reply = admin.ErrorReply(code=exc.code, message=str(exc))
         if reply is not None:
-            core.transport.send_admin(envelope, reply)
+            self.transport.send_admin(envelope, reply)
 
     def allowed(self, peer: PeerCred | None) -> None:
         """Raise ``AdminError("denied")`` unless the peer is root, the daemon's own user

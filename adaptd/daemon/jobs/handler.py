@@ -19,21 +19,27 @@
   the job's operator actions (a request relayed from another host);
 - asks the :class:`~adaptd.daemon.jobs.planner.Planner` for a decision.
 
-It works through the daemon's shared parts (:class:`~adaptd.daemon.parts.Core`).
+It is given the parts it works through by name (:func:`adaptd.daemon.assembly.build`).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import zmq
 
 from adaptd.daemon.jobs import job_config
-from adaptd.daemon.jobs.registry import HelloRefused, RegistryFull
+from adaptd.daemon.jobs.delivery import Delivery
+from adaptd.daemon.jobs.ops import JobOps
+from adaptd.daemon.jobs.planner import Planner
+from adaptd.daemon.jobs.policy_choice import PolicyChoice
+from adaptd.daemon.jobs.registry import HelloRefused, Registry, RegistryFull
 from adaptd.daemon.jobs.stall_watch import StallWatch
 from adaptd.daemon.jobs.table import Job, PeerCred, Rank
-from adaptd.daemon.parts import Core
-from adaptd.daemon.transport import peer_cred
+from adaptd.daemon.refusals import Refusals
+from adaptd.daemon.stats import DaemonStats
+from adaptd.daemon.transport import Transport, peer_cred
 from adaptd.logfmt import logfmt
 from adaptd.protocol import job as p
 
@@ -47,12 +53,28 @@ class JobHandler:
 
     def __init__(
         self,
-        core: Core,
-        configured: job_config.JobConfigSource = job_config.nothing,
         *,
+        transport: Transport,
+        stats: DaemonStats,
+        refusals: Refusals,
+        clock: Callable[[], float],
+        registry: Registry,
+        choice: PolicyChoice,
+        planner: Planner,
+        delivery: Delivery,
+        ops: JobOps,
+        configured: job_config.JobConfigSource = job_config.nothing,
         stall: StallWatch | None = None,
     ) -> None:
-        self.core = core
+        self.transport = transport
+        self.stats = stats
+        self.refusals = refusals
+        self.clock = clock
+        self.registry = registry
+        self.choice = choice
+        self.planner = planner
+        self.delivery = delivery
+        self.ops = ops
         #: A job's configured settings, for a rank that asks before its hello.
         self.configured = configured
         #: The watch for hung jobs (heartbeats and progress; None: no watch).
@@ -61,15 +83,14 @@ class JobHandler:
     def reject(self, identity: bytes | None, code: str, message: str, *, counter: str = "") -> None:
         """Count, log (throttled) and answer a refused message with an Error (when the
         sender is known)."""
-        self.core.refusals.refuse(counter or code, message, peer=(identity or b"").hex())
+        self.refusals.refuse(counter or code, message, peer=(identity or b"").hex())
         if identity is not None:
             error = p.Error(v=p.VERSION, code=code, message=message[: p.MAX_TEXT])
-            self.core.transport.send(identity, error)
+            self.transport.send(identity, error)
 
     def on_frames(self, parts: list[zmq.Frame]) -> None:
         """One message from the job socket (identity frame first)."""
-        c = self.core
-        c.stats.counters["messages"] += 1
+        self.stats.counters["messages"] += 1
         if len(parts) < 2:
             self.reject(None, "malformed", "a frame without a peer identity")
             return
@@ -88,19 +109,19 @@ class JobHandler:
         except p.ProtocolError as exc:
             self.reject(identity, exc.code, str(exc))
             return
-        now = c.clock()
+        now = self.clock()
         kind = str(type(msg).__struct_config__.tag)  # the wire name: "save_report"
-        c.stats.by_kind[kind] += 1
+        self.stats.by_kind[kind] += 1
         if isinstance(msg, p.Hello):
             self.on_hello(identity, msg, now, peer_cred(parts[1]))
             return
         if isinstance(msg, p.AskConfig):  # before the hello: no connection check
-            c.transport.send(identity, self.configured(msg.job))
+            self.transport.send(identity, self.configured(msg.job))
             return
         if isinstance(msg, p.Beat):  # its own connection: no hello on it
             self.on_beat(identity, msg, now, peer_cred(parts[1]))
             return
-        where = c.registry.peer(identity)
+        where = self.registry.peer(identity)
         if where is None:
             self.reject(
                 identity,
@@ -121,29 +142,29 @@ class JobHandler:
             )
             return
         if isinstance(msg, p.Steps):
-            c.registry.steps(job, rank, msg, now)
+            self.registry.steps(job, rank, msg, now)
             if self.stall is not None:
                 self.stall.steps(job, msg, now)
-            c.planner.reported(job, rank.rank, now)  # decides once all its ranks reported
+            self.planner.reported(job, rank.rank, now)  # decides once all its ranks reported
         elif isinstance(msg, p.SaveReport):
             self._save_report(job, rank, msg, now)
-            c.planner.decide(job, now)
+            self.planner.decide(job, now)
         elif isinstance(msg, p.Goodbye):
-            c.registry.goodbye(job, rank, msg, now)
+            self.registry.goodbye(job, rank, msg, now)
             log.info(
                 logfmt("goodbye", job=job.id, rank=rank.rank, step=msg.step, reason=msg.reason)
             )
-            c.delivery.left(job, now)
+            self.delivery.left(job, now)
             return
         elif self.on_agreement(identity, job, rank, msg, now):
-            c.planner.decide(job, now)
-        c.delivery.answer(job, rank, now)
+            self.planner.decide(job, now)
+        self.delivery.answer(job, rank, now)
 
     def on_beat(self, identity: bytes, msg: p.Beat, now: float, peer: PeerCred | None) -> None:
         """A rank's heartbeat, over a connection of its own: taken when the job and rank
         are known here and the connection is the same process as the rank's hello
         (where the kernel or CURVE says who it is)."""
-        job = self.core.registry.jobs.get(msg.job)
+        job = self.registry.jobs.get(msg.job)
         rank = job.ranks.get(msg.rank) if job is not None else None
         if job is None or rank is None:
             # a rank not (yet) registered here (the daemon restarted, or a stranger):
@@ -171,11 +192,11 @@ class JobHandler:
                 "that said hello as it",
             )
             return
-        self.core.registry.heard(job, rank, now)
+        self.registry.heard(job, rank, now)
         self.stall.beat(job, rank, identity, msg, now)
 
     def _save_report(self, job: Job, rank: Rank, msg: p.SaveReport, now: float) -> None:
-        counted = self.core.registry.save_report(job, rank, msg, now)
+        counted = self.registry.save_report(job, rank, msg, now)
         log.info(logfmt("save", job=job.id, rank=rank.rank, step=msg.step, ok=msg.ok,
                         blocking_s=msg.blocking_s, durable_s=msg.durable_s,
                         extra_step_s=msg.extra_step_s, bytes=msg.bytes, reason=msg.reason,
@@ -186,23 +207,22 @@ class JobHandler:
     ) -> bool:
         """A message of a multi-rank job's agreement (docs/multiworker.md); returns
         whether the job's policy should run afterwards."""
-        c = self.core
         if isinstance(msg, p.SaveCost):
-            c.registry.save_cost(job, rank, msg, now)
+            self.registry.save_cost(job, rank, msg, now)
             return True
         if not isinstance(msg, (p.Ack, p.JobPlan, p.Request)):
             return True
-        c.registry.heard(job, rank, now)
+        self.registry.heard(job, rank, now)
         if isinstance(msg, p.Ack):
             rank.reached(msg.step)
-            c.delivery.acked(job, msg, now)
+            self.delivery.acked(job, msg, now)
         elif isinstance(msg, p.JobPlan):
             if job.agree(msg):
                 log.info(logfmt("job_plan", job=job.id, rank=rank.rank, at_step=msg.at_step,
                                 next_step=msg.next_step, every_steps=msg.every_steps,
                                 decided_by=msg.decided_by, source=msg.source))  # fmt: skip
         else:
-            refused = c.ops.on_request(job, msg, now)
+            refused = self.ops.on_request(job, msg, now)
             if refused is not None:
                 self.reject(identity, "refused", refused)
         return False
@@ -211,7 +231,6 @@ class JobHandler:
         self, identity: bytes, msg: p.Hello, now: float, peer: PeerCred | None = None
     ) -> None:
         """Register the rank, choose the job's policy, welcome it and send it a plan."""
-        c = self.core
         if msg.rank >= msg.world_size:
             self.reject(
                 identity,
@@ -219,7 +238,7 @@ class JobHandler:
                 f"hello: rank {msg.rank} is outside world_size {msg.world_size}",
             )
             return
-        where = c.registry.peer(identity)
+        where = self.registry.peer(identity)
         if where is not None and (where[0].id, where[1].rank) != (msg.job, msg.rank):
             self.reject(
                 identity,
@@ -229,14 +248,14 @@ class JobHandler:
             )
             return
         try:
-            job, rank, kind = c.registry.hello(identity, msg, now, peer)
+            job, rank, kind = self.registry.hello(identity, msg, now, peer)
         except RegistryFull as exc:
             self.reject(identity, "busy", f"the daemon cannot take more ranks: {exc}")
             return
         except HelloRefused as exc:
             self.reject(identity, exc.code, str(exc))
             return
-        bad_policy = c.choice.at_hello(job, msg.policy, msg.rank, kind)
+        bad_policy = self.choice.at_hello(job, msg.policy, msg.rank, kind)
         log.info(logfmt("hello", job=job.id, rank=msg.rank, world_size=msg.world_size,
                         pid=msg.pid, resumed_from=msg.resumed_from, kind=kind,
                         policy=job.policy_spec))  # fmt: skip
@@ -244,8 +263,8 @@ class JobHandler:
             detail = msg.restore_fallback
             log.warning(logfmt("restore_fallback", job=job.id, rank=msg.rank,
                                resumed_from=msg.resumed_from, detail=detail))  # fmt: skip
-        c.delivery.welcome(job, rank, now)
-        pushed = job.decides and c.planner.decide(job, now)
-        c.delivery.joined(job, rank, pushed, now)  # in rounds: the plan is proposed, not sent
+        self.delivery.welcome(job, rank, now)
+        pushed = job.decides and self.planner.decide(job, now)
+        self.delivery.joined(job, rank, pushed, now)  # in rounds: the plan is proposed, not sent
         if bad_policy is not None:
             self.reject(identity, "bad_policy", bad_policy)
