@@ -424,6 +424,9 @@ class AdaptiveCheckpointer(HookViews):
         self._closed = True
         self._due, self._tick_at = NEVER, _INF
         signum = self._preempt
+        # the loop is over: a peer that ends first (the chief's process holds the
+        # coordination service) is not a broken agreement while this rank finishes
+        self._authority.ending()
         try:
             if self._started:
                 n = self._n

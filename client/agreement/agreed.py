@@ -153,6 +153,9 @@ class Coordinated:
     def boundary(self, step: int, step_time_s: float | None, now: float) -> bool:
         return self.agreement.boundary(step, self.schedule, step_time_s)
 
+    def ending(self) -> None:
+        self.agreement.ending()
+
     def close(self) -> None:
         self.agreement.close()
 
@@ -234,6 +237,9 @@ class ViaDaemon:
     def boundary(self, step: int, step_time_s: float | None, now: float) -> bool:
         self.rounds.settle(step, self._pump)
         return self.rounds.apply(step, self.schedule)
+
+    def ending(self) -> None:
+        pass
 
     def close(self) -> None:
         pass

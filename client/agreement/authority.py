@@ -49,6 +49,11 @@ class Authority(Protocol):
 
     def boundary(self, step: int, step_time_s: float | None, now: float) -> bool: ...
 
+    def ending(self) -> None:
+        """The training loop is over (the hook's close began): no round is started or
+        answered from here on, and the other ranks ending theirs (the coordination
+        service going with the chief's process) is not a failure of the agreement."""
+
     def close(self) -> None: ...
 
 
@@ -95,6 +100,9 @@ class Solo:
     def boundary(self, step: int, step_time_s: float | None, now: float) -> bool:
         """Nothing to agree on: never a stop."""
         return False
+
+    def ending(self) -> None:
+        pass
 
     def close(self) -> None:
         pass

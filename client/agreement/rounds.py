@@ -163,9 +163,18 @@ class Agreement(Recorded):
             )
             self._thread.start()
 
-    def close(self, timeout_s: float | None = None) -> None:
-        """Stop the watcher; waits for it at most ``timeout_s`` (default: two slices)."""
+    def ending(self) -> None:
+        """This rank's training loop is over: the watcher stops (within a slice, without
+        waiting for it here) and no round is proposed or answered any more. From then on
+        the store failing is the other ranks ending too (the chief's process, which holds
+        the coordination service, exits while this rank still writes its last save),
+        logged, never :attr:`broken`."""
         self._watcher.stop()
+
+    def close(self, timeout_s: float | None = None) -> None:
+        """Stop the watcher (:meth:`ending`); waits for it at most ``timeout_s`` (default:
+        two slices)."""
+        self.ending()
         thread = self._thread
         if thread is not None:
             thread.join(2 * self._slice_s + 1.0 if timeout_s is None else timeout_s)
@@ -314,9 +323,12 @@ class Agreement(Recorded):
             log.debug("rank %d proposed round %d: %s at step %d", self.rank, k, proposal.action, at)
 
     def stop_with(self, why: str) -> None:
-        """The agreement cannot go on (the store is gone, or a bug): release every hold."""
+        """The agreement cannot go on (the store is gone, or a bug): release every hold.
+        After :meth:`ending` it is the job ending, not a break: logged, not :attr:`broken`."""
         with self.lock:
-            if not self.broken:
+            if self._watcher.stopping:
+                log.info("adaptd agreement of job %s ended with the loop: %s", self.job, why)
+            elif not self.broken:
                 self.broken = why
                 log.error("adaptd agreement of job %s stopped: %s", self.job, why)
             self.gate = NEVER
