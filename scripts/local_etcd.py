@@ -267,6 +267,7 @@ class Etcd:
             self.call("auth/role/add", {"name": host})
             own = [(keys.member(host), None), (keys.host_claims(host), "prefix")]
             own.append((keys.host_failures(host), "prefix"))
+            own.append((keys.host_ranks(host), "prefix"))
             own.append((keys.grants, "prefix"))  # every host's: a grant rewrites its target's
             for key, kind in own:
                 perm = {"key": _b64(key), "permType": "READWRITE"}

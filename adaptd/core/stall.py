@@ -35,6 +35,7 @@ __all__ = [
     "P_MAX",
     "P_MIN",
     "WARMUP_STEPS",
+    "RankFact",
     "StallFacts",
     "StallLimits",
     "StallVerdict",
@@ -115,6 +116,30 @@ class StallFacts:
     restart_s: float | None = None
     unsaved_s: float = 0.0
     holding: str = ""
+
+
+@dataclass(frozen=True)
+class RankFact:
+    """What a rank's own daemon sees wrong with it, told to the daemons of the job's
+    other hosts (the deciding one names the culprit with it): rank ``rank`` of ``job``
+    runs on ``host``, and ``state`` says why it may be the cause of a stall ("its
+    process (pid 4242) is stopped (T)", "its heartbeat stopped", "its GPU 3 reported
+    XID 79"). Only ranks in trouble have a fact.
+
+    Raises:
+        ValueError: an empty job, host or state, or a negative rank.
+    """
+
+    job: str
+    rank: int
+    host: str
+    state: str
+
+    def __post_init__(self) -> None:
+        if not (self.job and self.host and self.state):
+            raise ValueError(f"a rank fact needs a job, a host and a state: {self!r}")
+        if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 0:
+            raise ValueError(f"a rank fact's rank must be an integer >= 0: {self.rank!r}")
 
 
 @dataclass(frozen=True)

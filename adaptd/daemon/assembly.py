@@ -35,7 +35,7 @@ from adaptd.daemon.jobs.policy_choice import PolicyChoice
 from adaptd.daemon.jobs.registry import Registry
 from adaptd.daemon.jobs.rounds import Agreements
 from adaptd.daemon.jobs.settings import ConfiguredSettings, OperatorSettings
-from adaptd.daemon.jobs.stall_watch import Limits, StallWatch, no_limits
+from adaptd.daemon.jobs.stall_watch import Limits, Peers, StallWatch, no_limits
 from adaptd.daemon.jobs.table import JobTable
 from adaptd.daemon.options import DaemonOptions
 from adaptd.daemon.parts import DaemonParts, TickHook
@@ -65,6 +65,8 @@ class Seams:
     - ``status_extra``, ``replication_source``: more for ``adaptd status``.
     - ``history_source``: the saves ``adaptd history`` shows (``None``: refused).
     - ``stall_limits``: the config's hang detection limits for a job (None: defaults).
+    - ``stall_peers``: the daemons of the jobs' other hosts, for the stall watch (the
+      fleet's :class:`~adaptd.fleet.part.RankPeers`; None: no channel to them).
     - ``decide_again``: job ids to decide again at once, read after each tick's hooks
       (the fleet's jobs just granted a write slot).
     - ``waker``: wakes the loop (signals, :meth:`~adaptd.daemon.waker.Waker.tick_soon`
@@ -84,6 +86,7 @@ class Seams:
     history_source: HistorySource | None = None
     decide_again: Callable[[], Iterable[str]] | None = None
     stall_limits: Limits = no_limits
+    stall_peers: Peers | None = None
     waker: Waker = field(default_factory=Waker)
 
 
@@ -149,7 +152,7 @@ def assemble(options: DaemonOptions, seams: Seams) -> DaemonParts:
     )
     stall = StallWatch(registry.table, send=transport.send, emit=events,
                        snapshot=seams.snapshot_source, paused=settings.paused,
-                       limits=seams.stall_limits)  # fmt: skip
+                       limits=seams.stall_limits, peers=seams.stall_peers)  # fmt: skip
     status = StatusView(jobs=registry.table, hostname=registry.hostname, settings=settings,
                         stats=stats, events=events, transport=transport,
                         default_policy=options.default_policy, status_extra=seams.status_extra,

@@ -192,6 +192,7 @@ def _around(
         tracker_factory=learned.tracker_for,
         config_settings=lambda job: configured_settings(cfg, job),
         stall_limits=lambda job: stall_limits(cfg, job),
+        stall_peers=fleet.peers if fleet is not None else None,
         job_config=job_config.from_overrides(cfg.job_override),
         status_extra=lambda: status_extra(snapshot(), fleet),
         replication_source=replicator.status if replicator is not None else None,

@@ -12,7 +12,10 @@ set of facts, whenever it decides. The agent's thread, in rounds:
    this host waits for, a claim not settled yet), writes the failure records handed
    to it, and re-reads the members, the claims and the fleet's failure records every
    ``failures_every_s``;
-4. publishes a new :class:`FleetView`.
+4. writes what the daemon sees wrong with its ranks (:meth:`FleetAgent.tell_rank`) and,
+   while the daemon suspects a job of a hang (:meth:`FleetAgent.watch_ranks`), reads
+   what the other hosts said of theirs, every ``poll_s`` (:mod:`adaptd.fleet.rank_facts`);
+5. publishes a new :class:`FleetView`.
 
 **What a round costs etcd grows with the work, not the fleet** (issue 35: at 0.5 s
 polls that read every member and every claim, an idle daemon made 4.2 requests a
@@ -45,6 +48,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from adaptd.core.stall import RankFact
+from adaptd.fleet import rank_facts
 from adaptd.fleet.failures import FailureRecord, publish, read_records
 from adaptd.fleet.membership import Member, Members, parse_members, register
 from adaptd.fleet.session import (
@@ -96,6 +101,10 @@ class FleetView:
     waiting: frozenset[str] = frozenset()  # this host's jobs queued for one
     records: tuple[FailureRecord, ...] = ()
     records_at: float | None = None  # monotonic time ``records`` were read
+    #: what the other hosts' daemons said of the ranks of the jobs watched
+    #: (:meth:`FleetAgent.watch_ranks`), as of ``ranks_at``
+    rank_facts: Mapping[str, tuple[RankFact, ...]] = field(default_factory=dict)
+    ranks_at: float | None = None  # monotonic time ``rank_facts`` were read
     grants: int = 0  # slots granted to this host's jobs since start
     conflicts: int = 0  # grant transactions another daemon won first
     errors: int = 0  # rounds that failed
@@ -147,6 +156,12 @@ class FleetAgent:
         self._thread: threading.Thread | None = None
         self._wants: dict[str, Want] = {}
         self._to_publish: dict[str, FailureRecord] = {}
+        #: this host's rank facts: all of them (written again after a new session), and
+        #: those not written yet (None: delete it)
+        self._rank_facts: dict[tuple[str, int], RankFact] = {}
+        self._rank_out: dict[tuple[str, int], RankFact | None] = {}
+        self._watched_jobs: frozenset[str] = frozenset()
+        self._rank_refused = False  # etcd refused this host's rank facts (logged once)
         self._session: EtcdSession | None = None
         self._table: SlotTable | None = None
         self._sessions = 0
@@ -206,6 +221,32 @@ class FleetAgent:
             self._to_publish[record.gpu_model] = record
         self._wake.set()
 
+    def tell_rank(self, job: str, rank: int, state: str | None) -> None:
+        """What this daemon sees wrong with its rank ``rank`` of ``job`` (None: nothing
+        now), written (leased) at the next round; raises :class:`ValueError` for an
+        empty job or a negative rank."""
+        key = (job, rank)
+        fact = None if state is None else RankFact(job, rank, self.settings.host, state)
+        with self._lock:
+            if fact is None:
+                if self._rank_facts.pop(key, None) is None:
+                    return
+            else:
+                self._rank_facts[key] = fact
+            self._rank_out[key] = fact
+        self._wake_up()
+
+    def watch_ranks(self, jobs: frozenset[str]) -> None:
+        """Read what the other hosts say of the ranks of ``jobs`` at every round (every
+        ``poll_s``) from now on; an empty set stops the reads."""
+        with self._lock:
+            if jobs == self._watched_jobs:
+                return
+            fresh = bool(jobs - self._watched_jobs)
+            self._watched_jobs = frozenset(jobs)
+        if fresh:
+            self._wake_up()
+
     def view(self) -> FleetView:
         return self._view
 
@@ -261,7 +302,8 @@ class FleetAgent:
                 with contextlib.suppress(FleetError):  # the next round says what is wrong
                     turn = self._watch_for_turn(view)
             else:
-                self._wake.wait(self.idle_poll_s if view.up else min(1.0, self.poll_s * 2))
+                idle = self.poll_s if self._watched_jobs else self.idle_poll_s
+                self._wake.wait(idle if view.up else min(1.0, self.poll_s * 2))
             local = self._wake.is_set()
             self._wake.clear()
             sync = local or turn or not view.up or self._unsettled(view)
@@ -365,9 +407,13 @@ class FleetAgent:
         with self._lock:
             wants = dict(self._wants)
             to_publish = dict(self._to_publish)
+            if fresh:  # a new lease: the old one's keys are gone, this host's facts too
+                self._rank_out = {**self._rank_facts}
+            rank_out = dict(self._rank_out)
+            watched = self._watched_jobs
         full = fresh or now >= self._next_failures  # members, claims and records re-read
         sync = sync or full or not self._view.up
-        light = not (fresh or sync or to_publish)  # one call: etcd answers
+        light = not (fresh or sync or to_publish or rank_out or watched)  # one call
         if not fresh and now >= self._next_keepalive:
             s.keepalive()
             self._next_keepalive = now + self.settings.lease_ttl_s / 3
@@ -396,6 +442,25 @@ class FleetAgent:
             with self._lock:
                 if self._to_publish.get(model) is record:
                     del self._to_publish[model]
+        for (job, rank), fact in rank_out.items():
+            try:
+                rank_facts.write(s, self.settings.keys, self.settings.host, job, rank, fact)
+            except FleetAuthError as exc:
+                # a role made before rank facts (no readwrite on ranks/{host}/): the
+                # fleet works as before, only this host's ranks are not named elsewhere
+                if not self._rank_refused:
+                    log.warning(logfmt("fleet_rank_fact_refused", host=self.settings.host,
+                                       error=str(exc), fix="docs/fleet.md, roles"))  # fmt: skip
+                self._rank_refused = True
+            with self._lock:
+                if self._rank_out.get((job, rank), 0) is fact:
+                    del self._rank_out[job, rank]
+        ranks, ranks_at = {}, None
+        if watched:
+            ranks, skipped = rank_facts.read_facts(s, self.settings.keys, watched)
+            ranks_at = now
+            for line in skipped:
+                log.warning(logfmt("fleet_rank_fact_skipped", error=line))
         records, records_at = prev.records, prev.records_at
         if full or to_publish:
             records, records_at = self._read_records(s, fresh), now
@@ -424,6 +489,8 @@ class FleetAgent:
             waiting=waiting,
             records=records,
             records_at=records_at,
+            rank_facts=ranks,
+            ranks_at=ranks_at,
             grants=prev.grants + grants,
             conflicts=prev.conflicts + conflicts,
             rejoins=max(0, self._sessions - 1),

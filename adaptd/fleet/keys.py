@@ -8,6 +8,7 @@ own keys (docs/fleet.md shows the ``etcdctl`` commands)::
     {prefix}claims/{host}/{target}/{job}      leased: a job waits for / holds a write slot
     {prefix}failures/{host}/{gpu_model}       kept:   what the host learned about failures
     {prefix}grants/{target}                   leased: rewritten by every grant on target
+    {prefix}ranks/{host}/{job}/{rank}         leased: what is wrong with a rank of the host
 
 The one exception is ``grants/``: a target's grant key is written by whichever host
 takes a slot on it, so that a grant compares its own target's key, not every claim of
@@ -29,6 +30,7 @@ MEMBERS = "members/"
 CLAIMS = "claims/"
 FAILURES = "failures/"
 GRANTS = "grants/"
+RANKS = "ranks/"
 
 
 def _part(text: str) -> str:
@@ -133,6 +135,27 @@ class KeySpace:
         """The target a grant key names, or ``None`` for a foreign key."""
         rest = _after(key, self.grants)
         return unquote(rest) if rest and "/" not in rest else None
+
+    # -------------------------------------------------------------- ranks
+
+    @property
+    def ranks(self) -> str:
+        return self.prefix + RANKS
+
+    def host_ranks(self, host: str) -> str:
+        return f"{self.ranks}{self.check_host(host)}/"
+
+    def rank(self, host: str, job: str, rank: int) -> str:
+        """The key of what ``host``'s daemon sees wrong with rank ``rank`` of ``job``."""
+        return f"{self.host_ranks(host)}{_part(job)}/{int(rank)}"
+
+    def rank_parts(self, key: str) -> tuple[str, str, int] | None:
+        """``(host, job, rank)`` of a rank key, or ``None`` for a foreign key."""
+        rest = _after(key, self.ranks)
+        parts = rest.split("/") if rest else []
+        if len(parts) != 3 or not all(parts) or not parts[2].isdigit():
+            return None
+        return parts[0], unquote(parts[1]), int(parts[2])
 
 
 def _after(key: str, prefix: str) -> str | None:

@@ -12,17 +12,20 @@ what it works with when it is built (nothing is wired to it afterwards):
 - :meth:`collector` goes into the metrics registry; :meth:`start` starts the thread;
 - :meth:`decorate` (the snapshot source), :meth:`tick` (a tick hook: slot wishes out),
   :meth:`decide_again` (the jobs just granted a slot: the daemon decides them again at
-  once), :meth:`status`, :meth:`persist` and :meth:`close`.
+  once), :meth:`status`, :meth:`persist` and :meth:`close`;
+- :attr:`peers` (:class:`RankPeers`): the stall watch's channel to the daemons of its
+  jobs' other hosts (what is wrong with a rank, :mod:`adaptd.fleet.rank_facts`).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from adaptd.core.estimators import FailureRate
 from adaptd.core.snapshot import Snapshot
+from adaptd.core.stall import RankFact
 from adaptd.fleet.config import FleetConfig
 from adaptd.fleet.link import FleetLink, job_facts
 from adaptd.fleet.metrics import FleetCollector
@@ -32,6 +35,30 @@ log = logging.getLogger("adaptd.fleet")
 
 #: Store key of the lifetimes and survivals this host saw in the fleet (docs/fleet.md).
 FLEET_HISTORY_KEY = "fleet_history"
+
+
+class RankPeers:
+    """The stall watch's :class:`~adaptd.daemon.jobs.stall_watch.Peers` through the fleet's
+    etcd: facts told are written by the agent's thread, facts of watched jobs read there
+    every ``poll_s``; :meth:`facts` gives what was read within ``stale_after_s`` (an etcd
+    that stopped answering is not read as "nothing wrong")."""
+
+    channel = "the fleet's etcd"
+
+    def __init__(self, link: FleetLink) -> None:
+        self.link = link
+
+    def tell(self, job: str, rank: int, state: str | None) -> None:
+        self.link.agent.tell_rank(job, rank, state)
+
+    def watch(self, jobs: frozenset[str]) -> None:
+        self.link.agent.watch_ranks(jobs)
+
+    def facts(self, job: str) -> Sequence[RankFact] | None:
+        view = self.link.agent.view()
+        link = self.link
+        fresh = view.ranks_at is not None and view.usable(link.clock(), link.cfg.stale_after_s)
+        return view.rank_facts.get(job) if fresh else None
 
 
 class FleetPart:
@@ -58,6 +85,7 @@ class FleetPart:
             cfg, failure_rate=failure_rate, clock=clock, version=__version__, on_grant=on_grant
         )
         self.link.knowledge.load_history(store.param(GLOBAL, FLEET_HISTORY_KEY))
+        self.peers = RankPeers(self.link)
         self._granted_now: list[str] = []
         log.info(
             logfmt(

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import pytest
 from fleet_helpers import Etcd, holders, settings
+from local_etcd import _b64
 
 from adaptd.fleet.agent import FleetAgent
 from adaptd.fleet.failures import FailureRecord
+from adaptd.fleet.keys import KeySpace, range_end
 from adaptd.fleet.session import EtcdSession, FleetAuthError
 
 T = "nfs://10.0.4.20/export/ckpt"
@@ -49,6 +51,7 @@ def test_a_host_cannot_write_another_hosts_keys(auth_etcd: Etcd):
         keys.claim("host-b", T, "theirs"),
         keys.member("host-b"),
         keys.failure("host-b", "H100"),
+        keys.rank("host-b", "job", 1),
         "/adaptd/anything-else",
     ):
         with pytest.raises(FleetAuthError, match="permission denied"):
@@ -80,3 +83,24 @@ def test_an_expired_token_is_renewed(auth_etcd: Etcd):
     s.put(s.keys.member("host-a"), b"{}", leased=True)
     assert [e.key for e in s.get_prefix(s.keys.members)] == ["/adaptd/members/host-a"]
     s.close()
+
+
+def test_a_role_made_before_the_ranks_keys_keeps_the_fleet_up(auth_etcd: Etcd):
+    """A host whose role lacks readwrite on ranks/{host}/ (made by the docs of an earlier
+    release): its rank fact is refused and logged once, its round and everything else
+    of the fleet go on (the slot is still granted)."""
+    own = KeySpace("/adaptd/").host_ranks("host-b")
+    span = {"key": _b64(own), "range_end": _b64(range_end(own))}
+    auth_etcd.call("auth/role/revoke", {"role": "host-b", **span})
+    b = FleetAgent(as_host(auth_etcd, "host-b"), poll_s=0.2)
+    try:
+        b.tell_rank("j", 1, "its heartbeat stopped")
+        b.want("jb", T, cap=1, at_risk_gpu_s=100, gpus=8)
+        view = b.poll_once()
+        assert view.up and "jb" in view.granted, view.reason
+        assert b._rank_refused
+        assert auth_etcd.keys("/adaptd/ranks/") == []
+    finally:
+        b.stop()
+        perm = {**span, "permType": "READWRITE"}
+        auth_etcd.call("auth/role/grant", {"name": "host-b", "perm": perm})

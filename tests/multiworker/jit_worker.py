@@ -18,7 +18,8 @@ stopping rank does);
 ``RAISE_RANK``/``RAISE_AT``: it raises ``ValueError`` in that step;
 ``EVAL_EVERY``/``EVAL_S``: every rank sleeps ``EVAL_S`` before each ``EVAL_EVERY``-th
 step (an evaluation), ``FIRST_S``: before its first step (a slow first step);
-``COLLECTIVE_TIMEOUT``: the hook's ``collective_timeout``; ``SOCKET``: a daemon's
+``COLLECTIVE_TIMEOUT``: the hook's ``collective_timeout``; ``SOCKETS``: one daemon
+endpoint per rank, comma-separated (each rank on its own "host"); ``SOCKET``: a daemon's
 socket (default: none there); ``STALL_FLOOR``/``STALL_CAP``: the hook's
 ``stall_floor``/``stall_cap`` (hang detection, tests/multiworker/test_hang.py).
 
@@ -85,7 +86,8 @@ def main() -> int:
     floor, cap = os.environ.get("STALL_FLOOR"), os.environ.get("STALL_CAP")
     hook = AdaptiveCheckpointer(
         os.environ["CKPT"], job="jit", policy=f"fixed:steps={EVERY}", max_to_keep=3,
-        socket=os.environ.get("SOCKET", f"ipc://{os.environ['CKPT']}-none.sock"),
+        socket=os.environ["SOCKETS"].split(",")[rank] if os.environ.get("SOCKETS")
+        else os.environ.get("SOCKET", f"ipc://{os.environ['CKPT']}-none.sock"),
         daemon_timeout=0.5, stall_floor=float(floor) if floor else None,
         stall_cap=float(cap) if cap else None,
         handle_sigterm=False, save_on_close=False,

@@ -9,10 +9,12 @@ the hung rank, when it comes back, finds the job aborted and exits without writi
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import signal
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -25,6 +27,9 @@ from adaptd.client.save.peer_failure import ABORTED_MARKER
 from multiworker import daemons
 from multiworker.forked import cluster_of
 from multiworker.jit_jobs import COMPARED, HERE, STEPS, run
+
+sys.path.insert(0, str(HERE.parents[1] / "scripts"))
+from local_etcd import EtcdMissing, running
 
 pytestmark = [pytest.mark.slow, pytest.mark.tf]
 
@@ -128,25 +133,38 @@ def test_a_stopped_rank_is_named_and_saves_nothing_when_it_comes_back(
     daemon's Abort abandons the post (:func:`coordination.abandon`), so the survivor
     saves step 10 just in time and exits, as for any other stopped rank."""
     work = root / f"stop-{stop_rank}"
+    env = {"SOCKET": f"ipc://{sock}", "STOP_BEFORE_HOOK": "1" if before_hook else ""}
+    kept = stopped(zygote, root, work, env, stop_rank, stop_at)
+    assert "stopped (T)" in kept["aborted"]["reason"], kept["aborted"]
+
+
+def stopped(
+    zygote: Zygote, root: Path, work: Path, env: dict[str, str], stop_rank: int, stop_at: int
+) -> dict[str, Any]:
+    """Run the job of ``env`` (its daemons' sockets) with rank ``stop_rank`` SIGSTOPped
+    once step ``stop_at`` is done; once the survivor ended, continue the stopped rank.
+    Checks that the survivor was freed within :data:`BOUND_S`, saved ``stop_at`` just in
+    time and names the stopped rank as the culprit, that the stopped rank exits
+    non-zero without writing, and that the job resumes from ``stop_at`` exactly. The
+    survivor's result."""
     ckpt, mark = work / "ckpt", work / "stopped.json"
-    env = {"CKPT": str(ckpt), "STEPS": str(STEPS), "EVERY": "5", "SOCKET": f"ipc://{sock}",
-           "STALL_FLOOR": FLOOR, "STALL_CAP": CAP, "STOP_RANK": str(stop_rank),
-           "STOP_AT": str(stop_at), "HANG_MARK": str(mark),
-           "STOP_BEFORE_HOOK": "1" if before_hook else ""}  # fmt: skip
+    env = {"CKPT": str(ckpt), "STEPS": str(STEPS), "EVERY": "5", "STALL_FLOOR": FLOOR,
+           "STALL_CAP": CAP, "STOP_RANK": str(stop_rank), "STOP_AT": str(stop_at),
+           "HANG_MARK": str(mark), **env}  # fmt: skip
     cluster = cluster_of(zygote, work / "job", 2, HERE / "jit_worker.py", env)
     survivor = 1 - stop_rank
     with cluster:
-        alive, stopped = cluster.procs[survivor], cluster.procs[stop_rank]
+        alive, frozen = cluster.procs[survivor], cluster.procs[stop_rank]
         deadline = time.monotonic() + 60
         while alive.poll() is None:
             assert time.monotonic() < deadline, f"the survivor hangs: {cluster.tails()}"
             time.sleep(0.05)
         before = listing(ckpt, stop_at - 1)
-        os.kill(stopped.pid, signal.SIGCONT)
-        while stopped.poll() is None:
+        os.kill(frozen.pid, signal.SIGCONT)
+        while frozen.poll() is None:
             assert time.monotonic() < deadline, cluster.tails()
             time.sleep(0.05)
-        assert [alive.poll(), stopped.poll()] == [3, 3], cluster.tails()
+        assert [alive.poll(), frozen.poll()] == [3, 3], cluster.tails()
         kept, late = cluster.result(survivor), cluster.result(stop_rank)
         tails = cluster.tails()
     stop = json.loads(mark.read_text())
@@ -154,7 +172,6 @@ def test_a_stopped_rank_is_named_and_saves_nothing_when_it_comes_back(
     assert ABORTED_MARKER in kept["message"], kept["message"]
     freed_s = kept["ended_at"] - stop["at"]
     assert freed_s < BOUND_S, f"the survivor ended {freed_s:.1f}s after the stop"
-    assert "stopped (T)" in kept["aborted"]["reason"], kept["aborted"]
     assert kept["aborted"]["culprit"] == stop_rank, kept["aborted"]
     assert late["jit"] is None or not late["jit"]["saved"], late
     after = listing(ckpt, stop_at - 1)
@@ -164,3 +181,30 @@ def test_a_stopped_rank_is_named_and_saves_nothing_when_it_comes_back(
         f"{late}\n{tails}"
     )
     resumes_exactly(root, ckpt, stop_at, zygote)
+    return kept
+
+
+def test_a_stopped_rank_on_another_host_is_named_by_its_own_daemon_through_etcd(
+    root: Path, zygote: Zygote
+) -> None:
+    """Two hosts: rank 0 on host-a's daemon (which decides the job), rank 1 on host-b's,
+    both daemons in one fleet (a real etcd). Rank 1 SIGSTOPs itself after step 12: only
+    host-b's daemon can see its process stopped; it puts that in etcd, host-a's daemon
+    reads it once the job has been silent for half its threshold, and the abort names
+    ``rank 1 on host-b``, not "cannot be seen from here" (before issue 34's item 2 was
+    done, it could not). The survivor is freed and saves 12 as on one host."""
+    work = root / "two-hosts"
+    work.mkdir()
+    with contextlib.ExitStack() as stack:
+        try:
+            etcd = stack.enter_context(running(work / "etcd"))
+        except EtcdMissing as exc:
+            pytest.skip(str(exc))
+        fleet = (f'[fleet]\netcd = [{json.dumps(etcd.url)}]\nhost = "host-{{host}}"\n'
+                 "lease_ttl_s = 3\ncall_timeout_s = 0.5\n")  # fmt: skip
+        with daemons.hosts(work, "fixed:steps=5", config=fleet) as (a, b):
+            env = {"SOCKETS": f"ipc://{a},ipc://{b}"}
+            kept = stopped(zygote, root, work, env, 1, 12)
+    reason = kept["aborted"]["reason"]
+    assert "rank 1 on host-b: its process (pid " in reason, reason
+    assert "is stopped (T) (seen by its daemon, through the fleet's etcd)" in reason, reason

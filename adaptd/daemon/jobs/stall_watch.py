@@ -13,13 +13,22 @@ answers every beat of the job's ranks with an Abort, from then on (a rank that c
 back finds the job aborted). Ranks on other hosts are freed by the job's own runtime:
 once the local survivors abort their collectives and exit, the remote ranks' next
 collective fails as after a peer's death, and they save just in time the same way.
+
+**Ranks on other hosts** are named through the *peers* (:class:`Peers`, the fleet's
+etcd where ``[fleet]`` is configured): every daemon tells them what it sees wrong with
+its own ranks of a job of several ranks (a :class:`~adaptd.core.stall.RankFact`, only
+for a rank in trouble, taken back when it is well again), and the deciding daemon,
+once a job with ranks elsewhere has been silent for :data:`PEERS_AT` of its threshold,
+has the peers read that job's facts (off its loop), so that the abort names ``rank 1 on
+host-b: its process (pid 4242) is stopped (T)``.
 """
 
 from __future__ import annotations
 
 import time as _time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from adaptd import events as ev
 from adaptd.core import stall
@@ -28,7 +37,17 @@ from adaptd.daemon.jobs.table import Job, JobTable, Rank
 from adaptd.protocol import job as p
 from adaptd.telemetry.host import ProcessInfo, process_info
 
-__all__ = ["BEAT_LOST_S", "Limits", "StallVerdicts", "StallWatch", "Watched", "no_limits", "unseen"]
+__all__ = [
+    "BEAT_LOST_S",
+    "PEERS_AT",
+    "Limits",
+    "Peers",
+    "StallVerdicts",
+    "StallWatch",
+    "Watched",
+    "no_limits",
+    "unseen",
+]
 
 #: A rank whose heartbeat is this much older than the newest beat of its job stopped
 #: beating (the hook beats every second).
@@ -36,6 +55,9 @@ BEAT_LOST_S = 5.0
 #: A beat says what holds its rank's loop only this long (a stopped rank's last beat
 #: may have been sent in a save's blocking part: it holds nothing now).
 HOLD_FRESH_S = 2.5
+#: The share of its threshold a job with ranks on other hosts is silent for before the
+#: deciding daemon has the peers read their facts (so they are there at the abort).
+PEERS_AT = 0.5
 #: Process states that name a rank that cannot be the blocked-but-alive kind.
 _STUCK = {"stopped": "stopped (T)", "tracing-stop": "stopped (T)", "disk-sleep": "in D state"}
 
@@ -45,6 +67,24 @@ Limits = Callable[[str], "stall.StallLimits | None"]
 
 #: A job id -> the newest verdict on it and the silence judged (None: not watched).
 StallVerdicts = Callable[[str], "tuple[stall.StallVerdict, float] | None"]
+
+
+class Peers(Protocol):
+    """The daemons of a job's other hosts, as the stall watch sees them (the fleet's
+    etcd: :class:`adaptd.fleet.part.RankPeers`). Every call returns at once: the I/O is
+    done off the daemon's loop."""
+
+    #: How the facts travel, for the reasons ("the fleet's etcd").
+    channel: str
+
+    def tell(self, job: str, rank: int, state: str | None) -> None:
+        """This host's fact about its rank ``rank`` of ``job`` (None: nothing wrong now)."""
+
+    def watch(self, jobs: frozenset[str]) -> None:
+        """Read the facts of ``jobs`` from now on (the set replaces the last one)."""
+
+    def facts(self, job: str) -> Sequence[stall.RankFact] | None:
+        """The newest facts read for ``job`` (None: not read since it was watched)."""
 
 
 def no_limits(job: str) -> stall.StallLimits | None:
@@ -71,21 +111,26 @@ class Watched:
     cap_s: float | None = None
 
 
-def unseen(world_size: int, here: Iterable[int]) -> str:
+def unseen(world_size: int, here: Iterable[int], channel: str = "", read: bool = False) -> str:
     """Why no culprit is named when no rank connected here is gone, stopped, silent
     or on a GPU that reported an XID: with every rank here, the cause is not known (a
     rank asleep in its step looks like one waiting in its collective); with ranks on
-    other hosts, the reason says which, and that this daemon cannot see them (their
-    process state, heartbeat and GPU are their own daemons', and no channel carries
-    them here: docs/multiworker.md, "Hangs"), rather than guessing either way."""
+    other hosts, the reason says which, and whether their daemons said nothing wrong
+    through ``channel`` (``read``: their facts were read) or they cannot be seen from
+    here (no channel: docs/multiworker.md, "Hangs"), rather than guessing either way."""
     seen = sorted(set(here))
     away = [rank for rank in range(world_size) if rank not in seen]
     if not away:
         return "every rank seen here is alive and beating: the cause is not known"
+    if channel and read:
+        there = f"the daemons of {_listed(away)} on other hosts see nothing wrong ({channel})"
+    elif channel:
+        there = f"{_listed(away)} on other hosts not heard of yet ({channel})"
+    else:
+        there = f"{_listed(away)} on other hosts cannot be seen from here"
     return (
         f"no rank on this host ({_listed(seen)}) is gone, stopped, silent or on a GPU "
-        f"that reported an XID, and {_listed(away)} on other hosts cannot be seen from "
-        "here: the cause is not known"
+        f"that reported an XID, and {there}: the cause is not known"
     )
 
 
@@ -107,6 +152,7 @@ class StallWatch:
         paused: whether an operator paused the job (``adaptd pause``).
         limits: the job's configured limits (None: the defaults).
         process: a pid's status (psutil's; tests may pass their own).
+        peers: the daemons of the jobs' other hosts (None: none can be reached).
     """
 
     def __init__(
@@ -120,11 +166,14 @@ class StallWatch:
         limits: Limits = no_limits,
         process: Callable[[int], ProcessInfo | None] = process_info,
         wall: Callable[[], float] = _time.time,
+        peers: Peers | None = None,
     ) -> None:
         self.table, self.send, self.emit = table, send, emit
         self.snapshot, self.paused, self.limits = snapshot, paused, limits
-        self.process, self.wall = process, wall
+        self.process, self.wall, self.peers = process, wall, peers
         self._jobs: dict[str, Watched] = {}
+        self._told: dict[tuple[str, int], str] = {}  # what the peers were told, per rank
+        self._suspects: frozenset[str] = frozenset()  # the jobs whose facts they read
 
     # ------------------------------------------------------------------ facts in
 
@@ -170,18 +219,48 @@ class StallWatch:
     # ------------------------------------------------------------------ judging
 
     def tick(self, now: float) -> None:
-        """Judge every active job of several ranks that this daemon decides."""
+        """Judge every active job of several ranks that this daemon decides; tell the
+        peers what is wrong with this host's ranks of every job of several ranks."""
+        told: dict[tuple[str, int], str] = {}
+        suspects: set[str] = set()
         for job in self.table:
-            if job.state != "active" or job.world_size < 2 or not job.decides:
+            if job.state != "active" or job.world_size < 2:
                 continue
             w = self._watched(job, now)
-            if w.aborted is not None:
+            if self.peers is not None:
+                told.update(self._states(job, w, now))
+            if not job.decides or w.aborted is not None:
                 continue
             limits = self._limits(job.id, w)
             w.silent_s = now - w.progress_at
             w.verdict = stall.decide(self._facts(job, w, now), limits)
             if w.verdict.stalled:
                 self._abort(job, w, now)
+            elif self._suspect(job, w):
+                suspects.add(job.id)
+        if self.peers is not None:
+            self._tell(told)
+            if frozenset(suspects) != self._suspects:
+                self._suspects = frozenset(suspects)
+                self.peers.watch(self._suspects)
+
+    @staticmethod
+    def _suspect(job: Job, w: Watched) -> bool:
+        """Whether ``job`` has ranks on other hosts (not connected here) and has been
+        silent for :data:`PEERS_AT` of its threshold: their daemons' facts are read."""
+        t = w.verdict.threshold_s if w.verdict is not None else None
+        return len(job.ranks) < job.world_size and t is not None and w.silent_s >= PEERS_AT * t
+
+    def _tell(self, told: dict[tuple[str, int], str]) -> None:
+        """Tell the peers what changed since the last tick (a rank well again, or gone
+        from the table, is taken back)."""
+        assert self.peers is not None
+        for (job, rank), state in told.items():
+            if self._told.get((job, rank)) != state:
+                self.peers.tell(job, rank, state)
+        for job, rank in self._told.keys() - told.keys():
+            self.peers.tell(job, rank, None)
+        self._told = told
 
     def _limits(self, job_id: str, w: Watched) -> stall.StallLimits:
         """The config's limits, with the hook's own where its beats gave them (a pair
@@ -250,8 +329,38 @@ class StallWatch:
             return "gone"
         return _STUCK.get(info.status, "")
 
+    def _xids(self, job: Job) -> dict[int, str]:
+        """This host's ranks of ``job`` on a GPU that reported an XID, and which."""
+        snap = self.snapshot()
+        pids = {r.pid: r.rank for r in job.ranks.values() if r.pid > 0}
+        out: dict[int, str] = {}
+        for gpu in snap.gpus if snap is not None else ():
+            for pid in gpu.pids:
+                if gpu.xid_events and pid in pids:
+                    out.setdefault(pids[pid], f"GPU {gpu.index} reported XID {gpu.xid_events[0]}")
+        return out
+
+    def _states(self, job: Job, w: Watched, now: float) -> dict[tuple[str, int], str]:
+        """What is wrong with each of this host's ranks of ``job`` (for the peers): its
+        process stopped, in D state or gone, its heartbeat stopped (no beat for
+        :data:`BEAT_LOST_S`, after it beat in this incarnation), its GPU's XID."""
+        xids = self._xids(job)
+        out: dict[tuple[str, int], str] = {}
+        for rank in job.ranks.values():
+            why = self._stuck(rank)
+            at = w.beats.get(rank.rank, (None,))[0]
+            if why:
+                out[job.id, rank.rank] = f"its process (pid {rank.pid}) is {why}"
+            elif at is not None and now - at > BEAT_LOST_S:
+                out[job.id, rank.rank] = "its heartbeat stopped"
+            elif rank.rank in xids:
+                out[job.id, rank.rank] = f"its {xids[rank.rank]}"
+        return out
+
     def culprit(self, job: Job, w: Watched, now: float) -> tuple[int | None, str]:
-        """The rank taken for the cause of the stall, and why (None: unknown)."""
+        """The rank taken for the cause of the stall, and why (None: unknown): a rank of
+        this host first (its process, its heartbeat, its GPU), then what the peers
+        said of the ranks on other hosts, then a rank outside a round the others hold for."""
         for rank in sorted(job.ranks.values(), key=lambda r: r.rank):
             why = self._stuck(rank)
             if why:
@@ -262,12 +371,17 @@ class StallWatch:
                 at = w.beats.get(rank, (None,))[0]
                 if at is None or newest - at > BEAT_LOST_S:
                     return rank, f"rank {rank}'s heartbeat stopped"
-        snap = self.snapshot()
-        pids = {r.pid: r.rank for r in job.ranks.values() if r.pid > 0}
-        for gpu in snap.gpus if snap is not None else ():
-            hit = [pids[pid] for pid in gpu.pids if pid in pids]
-            if gpu.xid_events and hit:
-                return hit[0], f"rank {hit[0]}'s GPU {gpu.index} reported XID {gpu.xid_events[0]}"
+        xids = self._xids(job)
+        if xids:
+            rank = min(xids)
+            return rank, f"rank {rank}'s {xids[rank]}"
+        remote = self.peers.facts(job.id) if self.peers is not None else None
+        for fact in sorted(remote or (), key=lambda f: f.rank):
+            if fact.rank not in job.ranks and fact.rank < job.world_size:
+                return fact.rank, (
+                    f"rank {fact.rank} on {fact.host}: {fact.state} (seen by its daemon, "
+                    f"through {self.peers.channel})"  # type: ignore[union-attr]
+                )
         held = self._held(job, w, now)
         if "round" in held.values():
             out = [rank for rank in sorted(job.ranks) if not held.get(rank)]
@@ -276,7 +390,8 @@ class StallWatch:
                     f"rank {out[0]} is alive but outside the hook while the others hold for "
                     "an agreement round it does not answer"
                 )
-        return None, unseen(job.world_size, job.ranks)
+        channel = self.peers.channel if self.peers is not None else ""
+        return None, unseen(job.world_size, job.ranks, channel, read=remote is not None)
 
     def _abort(self, job: Job, w: Watched, now: float) -> None:
         verdict = w.verdict
