@@ -38,16 +38,27 @@ import time
 from collections.abc import Callable
 
 from adaptd.client.daemon.link import DaemonLink
+from adaptd.core.stall import DEFAULT_FLOOR_S
 from adaptd.protocol import job as protocol
 
-__all__ = ["ANSWER_S", "BEAT_INTERVAL_S", "CATCH_UP_S", "STALE_BEATS", "Heartbeat", "JobAborted"]
+__all__ = [
+    "ANSWER_S",
+    "BEAT_INTERVAL_S",
+    "CATCH_UP_S",
+    "STALE_BEATS",
+    "Heartbeat",
+    "JobAborted",
+    "stale_after",
+]
 
 log = logging.getLogger("adaptd.client")
 
 #: How often a rank beats: the daemon's tick, so a stopped beat is seen within seconds.
 BEAT_INTERVAL_S = 1.0
 #: A last beat older than this many intervals says the thread could not beat: the
-#: process was stopped (or starved); the hook catches up before it writes.
+#: process was stopped (or starved); the hook catches up before it writes. Never more
+#: than half the daemon's floor (:func:`stale_after`): a rank stopped for less than
+#: the gap would go on to save unchecked, and the daemon aborts after its floor.
 STALE_BEATS = 3
 #: How long the answer to a beat after a gap is awaited: a daemon on the host answers
 #: within milliseconds, but on a loaded host (load average 8-16 on 2 cores, the tests')
@@ -56,6 +67,19 @@ STALE_BEATS = 3
 ANSWER_S = 3.0
 #: The longest the hook waits, catching up, for a fresh beat and its answer.
 CATCH_UP_S = 5.0
+
+
+def stale_after(interval_s: float, stall_floor_s: float | None) -> float:
+    """The gap between beats past which the rank checks with the daemon before it saves:
+    :data:`STALE_BEATS` intervals, but at most half the floor of the daemon's threshold
+    (the hook's ``stall_floor``, else the default), and at least 1.5 intervals. A job is
+    aborted no sooner than its floor after its last step, and a stopped rank does not
+    step, so a rank the daemon gave up on was stopped for about the floor at least: with
+    a gap limit above it (3 s against the tests' floor of 2 s, seen once in a suite run)
+    a chief stopped for 2.9 s came back, saw no gap, and wrote over the survivor's
+    just-in-time save before its heartbeat read the queued Abort."""
+    floor = DEFAULT_FLOOR_S if stall_floor_s is None else stall_floor_s
+    return min(STALE_BEATS * interval_s, max(1.5 * interval_s, 0.5 * floor))
 
 
 class JobAborted(RuntimeError):
@@ -97,6 +121,7 @@ class Heartbeat:
         self.job, self.rank = job, rank
         self.position, self.holding, self.on_abort = position, holding, on_abort
         self.interval_s = interval_s
+        self.stale_s = stale_after(interval_s, stall_floor_s)
         self.limits = {"stall_floor_s": stall_floor_s, "stall_cap_s": stall_cap_s}
         self._link = DaemonLink(endpoint, curve_server_key=curve_server_key,
                                 curve_client_key=curve_client_key)  # fmt: skip
@@ -121,12 +146,12 @@ class Heartbeat:
 
     def stale(self) -> bool:
         """True when the daemon may have given this rank up unheard: the thread runs but
-        sent no beat for :data:`STALE_BEATS` intervals (the process is being continued
+        sent no beat for :attr:`stale_s` (:func:`stale_after`; the process is being continued
         after a stop, or starved), or its first beat after such a gap has not had
         :data:`ANSWER_S` to be answered. Costs a clock read."""
         now = time.monotonic()
         return self._thread.is_alive() and (
-            now - self._beat_at > STALE_BEATS * self.interval_s or now < self._settle_by
+            now - self._beat_at > self.stale_s or now < self._settle_by
         )
 
     def catch_up(self, timeout_s: float = CATCH_UP_S) -> protocol.Abort | None:
@@ -137,7 +162,7 @@ class Heartbeat:
         with self._changed:
             while self.aborted is None:
                 now = time.monotonic()
-                fresh = now - self._beat_at <= STALE_BEATS * self.interval_s
+                fresh = now - self._beat_at <= self.stale_s
                 if now >= deadline or (fresh and now >= self._settle_by):
                     break
                 until = self._settle_by if fresh else deadline
@@ -157,7 +182,7 @@ class Heartbeat:
                     self.beats += 1
                 sent = time.monotonic()  # not ``now``: the thread may have stopped since
                 with self._changed:
-                    if sent - self._beat_at > STALE_BEATS * self.interval_s:
+                    if sent - self._beat_at > self.stale_s:
                         self._settle_by = sent + ANSWER_S  # after a gap: await the answer
                     self._beat_at = sent
                     self._changed.notify_all()

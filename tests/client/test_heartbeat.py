@@ -8,7 +8,8 @@ from __future__ import annotations
 import threading
 import time
 
-from adaptd.client.daemon.heartbeat import Heartbeat
+from adaptd.client.daemon.heartbeat import STALE_BEATS, Heartbeat, stale_after
+from adaptd.core.stall import DEFAULT_FLOOR_S
 from adaptd.protocol import job as protocol
 
 DEADLINE = 10.0
@@ -50,7 +51,7 @@ def test_any_other_refusal_stops_the_beats(fake_daemon) -> None:
 
 
 def test_a_rank_that_could_not_beat_hears_the_abort_before_it_goes_on(fake_daemon) -> None:
-    """The thread held past :data:`STALE_BEATS` intervals (as a SIGSTOPped process's is):
+    """The thread held past :attr:`Heartbeat.stale_s` (as a SIGSTOPped process's is):
     :meth:`Heartbeat.stale` says so, and :meth:`Heartbeat.catch_up` waits for the answer
     to the first beat after the gap, here an Abort sent 0.3 s after that beat arrived
     (a loaded daemon): the training thread learns it before it writes anything."""
@@ -88,3 +89,16 @@ def test_a_rank_that_could_not_beat_hears_the_abort_before_it_goes_on(fake_daemo
     finally:
         held.set()
         hb.stop()
+
+
+def test_a_rank_stopped_for_the_daemons_floor_checks_before_it_saves() -> None:
+    """The gap limit stays below the floor of the daemon's threshold: a rank the daemon
+    gave up on was stopped for about the floor at least. Seen once in a suite run with
+    the tests' floor of 2 s and the old limit of 3 intervals (3 s): the chief, stopped
+    2.9 s, came back, saw no gap and wrote over the survivor's just-in-time save."""
+    assert stale_after(1.0, 2.0) == 1.5 < 2.0  # the tests' floor: checked after 1.5 s
+    assert stale_after(1.0, 3.0) == 1.5
+    assert stale_after(1.0, 4.0) == 2.0
+    assert stale_after(1.0, None) == STALE_BEATS * 1.0 < DEFAULT_FLOOR_S  # the default floor
+    assert stale_after(1.0, 300.0) == 3.0
+    assert stale_after(1.0, 0.5) == 1.5  # never below 1.5 intervals: a late beat is no stop
