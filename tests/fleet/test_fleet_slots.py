@@ -362,6 +362,28 @@ def test_a_waiter_in_line_that_does_not_take_a_free_slot_is_passed_over(etcd: Et
         t.session.close()
 
 
+def test_a_waiter_keeps_its_lease_and_place_under_the_shortest_ttl(etcd: Etcd, fleet_prefix):
+    """A waiting member watches the claims between rounds; the watch ends when its lease
+    is due, so a 2 s lease (the shortest allowed) lives through a wait of 3.5 TTLs."""
+    holder = agent(etcd, "h0", fleet_prefix, lease_ttl_s=2)
+    waiter = agent(etcd, "h1", fleet_prefix, lease_ttl_s=2)
+    try:
+        holder.want("j0", T, cap=1, at_risk_gpu_s=0, gpus=1)
+        holder.wait_for(lambda v: "j0" in v.granted, 10)
+        waiter.want("j1", T, cap=1, at_risk_gpu_s=10, gpus=1)
+        waiter.wait_for(lambda v: "j1" in v.waiting, 10)
+        ends = time.monotonic() + 7.0
+        while time.monotonic() < ends:  # the wait itself is the test
+            view = waiter.view()
+            assert view.rejoins == 0 and view.up and "j1" in view.waiting, view
+            time.sleep(0.2)
+        holder.release("j0")
+        assert waiter.wait_for(lambda v: "j1" in v.granted, 10).rejoins == 0
+    finally:
+        holder.stop()
+        waiter.stop()
+
+
 def test_a_released_slot_reaches_a_waiter_at_once_not_at_its_next_poll(etcd: Etcd, fleet_prefix):
     """A waiting member watches the claims: the holder's release wakes it, well before
     its poll interval (3 s here) would; and its own want interrupts that watch."""
