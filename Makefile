@@ -51,12 +51,13 @@ demo: $(DEMO_STAMP)
 test-deps:
 	@bash scripts/install-test-deps.sh $(TEST_DEPS)
 
-# scripts/layers.py: lint-imports on the installed layout, the floors of
+# --durations=25: every run's log (CI's too) names the 25 slowest tests, where the
+# suite's time goes. scripts/layers.py: lint-imports on the installed layout, the floors of
 # docs/architecture.md as the contracts of pyproject.toml ([tool.importlinter]).
 test: $(TEST_STAMP) test-deps
 	$(BIN)/ruff check .
 	$(BIN)/python scripts/layers.py
-	$(BIN)/python -m pytest $(XDIST) $(PYTEST_ARGS)
+	$(BIN)/python -m pytest --durations=25 $(XDIST) $(PYTEST_ARGS)
 
 lint: $(TEST_STAMP)
 	$(BIN)/ruff check .

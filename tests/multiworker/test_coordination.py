@@ -76,7 +76,11 @@ def test_every_rank_sees_the_same_rounds_and_saves_at_the_same_steps(job, scenar
         assert s["saves"] == first["saves"], f"rank {w['rank']} saved at other steps"
     commits = [r for r in first["rounds"] if r[4]]
     plans = Counter(r[1] for r in commits)
-    assert plans["plan"] >= 20 and plans["save"] >= 5, plans  # the test exercised both
+    # the test exercised both. Rank 0 wishes about 60 plans in 1,000 steps, but a wish
+    # replaces the one not yet proposed (the newest plan wins) and one that saves at the
+    # agreed steps needs no round, so how many commit depends on the ranks' pace: 16
+    # in a fresh-clone run ("free", ranks 0.2 ms a step), 20-30 on a quiet box
+    assert plans["plan"] >= 8 and plans["save"] >= 5, plans
     assert len(first["saves"]) >= 40
 
 
