@@ -24,6 +24,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ctypes
+import faulthandler
 import fcntl
 import json
 import os
@@ -112,6 +113,10 @@ def _child(req: dict, fd: int) -> None:
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(AttributeError, ValueError):
                 stream.reconfigure(line_buffering=True, write_through=False)
+        # a crash in TensorFlow's C++ (a worker ended by SIGSEGV after a collective's
+        # timeout, once in a two-process suite run) prints every thread's Python stack
+        # into the output the test shows, so the next one says where it happened
+        faulthandler.enable(sys.stderr, all_threads=True)
         os.environ.update(req.get("env", {}))
         for key in req.get("unset", []):
             os.environ.pop(key, None)

@@ -82,7 +82,14 @@ class Serve:
         self.log = LogWatch(self.proc.stderr)
 
     def ready(self) -> dict:
-        return self.notify.wait_for("READY", "1")
+        """The daemon's ``READY=1``; on a timeout, whether it still runs and its log (a
+        suite run in two processes once saw no READY within 15 s and nothing else)."""
+        try:
+            return self.notify.wait_for("READY", "1")
+        except TimeoutError as exc:
+            code = self.proc.poll()
+            state = "still running" if code is None else f"exited with {code}"
+            raise TimeoutError(f"{exc}; adaptd serve {state}:\n{self.log.text()}") from None
 
     def terminate(self) -> None:
         self.proc.send_signal(15)
