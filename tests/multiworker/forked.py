@@ -81,6 +81,7 @@ def cluster_of(
 ) -> local_cluster.Cluster:
     """The job's workers: forked from ``zygote``, or started (``python SCRIPT``, from the
     repository root, as scripts/ and benchmarks/ run them) when there is none."""
-    if zygote is None:
+    if zygote is None:  # a crash in TensorFlow's C++ prints the Python stacks, as forked
+        env = {"PYTHONFAULTHANDLER": "1", **env}
         return local_cluster.Cluster(workdir, n, script, env=env, cwd=REPO)
     return ForkedCluster(zygote, workdir, n, script, env=env)
