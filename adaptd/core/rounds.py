@@ -98,6 +98,20 @@ class JobRounds:
         #: How many ranks had said hello when the rounds went on without the others
         #: (logged once per count).
         self.went_on_with: int | None = None
+        #: The newest decision of these rounds (what a restarted daemon is told of).
+        self.last_decided: p.Decide | None = None
+        #: The newest decision of the daemon that ran this job's rounds before a
+        #: restart (:meth:`restore`): it may have reached some ranks and not others.
+        self.inherited: p.Decide | None = None
+
+    def restore(self, next_round: int, decided: p.Decide | None) -> None:
+        """Go on from what the daemon before a restart recorded: numbers from
+        ``next_round`` on (never one it may have proposed), and ``decided``, its
+        newest decision, kept in :attr:`inherited` for the ranks that come back."""
+        if next_round < 0:
+            raise ValueError(f"next_round must be >= 0, got {next_round!r}")
+        self.round = max(self.round, next_round)
+        self.inherited = decided
 
     # ------------------------------------------------------------------ wishes
 
@@ -177,6 +191,7 @@ class JobRounds:
 
     def _close(self, proposal: p.Propose, decision: p.Decide) -> None:
         self.open = None
+        self.last_decided = decision
         self.history.append((proposal.round, proposal.action, proposal.at_step, decision.commit))
         if len(self.history) > HISTORY:
             del self.history[: len(self.history) - HISTORY]

@@ -33,7 +33,7 @@ from adaptd.daemon.jobs.ops import JobOps
 from adaptd.daemon.jobs.planner import Planner, snapshot_now
 from adaptd.daemon.jobs.policy_choice import PolicyChoice
 from adaptd.daemon.jobs.registry import Registry
-from adaptd.daemon.jobs.rounds import Agreements
+from adaptd.daemon.jobs.rounds import Agreements, RoundMemory
 from adaptd.daemon.jobs.settings import ConfiguredSettings, OperatorSettings
 from adaptd.daemon.jobs.stall_watch import Limits, Peers, StallWatch, no_limits
 from adaptd.daemon.jobs.table import JobTable
@@ -69,6 +69,10 @@ class Seams:
       fleet's :class:`~adaptd.fleet.part.RankPeers`; None: no channel to them).
     - ``decide_again``: job ids to decide again at once, read after each tick's hooks
       (the fleet's jobs just granted a write slot).
+    - ``round_memory``: where the agreement rounds of jobs without a runtime are
+      recorded before their messages go, so that a restarted daemon can finish what
+      the one before it said to some ranks only (``adaptd serve``: the state database;
+      None: nowhere).
     - ``waker``: wakes the loop (signals, :meth:`~adaptd.daemon.waker.Waker.tick_soon`
       from other threads); pass one to give it to a part made before the daemon.
     """
@@ -87,6 +91,7 @@ class Seams:
     decide_again: Callable[[], Iterable[str]] | None = None
     stall_limits: Limits = no_limits
     stall_peers: Peers | None = None
+    round_memory: RoundMemory | None = None
     waker: Waker = field(default_factory=Waker)
 
 
@@ -127,7 +132,7 @@ def assemble(options: DaemonOptions, seams: Seams) -> DaemonParts:
     )
     delivery = Delivery(
         send=transport.send_rank,
-        rounds=Agreements(send=transport.send_rank, stats=stats),
+        rounds=Agreements(send=transport.send_rank, stats=stats, memory=seams.round_memory),
         stats=stats,
         resend_after_s=options.resend_after_s,
     )

@@ -42,6 +42,7 @@ from adaptd.core.stall import StallLimits
 from adaptd.daemon import assembly
 from adaptd.daemon.host_snapshot import HostSnapshot
 from adaptd.daemon.jobs import job_config
+from adaptd.daemon.jobs.rounds import StoredRounds
 from adaptd.daemon.jobs.table import JobTable, RegistryView
 from adaptd.daemon.options import DaemonOptions
 from adaptd.daemon.sdnotify import Notifier
@@ -200,6 +201,7 @@ def _around(
         # moment ago is there
         history_source=lambda job, since, limit: store.saves(job, since=since, limit=limit),
         decide_again=fleet.decide_again if fleet is not None else None,
+        round_memory=StoredRounds(store),
         waker=waker,
     )
     try:

@@ -10,10 +10,11 @@ Everything here runs on the training thread: the hook hands over the messages it
 receives, sends the answers, and at a step it must not pass yet lets :meth:`settle`
 wait for the decision, reading its socket meanwhile. If no decision comes within the
 timeout (the daemon died in the middle of a round) the rank counts the round as
-aborted and goes on with the plan it has. That is the one place where ranks could
-disagree: if the daemon died after telling some ranks "commit" and before telling
-the others. It sends a decision to all of a job's ranks in one loop, so the window
-is that loop.
+aborted and goes on with the plan it has. A daemon that died after telling some ranks
+"commit" and before telling the others had written that decision first; restarted, it
+sends it to every rank that comes back before anything else, and a rank still
+holding takes it here (:meth:`on_decide`). Ranks could disagree only if the daemon
+stays away longer than the timeout (:mod:`adaptd.daemon.jobs.rounds`).
 """
 
 from __future__ import annotations

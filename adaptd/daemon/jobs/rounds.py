@@ -21,15 +21,26 @@ hands them over) into rounds of the job's :class:`~adaptd.core.rounds.JobRounds`
 - a rank that (re)joins gets the round in flight and, in the next round, the job's
   current plan again (it may not know the plan agreed before it came).
 
-A restarted daemon starts again at round 0 with no agreed plan; a rank that still
-holds at a step of the dead daemon's round gives that round up at its own timeout
-or at the new daemon's first proposal (:mod:`adaptd.client.agreement.daemon_rounds`).
+A daemon dying while it sends a decision can leave it with some ranks and not the
+others (the send loop, and what zmq had not written yet when the process died; a
+daemon SIGKILLed mid-run in a loaded suite run left one rank of three with a plan the
+others never applied). So, with a :class:`RoundMemory` (``adaptd serve``'s is the state
+database, :class:`StoredRounds`), every proposal's number and every decision is
+written, synchronously, *before* it is sent; a restarted daemon numbers its rounds after
+the last one proposed and sends the last decision first to every rank that comes back.
+A rank still holding at that round's step (it holds for up to the round timeout,
+:data:`~adaptd.protocol.job.ROUND_TIMEOUT_S`) takes it as the others did; a decision
+that was never written was never sent, so the ranks holding that round give it up, all
+of them, at their own timeout or at the new daemon's first proposal
+(:mod:`adaptd.client.agreement.daemon_rounds`). Left: a daemon down for longer than the
+round timeout finds the holders gone on without the decision some had.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
+from typing import Any, Protocol
 
 from adaptd.core.rounds import TIMEOUT_S, JobRounds
 from adaptd.core.snapshot import Decision
@@ -39,25 +50,98 @@ from adaptd.daemon.transport import SendRank
 from adaptd.logfmt import logfmt
 from adaptd.protocol import job as p
 
-__all__ = ["Agreements"]
+__all__ = ["Agreements", "RoundMemory", "StoredRounds"]
 
 log = logging.getLogger("adaptd.server")
+
+
+class RoundMemory(Protocol):
+    """Where a job's rounds are recorded to outlive the daemon: ``save`` must be
+    durable when it returns (it runs before the message it records is sent)."""
+
+    def load(self, job: str) -> tuple[int, p.Decide | None]:
+        """The next round number to use, and the newest decision (None: none)."""
+        ...
+
+    def save(self, job: str, next_round: int, decided: p.Decide | None) -> None: ...
+
+
+class Params(Protocol):
+    """The part of :class:`~adaptd.state.store.Store` :class:`StoredRounds` uses."""
+
+    def param(self, scope: str, key: str, default: Any = None) -> Any: ...
+    def set_param(self, scope: str, key: str, value: Any) -> None: ...
+    def flush(self) -> int: ...
+
+
+class StoredRounds:
+    """:class:`RoundMemory` in the state database's parameters (scope ``rounds``, one
+    key per job), each save flushed at once (one small transaction per round)."""
+
+    SCOPE = "rounds"
+
+    def __init__(self, store: Params) -> None:
+        self.store = store
+
+    def load(self, job: str) -> tuple[int, p.Decide | None]:
+        got = self.store.param(self.SCOPE, job)
+        if not isinstance(got, dict):
+            return 0, None
+        try:
+            nxt = int(got["next"])
+            d = got.get("decided")
+            decided = None if d is None else p.Decide(
+                v=p.VERSION, job=job, round=int(d["round"]), commit=bool(d["commit"]),
+                reason=str(d.get("reason", "")), retry_from=d.get("retry_from"),
+            )  # fmt: skip
+        except (KeyError, TypeError, ValueError) as exc:
+            log.warning(logfmt("rounds_record_unreadable", job=job, error=repr(exc)))
+            return 0, None
+        return max(0, nxt), decided
+
+    def save(self, job: str, next_round: int, decided: p.Decide | None) -> None:
+        d = None
+        if decided is not None:
+            d = {"round": decided.round, "commit": decided.commit, "reason": decided.reason,
+                 "retry_from": decided.retry_from}  # fmt: skip
+        self.store.set_param(self.SCOPE, job, {"next": next_round, "decided": d})
+        self.store.flush()
 
 
 class Agreements:
     """The rounds of every job that :attr:`~adaptd.daemon.jobs.table.Job.runs_rounds`;
     called from the daemon's loop."""
 
-    def __init__(self, *, send: SendRank, stats: DaemonStats, timeout_s: float = TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        *,
+        send: SendRank,
+        stats: DaemonStats,
+        timeout_s: float = TIMEOUT_S,
+        memory: RoundMemory | None = None,
+    ) -> None:
         """``timeout_s``: a round's bound, and how long the rounds wait for ranks not heard
-        of after a daemon restart."""
+        of after a daemon restart. ``memory``: where the rounds are recorded before
+        their messages go (None: nowhere; a restart starts again at round 0)."""
         self.send = send
         self.stats = stats
         self.timeout_s = timeout_s
+        self.memory = memory
 
     def rounds(self, job: Job) -> JobRounds:
-        """The job's rounds (made at first use; a new run of the job gets new ones)."""
-        return job.rounds_made(lambda: JobRounds(job.id, job.world_size, timeout_s=self.timeout_s))
+        """The job's rounds (made at first use; a new run of the job gets new ones,
+        numbered on from the recorded ones)."""
+        return job.rounds_made(lambda: self._made(job))
+
+    def _made(self, job: Job) -> JobRounds:
+        rounds = JobRounds(job.id, job.world_size, timeout_s=self.timeout_s)
+        if self.memory is not None:
+            rounds.restore(*self.memory.load(job.id))
+        return rounds
+
+    def _record(self, job: Job, rounds: JobRounds) -> None:
+        if self.memory is not None:
+            self.memory.save(job.id, rounds.round, rounds.last_decided or rounds.inherited)
 
     # ------------------------------------------------------------------ wishes
 
@@ -79,6 +163,8 @@ class Agreements:
         rounds = self.rounds(job)
         if rounds.first_hello is None:
             rounds.first_hello = now
+        if rounds.inherited is not None:  # first: it may end a round the rank holds
+            self.send(rank, rounds.inherited, now)
         if rounds.open is not None:
             self.send(rank, rounds.open.proposal, now)
         rounds.rejoin(job.plan)
@@ -115,6 +201,7 @@ class Agreements:
         proposal = rounds.next(now, steps, job.tracker.step_time_s)
         if proposal is None:
             return
+        self._record(job, rounds)  # its number, before any rank can hold at it
         for r in live:
             self.send(r, proposal, now)
         self.stats.counters["rounds_proposed"] += 1
@@ -140,8 +227,9 @@ class Agreements:
     def _decided(self, job: Job, decision: p.Decide | None, now: float) -> None:
         if decision is None:
             return
+        self._record(job, self.rounds(job))  # before any rank hears it
         live = job.live_ranks()
-        for r in live:  # one loop: a daemon dying here is the one window of disagreement
+        for r in live:
             self.send(r, decision, now)
         self.stats.counters["rounds_committed" if decision.commit else "rounds_aborted"] += 1
         log.info(logfmt("round_decided", job=job.id, round=decision.round,
