@@ -35,6 +35,7 @@ def test_a_job_saves_to_the_local_tier_of_the_daemons_config_and_resumes_from_it
     conf.write_text(
         f'[daemon]\nstate_dir = "{short_dir / "state"}"\n'
         f'[jobs."cfg-*"]\nlocal_tier = "{memory_tier}/{{job}}/{{rank}}"\n'
+        '[metrics]\nlisten = "off"\n'  # the default port may be another daemon's
     )
     sock = short_dir / "a.sock"
     notify = NotifyListener(short_dir / "notify")

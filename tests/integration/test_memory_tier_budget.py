@@ -36,7 +36,12 @@ def ctx():
 def _serve(short_dir: Path, share: float) -> tuple[Serve, NotifyListener, Path]:
     state = short_dir / "state"
     conf = short_dir / "adaptd.toml"
-    conf.write_text(f'[daemon]\nstate_dir = "{state}"\nmemory_tier_share = {share!r}\n')
+    # no metrics port: a config file makes a busy one fatal, and the suite's other
+    # process may run a daemon on the default port (a two-process run lost this test so)
+    conf.write_text(
+        f'[daemon]\nstate_dir = "{state}"\nmemory_tier_share = {share!r}\n'
+        '[metrics]\nlisten = "off"\n'
+    )
     sock = short_dir / "a.sock"
     notify = NotifyListener(short_dir / "notify")
     return Serve(["--config", str(conf), "--socket", str(sock)], notify, {}), notify, sock

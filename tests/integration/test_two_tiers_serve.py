@@ -38,7 +38,9 @@ def _report(job: str, step: int, blocking_s: float, tier: str) -> p.SaveReport:
 def test_the_daemon_plans_two_tiers_from_the_measured_costs(short_dir: Path, ctx) -> None:
     state = short_dir / "state"
     conf = short_dir / "adaptd.toml"
-    conf.write_text(f'[daemon]\nstate_dir = "{state}"\n[policy]\ndefault = "tiers"\n')
+    conf.write_text(  # no metrics port: the default one may be another daemon's
+        f'[daemon]\nstate_dir = "{state}"\n[policy]\ndefault = "tiers"\n[metrics]\nlisten = "off"\n'
+    )
     sock = short_dir / "a.sock"
     notify = NotifyListener(short_dir / "notify")
     d = Serve(["--config", str(conf), "--socket", str(sock)], notify, {})
