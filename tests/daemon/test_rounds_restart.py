@@ -124,7 +124,6 @@ def test_a_round_proposed_and_never_decided_is_given_up_by_every_rank(tmp_path):
     assert held is not None and all(r.open == held for r in ranks)
     first.close()
     second = Daemon(db, ranks)
-    second.job = None
     second.hello_all(3.0)
     second.agreements.want_plan(second.job, plan(9), 4.0)  # its first proposal
     # numbered after the round the dead daemon proposed: never taken for that one
