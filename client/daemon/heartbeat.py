@@ -199,11 +199,17 @@ class Heartbeat:
         """Act on the daemon's answers; False: stop beating."""
         for msg in messages:
             if isinstance(msg, protocol.Abort) and self.aborted is None:
-                self.aborted = msg
                 log.error("the daemon aborts the job: %s", msg.reason)
-                self.on_abort(msg)
-                with self._changed:
-                    self._changed.notify_all()
+                try:
+                    self.on_abort(msg)
+                finally:
+                    # only now: :meth:`catch_up` returns the Abort once on_abort has run
+                    # (the hook's "aborted" is set by it; set here first, a training
+                    # thread that came back from a stop read it, found the hook's unset
+                    # and saved over the survivors' just-in-time save: seen in CI)
+                    with self._changed:
+                        self.aborted = msg
+                        self._changed.notify_all()
             elif isinstance(msg, protocol.Error) and msg.code == "unknown_peer":
                 # the daemon has not heard this rank's hello (yet, or again after a
                 # restart): the training thread's link says it; beats go on meanwhile

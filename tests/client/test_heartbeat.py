@@ -91,6 +91,52 @@ def test_a_rank_that_could_not_beat_hears_the_abort_before_it_goes_on(fake_daemo
         hb.stop()
 
 
+def test_catch_up_hands_over_the_abort_only_once_on_abort_has_run(fake_daemon) -> None:
+    """The training thread coming back from a stop reads what :meth:`Heartbeat.catch_up`
+    returns and the hook's own ``aborted``, which ``on_abort`` sets: an Abort returned
+    while ``on_abort`` still runs (it aborts the collectives: slow) let a continued chief
+    save over the survivors' just-in-time save (CI, test_hang's chief-before-a-save).
+    Here ``on_abort`` is held until the training thread's ``catch_up`` has begun."""
+    held = threading.Event()
+    entered, release = threading.Event(), threading.Event()
+    ran: list[protocol.Abort] = []
+
+    def on_abort(msg: protocol.Abort) -> None:
+        entered.set()
+        release.wait(DEADLINE)
+        ran.append(msg)
+
+    hb = Heartbeat(fake_daemon.endpoint, "hb-job", 1, position=lambda: 7,
+                   holding=lambda: held.wait(DEADLINE) and "", on_abort=on_abort,
+                   interval_s=0.05)  # fmt: skip
+    held.set()
+    hb.start()
+    try:
+        fake_daemon.wait_for(protocol.Beat, DEADLINE)
+        held.clear()  # a stop: no beat
+        end = time.monotonic() + DEADLINE
+        while not hb.stale():
+            assert time.monotonic() < end, "never stale while it could not beat"
+            time.sleep(0.01)  # the clock passing is the event
+        held.set()  # continued: the first beat after the gap is answered with the Abort
+        fake_daemon.wait_for(protocol.Beat, DEADLINE)
+        abort = protocol.Abort(v=protocol.VERSION, job="hb-job", reason="stalled by the test",
+                               culprit=1, incarnation=1)  # fmt: skip
+        fake_daemon.send(abort)
+        assert entered.wait(DEADLINE), "on_abort never ran"
+        releasing = threading.Timer(0.2, release.set)  # on_abort ends during catch_up
+        releasing.start()
+        try:
+            assert hb.catch_up() == abort
+            assert ran == [abort], "catch_up returned the Abort before on_abort had run"
+        finally:
+            releasing.join(DEADLINE)
+    finally:
+        release.set()
+        held.set()
+        hb.stop()
+
+
 def test_a_rank_stopped_for_the_daemons_floor_checks_before_it_saves() -> None:
     """The gap limit stays below the floor of the daemon's threshold: a rank the daemon
     gave up on was stopped for about the floor at least. Seen once in a suite run with
