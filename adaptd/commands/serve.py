@@ -126,9 +126,10 @@ def run(args: argparse.Namespace) -> int:
         level=cfg.log_level_number,
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
     )
-    # A busy metrics port is fatal when someone chose the address; with the built-in
-    # default it only turns metrics off, so a second daemon (the demo's) still runs.
-    strict = bool(cfg.source) or args.metrics_listen is not None
+    # A busy metrics port is fatal when someone chose the address (metrics.listen in the
+    # file, or --metrics-listen); with the built-in default it only turns metrics off,
+    # so a second daemon (the demo's, one with a config file for its fleet) still runs.
+    strict = "metrics.listen" in cfg.chosen
     service = Service(cfg, metrics_strict=strict)
     try:
         service.open()

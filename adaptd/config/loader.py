@@ -187,6 +187,9 @@ class Config:
     destinations: Mapping[str, Destination]
     fleet: FleetConfig | None = None  # [fleet]; None: no fleet (adaptd.fleet)
     source: str  # the file this came from ("" for built-in defaults)
+    #: The settings someone gave, as ``"section.key"``: in the file, or by a flag of
+    #: ``adaptd serve`` (:meth:`with_overrides`); the others are the built-in defaults.
+    chosen: frozenset[str] = frozenset()
 
     @property
     def log_level_number(self) -> int:
@@ -252,6 +255,11 @@ class Config:
         keep the file's value). The admin socket follows ``socket``; ``state_dir``
         moves the database with it. Raises :class:`ConfigError` naming the flag."""
         data: dict[str, Any] = {}
+        given = {"daemon.socket": socket, "policy.default": policy,
+                 "daemon.liveness_timeout_s": liveness_timeout_s, "daemon.log_level": log_level,
+                 "daemon.state_dir": state_dir, "metrics.listen": metrics_listen,
+                 "daemon.drain_grace_s": drain_grace_s}  # fmt: skip
+        data["chosen"] = self.chosen | {key for key, value in given.items() if value is not None}
         if socket is not None:
             sock = os.fspath(socket).removeprefix("ipc://")
             if not sock.startswith("tcp://"):
@@ -466,6 +474,9 @@ def from_mapping(data: Mapping[str, Any], *, source: str = "") -> Config:
         destinations=destinations,
         fleet=fleet,
         source=source,
+        chosen=frozenset(
+            f"{section}.{key}" for section in SETTINGS for key in data.get(section, {})
+        ),
     )
 
 

@@ -22,6 +22,7 @@ import zmq
 from prometheus_client.parser import text_string_to_metric_families
 
 from adaptd.config import loader as config
+from adaptd.config.schema import METRICS_LISTEN
 from adaptd.core.estimators import JobTracker
 from adaptd.protocol import admin
 from adaptd.protocol import job as p
@@ -117,6 +118,53 @@ def test_busy_metrics_port_named_on_the_command_line_is_a_startup_error(
     assert r.returncode == 1
     assert "metrics.listen" in r.stderr and str(port) in r.stderr
     assert not (short_dir / "a.sock").exists()  # the daemon's sockets were closed again
+
+
+def _hold_the_default_metrics_port(deadline_s: float = 60.0) -> socket.socket:
+    """A listening socket on the built-in metrics address (127.0.0.1:9465), once it is
+    free: another daemon of the machine may hold it for a while (a suite in two
+    processes); waiting for it, not taking "held by someone" for busy, keeps the port
+    busy for the whole test."""
+    host, port = METRICS_LISTEN
+    end = time.monotonic() + deadline_s
+    while True:
+        s = socket.socket()
+        try:
+            s.bind((host, port))
+        except OSError:
+            s.close()
+            assert time.monotonic() < end, f"{host}:{port} stayed busy for {deadline_s}s"
+            time.sleep(0.2)  # another process holds it: nothing to wait on but the clock
+            continue
+        s.listen()
+        return s
+
+
+def test_a_config_file_without_metrics_listen_runs_without_metrics_on_a_busy_default_port(
+    short_dir: Path,
+) -> None:
+    """A busy metrics port is a start-up error only when someone chose the address
+    (docs/operations.md): a config file for other settings leaves the built-in default,
+    and a busy default turns metrics off with a warning; the same file naming that
+    address refuses to start. (Any config file used to make it fatal.)"""
+    conf = short_dir / "adaptd.toml"
+    conf.write_text('[daemon]\nlog_level = "info"\n')
+    where = ["--socket", str(short_dir / "a.sock"), "--state-dir", str(short_dir / "st")]
+    with _hold_the_default_metrics_port():
+        notify = NotifyListener(short_dir / "notify")
+        d = Serve(["--config", str(conf), *where], notify, {})
+        try:
+            d.ready()
+            d.log.wait_for("event=metrics_off")
+            d.terminate()
+            assert d.wait() == 0
+        finally:
+            d.kill()
+            notify.close()
+        conf.write_text('[daemon]\nlog_level = "info"\n[metrics]\nlisten = "127.0.0.1:9465"\n')
+        r = cli("serve", "--config", str(conf), *where)
+    assert r.returncode == 1
+    assert "metrics.listen" in r.stderr and "9465" in r.stderr
 
 
 # ---------------------------------------------------------------------------- sockets

@@ -205,6 +205,18 @@ def test_errors_name_key_value_and_allowed(text: str, key: str, words: list[str]
         assert w in message, (w, message)
 
 
+def test_chosen_names_what_the_file_and_the_flags_set_and_nothing_else() -> None:
+    """``chosen`` is what ``adaptd serve`` asks before it makes a busy metrics port
+    fatal: the keys the file sets and the flags given, never a default."""
+    cfg = config.loads('[daemon]\nlog_level = "debug"\n[policy]\ndefault = "daly"\n')
+    assert cfg.chosen == {"daemon.log_level", "policy.default"}
+    assert config.loads("").chosen == frozenset()
+    flagged = cfg.with_overrides(metrics_listen="127.0.0.1:0", drain_grace_s=5)
+    assert flagged.chosen == cfg.chosen | {"metrics.listen", "daemon.drain_grace_s"}
+    assert cfg.with_overrides().chosen == cfg.chosen
+    assert "metrics.listen" in config.loads('[metrics]\nlisten = "off"\n').chosen
+
+
 def test_drain_grace_zero_in_the_file_means_no_drain_as_on_the_command_line() -> None:
     assert config.loads("[daemon]\ndrain_grace_s = 0").drain_grace_s == 0.0
 
