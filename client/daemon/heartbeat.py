@@ -20,7 +20,10 @@ a fresh beat (:meth:`Heartbeat.catch_up`): a rank the others gave up on hears th
 and does not write over their just-in-time save (measured in
 tests/multiworker/test_hang.py: a chief stopped before its hook saw a save step, once
 continued, started that save within milliseconds, before the answer to its heartbeat's
-next beat).
+next beat). The Abort is handed over only once :attr:`Heartbeat.on_abort` has run, so
+what the hook reads afterwards (its own record of the Abort, which on_abort sets) says
+so too: handed over first, a continued chief read the hook's record still unset and
+saved over the survivors' save (CI; tests/client/test_heartbeat.py).
 
 Without a daemon the beats are dropped (``IMMEDIATE``) at no cost, and the hook's
 collective timeout stays the bound on a hang. A daemon older than the message refuses
