@@ -66,7 +66,8 @@ def run(
                 os.killpg(cluster.procs[r].pid, signal.SIGKILL)
         results = [cluster.result(r) if cluster.result_path(r).exists() else None for r in range(n)]
         if any(c not in (0, 3, -9, None) for c in codes):
-            raise AssertionError(f"workers exited with {codes}\n{cluster.tails()}")
+            # a crash's Python stacks (faulthandler) run to ~60 lines: show its head too
+            raise AssertionError(f"workers exited with {codes}\n{cluster.tails(150)}")
         return Ended(codes, results, seconds)
 
 
