@@ -81,6 +81,19 @@ def back(hosts: list[Host], since: float, timeout_s: float = 30.0) -> float:
     return time.monotonic() - since
 
 
+def log_size(host: Host) -> int:
+    """How far ``host``'s daemon log runs now (for :func:`went_down`)."""
+    return (host.dir / "daemon.log").stat().st_size
+
+
+def went_down(host: Host, since: int) -> bool:
+    """Whether ``host``'s daemon said it decides locally (``event=fleet_local``: its view
+    went down or was not refreshed in time) in its log past offset ``since``."""
+    with open(host.dir / "daemon.log", "rb") as f:
+        f.seek(since)
+        return b"event=fleet_local" in f.read()
+
+
 def holders(host: Host) -> list[str]:
     return host.fleet()["targets"].get(SHARED, {}).get("holders", [])
 
@@ -183,6 +196,7 @@ def test_a_three_member_etcd_losing_one_member_then_a_second(hosts_root) -> None
         urls = [m.url for m in members]
         with fleet(hosts_root, urls) as (a, b):
             a.next_saves(1, 60)
+            logged = {h.name: log_size(h) for h in (a, b)}
             members[0].kill()
             one_down = time.monotonic()
             a.next_saves(2, 60)
@@ -192,10 +206,12 @@ def test_a_three_member_etcd_losing_one_member_then_a_second(hosts_root) -> None
             # loaded VM) during which etcd answers nothing; then the daemons are there
             up_one = a.fleet()["up"] and b.fleet()["up"]
             back_one_s = back([a, b], one_down)
+            local_one = [h.name for h in (a, b) if went_down(h, logged[h.name])]
             members[1].kill()
             two_down = time.monotonic()
             a.wait_fleet(lambda f: not f["up"], 15)
             local_s = time.monotonic() - two_down
+            assert went_down(a, logged[a.name]), "the log says nothing of a known down"
             a.next_saves(1, 60)  # saves go on, decided locally
             b.next_saves(1, 60)
             members[0].start()
@@ -214,10 +230,15 @@ def test_a_three_member_etcd_losing_one_member_then_a_second(hosts_root) -> None
     finally:
         ctx.__exit__(None, None, None)
     report("etcd-3-members", writers_one_down=writers_one, up_at_once=up_one,
-           back_one_s=back_one_s,
+           back_one_s=back_one_s, local_one_down=",".join(local_one) or "none",
            local_s=local_s, writers=writers, writers_after=writers_after,
            unreported=len(lost), back_s=back_s)  # fmt: skip
-    assert writers_one <= 1 and back_one_s <= FLEET_BACK_S  # one member down
+    # one member down: quorum holds and the cap with it, unless a daemon's view went down
+    # meanwhile (the killed member led, and an election, or calls past the test's 0.5 s
+    # call_timeout_s on a loaded box, outlasted the view's 3 s): then it decided locally,
+    # as docs/fleet.md says (seen once in a two-process suite run: down 8.8 s, 2 writers)
+    assert writers_one <= 1 or local_one, "more writers than the cap, every view up"
+    assert back_one_s <= FLEET_BACK_S
     assert local_s <= 5.0 + 1.0  # the documented fall-back bound (plus a status poll)
     assert writers_after <= 1 and not lost and back_s <= FLEET_BACK_S
 
