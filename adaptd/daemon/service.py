@@ -6,9 +6,9 @@ place (:func:`adaptd.daemon.service_parts.build_service`, which says in what ord
 why), binds the daemon's sockets under a private umask and then gives them the
 configured modes and group (so a socket is never world-reachable, not even between
 bind and chmod), starts the fleet's thread, the replicator and the Prometheus endpoint,
-probes the telemetry once and tells systemd ``READY=1``
-(:mod:`adaptd.daemon.sdnotify`). :meth:`Service.serve` runs the daemon's loop with
-SIGTERM and SIGINT wired to a drain (:meth:`Service.request_stop`); :meth:`Service.close`
+probes the telemetry once. :meth:`Service.serve` wires SIGTERM and SIGINT to a drain
+(:meth:`Service.request_stop`), then tells systemd ``READY=1``
+(:mod:`adaptd.daemon.sdnotify`) and runs the daemon's loop; :meth:`Service.close`
 closes everything in reverse order, persisting what was learned first.
 
 Raises :class:`ServiceError` (one line saying what to change) for any start-up
@@ -185,7 +185,6 @@ class Service:
             log.info(logfmt("replication", destinations=",".join(cfg.destinations), jobs=jobs))
         self._serve_metrics(parts)
         parts.sampler.tick(self.clock())  # probe telemetry once before READY
-        parts.upkeep.ready(self.clock(), f"serving {daemon.socket_path}")
 
     def _serve_metrics(self, parts: ServiceParts) -> None:
         if self.cfg.metrics_listen is None:
@@ -231,6 +230,9 @@ class Service:
         old_int = signal.signal(signal.SIGINT, handler)
         # the C-level handler writes to this fd, which wakes the poll at once
         previous = signal.set_wakeup_fd(daemon.wakeup_fd, warn_on_full_buffer=False)
+        # READY only now: told before the handlers, a SIGTERM right after it (systemd's
+        # stop of a unit that just started; seen in a test) killed the daemon undrained
+        self.parts.upkeep.ready(self.clock(), f"serving {daemon.socket_path}")
         try:
             daemon.serve()
         finally:

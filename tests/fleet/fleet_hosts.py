@@ -166,6 +166,17 @@ class Host:
         assert isinstance(reply, admin.StatusReply)
         return reply
 
+    def log_size(self) -> int:
+        """How far the daemon's log runs now (for :meth:`went_local`)."""
+        return (self.dir / "daemon.log").stat().st_size
+
+    def went_local(self, since: int = 0) -> bool:
+        """Whether the daemon said it decides locally (``event=fleet_local``: its view
+        went down or was not refreshed in time; docs/fleet.md) past log offset ``since``."""
+        with open(self.dir / "daemon.log", "rb") as f:
+            f.seek(since)
+            return b"event=fleet_local" in f.read()
+
     def fleet(self) -> dict:
         telemetry = self.status().telemetry
         assert telemetry is not None

@@ -81,19 +81,6 @@ def back(hosts: list[Host], since: float, timeout_s: float = 30.0) -> float:
     return time.monotonic() - since
 
 
-def log_size(host: Host) -> int:
-    """How far ``host``'s daemon log runs now (for :func:`went_down`)."""
-    return (host.dir / "daemon.log").stat().st_size
-
-
-def went_down(host: Host, since: int) -> bool:
-    """Whether ``host``'s daemon said it decides locally (``event=fleet_local``: its view
-    went down or was not refreshed in time) in its log past offset ``since``."""
-    with open(host.dir / "daemon.log", "rb") as f:
-        f.seek(since)
-        return b"event=fleet_local" in f.read()
-
-
 def holders(host: Host) -> list[str]:
     return host.fleet()["targets"].get(SHARED, {}).get("holders", [])
 
@@ -196,7 +183,7 @@ def test_a_three_member_etcd_losing_one_member_then_a_second(hosts_root) -> None
         urls = [m.url for m in members]
         with fleet(hosts_root, urls) as (a, b):
             a.next_saves(1, 60)
-            logged = {h.name: log_size(h) for h in (a, b)}
+            logged = {h.name: h.log_size() for h in (a, b)}
             members[0].kill()
             one_down = time.monotonic()
             a.next_saves(2, 60)
@@ -206,12 +193,12 @@ def test_a_three_member_etcd_losing_one_member_then_a_second(hosts_root) -> None
             # loaded VM) during which etcd answers nothing; then the daemons are there
             up_one = a.fleet()["up"] and b.fleet()["up"]
             back_one_s = back([a, b], one_down)
-            local_one = [h.name for h in (a, b) if went_down(h, logged[h.name])]
+            local_one = [h.name for h in (a, b) if h.went_local(logged[h.name])]
             members[1].kill()
             two_down = time.monotonic()
             a.wait_fleet(lambda f: not f["up"], 15)
             local_s = time.monotonic() - two_down
-            assert went_down(a, logged[a.name]), "the log says nothing of a known down"
+            assert a.went_local(logged[a.name]), "the log says nothing of a known down"
             a.next_saves(1, 60)  # saves go on, decided locally
             b.next_saves(1, 60)
             members[0].start()

@@ -70,6 +70,7 @@ def test_a_tensorflow_and_an_orbax_job_never_write_at_once_on_a_capped_target(
             assert time.monotonic() < end, f"not {SAVES} saves each within 120 s: {saves}"
             time.sleep(0.2)  # polling the daemon's history (no event to wait on)
         grants = host.fleet()["grants"]
+        went_local = host.went_local()
     finally:
         if jax_job is not None:
             jax_job.close()
@@ -82,4 +83,6 @@ def test_a_tensorflow_and_an_orbax_job_never_write_at_once_on_a_capped_target(
     for (s1, e1, a), (s2, e2, b) in itertools.combinations(spans, 2):
         if a.split("@")[0] != b.split("@")[0]:
             assert e1 < s2 or e2 < s1, f"{a} and {b} wrote at once on a target capped at 1: {spans}"
-    assert grants >= 2 * SAVES
+    # every save through a grant, unless the daemon went local meanwhile (its view
+    # stale on a loaded box: docs/fleet.md; seen once in a two-process suite run)
+    assert grants >= 2 * SAVES or went_local, (grants, saves)
