@@ -429,6 +429,8 @@ class FleetAgent:
         prev = self._view
         targets, granted, waiting = prev.targets, prev.granted, prev.waiting
         grants = conflicts = 0
+        if fresh:  # before the first take: it takes by the rule of the members up
+            self._read_members(s)
         if sync:
             state = self._table.sync(wants, self.clock())  # one clock per daemon: monotonic
             targets, granted, waiting = state.targets, state.granted, state.waiting
@@ -436,7 +438,7 @@ class FleetAgent:
             self._deleted, self._watch_from = [], self._table.read_revision + 1
         if mark is None and sync:
             mark = self._table.mark  # taken with the claims, in the same request
-        if fresh or (mark is not None and mark != self._members_mark):
+        if not fresh and mark is not None and mark != self._members_mark:
             self._read_members(s)  # a host came, went or restarted since the last read
         if self._members.role(self.settings.host) is None and (full or sync):
             # our key went away (deleted by hand)
@@ -509,6 +511,7 @@ class FleetAgent:
         if self._table is not None:
             members = self._members
             self._table.per_target_through = members.newest if members.grant_per_target else None
+            self._table.numbered_through = members.newest if members.grant_numbered else None
 
     def _read_records(self, s: EtcdSession, fresh: bool) -> tuple[FailureRecord, ...]:
         """The fleet's failure records: those written since the last read, merged into

@@ -8,12 +8,14 @@ own keys (docs/fleet.md shows the ``etcdctl`` commands)::
     {prefix}claims/{host}/{target}/{job}      leased: a job waits for / holds a write slot
     {prefix}failures/{host}/{gpu_model}       kept:   what the host learned about failures
     {prefix}grants/{target}                   leased: rewritten by every grant on target
+    {prefix}grants/{target}/{k}               leased: slot k (< cap) of target is held
     {prefix}ranks/{host}/{job}/{rank}         leased: what is wrong with a rank of the host
 
-The one exception is ``grants/``: a target's grant key is written by whichever host
-takes a slot on it, so that a grant compares its own target's key, not every claim of
-the fleet (issue 35). Every host's role needs readwrite on ``{prefix}grants/``
-(docs/fleet.md); the key holds who took the last slot, nothing any decision reads.
+The one exception is ``grants/``: a target's grant key and its numbered slot keys are
+written by whichever host takes a slot on it, so that a grant compares its own slot's
+key, not every claim of the fleet (issue 35). Every host's role needs readwrite on
+``{prefix}grants/`` (docs/fleet.md); a slot key names the job that holds the slot, and
+lives and goes with that job's holder claim.
 
 ``target``, ``job`` and ``gpu_model`` are percent-encoded (no ``/`` inside a part),
 so a key splits back into its parts unambiguously. Host names may not contain ``/``.
@@ -135,6 +137,20 @@ class KeySpace:
         """The target a grant key names, or ``None`` for a foreign key."""
         rest = _after(key, self.grants)
         return unquote(rest) if rest and "/" not in rest else None
+
+    def slot(self, target: str, k: int) -> str:
+        """The key of slot ``k`` (0 <= k < cap) of ``target``: present while held."""
+        if k < 0:
+            raise ValueError(f"a slot number is >= 0, got {k}")
+        return f"{self.grant(target)}/{int(k)}"
+
+    def slot_parts(self, key: str) -> tuple[str, int] | None:
+        """``(target, k)`` of a slot key, or ``None`` for any other key."""
+        rest = _after(key, self.grants)
+        parts = rest.split("/") if rest else []
+        if len(parts) != 2 or not parts[0] or not parts[1].isdigit():
+            return None
+        return unquote(parts[0]), int(parts[1])
 
     # -------------------------------------------------------------- ranks
 

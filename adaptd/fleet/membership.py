@@ -22,12 +22,17 @@ from adaptd.fleet.session import Entry, EtcdSession
 
 LEADER = "leader"
 MEMBER = "member"
-#: What a member's record says about how it takes write slots: this version compares
-#: its target's grant key (``grants/{target}``) alone; a member that says nothing (a
-#: daemon from before issue 35's change) compares the whole claims range and does not
-#: bump that key, so while one is up every daemon takes the whole-range way too
-#: (:class:`~adaptd.fleet.slots.SlotTable`).
+#: What a member's record says about how it takes write slots: a daemon of the
+#: previous version compares its target's grant key (``grants/{target}``) alone; a
+#: member that says nothing (a daemon from before issue 35's change) compares the whole
+#: claims range and does not bump that key, so while one is up every daemon takes the
+#: whole-range way too (:class:`~adaptd.fleet.slots.SlotTable`).
 PER_TARGET_GRANTS = "per-target"
+#: This version takes a numbered slot of its target (``grants/{target}/{k}``, k < cap)
+#: by a transaction that compares that one key's absence, so takers of different slots
+#: of one target never conflict. While any member up says less, every daemon also does
+#: what the oldest rule up needs (:class:`~adaptd.fleet.slots.SlotTable`).
+NUMBERED_SLOTS = "numbered"
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,7 +44,7 @@ class Member:
     started: float = 0.0  # wall-clock time of the registration (seconds since the epoch)
     version: str = ""
     create_revision: int = 0
-    grants: str = PER_TARGET_GRANTS
+    grants: str = NUMBERED_SLOTS
 
     def record(self) -> bytes:
         return json.dumps(
@@ -70,8 +75,14 @@ class Members:
 
     @property
     def grant_per_target(self) -> bool:
-        """Whether every member up takes slots by its target's grant key alone."""
-        return all(m.grants == PER_TARGET_GRANTS for m in self.hosts)
+        """Whether every member up takes slots by its target's grant key alone (or by
+        the numbered slots, which rewrite that key while it is needed)."""
+        return all(m.grants in (PER_TARGET_GRANTS, NUMBERED_SLOTS) for m in self.hosts)
+
+    @property
+    def grant_numbered(self) -> bool:
+        """Whether every member up takes slots by their numbered keys alone."""
+        return all(m.grants == NUMBERED_SLOTS for m in self.hosts)
 
     def role(self, host: str) -> str | None:
         """``leader``, ``member``, or ``None`` when ``host`` is not registered."""

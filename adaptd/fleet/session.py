@@ -191,7 +191,8 @@ class Put:
 class Guard:
     """One condition of :meth:`EtcdSession.put_all_if` (an etcd transaction compare).
 
-    Build it with :meth:`range_since`, :meth:`key_at` or :meth:`none_created_since`."""
+    Build it with :meth:`range_since`, :meth:`key_at`, :meth:`created_at` or
+    :meth:`none_created_since`."""
 
     key: str
     prefix: bool
@@ -208,6 +209,11 @@ class Guard:
     def key_at(key: str, mod_revision: int) -> Guard:
         """``key`` was last written at ``mod_revision`` (0: it does not exist)."""
         return Guard(key, False, "MOD", "EQUAL", mod_revision)
+
+    @staticmethod
+    def created_at(key: str, create_revision: int) -> Guard:
+        """``key`` exists, created at ``create_revision`` (not deleted and made again)."""
+        return Guard(key, False, "CREATE", "EQUAL", create_revision)
 
     @staticmethod
     def none_created_since(prefix: str, newest_create: int) -> Guard:
@@ -363,6 +369,16 @@ class EtcdSession:
         txn = {
             "compare": [g.compare() for g in guards],
             "success": [{"request_put": self._put(p.key, p.value, p.leased)} for p in puts],
+            "failure": [],
+        }
+        return bool(self._call("kv/txn", txn).get("succeeded", False))
+
+    def delete_all_if(self, keys: Sequence[str], guards: Sequence[Guard]) -> bool:
+        """Delete every one of ``keys`` in one transaction if every one of ``guards``
+        holds; False (nothing deleted) when one does not."""
+        txn = {
+            "compare": [g.compare() for g in guards],
+            "success": [{"request_delete_range": {"key": _b64(k)}} for k in keys],
             "failure": [],
         }
         return bool(self._call("kv/txn", txn).get("succeeded", False))

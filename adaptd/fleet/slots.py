@@ -6,27 +6,33 @@ The etcd recipe, with a fair wait queue:
   ``{prefix}claims/{host}/{target}/{job}``, under its daemon's lease: first as a
   *waiter*, and as a *holder* once granted. A dead daemon's claims vanish with its
   lease, so a crash never keeps a slot longer than the lease TTL.
-- **Grant by transaction, per target.** A daemon reads every claim and the targets'
-  grant keys (``{prefix}grants/{target}``) at one revision, decides with
-  :func:`may_take` whether its job is next, and turns the claim into a holder in a
-  transaction that also rewrites the target's grant key, and succeeds only if that key
-  is as it was read. Every grant on a target rewrites its key, so two daemons deciding
-  from the same state cannot both win and the cap holds across hosts; the loser
-  re-reads and decides again. A new waiter, a release, or a grant on another target
-  changes nothing the transaction compares (issue 35: with a compare on the whole
-  claims range every claim anywhere made every grant retry, 18.7 conflicts per grant
-  in a storm of 200 hosts). Safe because only a grant adds a holder: a release or a
-  lease's expiry only frees room the taker did not count on. The grant key lives under
-  its last granter's lease, like the claims: nothing stays behind a clean stop, and a
-  key gone with its daemon only makes a taker that read it lose once and re-read.
-- **Mixed fleets.** A daemon from before this rule compares the whole claims range and
-  does not write grant keys. Each member's record says which rule it takes by
-  (:data:`~adaptd.fleet.membership.PER_TARGET_GRANTS`); while any member up does not
-  say so, every daemon compares the whole claims range *and* rewrites the grant key,
-  so old and new exclude each other. A per-target grant also compares that no member
-  registered after the members it read (an old daemon joining makes it fail and
-  re-read). So a fleet upgrades host by host; the per-target rule starts once the
-  last old daemon is gone.
+- **Grant by transaction, per numbered slot.** A target of cap ``c`` has ``c`` slots,
+  numbered 0 to c-1, each a key ``{prefix}grants/{target}/{k}`` that exists while a job
+  holds it. A daemon reads every claim and the grant keys at one revision, decides
+  with :func:`may_take` whether its job is among the next in line for the free slots,
+  and the i-th in line takes the i-th free number: one transaction turns the claim
+  into a holder (its record names the slot) and puts the slot key, and succeeds only
+  if that key is absent. A slot key cannot be taken twice, so the cap holds across
+  hosts; two daemons deciding from the same state take different numbers and both
+  win, and only two that picked the same number (their views of the queue differ)
+  conflict: the loser re-reads and decides again (issue 35: a compare of the whole
+  claims range made every claim anywhere retry every grant, 18.7 conflicts per grant
+  in a storm of 200 hosts; one grant key per target, rewritten by every grant on it,
+  still let one taker of a target's free slots win per read, 0.5 conflicts per
+  grant). A release deletes the holder's claim and its slot key in one transaction;
+  a crash frees both with the daemon's lease.
+- **Mixed fleets.** Daemons from before took by one grant key per target
+  (``{prefix}grants/{target}``, rewritten by every grant, compared by the next), and
+  those before that by a compare of the whole claims range. Each member's record says
+  which rule it takes by (:data:`~adaptd.fleet.membership.NUMBERED_SLOTS`,
+  :data:`~adaptd.fleet.membership.PER_TARGET_GRANTS`, or nothing); this daemon always
+  takes a numbered slot, and while any member up says less it also rewrites the grant
+  key and compares it (every member per target) or the whole claims range, so old and
+  new exclude each other. A grant by the newer rules also compares that no member
+  registered after the members it read (an older daemon joining makes it fail and
+  re-read). So a fleet upgrades host by host; the numbered rule alone starts once the
+  last older daemon is gone, and every holder by then has its slot key (the older
+  daemons' claims go with them).
 - **Fair order.** Waiters are served by the work they have at risk (GPU-seconds since
   their last durable save, growing at their GPU count while they wait), most first,
   then by who asked first. The ``free`` slots go to the first ``free`` waiters, so a
@@ -95,6 +101,7 @@ class Claim:
     stamped: float = 0.0
     cap: int = 1
     create_revision: int = 0
+    slot: int | None = None  # the numbered slot a holder took (None: waiting, or older)
 
     def __post_init__(self) -> None:
         if self.cap < 1:
@@ -109,15 +116,16 @@ class Claim:
         return self.at_risk_gpu_s + self.gpus * max(0.0, wall - self.stamped)
 
     def record(self) -> bytes:
-        return json.dumps(
-            {
-                "holding": self.holding,
-                "at_risk_gpu_s": self.at_risk_gpu_s,
-                "gpus": self.gpus,
-                "stamped": self.stamped,
-                "cap": self.cap,
-            }
-        ).encode()
+        out: dict[str, object] = {
+            "holding": self.holding,
+            "at_risk_gpu_s": self.at_risk_gpu_s,
+            "gpus": self.gpus,
+            "stamped": self.stamped,
+            "cap": self.cap,
+        }
+        if self.slot is not None:
+            out["slot"] = self.slot
+        return json.dumps(out).encode()
 
     @property
     def owner(self) -> tuple[str, str]:
@@ -133,6 +141,7 @@ def parse_claims(entries: Iterable[Entry], keys: KeySpace) -> list[Claim]:
             continue
         try:
             d = json.loads(e.value)
+            slot = d.get("slot")
             out.append(
                 Claim(
                     host=parts[0],
@@ -144,6 +153,7 @@ def parse_claims(entries: Iterable[Entry], keys: KeySpace) -> list[Claim]:
                     stamped=float(d["stamped"]),
                     cap=int(d["cap"]),
                     create_revision=e.create_revision,
+                    slot=None if slot is None else int(slot),
                 )
             )
         except (ValueError, KeyError, TypeError):
@@ -267,6 +277,12 @@ class SlotTable:
         #: compares its target's grant key alone only while the members :meth:`read`
         #: marks are those (see the module's *Mixed fleets*).
         self.per_target_through: int | None = None
+        #: The same, when every member up takes numbered slots: a grant then compares
+        #: its slot's key alone (and rewrites no grant key).
+        self.numbered_through: int | None = None
+        #: The numbered slots held on each target as of the newest :meth:`read`, and
+        #: those this daemon took since.
+        self._slots: dict[str, set[int]] = {}
         #: Each target's grant key's ``mod_revision`` as of the newest :meth:`read`.
         self._grant_revs: dict[str, int] = {}
         self.keys = session.keys
@@ -279,6 +295,8 @@ class SlotTable:
         #: Since when (this daemon's monotonic clock) each other waiter has been in line
         #: for a free slot in its view, by (host, target, job): see ``PATIENCE_S``.
         self._in_line: dict[tuple[str, str, str, int], float] = {}
+        #: The holder :meth:`try_take` made last (its claim, naming its slot).
+        self.taken: Claim | None = None
 
     def view(self, claims: Iterable[Claim], target: str, cap: int, wall: float) -> TargetSlots:
         """:func:`target_view` less the waiters that were in line for a free slot for
@@ -318,7 +336,7 @@ class SlotTable:
         for c in [c for c in claims if c.host == self.host]:
             w = wants.get(c.job)
             if w is None or w.target != c.target:
-                self.session.delete(self.keys.claim(self.host, c.target, c.job))
+                self._drop(c)
                 claims.remove(c)
         staggered = False
         for _attempt in range(MAX_ATTEMPTS):
@@ -349,7 +367,7 @@ class SlotTable:
                         break
                     continue
                 place = place_in_line(self.view(claims, me.target, me.cap, wall), me, wall)
-                if place and not staggered:
+                if place and not staggered and not self.numbered:
                     # the ones ahead take theirs first; then decide again on what they did
                     staggered = True
                     self.pause(min(place * TAKE_STAGGER_S, MAX_STAGGER_S))
@@ -365,10 +383,13 @@ class SlotTable:
                 # what this host wrote is known without reading it back (issue 35: a
                 # read per write doubled each waiter's reads of the whole queue)
                 if taken:
+                    held = self.taken
+                    assert held is not None
                     grants += 1
-                    log.info(logfmt("fleet_slot_granted", job=job, target=w.target))
+                    log.info(logfmt("fleet_slot_granted", job=job, target=w.target,
+                                    slot=held.slot))  # fmt: skip
                     claims = [c for c in claims if c.owner != me.owner or c.target != me.target]
-                    claims.append(replace(me, holding=True))
+                    claims.append(held)
                     if not self.per_target:
                         # nothing changed between ``seen`` and the transaction (its
                         # compare): the claims are whole as of its revision. A per-target
@@ -380,30 +401,58 @@ class SlotTable:
         return self._state(claims, wants, wall, grants, conflicts)
 
     def try_take(self, me: Claim, claims: list[Claim], seen: int, wall: float) -> bool | None:
-        """Turn ``me`` into a holder if :func:`may_take` allows it on the ``claims`` read
-        at revision ``seen``: True (taken), False (not its turn), ``None`` (the claims
-        changed since ``seen``: another daemon moved first)."""
-        ok, _why = may_take(self.view(claims, me.target, me.cap, wall), me, wall)
-        if not ok:
+        """Turn ``me`` into a holder of a numbered slot if :func:`may_take` allows it on
+        the ``claims`` read at revision ``seen``: True (taken; ``me``'s slot is in
+        :attr:`taken`), False (not its turn), ``None`` (another daemon took that slot,
+        or moved first under an older member's rule: re-read and decide again)."""
+        view = self.view(claims, me.target, me.cap, wall)
+        place = place_in_line(view, me, wall)
+        if place is None:
             return False
-        held = replace(me, holding=True)
-        grant_key = self.keys.grant(me.target)
+        held_numbers = self._slots.get(me.target, set())
+        free = [k for k in range(view.cap) if k not in held_numbers]
+        if place >= len(free):  # holders' keys fill the numbers (a cap lowered since)
+            return False
+        k = free[place]
+        held = replace(me, holding=True, slot=k)
+        slot_key = self.keys.slot(me.target, k)
+        who = json.dumps({"host": me.host, "job": me.job}).encode()
         puts = [
             Put(self.keys.claim(me.host, me.target, me.job), held.record(), leased=True),
-            Put(grant_key, json.dumps({"host": me.host, "job": me.job}).encode(), leased=True),
+            Put(slot_key, who, leased=True),
         ]
-        if self.per_target:
-            assert self._marked is not None and self.per_target_through is not None
-            guards = [
-                Guard.key_at(grant_key, self._grant_revs.get(me.target, 0)),
-                Guard.none_created_since(self._marked, self.per_target_through),
-            ]
-        else:
-            guards = [Guard.range_since(self.keys.claims, seen)]
-        if self.session.put_all_if(puts, guards):
+        guards = [Guard.key_at(slot_key, 0)]
+        if self.numbered:
+            assert self._marked is not None and self.numbered_through is not None
+            guards.append(Guard.none_created_since(self._marked, self.numbered_through))
+        else:  # an older member is up: take its way as well, so each excludes the other
+            grant_key = self.keys.grant(me.target)
+            puts.append(Put(grant_key, who, leased=True))
+            if self.per_target:
+                assert self._marked is not None and self.per_target_through is not None
+                guards += [
+                    Guard.key_at(grant_key, self._grant_revs.get(me.target, 0)),
+                    Guard.none_created_since(self._marked, self.per_target_through),
+                ]
+            else:
+                guards.append(Guard.range_since(self.keys.claims, seen))
+        if not self.session.put_all_if(puts, guards):
+            return None
+        if not self.numbered:
             self._grant_revs[me.target] = self.session.revision
-            return True
-        return None
+        self._slots.setdefault(me.target, set()).add(k)
+        self.taken = held
+        return True
+
+    @property
+    def numbered(self) -> bool:
+        """Whether a grant now compares its slot's key alone: every member up takes
+        numbered slots, as of the members the newest :meth:`read` marked."""
+        return (
+            self.numbered_through is not None
+            and self.mark is not None
+            and self.mark.newest == self.numbered_through
+        )
 
     @property
     def per_target(self) -> bool:
@@ -419,7 +468,22 @@ class SlotTable:
         """Delete every claim of this host (a clean stop; a crash leaves it to the lease)."""
         for c in self.read()[0]:
             if c.host == self.host:
-                self.session.delete(self.keys.claim(self.host, c.target, c.job))
+                self._drop(c)
+
+    def _drop(self, c: Claim) -> None:
+        """Delete this host's claim ``c``, and with a holder's its slot key, in one
+        transaction: a slot key left behind would hold the slot for as long as this
+        daemon lives. Only if the claim is still the one read (its create revision): a
+        claim gone with an expired lease, and its slot since taken by another host,
+        leaves that host's key alone."""
+        claim_key = self.keys.claim(self.host, c.target, c.job)
+        if c.slot is None:
+            self.session.delete(claim_key)
+            return
+        self.session.delete_all_if(
+            [claim_key, self.keys.slot(c.target, c.slot)],
+            [Guard.created_at(claim_key, c.create_revision)],
+        )
 
     def read(self, now: float | None = None) -> tuple[list[Claim], int]:
         """Every claim in the fleet, and the revision to compare against when acting on them.
@@ -438,11 +502,13 @@ class SlotTable:
         if mark is not None:
             self.mark = mark
         self.read_revision = self.session.revision
-        self._grant_revs = {}
+        self._grant_revs, self._slots = {}, {}
         for e in grants:
             target = self.keys.grant_target(e.key)
             if target is not None:
                 self._grant_revs[target] = e.mod_revision
+            elif (slot := self.keys.slot_parts(e.key)) is not None:
+                self._slots.setdefault(slot[0], set()).add(slot[1])
         claims = parse_claims(entries, self.keys)
         if now is not None:
             first: dict[tuple[str, str, str, int], float] = {}

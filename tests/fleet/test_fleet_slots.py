@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 import threading
 import time
 from urllib.parse import quote
@@ -11,8 +12,14 @@ import pytest
 from fleet_helpers import Etcd, MemberProc, holders, settings
 
 from adaptd.fleet.agent import FleetAgent
-from adaptd.fleet.membership import Member, read_members, register
-from adaptd.fleet.session import EtcdSession
+from adaptd.fleet.membership import (
+    NUMBERED_SLOTS,
+    PER_TARGET_GRANTS,
+    Member,
+    read_members,
+    register,
+)
+from adaptd.fleet.session import EtcdSession, Guard, Put
 from adaptd.fleet.slots import (
     PATIENCE_S,
     Claim,
@@ -256,9 +263,11 @@ def test_two_daemons_deciding_from_the_same_state_cannot_both_take_the_last_slot
     tb.session.close()
 
 
-def _member_tables(etcd: Etcd, prefix: str, hosts: str, grants: str = "per-target"):
+def _member_tables(etcd: Etcd, prefix: str, hosts: str, grants: str = NUMBERED_SLOTS):
     """One table per host, registered as a member whose record says ``grants``; each
-    table knows the members as the agent would tell it (issue 35's per-target rule)."""
+    table knows the members as the agent would tell it (issue 35's rules). The members'
+    records say what this code takes by, but the tables are this code: ``per-target``
+    makes them take as a fleet with a member of the previous version up does."""
     tables = []
     for h in hosts:
         s = EtcdSession(settings(etcd.url, h, prefix)).open()
@@ -267,7 +276,85 @@ def _member_tables(etcd: Etcd, prefix: str, hosts: str, grants: str = "per-targe
     members = read_members(tables[-1].session)
     for t in tables:
         t.per_target_through = members.newest if members.grant_per_target else None
+        t.numbered_through = members.newest if members.grant_numbered else None
     return tables
+
+
+def _queue(tables, cap: int) -> None:
+    """Each table's host puts a waiter's claim for job ``j{host}`` on ``T``, in order."""
+    for t in tables:
+        c = Claim(t.host, T, f"j{t.host}", cap=cap)
+        t.session.put(t.keys.claim(t.host, T, c.job), c.record(), leased=True)
+
+
+@pytest.mark.parametrize(("rule", "second"), [(NUMBERED_SLOTS, True), (PER_TARGET_GRANTS, None)])
+def test_takers_of_two_free_slots_from_one_state_both_win_with_numbered_slots(
+    etcd: Etcd, fleet_prefix, rule, second
+):
+    """Issue 35: with one grant key per target, rewritten by every grant, the takers of
+    one target's free slots from the same read all lost but one (0.5 conflicts per grant
+    in a storm of 200 hosts). Numbered slots: the first in line takes slot 0, the second
+    slot 1, and both transactions go through; the cap still stops the third."""
+    ta, tb, tc = _member_tables(etcd, fleet_prefix, "abc", grants=rule)
+    _queue((ta, tb, tc), cap=2)
+    (ca, sa), (cb, sb), (cc, sc) = (t.read(now=0.0) for t in (ta, tb, tc))
+    assert ta.numbered is (rule == NUMBERED_SLOTS)
+    assert ta.try_take(next(c for c in ca if c.host == "a"), ca, sa, wall=0) is True
+    assert tb.try_take(next(c for c in cb if c.host == "b"), cb, sb, wall=0) is second
+    assert tc.try_take(next(c for c in cc if c.host == "c"), cc, sc, wall=0) is False
+    slot_keys = [k for k in etcd.keys(fleet_prefix + "grants/") if ta.keys.slot_parts(k)]
+    taken = {"a", "b"} if second else {"a"}
+    assert sorted(holders(etcd, fleet_prefix)) == [(h, T, f"j{h}") for h in sorted(taken)]
+    assert len(slot_keys) == len(taken)  # one numbered key per holder
+    for t in (ta, tb, tc):
+        t.session.close()
+
+
+def test_a_release_frees_the_slot_key_with_the_claim_and_a_stale_one_frees_nothing(
+    etcd: Etcd, fleet_prefix
+):
+    """A release deletes the holder's claim and its slot key in one transaction (a key
+    left behind would hold the slot while its daemon lives). A release acting on a claim
+    that went with its lease must not delete the key of the host that took the slot
+    since."""
+    ta, tb = _member_tables(etcd, fleet_prefix, "ab")
+    want = {"ja": Want(T, 1, 0.0, 1, 0.0)}
+    assert ta.sync(want, wall=0.0).granted == {"ja"}
+    slot0 = fleet_prefix + "grants/" + quote(T, safe="") + "/0"
+    assert etcd.keys(fleet_prefix + "grants/") == [slot0]
+    assert ta.sync({}, wall=1.0).granted == frozenset()
+    assert etcd.keys(fleet_prefix + "grants/") == []
+    assert tb.sync({"jb": Want(T, 1, 0.0, 1, 0.0)}, wall=1.0).granted == {"jb"}
+    # a's old claim, as a read before its lease expired would have shown it
+    stale = Claim("a", T, "ja", holding=True, cap=1, create_revision=2, slot=0)
+    ta._drop(stale)
+    assert etcd.keys(fleet_prefix + "grants/") == [slot0]
+    assert holders(etcd, fleet_prefix) == [("b", T, "jb")]
+    for t in (ta, tb):
+        t.session.close()
+
+
+def test_with_a_member_of_the_previous_version_up_a_grant_rewrites_the_target_grant_key(
+    etcd: Etcd, fleet_prefix
+):
+    """A rolling upgrade from per-target grants: that daemon's take compares the target's
+    grant key as it read it. While one is up, this code rewrites that key with every
+    grant (and takes a numbered slot too), so the older daemon's take from before it
+    loses; once every member takes numbered slots, the grant key is left alone."""
+    ta, tb = _member_tables(etcd, fleet_prefix, "ab", grants=PER_TARGET_GRANTS)
+    grant_key = fleet_prefix + "grants/" + quote(T, safe="")
+    before = tb.session.get_prefix(grant_key)  # what the older daemon compares: absent
+    assert before == []
+    claims, seen = ta.read(now=0.0)
+    assert ta.per_target and not ta.numbered
+    assert ta.try_take(Claim("a", T, "ja", cap=2), claims, seen, wall=0) is True
+    assert grant_key in etcd.keys(fleet_prefix + "grants/")
+    older_take = tb.session.put_all_if(
+        [Put(tb.keys.claim("b", T, "jb"), b"{}", leased=True)], [Guard.key_at(grant_key, 0)]
+    )
+    assert older_take is False
+    for t in (ta, tb):
+        t.session.close()
 
 
 def test_a_grant_on_one_target_is_not_retried_for_claims_and_grants_on_another(
@@ -289,10 +376,11 @@ def test_a_grant_on_one_target_is_not_retried_for_claims_and_grants_on_another(
         t.session.close()
 
 
+@pytest.mark.parametrize("rule", [NUMBERED_SLOTS, PER_TARGET_GRANTS])
 def test_two_per_target_grants_from_the_same_state_cannot_both_take_the_last_slot(
-    etcd: Etcd, fleet_prefix
+    etcd: Etcd, fleet_prefix, rule
 ):
-    ta, tb = _member_tables(etcd, fleet_prefix, "ab")
+    ta, tb = _member_tables(etcd, fleet_prefix, "ab", grants=rule)
     claims_a, seen_a = ta.read()
     claims_b, seen_b = tb.read()
     assert ta.per_target and tb.per_target
@@ -320,8 +408,9 @@ def test_a_daemon_from_before_per_target_grants_makes_every_grant_compare_every_
     members = read_members(ta.session)
     assert not members.grant_per_target
     ta.per_target_through = tb.per_target_through = None  # what the agents learn
+    ta.numbered_through = tb.numbered_through = None
     claims_a, seen_a = ta.read()
-    assert not ta.per_target
+    assert not ta.per_target and not ta.numbered
     other = "nfs://10.0.4.21/export/other"
     tb.sync({"jb": Want(other, 1, 10.0, 1, 0.0)}, wall=0)
     assert ta.try_take(Claim("a", T, "ja", cap=1), claims_a, seen_a, wall=0) is None
@@ -329,7 +418,7 @@ def test_a_daemon_from_before_per_target_grants_makes_every_grant_compare_every_
         s.close()
 
 
-def test_agents_grant_per_target_once_every_member_does(etcd: Etcd, fleet_prefix):
+def test_agents_take_numbered_slots_once_every_member_does(etcd: Etcd, fleet_prefix):
     a = agent(etcd, "pa", fleet_prefix)
     b = agent(etcd, "pb", fleet_prefix)
     try:
@@ -337,10 +426,22 @@ def test_agents_grant_per_target_once_every_member_does(etcd: Etcd, fleet_prefix
         a.wait_for(lambda v: "j" in v.granted and len(v.hosts) == 2, 10)
         b.want("j", T, cap=1, at_risk_gpu_s=1, gpus=1)
         b.wait_for(lambda v: "j" in v.waiting, 10)
-        assert a._table is not None and a._table.per_target
+        assert a._table is not None and a._table.numbered
+        grant_key = fleet_prefix + "grants/" + quote(T, safe="")
+        session = a._table.session
+
+        def grant_key_revision() -> int:
+            # a's take may have written it: the members changed (b joined) under it
+            return next((e.mod_revision for e in session.get_prefix(grant_key)
+                         if e.key == grant_key), 0)  # fmt: skip
+
+        before = grant_key_revision()
         a.release("j")
         b.wait_for(lambda v: "j" in v.granted, 10)
-        assert etcd.keys(fleet_prefix + "grants/") == [fleet_prefix + "grants/" + quote(T, safe="")]
+        # slot 0 is b's now, and b's grant left the per-target grant key alone
+        slots = [e for e in session.get_prefix(grant_key + "/")]
+        assert [(e.key, json.loads(e.value)["host"]) for e in slots] == [(grant_key + "/0", "pb")]
+        assert grant_key_revision() == before
     finally:
         a.stop()
         b.stop()
