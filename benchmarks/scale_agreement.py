@@ -110,6 +110,14 @@ class BenchRank:
         return True
 
 
+def _rss_mb() -> float:
+    """This process's resident memory, in MB (Linux)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
 def _counts(store: Any) -> dict[str, int]:
     return {f"{op} {kind}": n for (op, kind), n in sorted(store.counts().items())}
 
@@ -186,10 +194,13 @@ def worker() -> int:
             time.sleep(0.05)
         out["mail_drain_s"] = time.monotonic() - (until - 120)
         before = _counts(chief.store)
+        rss0 = _rss_mb()
         t0 = time.monotonic()
         time.sleep(idle_s)
         out["idle"] = {"seconds": time.monotonic() - t0,
-                       "chief_ops": _minus(_counts(chief.store), before)}  # fmt: skip
+                       "chief_ops": _minus(_counts(chief.store), before),
+                       # the chief's process holds the coordination service
+                       "chief_rss_mb": [rss0, _rss_mb()]}  # fmt: skip
         out["mail_read"] = len(chief.agreement.mailbox.inbox)
     others = [r for r in mine if r.rank]
     if others:
@@ -260,6 +271,14 @@ def run_size(zygote: Any, workdir: Path, n: int, procs: int, args: argparse.Name
         "rank_ops_by_kind": rank_ops,
         "chief_idle_ops_per_s": total(idle["chief_ops"]) / idle["seconds"],
         "chief_idle_ops": idle["chief_ops"],
+        # what an idle job grows the chief's process by (issue 35: a get that timed out
+        # on a missing key stays with the coordination service until the key is written)
+        "chief_idle_rss_mb": idle.get("chief_rss_mb"),
+        "chief_idle_rss_mb_per_rank_hour": (
+            (idle["chief_rss_mb"][1] - idle["chief_rss_mb"][0]) / idle["seconds"] * 3600 / n
+            if "chief_rss_mb" in idle
+            else None
+        ),
         "mail_read": chief["mail_read"],
         "mail_drain_s": chief["mail_drain_s"],
         "broken": [b for r in results for b in r["broken"]],

@@ -2,7 +2,8 @@
 
 Keys of one checkpointer's session (``adaptd/<job>/<session>/``)::
 
-    r<k>/proposal        round k's Propose (first writer wins the round)
+    r<k>/proposal        round k's Propose (first writer wins the round), or a tick
+    r<k>/proposal/<t>    the same after t ticks went by without a proposal
     r<k>/ack/<rank>      each rank's Ack
     r<k>/decision        the Decide (first writer wins: the proposer's, or an abort by
                          a rank that waited too long)
@@ -11,6 +12,14 @@ Keys of one checkpointer's session (``adaptd/<job>/<session>/``)::
     mail/<rank>/<i>      a rank's i-th message to the chief (Request, SaveCost;
                          :mod:`adaptd.client.agreement.mailbox`)
     mail/bell/<group>    rung by a rank of the group after it wrote mail
+
+**Ticks.** While no round is proposed, the chief writes :data:`TICK` as the key every
+rank waits on, about every second (:mod:`adaptd.client.agreement.watcher`), and every
+rank then waits on the next one. TensorFlow's coordination service keeps every get that
+timed out on a missing key (about 35 KB between the client and the service) until
+that key is written: ranks that waited for a proposal in 0.5 s slices grew the chief's
+process by about 110 MB per rank and hour between two rounds (issue 35; an idle job of
+2,048 ranks was killed for memory in minutes). A tick ends those waits.
 
 Sessions are numbered per job in each process, so the ranks' N-th checkpointers meet
 (every rank of a data-parallel job creates its checkpointers in the same order).
@@ -24,6 +33,9 @@ import threading
 from collections import Counter
 from dataclasses import dataclass
 from typing import Protocol
+
+#: What a tick writes where a proposal would go: "no round was proposed meanwhile".
+TICK = "tick"
 
 _sessions: dict[str, itertools.count[int]] = {}
 _sessions_lock = threading.Lock()
@@ -61,8 +73,10 @@ class Keys:
     def round(self, k: int) -> str:
         return f"{self.prefix}/r{k}"
 
-    def proposal(self, k: int) -> str:
-        return f"{self.prefix}/r{k}/proposal"
+    def proposal(self, k: int, t: int = 0) -> str:
+        """Where round ``k``'s proposal goes once ``t`` ticks went by without one."""
+        base = f"{self.prefix}/r{k}/proposal"
+        return base if t == 0 else f"{base}/{t}"
 
     def ack(self, k: int, rank: int) -> str:
         return f"{self.prefix}/r{k}/ack/{rank}"
@@ -85,7 +99,7 @@ class Keys:
 
 #: A session key's kind, from its part after the session prefix (see the module docstring).
 _KINDS = (
-    (re.compile(r"r\d+/proposal$"), "proposal"),
+    (re.compile(r"r\d+/proposal(/\d+)?$"), "proposal"),
     (re.compile(r"r\d+/ack/\d+$"), "ack"),
     (re.compile(r"r\d+/decision$"), "decision"),
     (re.compile(r"r\d+$"), "round"),

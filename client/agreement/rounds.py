@@ -35,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from adaptd.client.agreement.coordination import CoordinationError
-from adaptd.client.agreement.kv import Keys, Store, next_session
+from adaptd.client.agreement.kv import TICK, Keys, Store, next_session
 from adaptd.client.agreement.ledger import Applied, Ledger, Recorded, Round
 from adaptd.client.agreement.mailbox import Mailbox
 from adaptd.client.agreement.ranks import Identity
@@ -52,6 +52,9 @@ log = logging.getLogger("adaptd.client")
 #: proposal (on the watcher thread: one get per doorbell, and the mail of the groups
 #: that rang, a bounded share per call: :mod:`adaptd.client.agreement.mailbox`).
 MAIL_S = 0.1
+#: A proposer tries at most this many keys past the watcher's for its round (each one a
+#: tick took): about a second each, so a proposer far behind gives up the round.
+MAX_TICKS_BEHIND = 64
 
 
 @dataclass(frozen=True)
@@ -126,6 +129,7 @@ class Agreement(Recorded):
         #: Decided rounds and committed changes waiting for their step.
         self.ledger = Ledger()
         self._mine: int | None = None  # the round of our own undecided proposal
+        self._mine_key: tuple[int, str] | None = None  # (round, key) of our last proposal
         self._attempts = 0
         self._last_abort: p.Decide | None = None
         self._wish_plan: tuple[Decision, str, str] | None = None
@@ -266,7 +270,12 @@ class Agreement(Recorded):
             stuck = step >= self._limit() and not self.broken
             k = self._round
         if stuck:  # the watcher did not settle it: end the round ourselves
-            self._watcher.force_abort(k, f"rank {self.rank} waited {waited:.1f}s at step {step}")
+            mine = self._mine_key
+            self._watcher.force_abort(
+                k,
+                f"rank {self.rank} waited {waited:.1f}s at step {step}",
+                key=mine[1] if mine is not None and mine[0] == k else None,
+            )
             with self.lock:
                 end = time.monotonic() + 2 * self._slice_s + 1.0
                 while step >= self._limit() and not self.broken and time.monotonic() < end:
@@ -307,10 +316,12 @@ class Agreement(Recorded):
             self._hold = (k, at)
             self._mine = k
         try:
-            won = self.store.put(self.keys.proposal(k), p.encode_json(proposal))
+            won, key = self._put_proposal(k, p.encode_json(proposal))
         except CoordinationError as exc:
             self.stop_with(f"proposing failed: {exc}")
             return
+        if won:
+            self._mine_key = (k, key)
         if not won:
             with self.lock:  # another rank's proposal is round k: ours waits for a later one
                 if self._mine == k:
@@ -321,6 +332,20 @@ class Agreement(Recorded):
             # descheduled, the key is a leftover of a finished round that nobody reads;
             # the watcher already cleared _mine and the hold when it recorded round k.)
             log.debug("rank %d proposed round %d: %s at step %d", self.rank, k, proposal.action, at)
+
+    def _put_proposal(self, k: int, value: str) -> tuple[bool, str]:
+        """Write round ``k``'s proposal at the key the ranks wait on now: the watcher's,
+        or a later one where a tick took it (:mod:`~adaptd.client.agreement.watcher`,
+        *Ticks*). Whether it won the round, and the key it was written at."""
+        t = self._watcher.tick_of(k)
+        for _ in range(MAX_TICKS_BEHIND):
+            key = self.keys.proposal(k, t)
+            if self.store.put(key, value):
+                return True, key
+            if self.store.get(key, self._slice_s) != TICK:
+                return False, key  # another rank's proposal is round k
+            t += 1
+        return False, key
 
     def stop_with(self, why: str) -> None:
         """The agreement cannot go on (the store is gone, or a bug): release every hold.

@@ -12,6 +12,18 @@ chief reads the other ranks' mail there: :mod:`adaptd.client.agreement.mailbox`)
 bounded share at a time: while ``between`` says there is more, the watcher looks for
 a proposal for :data:`BRIEF_S` only, then calls it again, so a proposal waits for at
 most one share of the mail, however many ranks wrote.
+
+**Ticks.** A get that timed out on a key not written yet stays in TensorFlow's
+coordination service, and in the client, until that key is written (about 35 KB per
+get between the two; measured by benchmarks/coordination_gets.py). A rank waiting for
+the next proposal in slices left two of them a second, so between two rounds the
+chief's process grew by about 110 MB per rank and hour. So while no proposal comes, the
+chief writes :data:`~adaptd.client.agreement.kv.TICK` as the key every rank waits on
+once :data:`TICK_S` went by, which ends every rank's waits on it, and every rank then
+waits on the round's next proposal key (:meth:`~adaptd.client.agreement.kv.Keys.proposal`).
+A proposer whose key a tick took tries the next one. Any rank ticks itself after
+:data:`LATE_TICK_S` without one (the chief stopped or gone), so no rank's waits pile up
+either. A round's ticks go with its keys when the next round commits.
 """
 
 from __future__ import annotations
@@ -23,7 +35,7 @@ from collections.abc import Callable, Iterable
 from typing import Protocol
 
 from adaptd.client.agreement.coordination import CoordinationError
-from adaptd.client.agreement.kv import Keys, Store
+from adaptd.client.agreement.kv import TICK, Keys, Store
 from adaptd.core import agreement as rules
 from adaptd.protocol import job as p
 
@@ -40,6 +52,10 @@ MAX_ACK_READERS = 32
 
 #: How long the watcher looks for a proposal between two shares of ``between``'s work.
 BRIEF_S = 0.001
+#: The chief writes a tick once this long went by without a proposal or a tick.
+TICK_S = 1.0
+#: Any other rank writes one itself once this long went by without either.
+LATE_TICK_S = 3 * TICK_S
 
 
 def reader_count(world_size: int) -> int:
@@ -84,6 +100,14 @@ class RoundWatcher:
         self._timeout_s = timeout_s
         self._slice_s = slice_s
         self._stop = threading.Event()
+        self._tick_after_s = TICK_S if rank == 0 else LATE_TICK_S
+        #: The round the watcher waits in and how many ticks went by in it (a tuple,
+        #: replaced whole: the training thread reads it to propose at the right key).
+        self.at: tuple[int, int] = (0, 0)
+        #: The key of the proposal the watcher last acted on, with its round.
+        self.found: tuple[int, str] | None = None
+        #: Ticks this rank wrote (the others' are only read).
+        self.ticks_written = 0
 
     def stop(self) -> None:
         """Ask the thread to end (within a slice); a round in progress is aborted."""
@@ -93,18 +117,38 @@ class RoundWatcher:
     def stopping(self) -> bool:
         return self._stop.is_set()
 
+    def tick_of(self, k: int) -> int:
+        """How many ticks went by in round ``k`` as far as this watcher saw (0 for a
+        round it is not in yet)."""
+        at = self.at
+        return at[1] if at[0] == k else 0
+
     def run(self) -> None:
         """The thread's body: one round after another until :meth:`stop`."""
         try:
             wait_s = self._slice_s
+            last = time.monotonic()  # the last tick, or the round's start
             while not self._stop.is_set():
                 k = self._owner.round
-                raw = self.store.get(self.keys.proposal(k), wait_s)
+                if self.at[0] != k:
+                    self.at, last = (k, 0), time.monotonic()
+                t = self.at[1]
+                key = self.keys.proposal(k, t)
+                raw = self.store.get(key, wait_s)
                 wait_s = self._slice_s
-                if raw is None:
+                if raw is None and time.monotonic() - last >= self._tick_after_s:
+                    # end every rank's waits on the key: each left with the service
+                    # stays there until the key is written (the module's *Ticks*)
+                    if self.store.put(key, TICK):
+                        self.ticks_written += 1
+                    raw = self.store.get(key, self._slice_s)  # ours, or a proposal
+                if raw is None or raw == TICK:
+                    if raw is not None:
+                        self.at, last = (k, t + 1), time.monotonic()
                     if self._between is not None and self._between():
                         wait_s = BRIEF_S  # more to do between rounds: look, then go on
                     continue
+                self.found = (k, key)
                 self._round_of(k, raw)
         except CoordinationError as exc:
             self._owner.stop_with(str(exc))
@@ -215,11 +259,16 @@ class RoundWatcher:
             return rules.abort(proposal, "the decision key holds no decision for this round")
         return d
 
-    def force_abort(self, k: int, why: str) -> None:
+    def force_abort(self, k: int, why: str, key: str | None = None) -> None:
         """Write an abort as round ``k``'s decision unless one is there (the training
-        thread's last resort when the watcher did not settle the round)."""
+        thread's last resort when the watcher did not settle the round). ``key``: where
+        round ``k``'s proposal is, if the caller wrote it; else where the watcher found
+        it (or would look next)."""
+        found = self.found
+        if key is None:
+            key = found[1] if found is not None and found[0] == k else None
         try:
-            raw = self.store.try_get(self.keys.proposal(k))
+            raw = self.store.try_get(key or self.keys.proposal(k, self.tick_of(k)))
             if raw is None:
                 return
             proposal = p.decode_rank(raw)
@@ -229,4 +278,13 @@ class RoundWatcher:
             self._owner.stop_with(f"could not abort round {k}: {exc}")
 
 
-__all__ = ["ACKS_PER_READER", "BRIEF_S", "MAX_ACK_READERS", "Owner", "RoundWatcher", "reader_count"]
+__all__ = [
+    "ACKS_PER_READER",
+    "BRIEF_S",
+    "LATE_TICK_S",
+    "MAX_ACK_READERS",
+    "TICK_S",
+    "Owner",
+    "RoundWatcher",
+    "reader_count",
+]

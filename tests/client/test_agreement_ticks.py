@@ -1,0 +1,149 @@
+"""Ticks: no rank's waits for a proposal pile up in the store while no round comes.
+
+TensorFlow's coordination service keeps every get that timed out on a key not written
+yet, and its client too, about 35 KB between them, until the key is written
+(benchmarks/coordination_gets.py measures it): ranks that waited for the next proposal
+in half-second slices grew the chief's process by about 110 MB per rank and hour
+between two rounds. The store here counts those gets; the ranks are real
+:class:`~adaptd.client.agreement.rounds.Agreement` objects with their watcher threads.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+
+from adaptd.client.agreement.kv import TICK, Keys
+from adaptd.client.agreement.ranks import Identity
+from adaptd.client.agreement.rounds import Agreement, AgreementOptions
+from adaptd.client.agreement.watcher import LATE_TICK_S, TICK_S
+from adaptd.client.save.schedule import SaveSchedule
+from client.kv_store import DictStore, WaitingDictStore
+
+SLICE_S = 0.25
+DEADLINE_S = 20.0
+
+
+class KeptGets(WaitingDictStore):
+    """Counts the gets that timed out on a key not written, by key: what the
+    coordination service keeps until the key is written."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.timed_out: Counter[str] = Counter()
+
+    def get(self, key: str, timeout_s: float) -> str | None:
+        raw = super().get(key, timeout_s)
+        if raw is None:
+            with self._written:
+                if key not in self.data:
+                    self.timed_out[key] += 1
+        return raw
+
+    def kept(self) -> int:
+        """The timed-out gets whose keys are still not written."""
+        with self._written:
+            return sum(n for key, n in self.timed_out.items() if key not in self.data)
+
+
+def ranks(store: KeptGets, world: int, which: range) -> list[Agreement]:
+    out = [
+        Agreement(
+            store,
+            Identity("ticks", r, world),
+            position=lambda: 0,
+            wake=lambda: None,
+            session=0,
+            options=AgreementOptions(timeout_s=DEADLINE_S, slice_s=SLICE_S, lead_time_s=0.0),
+        )
+        for r in which
+    ]
+    for a in out:
+        a.start()
+    return out
+
+
+def close(store: KeptGets, agreements: list[Agreement]) -> None:
+    for a in agreements:
+        a._watcher.stop()
+    store.close()
+    for a in agreements:
+        a.close()
+
+
+def idle(seconds: float) -> None:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        time.sleep(0.05)  # the idle time is what is tested
+
+
+def test_idle_ranks_keep_no_more_waits_than_one_tick_holds() -> None:
+    """Three ranks idle for 3.5 ticks: about 14 slices each timed out, on keys the
+    chief's ticks wrote since, so at most the current tick's few are kept. Without the
+    ticks every one of them stays (all on round 0's proposal key)."""
+    store = KeptGets()
+    agreements = ranks(store, 3, range(3))
+    try:
+        idle(3.5 * TICK_S)
+        kept, waited = store.kept(), sum(store.timed_out.values())
+        chief_ticks = agreements[0]._watcher.ticks_written
+        others = [a._watcher.ticks_written for a in agreements[1:]]
+    finally:
+        close(store, agreements)
+    assert waited >= 3 * 8, waited  # the ranks did wait, in slices
+    assert kept <= 3 * (TICK_S / SLICE_S + 1), (kept, waited)
+    assert chief_ticks >= 2 and others == [0, 0], (chief_ticks, others)
+
+
+def test_without_the_chief_the_others_tick_themselves() -> None:
+    """The chief's process stopped or gone: the other ranks end their own waits after
+    LATE_TICK_S without a tick (first writer wins: one tick per key)."""
+    store = KeptGets()
+    agreements = ranks(store, 3, range(1, 3))  # ranks 1 and 2; no chief
+    try:
+        idle(LATE_TICK_S + 1.5)
+        kept = store.kept()
+        ticks = sum(a._watcher.ticks_written for a in agreements)
+    finally:
+        close(store, agreements)
+    assert ticks >= 1
+    assert kept <= 2 * (TICK_S / SLICE_S + 2), kept
+
+
+def test_a_round_proposed_after_ticks_commits_at_the_key_the_ranks_wait_on() -> None:
+    store = KeptGets()
+    agreements = ranks(store, 2, range(2))
+    recorded = threading.Event()
+    try:
+        deadline = time.monotonic() + DEADLINE_S
+        while agreements[1]._watcher.tick_of(0) < 2:
+            assert time.monotonic() < deadline, "no tick came"
+            time.sleep(0.05)
+        chief = agreements[0]
+        chief.want_save("after ticks", 10)
+        chief.boundary(10, SaveSchedule(), None)
+        while not all(a.ledger.rounds for a in agreements):
+            assert time.monotonic() < deadline, "the round was never recorded"
+            time.sleep(0.05)
+        recorded.set()
+        found = [a._watcher.found for a in agreements]
+        committed = [a.rounds[0].commit for a in agreements]
+    finally:
+        close(store, agreements)
+    assert committed == [True, True]
+    keys = Keys.of("ticks", 0)
+    (k, key), other = found
+    assert k == 0 and key != keys.proposal(0) and other == found[0], found
+
+
+def test_a_proposer_behind_the_ticks_writes_at_the_first_key_no_tick_took() -> None:
+    store = DictStore()
+    keys = Keys.of("ticks", 0)
+    for t in range(3):
+        store.put(keys.proposal(0, t), TICK)
+    proposer = Agreement(store, Identity("ticks", 0, 2), position=lambda: 0, wake=lambda: None,
+                         session=0)  # fmt: skip
+    assert proposer._put_proposal(0, "mine") == (True, keys.proposal(0, 3))
+    assert store.put(keys.proposal(1, 0), "theirs")
+    assert proposer._put_proposal(1, "mine") == (False, keys.proposal(1, 0))
