@@ -23,9 +23,7 @@ a sweep every 20th pass one get per rank that sent nothing since: from that figu
 about 8 and 13 MB per rank and hour in the chief's process between two saves. So the
 chief *closes* a bell it found not rung: it writes :data:`CLOSED` there, which ends its
 own get's wait, and deletes it again. A rank whose ring meets a closed bell rings again
-once the chief has deleted it (a few times at once, then from its agreement thread
-after each quiet slice until it is rung: :meth:`Mailbox.ring_pending`; a ring given up
-waited for a sweep, longer than a relayed request may); one that meets :data:`RUNG` is
+once the chief has deleted it (:data:`RING_TRIES`); one that meets :data:`RUNG` is
 done, as before: the chief has not taken that bell down yet, and reads the group after
 it does. While the chief drains mail (its last call stopped at its bound) it does not
 close bells: the next pass that is not behind does, which gives back every get kept on
@@ -44,7 +42,6 @@ waiting for it: 0.26 s at 64 ranks, 1.4 s at 256 (docs/scale.md).
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
@@ -71,11 +68,10 @@ CALLS_PER_COLLECT = 32
 SWEEP_EVERY = 300
 #: What a rank writes at its group's bell, and what the chief writes at one not rung.
 RUNG, CLOSED = "1", "0"
-#: A rank whose ring meets a closed bell rings again this many times at once,
-#: :data:`RING_PAUSE_S` apart (the chief deletes a bell it closed at its next call);
-#: past them its agreement thread rings after each quiet slice until it is rung
-#: (:meth:`Mailbox.ring_pending`): a loaded chief can be descheduled between the two.
-RING_TRIES = 4
+#: A rank whose ring meets a closed bell rings again this many times, :data:`RING_PAUSE_S`
+#: apart (the chief deletes a bell it closed at once: its next call); past them the
+#: mail waits for the next ring of its group or a sweep.
+RING_TRIES = 20
 RING_PAUSE_S = 0.002
 
 
@@ -106,9 +102,8 @@ class Mailbox:
         #: Mail that could not be read (bad records), and posts that failed.
         self.bad = 0
         self.failed = 0
-        #: Rings that met a closed bell every time at once, left to :meth:`ring_pending`.
+        #: Rings that met a closed bell every time (their mail waits for a sweep).
         self.unrung = 0
-        self._ring_due = False
 
     def post(self, msg: p.Request | p.SaveCost) -> bool:
         """(A rank other than the chief.) Leave ``msg`` for the chief; False (logged)
@@ -126,33 +121,16 @@ class Mailbox:
             log.warning("could not send %s to the job's chief: %s", type(msg).__name__, exc)
             return False
 
-    def _ring(self, tries: int = RING_TRIES) -> bool:
+    def _ring(self) -> None:
         """Ring this rank's group's bell; one the chief is closing is rung again once
-        the chief has deleted it (see the module's *Closed bells*). False when it met a
-        closed bell every time: :meth:`ring_pending` rings later."""
+        the chief has deleted it (see the module's *Closed bells*)."""
         bell = self.keys.bell(self.rank // GROUP)
-        for attempt in range(tries):
+        for attempt in range(RING_TRIES):
             if self.store.put(bell, RUNG) or self.store.try_get(bell) == RUNG:
-                with self._lock:
-                    self._ring_due = False
-                return True  # rung: the chief reads the group after it takes the bell down
-            if attempt + 1 < tries:
+                return  # rung: the chief reads the group after it takes the bell down
+            if attempt:
                 time.sleep(RING_PAUSE_S)  # closed: the chief deletes it at its next call
-        with self._lock:
-            self.unrung += 1
-            self._ring_due = True
-        return False
-
-    def ring_pending(self) -> bool:
-        """(A rank's agreement thread, after a quiet slice.) Ring the bell a post could
-        not ring (it met a closed bell every time): once, nothing when none is due.
-        Returns False (nothing for the watcher to go on with at once)."""
-        with self._lock:
-            due = self._ring_due
-        if due:
-            with contextlib.suppress(Exception):  # the store gone: the job is ending
-                self._ring(tries=1)
-        return False
+        self.unrung += 1
 
     def collect(self) -> int:
         """(The chief's watcher thread.) Read the mail the other ranks left into

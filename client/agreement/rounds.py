@@ -154,12 +154,7 @@ class Agreement(Recorded):
             world_size=self.world_size,
             timeout_s=self._timeout_s,
             slice_s=self._slice_s,
-            # the others ring a bell their post found closed (mailbox.Mailbox.ring_pending)
-            between=(
-                (self._read_mail if self.world_size > 1 else None)
-                if who.chief
-                else self.mailbox.ring_pending
-            ),
+            between=self._read_mail if who.chief and self.world_size > 1 else None,
         )
         self._thread: threading.Thread | None = None
 
