@@ -25,9 +25,7 @@ chief *closes* a bell it found not rung: it writes :data:`CLOSED` there, which e
 own get's wait, and deletes it again. A rank whose ring meets a closed bell rings again
 once the chief has deleted it (:data:`RING_TRIES`); one that meets :data:`RUNG` is
 done, as before: the chief has not taken that bell down yet, and reads the group after
-it does. While the chief drains mail (its last call stopped at its bound) it does not
-close bells: the next pass that is not behind does, which gives back every get kept on
-them meanwhile. And a sweep reads every rank only every :data:`SWEEP_EVERY` passes.
+it does. And a sweep reads every rank only every :data:`SWEEP_EVERY` passes.
 
 Why the bells: reading every rank's next key costs a get per rank, about 1 ms each
 when there is no mail: at 2,048 ranks an idle chief would make about 4,000 gets a
@@ -140,10 +138,6 @@ class Mailbox:
         :class:`~adaptd.client.agreement.coordination.CoordinationError` when it is gone."""
         got = calls = 0
         groups = -(-self.world_size // GROUP)
-        # while a drain goes on (the last call stopped at its bound), bells are not
-        # closed: the next pass that is not behind closes them, which gives back every
-        # get kept on them meanwhile, at a third of the calls per bell during the drain
-        closing = not self.behind
         self.behind = False
         if self._cursor == 0 and not self._sweeping:  # a new pass over the groups
             self._passes += 1
@@ -152,7 +146,7 @@ class Mailbox:
             g = self._cursor
             bell = self.keys.bell(g)
             rung = self.store.try_get(bell) == RUNG
-            if not rung and closing:
+            if not rung:
                 # close it: writing the bell ends the wait of the get that missed it, which
                 # the service keeps until then; a ring that lands first makes this fail
                 rung = not self.store.put(bell, CLOSED)
