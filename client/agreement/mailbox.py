@@ -15,18 +15,6 @@ deletes what it read; at most :data:`CALLS_PER_COLLECT` such reads and deletes p
 call, going on from there at the next (:attr:`Mailbox.behind`). The training thread
 never waits for the mail.
 
-**Closed bells.** TensorFlow's coordination service keeps every get that timed out on
-a key not written yet until that key is written (issue 35: about 35 KB a get between
-the service and its client, both in the chief's process here; docs/scale.md). A bell
-looked at twice a second and rung once per save kept two gets a second per group, and
-a sweep every 20th pass one get per rank that sent nothing since: from that figure,
-about 8 and 13 MB per rank and hour in the chief's process between two saves. So the
-chief *closes* a bell it found not rung: it writes :data:`CLOSED` there, which ends its
-own get's wait, and deletes it again. A rank whose ring meets a closed bell rings again
-once the chief has deleted it (:data:`RING_TRIES`); one that meets :data:`RUNG` is
-done, as before: the chief has not taken that bell down yet, and reads the group after
-it does. And a sweep reads every rank only every :data:`SWEEP_EVERY` passes.
-
 Why the bells: reading every rank's next key costs a get per rank, about 1 ms each
 when there is no mail: at 2,048 ranks an idle chief would make about 4,000 gets a
 second. With bells an idle chief makes one get per group. No mail is missed: a rank
@@ -42,7 +30,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections import deque
 
 from adaptd.client.agreement.kv import Keys, Store
@@ -61,16 +48,8 @@ CALLS_PER_COLLECT = 32
 #: Every this many passes over the groups, one reads every rank's next key, rung or not:
 #: a get that waited longer than its millisecond for a key that *is* there (a busy
 #: host) reads as missing, and mail whose bell was already taken down would wait for
-#: the rank's next message; a sweep picks it up (every ~2.5 min while idle, at a pass
-#: per half-second slice of the watcher's wait).
-SWEEP_EVERY = 300
-#: What a rank writes at its group's bell, and what the chief writes at one not rung.
-RUNG, CLOSED = "1", "0"
-#: A rank whose ring meets a closed bell rings again this many times, :data:`RING_PAUSE_S`
-#: apart (the chief deletes a bell it closed at once: its next call); past them the
-#: mail waits for the next ring of its group or a sweep.
-RING_TRIES = 20
-RING_PAUSE_S = 0.002
+#: the rank's next message; a sweep picks it up (every ~10 s while idle).
+SWEEP_EVERY = 20
 
 
 class Mailbox:
@@ -100,8 +79,6 @@ class Mailbox:
         #: Mail that could not be read (bad records), and posts that failed.
         self.bad = 0
         self.failed = 0
-        #: Rings that met a closed bell every time (their mail waits for a sweep).
-        self.unrung = 0
 
     def post(self, msg: p.Request | p.SaveCost) -> bool:
         """(A rank other than the chief.) Leave ``msg`` for the chief; False (logged)
@@ -112,23 +89,12 @@ class Mailbox:
             self._sent += 1
         try:
             sent = self.store.put(self.keys.mail(self.rank, i), p.encode_json(msg))
-            self._ring()
+            self.store.put(self.keys.bell(self.rank // GROUP), "1")  # False: already rung
             return sent
         except Exception as exc:  # a lost message must never stop training
             self.failed += 1
             log.warning("could not send %s to the job's chief: %s", type(msg).__name__, exc)
             return False
-
-    def _ring(self) -> None:
-        """Ring this rank's group's bell; one the chief is closing is rung again once
-        the chief has deleted it (see the module's *Closed bells*)."""
-        bell = self.keys.bell(self.rank // GROUP)
-        for attempt in range(RING_TRIES):
-            if self.store.put(bell, RUNG) or self.store.try_get(bell) == RUNG:
-                return  # rung: the chief reads the group after it takes the bell down
-            if attempt:
-                time.sleep(RING_PAUSE_S)  # closed: the chief deletes it at its next call
-        self.unrung += 1
 
     def collect(self) -> int:
         """(The chief's watcher thread.) Read the mail the other ranks left into
@@ -145,13 +111,7 @@ class Mailbox:
         for _ in range(groups):
             g = self._cursor
             bell = self.keys.bell(g)
-            rung = self.store.try_get(bell) == RUNG
-            if not rung:
-                # close it: writing the bell ends the wait of the get that missed it, which
-                # the service keeps until then; a ring that lands first makes this fail
-                rung = not self.store.put(bell, CLOSED)
-                if not rung:
-                    self.store.delete(bell)
+            rung = self.store.try_get(bell) is not None
             if rung or self._sweeping:
                 if rung:
                     self.store.delete(bell)  # before reading: mail written after rings again
@@ -165,7 +125,7 @@ class Mailbox:
                         more = self.behind = True  # the rest of the group next time
                         break
                 if more:  # unread mail (over PER_COLLECT, or the bound): ring again
-                    self.store.put(bell, RUNG)
+                    self.store.put(bell, "1")
                 if self.behind:
                     return got
             self._cursor = (g + 1) % groups
@@ -210,4 +170,4 @@ class Mailbox:
         return out
 
 
-__all__ = ["CALLS_PER_COLLECT", "CLOSED", "GROUP", "PER_COLLECT", "RUNG", "SWEEP_EVERY", "Mailbox"]
+__all__ = ["CALLS_PER_COLLECT", "GROUP", "PER_COLLECT", "SWEEP_EVERY", "Mailbox"]

@@ -49,9 +49,8 @@ from adaptd.protocol import job as p
 log = logging.getLogger("adaptd.client")
 
 #: The chief reads the other ranks' mail at most this often, after a slice without a
-#: proposal (on the watcher thread: a get per doorbell, a put and a delete that close
-#: one not rung, and the mail of the groups that rang, a bounded share per call:
-#: :mod:`adaptd.client.agreement.mailbox`). In practice once per quiet slice.
+#: proposal (on the watcher thread: one get per doorbell, and the mail of the groups
+#: that rang, a bounded share per call: :mod:`adaptd.client.agreement.mailbox`).
 MAIL_S = 0.1
 #: A proposer tries at most this many keys past the watcher's for its round (each one a
 #: tick took): about a second each, so a proposer far behind gives up the round.
