@@ -10,8 +10,8 @@ set of facts, whenever it decides. The agent's thread, in rounds:
 3. syncs this host's slot claims (:class:`~adaptd.fleet.slots.SlotTable`) when something
    asks for it (a want or release of this host, enough releases on a target a job of
    this host waits for, a claim not settled yet), writes the failure records handed
-   to it, and re-reads the members, the claims and the fleet's failure records every
-   ``failures_every_s``;
+   to it, and re-reads the members and the fleet's failure records every
+   ``failures_every_s``, the claims every ``QUEUE_EVERY_S``;
 4. writes what the daemon sees wrong with its ranks (:meth:`FleetAgent.tell_rank`) and,
    while the daemon suspects a job of a hang (:meth:`FleetAgent.watch_ranks`), reads
    what the other hosts said of theirs, every ``poll_s`` (:mod:`adaptd.fleet.rank_facts`);
@@ -80,6 +80,16 @@ WATCH_S = 2.0
 #: keepalive, or the members' mark): under the link's ``stale_after_s`` (3 s), so
 #: the view of an idle daemon stays usable.
 IDLE_POLL_S = 2.0
+#: The claims (every host's, every target's) are read when this host's jobs want or
+#: release a slot and when a waiter's turn comes (counted on its watch of releases),
+#: and otherwise only this often: not at each periodic round (``failures_every_s``).
+#: Only the view of the targets that status and metrics show waits for it. Each read
+#: returns every claim, so in a storm of N hosts on one target, N hosts reading every
+#: 10 s (those done with their save, and the waiters) cost etcd N²/10 claims a second
+#: (issue 35). A waiter dates other hosts' claims by their create revision
+#: (:class:`~adaptd.fleet.session.HeardAt`), not by when it read them, so reading
+#: rarely keeps the queue's order fair.
+QUEUE_EVERY_S = 30.0
 #: Every this many reads of the failure records, all of them are read (the others
 #: read only what was written since): a record deleted by hand leaves the view.
 RECORDS_FULL_EVERY = 30
@@ -167,6 +177,7 @@ class FleetAgent:
         self._sessions = 0
         self._next_keepalive = 0.0
         self._next_failures = 0.0
+        self._next_queue = 0.0
         self._members = Members()
         self._members_mark = Mark()
         #: the fleet's failure records by (host, GPU model), as of ``_records_revision``
@@ -417,8 +428,10 @@ class FleetAgent:
                 self._rank_out = {**self._rank_facts}
             rank_out = dict(self._rank_out)
             watched = self._watched_jobs
-        full = fresh or now >= self._next_failures  # members, claims and records re-read
-        sync = sync or full or not self._view.up
+        full = fresh or now >= self._next_failures  # members and records re-read
+        # the claims are read when this host's jobs want or release a slot, a waiter's
+        # turn comes (``sync``), and every QUEUE_EVERY_S, not at each full round
+        sync = sync or fresh or not self._view.up or now >= self._next_queue
         light = not (fresh or sync or to_publish or rank_out or watched)  # one call
         if not fresh and now >= self._next_keepalive:
             s.keepalive()
@@ -436,6 +449,7 @@ class FleetAgent:
             targets, granted, waiting = state.targets, state.granted, state.waiting
             grants, conflicts = state.new_grants, state.conflicts
             self._deleted, self._watch_from = [], self._table.read_revision + 1
+            self._next_queue = now + QUEUE_EVERY_S
         if mark is None and sync:
             mark = self._table.mark  # taken with the claims, in the same request
         if not fresh and mark is not None and mark != self._members_mark:

@@ -23,6 +23,7 @@ Built on ``etcd3gw`` (etcd's v3 JSON gateway over HTTP(S); its ``/version`` prob
 from __future__ import annotations
 
 import base64
+import bisect
 import contextlib
 import json
 import logging
@@ -233,6 +234,50 @@ class Guard:
         return out
 
 
+#: How many revisions a session remembers when it first heard of (:class:`HeardAt`).
+REVISIONS_KEPT = 4096
+
+
+class HeardAt:
+    """When this session first heard of each revision of etcd, on its own clock.
+
+    Every answer carries etcd's revision (the header's, or a watched event's); the first
+    answer at or past revision ``r`` says that anything etcd stored by ``r`` existed by
+    the time it came. So a key's create revision dates it on this daemon's clock to
+    within the gap between two of its calls, however long ago it first read the key
+    (:meth:`dated`). That is what lets a daemon date another host's claim without
+    trusting that host's clock and without re-reading the queue to see it early
+    (issue 35: each waiter's read of the whole queue every 10 s, N²/10 claims a second
+    in a storm on one target, was the limit at 500 hosts).
+
+    Keeps the newest :data:`REVISIONS_KEPT` revisions it heard of (one per call that
+    moved etcd on, about an hour at a call a second); a revision older than those is
+    dated by the oldest kept (it existed by then, at least).
+    """
+
+    def __init__(self, keep: int = REVISIONS_KEPT) -> None:
+        if keep < 1:
+            raise ValueError(f"keep must be >= 1, got {keep}")
+        self._keep = keep
+        self._revisions: list[int] = []
+        self._times: list[float] = []
+
+    def heard(self, revision: int, at: float) -> None:
+        """An answer said etcd was at ``revision`` when it came, at ``at``."""
+        if self._revisions and revision <= self._revisions[-1]:
+            return
+        self._revisions.append(revision)
+        self._times.append(at)
+        if len(self._revisions) > 2 * self._keep:
+            del self._revisions[: -self._keep], self._times[: -self._keep]
+
+    def dated(self, revision: int) -> float | None:
+        """When this session first heard of ``revision`` or a later one (what etcd
+        stored at ``revision`` existed by then), or ``None`` if it has not yet."""
+        i = bisect.bisect_left(self._revisions, revision)
+        return self._times[i] if i < len(self._times) else None
+
+
 @dataclass(frozen=True, slots=True)
 class Entry:
     """One key as etcd returned it."""
@@ -283,6 +328,8 @@ class EtcdSession:
         self.lease_id: int | None = None
         #: revision of the newest answer (etcd's header)
         self.revision = 0
+        #: when this session first heard of each revision (dates keys by theirs)
+        self.heard_at = HeardAt()
         self._waiting = False
         self._watch: Any = None  # the watch response being read, for interrupt_wait
 
@@ -467,6 +514,8 @@ class EtcdSession:
                         kv = event.get("kv", {})
                         deleted.append(base64.b64decode(kv.get("key", "")).decode())
                         revision = max(revision, int(kv.get("mod_revision", 0)))
+                    if revision >= start_revision:
+                        self.heard_at.heard(revision, self.clock())
                     if deleted and enough(deleted):
                         return WatchOutcome(deleted, revision)
                 if self.clock() >= deadline:
@@ -560,6 +609,7 @@ class EtcdSession:
             header = out.get("header") if isinstance(out, dict) else None
             if header and "revision" in header:
                 self.revision = max(self.revision, int(header["revision"]))
+                self.heard_at.heard(self.revision, self.clock())
             return out
         raise FleetUnavailable(
             f"etcd did not answer {path} within {self.settings.call_deadline_s:g}s: "

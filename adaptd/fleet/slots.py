@@ -88,8 +88,8 @@ class Claim:
     ``at_risk_gpu_s`` is the job's work at risk (GPU-seconds since its last durable
     save) at time ``stamped``; while it waits that grows at ``gpus`` per second
     (:meth:`risk_at`), so the record need not be rewritten as time passes. A daemon
-    reads ``stamped`` as the time it first saw the claim, on its own monotonic clock
-    (:meth:`SlotTable.read`): hosts' wall clocks may differ by any amount.
+    reads ``stamped`` as when it first heard of the claim's create revision, on its own
+    monotonic clock (:meth:`SlotTable.read`): hosts' wall clocks may differ by any amount.
     """
 
     host: str
@@ -488,13 +488,18 @@ class SlotTable:
     def read(self, now: float | None = None) -> tuple[list[Claim], int]:
         """Every claim in the fleet, and the revision to compare against when acting on them.
 
-        With ``now`` (this daemon's monotonic clock), each claim's ``stamped`` is when
-        this daemon first saw it, so the growth of work at risk is measured on one
-        clock. The owners' stamps came from their wall clocks: with hosts' clocks 30 s
-        apart, each daemon put the other's claim behind its own (or ahead), both waited
-        for the other, and a free slot stayed unused for 26 s
-        (tests/fleet/test_fleet_matrix.py). Daemons see a claim within a poll of each
-        other, so they now agree on the order up to that.
+        With ``now`` (this daemon's monotonic clock, the session's), each claim's
+        ``stamped`` is when this daemon first heard of the claim's create revision
+        (:class:`~adaptd.fleet.session.HeardAt`), so the growth of work at risk is
+        measured on one clock. The owners' stamps came from their wall clocks: with
+        hosts' clocks 30 s apart, each daemon put the other's claim behind its own (or
+        ahead), both waited for the other, and a free slot stayed unused for 26 s
+        (tests/fleet/test_fleet_matrix.py). Dated by revision, a claim is as old to
+        every daemon as it is, up to the gap between two of that daemon's calls, however
+        long ago the daemon last read the queue: a waiter reads it on its turn and every
+        ``QUEUE_EVERY_S`` (:mod:`adaptd.fleet.agent`), not every 10 s (issue 35: a
+        daemon that dated a claim by when it first *read* it saw a long-waiting job as
+        new, and a small job took the slot of a big one that had passed it in line).
         """
         (entries, grants), mark = self.session.get_prefixes_marking(
             [self.keys.claims, self.keys.grants], self._marked
@@ -512,9 +517,13 @@ class SlotTable:
         claims = parse_claims(entries, self.keys)
         if now is not None:
             first: dict[tuple[str, str, str, int], float] = {}
+            heard = self.session.heard_at
             for i, c in enumerate(claims):
                 key = (c.host, c.target, c.job, c.create_revision)
-                first[key] = self._first_seen.get(key, now)
+                if key not in self._first_seen:
+                    at = heard.dated(c.create_revision)
+                    self._first_seen[key] = now if at is None else min(at, now)
+                first[key] = self._first_seen[key]
                 claims[i] = replace(c, stamped=first[key])
             self._first_seen = first
             self._note_in_line(claims, now)

@@ -263,14 +263,17 @@ def test_two_daemons_deciding_from_the_same_state_cannot_both_take_the_last_slot
     tb.session.close()
 
 
-def _member_tables(etcd: Etcd, prefix: str, hosts: str, grants: str = NUMBERED_SLOTS):
+def _member_tables(
+    etcd: Etcd, prefix: str, hosts: str, grants: str = NUMBERED_SLOTS, clock=time.monotonic
+):
     """One table per host, registered as a member whose record says ``grants``; each
     table knows the members as the agent would tell it (issue 35's rules). The members'
     records say what this code takes by, but the tables are this code: ``per-target``
-    makes them take as a fleet with a member of the previous version up does."""
+    makes them take as a fleet with a member of the previous version up does. ``clock``:
+    the sessions' (the clock of the ``wall`` their syncs are given)."""
     tables = []
     for h in hosts:
-        s = EtcdSession(settings(etcd.url, h, prefix)).open()
+        s = EtcdSession(settings(etcd.url, h, prefix), clock=clock).open()
         register(s, Member(h, 1, 0.0, "test", grants=grants))
         tables.append(SlotTable(s, marked=s.keys.members))
     members = read_members(tables[-1].session)
@@ -461,6 +464,77 @@ def test_a_waiter_in_line_that_does_not_take_a_free_slot_is_passed_over(etcd: Et
     assert sorted(holders(etcd, fleet_prefix)) == [("a", T, "ja")]
     for t in (ta, tb):
         t.session.close()
+
+
+def test_a_claim_is_dated_by_its_revision_not_by_when_a_daemon_first_read_it(
+    etcd: Etcd, fleet_prefix
+):
+    """Issue 35: a waiter reads the queue at its turn and every QUEUE_EVERY_S, so it may
+    first read another host's claim long after the claim was made. Dated by that read,
+    a 64-GPU job that had waited 30 s looked new, and a 1-GPU job with more work at risk
+    when it asked took the slot the big one had earned by waiting. Dated by its create
+    revision, the big claim is as old to the late reader as to everyone."""
+    now = [0.0]
+    th, tb, ts = _member_tables(etcd, fleet_prefix, "hbs", clock=lambda: now[0])
+    assert th.sync({"j0": Want(T, 1, 0.0, 1, 0.0)}, wall=0.0).granted == {"j0"}
+    big = {"j-big": Want(T, 1, 0.0, 64, 0.0)}
+    assert tb.sync(big, wall=0.0).waiting == {"j-big"}
+    now[0] = 1.0
+    ts.session.mark(ts.keys.members)  # any call: the small host's daemon polls etcd
+    now[0] = 31.0  # 64 GPUs × 30 s waited: 1,920 GPU-seconds at risk, against 1,000
+    small = {"j-small": Want(T, 1, 1000.0, 1, 31.0)}
+    assert ts.sync(small, wall=31.0).waiting == {"j-small"}  # its first read of the queue
+    stamped = {c.job: c.stamped for c in ts.read(now=31.0)[0]}
+    assert stamped["j-big"] == 1.0  # known by its first call after the claim
+    assert th.sync({}, wall=31.0).granted == frozenset()  # the release
+    assert ts.sync(small, wall=31.5).waiting == {"j-small"}  # the big job's turn
+    assert tb.sync(big, wall=31.5).granted == {"j-big"}
+    assert holders(etcd, fleet_prefix) == [("b", T, "j-big")]
+    for t in (th, tb, ts):
+        t.session.close()
+
+
+def test_the_queue_is_read_at_a_waiters_turn_not_at_each_periodic_round(etcd: Etcd, fleet_prefix):
+    """Issue 35: every member re-read every claim at each periodic round (10 s), N²/10
+    claims a second from etcd in a storm of N hosts on one target (the waiters, and
+    those done with their save). Now a waiter not next in line reads the claims when
+    enough releases came for its turn, a member with nothing to take not at all (both
+    every QUEUE_EVERY_S): here neither reads in 3 s of rounds every 0.3 s, and the slot
+    still reaches the waiter at the release."""
+    holder = agent(etcd, "h0", fleet_prefix)
+    waiter, idle = (
+        FleetAgent(settings(etcd.url, h, fleet_prefix), poll_s=0.2, failures_every_s=0.3).start()
+        for h in ("h1", "h2")
+    )
+    try:
+        holder.want("j0", T, cap=1, at_risk_gpu_s=0, gpus=1)
+        holder.wait_for(lambda v: "j0" in v.granted, 10)
+        waiter.want("j1", T, cap=1, at_risk_gpu_s=10, gpus=1)
+        waiter.wait_for(lambda v: "j1" in v.waiting, 10)
+        idle.wait_for(lambda v: v.up, 10)
+        reads: dict[str, int] = {"h1": 0, "h2": 0}
+        for member in (waiter, idle):
+            table = member._table
+            assert table is not None
+            host, read = member.settings.host, table.read
+
+            def counted(*a, host=host, read=read, **kw):
+                reads[host] += 1
+                return read(*a, **kw)
+
+            table.read = counted  # type: ignore[method-assign]
+        rounds = (waiter.view().last_ok, idle.view().last_ok)
+        ends = time.monotonic() + 3.0
+        while time.monotonic() < ends:  # the wait is the test
+            time.sleep(0.1)
+        assert waiter.view().last_ok != rounds[0] and idle.view().last_ok != rounds[1]
+        assert reads == {"h1": 0, "h2": 0}
+        holder.release("j0")
+        waiter.wait_for(lambda v: "j1" in v.granted, 10)
+        assert reads["h1"] > 0  # at its turn
+    finally:
+        for x in (holder, waiter, idle):
+            x.stop()
 
 
 def test_a_waiter_keeps_its_lease_and_place_under_the_shortest_ttl(etcd: Etcd, fleet_prefix):
