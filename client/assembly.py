@@ -72,6 +72,7 @@ class HookParts:
     restorer: Restorer
     link: DaemonLink
     session: DaemonSession
+    collective_bound: float | None = None  # the collective watchdog's (a multi-worker rank)
 
 
 def parts(
@@ -113,6 +114,7 @@ def parts(
     coordinated = who.world_size > 1 and coordination.service_configured()
     part = None
     jit = None
+    bounded = None
     if coordinated:
         replicated, own = per_rank.split(prepared, marked)
         part = RankPart(own, rank=who.rank, world_size=who.world_size, directory=directory,
@@ -121,8 +123,8 @@ def parts(
         moved = just_in_time.counters_of(trackables, options.step_counters)
         counters = just_in_time.Counters(moved)
         jit = JustInTime(state, part, counters, directory, enabled=options.just_in_time)
-        collective_timeout.apply(collective_timeout.strategy_of(trackables),
-                                 options.collective_timeout)  # fmt: skip
+        bounded = collective_timeout.bound(collective_timeout.strategy_of(trackables),
+                                           options.collective_timeout)  # fmt: skip
     else:
         state = CheckpointState(prepared)
     writer = Writer(state.checkpoint, options.writer_nice)
@@ -169,7 +171,7 @@ def parts(
     saver = Saver(schedule, saves, durable, session)
     return HookParts(
         directory, who, policy.policy, endpoint, source, state, part, jit, writer, durable,
-        schedule, saver, authority, restorer, link, session,
+        schedule, saver, authority, restorer, link, session, bounded,
     )  # fmt: skip
 
 

@@ -29,6 +29,7 @@ import atexit
 import logging
 import os
 import signal
+import threading
 import weakref
 from collections.abc import Callable
 from time import perf_counter
@@ -44,6 +45,7 @@ from adaptd.client.options import HookOptions
 from adaptd.client.restore import intact, remote
 from adaptd.client.restore import notes as resume_notes
 from adaptd.client.restore.resume import Resumed
+from adaptd.client.save import collective_timeout
 from adaptd.client.save.costs import Baseline, StepClock
 from adaptd.client.save.just_in_time import Outcome as JitOutcome
 from adaptd.client.save.peer_failure import ABORTED_MARKER, abort_collectives, peer_failure
@@ -118,6 +120,8 @@ class AdaptiveCheckpointer(HookViews):
         self._save_on_close = bool(settings.save_on_close)
         self._state, self._part, self._writer = built.state, built.part, built.writer
         self._jit = built.jit
+        self._collective_bound = built.collective_bound
+        self._watchdog: collective_timeout.Watchdog | None = None
         #: What the last peer failure led to (:meth:`save_on_peer_failure`; None: none).
         self.just_in_time: JitOutcome | None = None
         self._durable, self._schedule, self._saver = built.durable, built.schedule, built.saver
@@ -255,6 +259,8 @@ class AdaptiveCheckpointer(HookViews):
             return None
         self._session.peers_lost()  # the chief may be stopped: post nothing to it
         self._saver.finish(self._n, None, CLOSE_TIMEOUT_S)  # its part may be a replay's base
+        if self._watchdog is not None:
+            self._watchdog.thread = threading.get_ident()  # the thread that runs the steps
         abort = self._abort_heard()
         if abort is not None and abort.culprit == self.rank:  # it may be behind: never writes
             why = "the daemon took this rank for the cause of the stall: it saves nothing"
@@ -314,6 +320,7 @@ class AdaptiveCheckpointer(HookViews):
             self._sigterm.install()
         self._authority.start()
         self._beat()
+        self._guard()
         self._store_due()
         self._tick_at = now + self._poll_s
 
@@ -404,6 +411,17 @@ class AdaptiveCheckpointer(HookViews):
             curve_server_key=o.curve_server_key, curve_client_key=o.curve_client_key,
         ).start()  # fmt: skip
 
+    def _guard(self) -> None:
+        """Start the bound on a collective with a silent peer (a rank of a multi-worker
+        job: :mod:`adaptd.client.save.collective_timeout`), watching this thread."""
+        if self._collective_bound is None or self._watchdog is not None:
+            return
+        self._watchdog = collective_timeout.Watchdog(
+            self._collective_bound, position=lambda: self._n, holding=lambda: bool(self._holding)
+        )
+        self._watchdog.thread = threading.get_ident()
+        self._watchdog.start()
+
     def _wake(self) -> None:
         self._due = 0  # (any thread) the next step takes the slow path
 
@@ -448,6 +466,8 @@ class AdaptiveCheckpointer(HookViews):
         finally:
             if self._heartbeat is not None:
                 self._heartbeat.stop()
+            if self._watchdog is not None:
+                self._watchdog.stop()
             self._authority.close()
             self._link.close(linger_ms=200)
             if self._sigterm is not None:

@@ -106,13 +106,15 @@ class HookOptions:
         step_counters: keywords of scalar integer variables among the state that each
             step moves (as ``optimizer.iterations``, which is found by itself): a
             just-in-time save puts them back to the last completed step's value.
-        collective_timeout: seconds after which a collective of a multi-worker job with
-            a silent peer fails, set on the ``MultiWorkerMirroredStrategy`` when its
-            ``CommunicationOptions`` has none (the user's own timeout is kept, never
-            replaced); None leaves the strategy as it is. It bounds what TensorFlow's
-            heartbeat (about 10 s) does not see, a peer whose process lives but does
-            not take part; it must exceed the longest wait between two collectives of a
-            healthy rank (see docs/multiworker.md, "Just-in-time saves").
+        collective_timeout: seconds after which a collective of a multi-worker job with a
+            silent peer fails, bounded by one watchdog thread of the hook (not TensorFlow's per-
+            collective timeout, which holds a thread per collective for the whole timeout); ten
+            times the typical step time if longer. When the ``MultiWorkerMirroredStrategy``'s
+            ``CommunicationOptions`` has a timeout, the user's own is kept and there is no
+            watchdog; None turns the bound off. It bounds what TensorFlow's heartbeat (about 10
+            s) does not see, a peer whose process lives but does not take part; it must exceed
+            the longest wait between two collectives of a healthy rank (see docs/multiworker.md,
+            "Just-in-time saves").
         stall_floor, stall_cap: seconds; the shortest and the longest silence (no step
             completed by any rank) the daemon takes for a hang of this multi-worker job,
             whatever its step times say (None: the daemon's config, else 7 and 300;

@@ -31,7 +31,14 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-__all__ = ["ABORTED_MARKER", "MARKERS", "TYPES", "abort_collectives", "peer_failure"]
+__all__ = [
+    "ABORTED_MARKER",
+    "MARKERS",
+    "TYPES",
+    "abort_collectives",
+    "peer_failure",
+    "time_out_collectives",
+]
 
 #: The start of the reason a daemon's abort gives TensorFlow (in every error it raises).
 ABORTED_MARKER = "adaptd: the job stalled"
@@ -70,6 +77,20 @@ def peer_failure(exc: BaseException | None) -> str | None:
                     return f"{type(exc).__name__}: {marker}"
         exc = exc.__cause__ or exc.__context__
     return None
+
+
+def time_out_collectives(reason: str) -> None:
+    """Make every pending and later collective of this process raise
+    ``DeadlineExceededError`` "Collective has timed out during execution" naming
+    ``reason``: what TensorFlow's own per-collective timeout raises, from the hook's
+    one watchdog instead (:mod:`adaptd.client.save.collective_timeout`). Any thread; the
+    process cannot run a collective again."""
+    from tensorflow.python.eager import context  # private: kept here, in one place
+    from tensorflow.python.framework import errors
+
+    context.context().abort_collective_ops(
+        errors.DEADLINE_EXCEEDED, f"Collective has timed out during execution: {reason}"
+    )
 
 
 def abort_collectives(reason: str) -> None:

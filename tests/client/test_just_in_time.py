@@ -147,10 +147,12 @@ def test_only_iterators_can_be_replayed() -> None:
     assert "'rng' (Generator) is not a data iterator" in why
 
 
-def test_the_hooks_collective_timeout_is_set_unless_the_user_set_one() -> None:
+def test_the_hooks_collective_bound_is_a_watchdog_unless_the_user_set_one() -> None:
     """On a (one-worker) MultiWorkerMirroredStrategy, in a process of its own (it
-    configures the process's collectives): no timeout -> the hook's; the user's own ->
-    kept; a strategy without collectives -> none."""
+    configures the process's collectives): no timeout -> the hook's watchdog, and the
+    strategy's options left alone (TensorFlow's timeout holds a thread per collective
+    for the whole timeout: client/save/collective_timeout.py); the user's own -> kept,
+    no watchdog; a strategy without collectives -> none."""
     code = """
 import tensorflow as tf
 from adaptd.client.save import collective_timeout as ct
@@ -158,11 +160,13 @@ strategy = tf.distribute.MultiWorkerMirroredStrategy()
 with strategy.scope():
     v = tf.Variable(1.0)
 assert ct.strategy_of({"v": v}) is strategy
-assert ct.apply(strategy, 7.0) == 7.0
-assert strategy.extended._communication_options.timeout_seconds == 7.0
-assert strategy.extended._host_cross_device_ops._options.timeout_seconds == 7.0
-assert ct.apply(strategy, 9.0) == 7.0
-assert ct.apply(tf.distribute.get_strategy(), 7.0) is None
+assert ct.bound(strategy, 7.0) == 7.0
+assert not strategy.extended._communication_options.timeout_seconds
+assert not strategy.extended._host_cross_device_ops._options.timeout_seconds
+assert ct.bound(strategy, None) is None
+strategy.extended._communication_options.timeout_seconds = 9.0
+assert ct.bound(strategy, 7.0) is None
+assert ct.bound(tf.distribute.get_strategy(), 7.0) is None
 print("ok")
 """
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "TF_CPP_MIN_LOG_LEVEL": "2"}
@@ -170,6 +174,120 @@ print("ok")
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                           text=True, timeout=120)  # fmt: skip
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
+
+
+#: A process with real collectives and the hook's watchdog (bound 1 s, a look every
+#: 0.1 s): collectives of a group of one complete; of a group of two, with no second
+#: member, never do (a peer that never joins).
+WATCHDOG = """
+import json, threading, time
+import tensorflow as tf
+from adaptd.client.save import collective_timeout as ct
+from adaptd.client.save.peer_failure import peer_failure
+ct.CHECK_S = 0.1
+
+def reduce(x, size, key, timeout=0.0):
+    return tf.raw_ops.CollectiveReduceV2(
+        input=x, group_size=tf.constant(size), group_key=tf.constant(key),
+        instance_key=tf.constant(1), ordering_token=[], merge_op="Add", final_op="Id",
+        timeout_seconds=timeout)
+
+@tf.function
+def step(x):
+    return reduce(x, 1, 1) + 1
+
+@tf.function
+def timed_step(x):  # TensorFlow's own timeout, as the hook set it before
+    return reduce(x, 1, 1, 120.0) + 1
+
+@tf.function
+def stuck(x):
+    return reduce(x, 2, 2) + 1
+
+@tf.function
+def slow(x):  # no collective: 2 s in one call
+    return tf.py_function(lambda v: (time.sleep(2.0), v)[1], [x], tf.float32)
+
+def threads():
+    for line in open("/proc/self/status"):
+        if line.startswith("Threads:"):
+            return int(line.split()[1])
+
+n, hold = 0, [False]
+w = ct.Watchdog(1.0, position=lambda: n, holding=lambda: hold[0])
+w.thread = threading.get_ident()
+w.start()
+x = tf.constant(1.0)
+step(x); timed_step(x); slow(x)
+out = {"threads": [threads()]}
+for _ in range(200):
+    step(x); n += 1
+out["threads"].append(threads())
+for _ in range(200):
+    timed_step(x); n += 1
+out["threads"].append(threads())
+slow(x); n += 1
+out["fired_slow"] = w.fired
+hold[0] = True  # the hook holds the loop (a save, a round): its waits are not a peer's
+threading.Timer(2.0, lambda: hold.__setitem__(0, False)).start()
+t = time.monotonic()
+try:
+    stuck(x)
+except tf.errors.DeadlineExceededError as exc:
+    out["error"] = type(exc).__name__
+    out["peer_failure"] = peer_failure(exc)
+out["stuck_s"] = time.monotonic() - t
+out["fired"] = w.fired
+w.stop()
+print(json.dumps(out))
+"""
+
+
+def test_the_watchdog_ends_a_collective_a_peer_never_joins_and_costs_no_thread_per_collective():
+    """The hook's bound on a silent peer (client/save/collective_timeout.py), with real
+    collectives: 200 collectives leave the thread count as it was (TensorFlow's own
+    timeout adds about a thread each: the cause, shown beside it); a 2 s call without
+    collectives is left alone; a call whose collective never completes raises what
+    TensorFlow's timeout raised, a peer failure, within the bound once the hook stopped
+    holding the loop (2 s held, then 1 s)."""
+    import json
+
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "TF_CPP_MIN_LOG_LEVEL": "3"}
+    env.pop("TF_CONFIG", None)
+    done = subprocess.run([sys.executable, "-c", WATCHDOG], env=env, capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    start, plain, timed = out["threads"]
+    assert plain - start <= 5, out  # the watchdog: no thread per collective
+    assert timed - plain >= 150, out  # TensorFlow's timeout: about one each (120 s)
+    assert out["fired_slow"] is None, out
+    assert out["error"] == "DeadlineExceededError", out
+    assert (out["peer_failure"] or "").startswith("DeadlineExceededError: Collective"), out
+    assert 2.9 < out["stuck_s"] < 6.0, out
+    assert "stuck" in out["fired"] and "holds collectives" in out["fired"], out
+
+
+def test_the_watchdogs_bound_grows_with_the_steps_time(monkeypatch) -> None:
+    """Steps of 0.5 s: the bound is 10 × 0.5 = 5 s, not the 1 s asked (a job of long
+    steps is not taken for hung); steps of 10 ms leave it at 1 s."""
+    from adaptd.client.save import collective_timeout as ct
+
+    now, n = [0.0], [0]
+    w = ct.Watchdog(1.0, position=lambda: n[0], holding=lambda: False, clock=lambda: now[0])
+    assert w.limit() == 1.0
+    for _ in range(5):
+        w.check()
+        now[0] += 1.0
+        n[0] += 2  # two steps a second
+    assert w.limit() == pytest.approx(5.0)
+    for _ in range(ct.STEP_HISTORY):
+        w.check()
+        now[0] += 1.0
+        n[0] += 100
+    assert w.limit() == 1.0
+    with pytest.raises(ValueError, match="collective_timeout must be > 0"):
+        ct.Watchdog(0.0, position=lambda: 0, holding=lambda: False)
 
 
 def test_adaptd_verify_checks_the_part_a_replay_note_starts_from(tmp_path) -> None:
