@@ -259,7 +259,7 @@ def test_the_watchdog_ends_a_collective_a_peer_never_joins_and_costs_no_thread_p
     assert done.returncode == 0, done.stderr[-3000:]
     out = json.loads(done.stdout.strip().splitlines()[-1])
     start, plain, timed = out["threads"]
-    assert plain - start <= 5, out  # the watchdog: no thread per collective
+    assert plain - start <= 20, out  # the watchdog: no thread per collective (TF pools aside)
     assert timed - plain >= 150, out  # TensorFlow's timeout: about one each (120 s)
     assert out["fired_slow"] is None, out
     assert out["error"] == "DeadlineExceededError", out
