@@ -12,6 +12,8 @@ Keys of one checkpointer's session (``adaptd/<job>/<session>/``)::
     mail/<rank>/<i>      a rank's i-th message to the chief (Request, SaveCost;
                          :mod:`adaptd.client.agreement.mailbox`)
     mail/bell/<group>    rung by a rank of the group after it wrote mail
+    mail/bell/any        rung by the same rank after its group's bell; the one key
+                         the chief waits on for mail
 
 **Ticks.** While no round is proposed, the chief writes :data:`TICK` as the key every
 rank waits on, about every second (:mod:`adaptd.client.agreement.watcher`), and every
@@ -95,6 +97,10 @@ class Keys:
 
     def bell(self, group: int) -> str:
         return f"{self.prefix}/mail/bell/{group}"
+
+    def bells(self) -> str:
+        """The bell over the groups' bells: rung after a group's, waited on by the chief."""
+        return f"{self.prefix}/mail/bell/any"
 
 
 #: A session key's kind, from its part after the session prefix (see the module docstring).

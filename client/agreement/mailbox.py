@@ -6,31 +6,48 @@ the daemon's :class:`~adaptd.protocol.job.Relay`) and what each save cost it
 (:class:`~adaptd.protocol.job.SaveCost`, so that δ is the slowest rank's). Each rank
 writes its own numbered keys, ``mail/<rank>/<i>`` (:meth:`Mailbox.post`: one put on
 the training thread, no contention: nobody else writes them), then rings its group's
-doorbell, ``mail/bell/<group>`` (one more put; the ranks are in groups of
-:data:`GROUP`, and a bell already rung stays rung). The chief's agreement watcher
-thread, after a quiet slice of its wait for a proposal, looks at the bells
-(:meth:`Mailbox.collect`: one get per group, about 1 ms when it is not rung), and for
-a rung one takes the bell down, then reads each rank of the group's next keys and
-deletes what it read; at most :data:`CALLS_PER_COLLECT` such reads and deletes per
-call, going on from there at the next (:attr:`Mailbox.behind`). The training thread
-never waits for the mail.
+doorbell, ``mail/bell/<group>``, then the bell over all groups, ``mail/bell/any`` (two
+more puts; the ranks are in groups of :data:`GROUP`, and a bell already rung stays
+rung). The chief's listener thread waits on ``mail/bell/any`` (:meth:`Mailbox.listen`:
+one get, :data:`BELL_WAIT_S` long); when it rings, it takes it down and the chief's
+agreement watcher thread, after a quiet slice of its wait for a proposal, makes a pass
+over the groups' bells (:meth:`Mailbox.collect`: one get per group), and for a rung one
+takes the bell down, then reads each rank of the group's next keys and deletes what it
+read; at most :data:`CALLS_PER_COLLECT` such reads and deletes per call, going on from
+there at the next (:attr:`Mailbox.behind`). The training thread never waits for the
+mail.
 
 Why the bells: reading every rank's next key costs a get per rank, about 1 ms each
 when there is no mail: at 2,048 ranks an idle chief would make about 4,000 gets a
-second. With bells an idle chief makes one get per group. No mail is missed: a rank
-writes its mail *before* it rings, and the chief takes a bell down *before* it reads
-the group, so mail that lands after the chief read its rank's key rings the bell
-again (and a sweep every :data:`SWEEP_EVERY` passes reads every rank, for a get that
-timed out on a key that was there). Why the bound: after a save every rank sends its
-cost, and the watcher reading all of it at once (three calls per rank) kept a proposal
-waiting for it: 0.26 s at 64 ranks, 1.4 s at 256 (docs/scale.md).
+second. No mail is missed: a rank writes its mail *before* it rings, and the chief
+takes each bell down *before* it reads what the bell stands for (the groups' bells,
+a group's ranks), so mail that lands after the chief read its rank's key rings the
+bells again. Why the bound: after a save every rank sends its cost, and the watcher
+reading all of it at once (three calls per rank) kept a proposal waiting for it: 0.26
+s at 64 ranks, 1.4 s at 256 (docs/scale.md).
+
+**Why the chief waits instead of looking** (issue 35). TensorFlow's coordination
+service keeps every get that timed out on a key not written yet, and so does its
+client, until that key is written: about 35 KB a get, in the chief's process
+(benchmarks/coordination_gets.py). The chief used to look at every group's bell after
+each quiet half-second slice and to read every rank's next key every 20th pass (a
+*sweep*): an idle job of 256 ranks grew its chief's process by 19 MB per rank and hour
+between two saves (`scale_agreement.py --wide 256 --idle 120`). Now an idle chief
+keeps one get per :data:`BELL_WAIT_S` for the whole job, whatever its size; the groups'
+bells are looked at only in a pass a ring started, and a sweep (for a get that waited
+past its millisecond for a key that *is* there, on a busy host) reads a group once,
+:data:`SWEEP_S` after it was read for a ring: what is kept grows with the mail, not
+with the time, and goes back as the ranks write again.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
+import time
 from collections import deque
+from collections.abc import Callable
 
 from adaptd.client.agreement.kv import Keys, Store
 from adaptd.protocol import job as p
@@ -45,11 +62,16 @@ GROUP = 32
 #: Reads and deletes of mail per :meth:`Mailbox.collect` (the bells' gets aside): what a
 #: proposal may wait for, at about a millisecond each.
 CALLS_PER_COLLECT = 32
-#: Every this many passes over the groups, one reads every rank's next key, rung or not:
-#: a get that waited longer than its millisecond for a key that *is* there (a busy
-#: host) reads as missing, and mail whose bell was already taken down would wait for
-#: the rank's next message; a sweep picks it up (every ~10 s while idle).
-SWEEP_EVERY = 20
+#: This long after a group was read for a ring, a pass reads every rank of it once more,
+#: rung or not (a *sweep*): a get that waited longer than its millisecond for a key that
+#: *is* there (a busy host) reads as missing, and that mail, its bell already taken
+#: down, would wait for the rank's next message; the sweep picks it up.
+SWEEP_S = 10.0
+#: How long one get of the listener waits on ``mail/bell/any``: a get that times out is
+#: kept by the service until the bell rings (above), one per this many seconds per job.
+BELL_WAIT_S = 30.0
+#: What a rank writes at a bell.
+RUNG = "1"
 
 
 class Mailbox:
@@ -59,18 +81,36 @@ class Mailbox:
         store: the key-value store every rank shares.
         keys: the session's key names.
         rank, world_size: who this is.
+        clock: seconds, for the sweeps (monotonic).
     """
 
-    def __init__(self, store: Store, keys: Keys, *, rank: int, world_size: int) -> None:
+    def __init__(
+        self,
+        store: Store,
+        keys: Keys,
+        *,
+        rank: int,
+        world_size: int,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.store = store
         self.keys = keys
         self.rank = rank
         self.world_size = world_size
+        self._clock = clock
         self._sent = 0  # the next index this rank posts at
         self._next = dict.fromkeys(range(1, world_size), 0)  # chief: next index per rank
         self._cursor = 0  # chief: the group the next collect starts at
-        self._passes = 0  # chief: passes over the groups begun
-        self._sweeping = False  # chief: this pass reads every group, rung or not
+        self._in_pass = False  # chief: a pass over the groups is under way
+        #: (Chief.) mail/bell/any rang since the last pass began; the listener waits
+        #: for that pass before it listens again (a ring per pass, not per message).
+        self._rang = False
+        self._pass_began = threading.Condition()
+        self._sweeping: set[int] = set()  # chief: the groups this pass reads rung or not
+        self._ringing = False  # chief: this pass looks at every group's bell (a ring began it)
+        self._read_at: dict[int, float] = {}  # chief: groups read for a ring, not swept since
+        self._listener: threading.Thread | None = None
+        self._quiet = threading.Event()  # chief: the listener is to stop
         #: (Chief.) The last collect stopped at its bound: there may be more to read.
         self.behind = False
         self._lock = threading.Lock()
@@ -89,32 +129,100 @@ class Mailbox:
             self._sent += 1
         try:
             sent = self.store.put(self.keys.mail(self.rank, i), p.encode_json(msg))
-            self.store.put(self.keys.bell(self.rank // GROUP), "1")  # False: already rung
+            # in this order: the chief takes bell/any down before it looks at the groups'
+            self.store.put(self.keys.bell(self.rank // GROUP), RUNG)  # False: already rung
+            self.store.put(self.keys.bells(), RUNG)
             return sent
         except Exception as exc:  # a lost message must never stop training
             self.failed += 1
             log.warning("could not send %s to the job's chief: %s", type(msg).__name__, exc)
             return False
 
+    def listen(self, wait_s: float = BELL_WAIT_S) -> bool:
+        """(The chief's listener.) Wait up to ``wait_s`` for ``mail/bell/any``; when it
+        rang, take it down and have the next :meth:`collect` make a pass over the
+        groups' bells. Whether it rang. Raises the store's errors."""
+        bells = self.keys.bells()
+        if self.store.get(bells, wait_s) is None:
+            return False
+        self.store.delete(bells)  # before the pass: a ring after this starts another
+        self._ring_again()
+        return True
+
+    def _ring_again(self) -> None:
+        with self._pass_began:
+            self._rang = True
+
+    def start_listening(self) -> None:
+        """(The chief.) Start the listener thread (once): :meth:`listen` until
+        :meth:`stop_listening` or the store is gone."""
+        if self._listener is None:
+            self._listener = threading.Thread(
+                target=self._listen_loop, name="adaptd-mail-bell", daemon=True
+            )
+            self._listener.start()
+
+    def stop_listening(self, timeout_s: float = 1.0) -> None:
+        """Stop the listener: ring ``mail/bell/any`` to end its wait (a store already
+        gone ends it too), then wait for it at most ``timeout_s``."""
+        thread = self._listener
+        if thread is None:
+            return
+        self._quiet.set()
+        with self._pass_began:
+            self._pass_began.notify_all()
+        with contextlib.suppress(Exception):  # the store gone: its get ends with it
+            self.store.put(self.keys.bells(), RUNG)
+        thread.join(timeout_s)
+
+    def _listen_loop(self) -> None:
+        try:
+            while not self._quiet.is_set():
+                with self._pass_began:  # the rings while a pass is due make that pass
+                    self._pass_began.wait_for(
+                        lambda: not self._rang or self._quiet.is_set(), BELL_WAIT_S
+                    )
+                if not self._rang:
+                    self.listen()
+        except Exception as exc:  # the store gone: the watcher says so and stops
+            if not self._quiet.is_set():
+                log.debug("the chief's mail listener ended: %s", exc)
+
     def collect(self) -> int:
         """(The chief's watcher thread.) Read the mail the other ranks left into
         :attr:`inbox`, at most :data:`CALLS_PER_COLLECT` reads and deletes of it
         (:attr:`behind` says whether it stopped there; the next call goes on from
-        there); returns how many were read. Raises the store's
+        there); returns how many were read. Does nothing (no call to the store) until
+        ``mail/bell/any`` rang (:meth:`listen`), a pass is under way or a sweep is due.
+        Raises the store's
         :class:`~adaptd.client.agreement.coordination.CoordinationError` when it is gone."""
         got = calls = 0
         groups = -(-self.world_size // GROUP)
         self.behind = False
-        if self._cursor == 0 and not self._sweeping:  # a new pass over the groups
-            self._passes += 1
-            self._sweeping = self._passes % SWEEP_EVERY == 0
+        if not self._in_pass:  # a new pass over the groups, if anything calls for one
+            rang = self._rang
+            old = self._clock() - SWEEP_S
+            sweep = {g for g, at in self._read_at.items() if at <= old}
+            if not (rang or sweep):
+                return 0
+            with self._pass_began:  # a ring from here on starts the pass after this one
+                self._rang = False
+                self._pass_began.notify_all()
+            for g in sweep:
+                del self._read_at[g]
+            self._sweeping, self._ringing = sweep, rang
+            self._in_pass, self._cursor = True, 0
         for _ in range(groups):
             g = self._cursor
             bell = self.keys.bell(g)
-            rung = self.store.try_get(bell) is not None
-            if rung or self._sweeping:
+            # a sweep alone looks at its groups' bells only: any other rung one rang
+            # mail/bell/any too, which begins a pass of its own
+            looked = self._ringing or g in self._sweeping
+            rung = looked and self.store.try_get(bell) is not None
+            if rung or g in self._sweeping:
                 if rung:
                     self.store.delete(bell)  # before reading: mail written after rings again
+                    self._read_at[g] = self._clock()  # swept once, SWEEP_S from now
                 more = False
                 ranks = range(max(1, g * GROUP), min(self.world_size, (g + 1) * GROUP))
                 for r in ranks:
@@ -125,12 +233,15 @@ class Mailbox:
                         more = self.behind = True  # the rest of the group next time
                         break
                 if more:  # unread mail (over PER_COLLECT, or the bound): ring again
-                    self.store.put(bell, "1")
+                    self.store.put(bell, RUNG)
+                    self._ring_again()
                 if self.behind:
                     return got
             self._cursor = (g + 1) % groups
             if self._cursor == 0:
-                self._sweeping = False
+                self._in_pass = False
+                self._sweeping = set()
+                break
             if calls >= CALLS_PER_COLLECT:
                 self.behind = True
                 return got
@@ -170,4 +281,12 @@ class Mailbox:
         return out
 
 
-__all__ = ["CALLS_PER_COLLECT", "GROUP", "PER_COLLECT", "SWEEP_EVERY", "Mailbox"]
+__all__ = [
+    "BELL_WAIT_S",
+    "CALLS_PER_COLLECT",
+    "GROUP",
+    "PER_COLLECT",
+    "RUNG",
+    "SWEEP_S",
+    "Mailbox",
+]

@@ -49,8 +49,9 @@ from adaptd.protocol import job as p
 log = logging.getLogger("adaptd.client")
 
 #: The chief reads the other ranks' mail at most this often, after a slice without a
-#: proposal (on the watcher thread: one get per doorbell, and the mail of the groups
-#: that rang, a bounded share per call: :mod:`adaptd.client.agreement.mailbox`).
+#: proposal (on the watcher thread, once its listener heard a ring: one get per
+#: doorbell, and the mail of the groups that rang, a bounded share per call:
+#: :mod:`adaptd.client.agreement.mailbox`).
 MAIL_S = 0.1
 #: A proposer tries at most this many keys past the watcher's for its round (each one a
 #: tick took): about a second each, so a proposer far behind gives up the round.
@@ -142,6 +143,7 @@ class Agreement(Recorded):
         #: The other ranks' messages to the chief (read by the chief's watcher).
         self.mailbox = Mailbox(store, self.keys, rank=self.rank, world_size=self.world_size)
         self._mail_at = 0.0
+        self._reads_mail = who.chief and self.world_size > 1
         #: Plans committed since the training thread last took them (:meth:`take_plans`).
         self._committed_plans: deque[p.Propose] = deque()
 
@@ -153,19 +155,21 @@ class Agreement(Recorded):
             world_size=self.world_size,
             timeout_s=self._timeout_s,
             slice_s=self._slice_s,
-            between=self._read_mail if who.chief and self.world_size > 1 else None,
+            between=self._read_mail if self._reads_mail else None,
         )
         self._thread: threading.Thread | None = None
 
     # ------------------------------------------------------------------ life cycle
 
     def start(self) -> None:
-        """Start the watcher thread (once)."""
+        """Start the watcher thread (once), and the chief's mail listener."""
         if self._thread is None:
             self._thread = threading.Thread(
                 target=self._watcher.run, name=f"adaptd-agreement-{self.rank}", daemon=True
             )
             self._thread.start()
+            if self._reads_mail:
+                self.mailbox.start_listening()
 
     def ending(self) -> None:
         """This rank's training loop is over: the watcher stops (within a slice, without
@@ -174,6 +178,8 @@ class Agreement(Recorded):
         the coordination service, exits while this rank still writes its last save),
         logged, never :attr:`broken`."""
         self._watcher.stop()
+        if self._reads_mail:
+            self.mailbox.stop_listening(timeout_s=0.0)  # rung to end its wait; not awaited
 
     def close(self, timeout_s: float | None = None) -> None:
         """Stop the watcher (:meth:`ending`); waits for it at most ``timeout_s`` (default:
@@ -182,6 +188,8 @@ class Agreement(Recorded):
         thread = self._thread
         if thread is not None:
             thread.join(2 * self._slice_s + 1.0 if timeout_s is None else timeout_s)
+        if self._reads_mail:
+            self.mailbox.stop_listening()
         with self.lock:
             self.gate = NEVER
             self._hold = None

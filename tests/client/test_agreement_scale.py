@@ -21,7 +21,7 @@ from adaptd.client.agreement.mailbox import (
     CALLS_PER_COLLECT,
     GROUP,
     PER_COLLECT,
-    SWEEP_EVERY,
+    SWEEP_S,
     Mailbox,
 )
 from adaptd.client.agreement.ranks import Identity
@@ -95,26 +95,54 @@ def test_the_chiefs_work_per_round_grows_with_the_job_and_a_ranks_does_not() -> 
     assert rank == (2, 2, 2), rank
 
 
+class Clock:
+    """Seconds the test moves on by hand (the mailbox's sweeps)."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 @pytest.mark.parametrize("world", [2, GROUP, 10 * GROUP + 5])
-def test_an_idle_chief_reads_one_bell_per_group_and_mail_still_arrives(world: int) -> None:
+def test_an_idle_chief_makes_no_call_and_mail_still_arrives(world: int) -> None:
+    """Idle, the chief's watcher looks at nothing and its listener waits on one key,
+    however large the job: every get of a key not written is kept by the coordination
+    service (35 KB), so an idle chief that looked grew by the hour. A ring costs a pass
+    over the groups' bells and one group's reads, then one sweep of that group, and
+    nothing more however long the job stays idle."""
     store = CountingStore(WaitingDictStore())
     keys = Keys.of("scale", 0)
-    chief = Mailbox(store, keys, rank=0, world_size=world)
+    clock = Clock()
+    chief = Mailbox(store, keys, rank=0, world_size=world, clock=clock)
     groups = -(-world // GROUP)
     before = store.total()
-    assert chief.collect() == 0
-    assert store.total() - before == groups  # one get per bell, none per rank
+    for _ in range(3):
+        clock.now += SWEEP_S
+        assert chief.collect() == 0
+    assert store.total() == before  # no bell, no sweep
+    assert not chief.listen(0.0) and store.total() - before == 1  # the one key waited on
     last = world - 1
     sender = Mailbox(store, keys, rank=last, world_size=world)
     cost = p.SaveCost(v=p.VERSION, job="scale", rank=last, step=7, blocking_s=0.1)
     assert sender.post(cost)
+    assert chief.listen(0.0)
     before = store.total()
     assert chief.collect() == 1 and chief.take() == [cost]
     # the bells, the rung one taken down, each rank of that group's next key, the read
     # mail deleted and the next one looked for: a group's worth, not the job's
     assert store.total() - before <= groups + 1 + GROUP + 2
     before = store.total()
-    assert chief.collect() == 0 and store.total() - before == groups
+    assert chief.collect() == 0 and store.total() == before  # no sweep before its time
+    clock.now += SWEEP_S
+    assert chief.collect() == 0
+    assert 0 < store.total() - before <= GROUP + 1  # the sweep: that group's bell and ranks
+    before = store.total()
+    for _ in range(3):
+        clock.now += SWEEP_S
+        assert chief.collect() == 0
+    assert store.total() == before  # swept once: idle again
 
 
 def test_mail_written_while_the_chief_reads_its_group_is_not_lost() -> None:
@@ -147,9 +175,10 @@ def test_mail_written_while_the_chief_reads_its_group_is_not_lost() -> None:
 
     chief.store = Interleaved()
     ranks[0].post(p.SaveCost(v=p.VERSION, job="scale", rank=1, step=1, blocking_s=0))
-    assert chief.collect() == 1  # the second message landed after its key was read
+    assert chief.listen(0.0) and chief.collect() == 1  # the second landed after its key was read
     t0 = time.monotonic()
-    assert chief.collect() == 1  # its bell rang again: read on the next collect
+    assert chief.listen(0.0)  # its bells rang again
+    assert chief.collect() == 1  # read on the next collect
     assert [m.step for m in chief.take()] == [1, 2]
     assert time.monotonic() - t0 < DEADLINE_S
 
@@ -168,6 +197,7 @@ def test_the_chief_reads_a_burst_of_mail_in_bounded_shares_and_all_of_it(world: 
         assert Mailbox(store, keys, rank=r, world_size=world).post(msg)
         sent.append(msg)
     groups = -(-world // GROUP)
+    assert chief.listen(0.0)
     read, collects = [], 0
     while True:
         before = store.total()
@@ -184,19 +214,41 @@ def test_the_chief_reads_a_burst_of_mail_in_bounded_shares_and_all_of_it(world: 
     assert chief.collect() == 0 and not chief.behind
 
 
-def test_mail_whose_bell_was_missed_is_read_by_the_next_sweep() -> None:
+def test_mail_whose_read_timed_out_is_read_by_the_sweep_of_its_group() -> None:
     """A get that waited past its millisecond for a key that is there reads as missing
-    (a busy host): mail left behind a bell already taken down is read by a sweep."""
-    store = CountingStore(WaitingDictStore())
+    (a busy host): that mail, its bell already taken down, is read by the sweep of its
+    group SWEEP_S later; without the sweep it would wait for the rank's next message."""
+    shared = CountingStore(WaitingDictStore())
     keys = Keys.of("scale", 0)
     world = 3 * GROUP
-    chief = Mailbox(store, keys, rank=0, world_size=world)
+    late = keys.mail(GROUP + 3, 0)
+
+    class Busy:
+        """The store, where the first read of rank GROUP + 3's mail times out."""
+
+        missed = False
+
+        def put(self, key: str, value: str) -> bool:
+            return shared.put(key, value)
+
+        def get(self, key: str, timeout_s: float) -> str | None:
+            return shared.get(key, timeout_s)
+
+        def try_get(self, key: str) -> str | None:
+            if key == late and not self.missed:
+                self.missed = True
+                return None
+            return shared.try_get(key)
+
+        def delete(self, key: str) -> None:
+            shared.delete(key)
+
+    clock = Clock()
+    chief = Mailbox(Busy(), keys, rank=0, world_size=world, clock=clock)
     msg = p.SaveCost(v=p.VERSION, job="scale", rank=GROUP + 3, step=5, blocking_s=0.1)
-    store.put(keys.mail(GROUP + 3, 0), p.encode_json(msg))  # written, its bell never seen
-    read, collects = [], 0
-    while not read:
-        collects += 1
-        assert collects <= SWEEP_EVERY * 4, "the mail was never read"
-        if chief.collect():
-            read = chief.take()
-    assert read == [msg] and collects >= SWEEP_EVERY - 1
+    assert Mailbox(shared, keys, rank=GROUP + 3, world_size=world).post(msg)
+    assert chief.listen(0.0) and chief.collect() == 0  # rang, read, missed
+    clock.now += SWEEP_S / 2
+    assert chief.collect() == 0 and not chief.listen(0.0)  # nothing rings again
+    clock.now += SWEEP_S / 2
+    assert chief.collect() == 1 and chief.take() == [msg]

@@ -1,4 +1,5 @@
-"""Ticks: no rank's waits for a proposal pile up in the store while no round comes.
+"""Ticks: no rank's waits for a proposal pile up in the store while no round comes;
+nor do the chief's looks for mail.
 
 TensorFlow's coordination service keeps every get that timed out on a key not written
 yet, and its client too, about 35 KB between them, until the key is written
@@ -14,11 +15,15 @@ import threading
 import time
 from collections import Counter
 
+import pytest
+
+from adaptd.client.agreement import mailbox
 from adaptd.client.agreement.kv import TICK, Keys
 from adaptd.client.agreement.ranks import Identity
 from adaptd.client.agreement.rounds import Agreement, AgreementOptions
 from adaptd.client.agreement.watcher import LATE_TICK_S, TICK_S
 from adaptd.client.save.schedule import SaveSchedule
+from adaptd.protocol import job as p
 from client.kv_store import DictStore, WaitingDictStore
 
 SLICE_S = 0.25
@@ -45,6 +50,20 @@ class KeptGets(WaitingDictStore):
         """The timed-out gets whose keys are still not written."""
         with self._written:
             return sum(n for key, n in self.timed_out.items() if key not in self.data)
+
+
+class KeptTries(KeptGets):
+    """:class:`KeptGets` whose ``try_get`` is a 1 ms get, as the coordination
+    service's store has it (it has no get that does not wait): a miss is kept too."""
+
+    def try_get(self, key: str) -> str | None:
+        return self.get(key, 0.001)
+
+    def kept_mail(self) -> int:
+        with self._written:
+            return sum(
+                n for key, n in self.timed_out.items() if "/mail/" in key and key not in self.data
+            )
 
 
 def ranks(store: KeptGets, world: int, which: range) -> list[Agreement]:
@@ -147,3 +166,37 @@ def test_a_proposer_behind_the_ticks_writes_at_the_first_key_no_tick_took() -> N
     assert proposer._put_proposal(0, "mine") == (True, keys.proposal(0, 3))
     assert store.put(keys.proposal(1, 0), "theirs")
     assert proposer._put_proposal(1, "mine") == (False, keys.proposal(1, 0))
+
+
+def test_an_idle_chief_keeps_no_look_for_mail_and_mail_still_arrives(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The chief's listener waits on one key for the whole job, and its watcher looks at
+    the bells only after a ring: idle, nothing of the mail is kept (looking at each
+    group's bell twice a second kept two gets a second, 19 MB per rank and hour at 256
+    ranks). After a ring: a pass and one sweep of the group that rang, then nothing."""
+    monkeypatch.setattr(mailbox, "SWEEP_S", 0.5)
+    store = KeptTries()
+    agreements = ranks(store, 3, range(3))
+    chief = agreements[0].mailbox
+    try:
+        idle(2.0)
+        kept_idle = store.kept_mail()
+        cost = p.SaveCost(v=p.VERSION, job="ticks", rank=2, step=9, blocking_s=0.1)
+        assert agreements[2].mailbox.post(cost)
+        deadline = time.monotonic() + DEADLINE_S
+        while not chief.inbox:
+            assert time.monotonic() < deadline, "the cost never reached the chief"
+            time.sleep(0.02)
+        idle(4 * mailbox.SWEEP_S)  # the sweep of that group, once
+        kept_after = store.kept_mail()
+        idle(1.5)
+        kept_later = store.kept_mail()
+        inbox = chief.take()
+    finally:
+        close(store, agreements)
+    assert kept_idle == 0, kept_idle
+    # the pass: ranks 1's and 2's next keys; the sweep: the same again, and the bell
+    assert 0 < kept_after <= 5, kept_after
+    assert kept_later == kept_after, (kept_after, kept_later)
+    assert inbox == [cost]
