@@ -196,17 +196,21 @@ def worker() -> int:
         before = _counts(chief.store)
         rss0 = _rss_mb()
         t0 = time.monotonic()
-        time.sleep(idle_s)
+        series = []  # (seconds into the window, MB) every 30 s: does it level off?
+        while (left := t0 + idle_s - time.monotonic()) > 0:
+            time.sleep(min(30.0, left))
+            series.append((round(time.monotonic() - t0, 1), _rss_mb()))
         out["idle"] = {"seconds": time.monotonic() - t0,
                        "chief_ops": _minus(_counts(chief.store), before),
                        # the chief's process holds the coordination service
-                       "chief_rss_mb": [rss0, _rss_mb()]}  # fmt: skip
+                       "chief_rss_mb": [rss0, series[-1][1] if series else rss0],
+                       "chief_rss_series_mb": series}  # fmt: skip
         out["mail_read"] = len(chief.agreement.mailbox.inbox)
     others = [r for r in mine if r.rank]
     if others:
         out["rank_ops"] = _counts(others[0].store)
         out["rank_total"] = others[0].store.total()
-    base.barrier("bench/idle-over", 300)
+    base.barrier("bench/idle-over", idle_s + 300)  # the chief idles, then reads its memory
     for r in mine:
         r.agreement.close()
     out["broken"] = [r.agreement.broken for r in mine if r.agreement.broken]
@@ -274,6 +278,7 @@ def run_size(zygote: Any, workdir: Path, n: int, procs: int, args: argparse.Name
         # what an idle job grows the chief's process by (issue 35: a get that timed out
         # on a missing key stays with the coordination service until the key is written)
         "chief_idle_rss_mb": idle.get("chief_rss_mb"),
+        "chief_idle_rss_series_mb": idle.get("chief_rss_series_mb"),
         "chief_idle_rss_mb_per_rank_hour": (
             (idle["chief_rss_mb"][1] - idle["chief_rss_mb"][0]) / idle["seconds"] * 3600 / n
             if "chief_rss_mb" in idle

@@ -35,9 +35,10 @@ each quiet half-second slice and to read every rank's next key every 20th pass (
 between two saves (`scale_agreement.py --wide 256 --idle 120`). Now an idle chief
 keeps one get per :data:`BELL_WAIT_S` for the whole job, whatever its size; the groups'
 bells are looked at only in a pass a ring started, and a sweep (for a get that waited
-past its millisecond for a key that *is* there, on a busy host) reads a group once,
-:data:`SWEEP_S` after it was read for a ring: what is kept grows with the mail, not
-with the time, and goes back as the ranks write again.
+past its millisecond for a key that *is* there, on a busy host) reads a group a few
+times after it was read for a ring, further and further apart (:data:`SWEEPS_S`), and
+then no more: what is kept grows with the mail, not with the time, and goes back as
+the ranks write again.
 """
 
 from __future__ import annotations
@@ -62,11 +63,14 @@ GROUP = 32
 #: Reads and deletes of mail per :meth:`Mailbox.collect` (the bells' gets aside): what a
 #: proposal may wait for, at about a millisecond each.
 CALLS_PER_COLLECT = 32
-#: This long after a group was read for a ring, a pass reads every rank of it once more,
-#: rung or not (a *sweep*): a get that waited longer than its millisecond for a key that
-#: *is* there (a busy host) reads as missing, and that mail, its bell already taken
-#: down, would wait for the rank's next message; the sweep picks it up.
-SWEEP_S = 10.0
+#: After a group was read for a ring, a pass reads every rank of it again, rung or not,
+#: this long after that read, then this long after that sweep, and so on (a *sweep*):
+#: a get that waited longer than its millisecond for a key that *is* there (a busy
+#: host) reads as missing, and that mail, its bell already taken down, would wait for
+#: the rank's next message. One sweep was not enough on a loaded box (1,024 ranks on
+#: 2 cores, load 7: 9 of 3,069 costs missed by both the read and its sweep); each
+#: sweep keeps a get per rank that sent nothing, so they are few and spread out.
+SWEEPS_S = (10.0, 60.0, 600.0)
 #: How long one get of the listener waits on ``mail/bell/any``: a get that times out is
 #: kept by the service until the bell rings (above), one per this many seconds per job.
 BELL_WAIT_S = 30.0
@@ -108,7 +112,8 @@ class Mailbox:
         self._pass_began = threading.Condition()
         self._sweeping: set[int] = set()  # chief: the groups this pass reads rung or not
         self._ringing = False  # chief: this pass looks at every group's bell (a ring began it)
-        self._read_at: dict[int, float] = {}  # chief: groups read for a ring, not swept since
+        #: (Chief.) Groups to sweep: when next, and which of SWEEPS_S that is.
+        self._sweep_due: dict[int, tuple[float, int]] = {}
         self._listener: threading.Thread | None = None
         self._quiet = threading.Event()  # chief: the listener is to stop
         #: (Chief.) The last collect stopped at its bound: there may be more to read.
@@ -201,15 +206,17 @@ class Mailbox:
         self.behind = False
         if not self._in_pass:  # a new pass over the groups, if anything calls for one
             rang = self._rang
-            old = self._clock() - SWEEP_S
-            sweep = {g for g, at in self._read_at.items() if at <= old}
+            now = self._clock()
+            sweep = {g for g, (at, _) in self._sweep_due.items() if at <= now}
             if not (rang or sweep):
                 return 0
             with self._pass_began:  # a ring from here on starts the pass after this one
                 self._rang = False
                 self._pass_began.notify_all()
-            for g in sweep:
-                del self._read_at[g]
+            for g in sweep:  # the next sweep of each, if any is left
+                i = self._sweep_due.pop(g)[1] + 1
+                if i < len(SWEEPS_S):
+                    self._sweep_due[g] = (now + SWEEPS_S[i], i)
             self._sweeping, self._ringing = sweep, rang
             self._in_pass, self._cursor = True, 0
         for _ in range(groups):
@@ -222,7 +229,7 @@ class Mailbox:
             if rung or g in self._sweeping:
                 if rung:
                     self.store.delete(bell)  # before reading: mail written after rings again
-                    self._read_at[g] = self._clock()  # swept once, SWEEP_S from now
+                    self._sweep_due[g] = (self._clock() + SWEEPS_S[0], 0)  # sweeps anew
                 more = False
                 ranks = range(max(1, g * GROUP), min(self.world_size, (g + 1) * GROUP))
                 for r in ranks:
@@ -287,6 +294,6 @@ __all__ = [
     "GROUP",
     "PER_COLLECT",
     "RUNG",
-    "SWEEP_S",
+    "SWEEPS_S",
     "Mailbox",
 ]

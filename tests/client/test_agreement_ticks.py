@@ -175,7 +175,7 @@ def test_an_idle_chief_keeps_no_look_for_mail_and_mail_still_arrives(
     the bells only after a ring: idle, nothing of the mail is kept (looking at each
     group's bell twice a second kept two gets a second, 19 MB per rank and hour at 256
     ranks). After a ring: a pass and one sweep of the group that rang, then nothing."""
-    monkeypatch.setattr(mailbox, "SWEEP_S", 0.5)
+    monkeypatch.setattr(mailbox, "SWEEPS_S", (0.5,))
     store = KeptTries()
     agreements = ranks(store, 3, range(3))
     chief = agreements[0].mailbox
@@ -188,7 +188,7 @@ def test_an_idle_chief_keeps_no_look_for_mail_and_mail_still_arrives(
         while not chief.inbox:
             assert time.monotonic() < deadline, "the cost never reached the chief"
             time.sleep(0.02)
-        idle(4 * mailbox.SWEEP_S)  # the sweep of that group, once
+        idle(4 * mailbox.SWEEPS_S[0])  # the sweep of that group, once
         kept_after = store.kept_mail()
         idle(1.5)
         kept_later = store.kept_mail()
