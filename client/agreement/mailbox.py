@@ -173,11 +173,12 @@ class Mailbox:
         thread = self._listener
         if thread is None:
             return
-        self._quiet.set()
-        with self._pass_began:
-            self._pass_began.notify_all()
-        with contextlib.suppress(Exception):  # the store gone: its get ends with it
-            self.store.put(self.keys.bells(), RUNG)
+        if not self._quiet.is_set():  # rung once: a second call only waits
+            self._quiet.set()
+            with self._pass_began:
+                self._pass_began.notify_all()
+            with contextlib.suppress(Exception):  # the store gone: its get ends with it
+                self.store.put(self.keys.bells(), RUNG)
         thread.join(timeout_s)
 
     def _listen_loop(self) -> None:
@@ -205,12 +206,12 @@ class Mailbox:
         groups = -(-self.world_size // GROUP)
         self.behind = False
         if not self._in_pass:  # a new pass over the groups, if anything calls for one
-            rang = self._rang
             now = self._clock()
             sweep = {g for g, (at, _) in self._sweep_due.items() if at <= now}
-            if not (rang or sweep):
-                return 0
-            with self._pass_began:  # a ring from here on starts the pass after this one
+            with self._pass_began:  # read and cleared at once: a ring heard after it
+                rang = self._rang  # starts the pass after this one
+                if not (rang or sweep):
+                    return 0
                 self._rang = False
                 self._pass_began.notify_all()
             for g in sweep:  # the next sweep of each, if any is left
