@@ -10,6 +10,9 @@ the step, ``start N`` after restoring, ``saved N ok=...`` when a save report arr
 model, optimizer and RNG state as raw bytes to OUT_FILE. ``--timings FILE`` also
 writes each step's wall time and the time spent in ``ckptr.step()`` (float64 pairs);
 ``--stop-file F`` ends the loop (``stopped N``) at the first step after F exists;
+``--freeze-at-inflight N`` stops the whole process (SIGSTOP, every thread at once) right
+after printing ``inflight N``, so that a test's SIGKILL finds that write unfinished
+however late the test is scheduled;
 ``--local-tier DIR`` gives the hook a local tier (``saved N ok=True tier=local`` for a
 save made there only, ``tier local`` after a restore from it).
 Keras model with Dropout, Adam, a shuffled tf.data pipeline and a tf.random.Generator.
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import time
 
@@ -44,6 +48,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-to-keep", type=int, default=5, help="0: keep every checkpoint")
     p.add_argument("--timings", default=None)
     p.add_argument("--stop-file", default=None, help="end the loop once this file exists")
+    p.add_argument(
+        "--freeze-at-inflight", type=int, default=None, help="SIGSTOP itself at inflight N"
+    )
     p.add_argument("--local-tier", default=None, help="the hook's local_tier (two tiers)")
     p.add_argument("--local-tier-memory", type=float, default=0.25)
     p.add_argument("--local-tier-disk", default=None)
@@ -136,6 +143,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"mode {mode} {step + 1}", flush=True)
         if ckptr.save_in_flight:
             print(f"inflight {step + 1}", flush=True)
+            if args.freeze_at_inflight == step + 1:
+                os.kill(os.getpid(), signal.SIGSTOP)  # the writer stops with the rest
         while reported < len(ckptr.history):
             r = ckptr.history[reported]
             tier = f" tier={r.tier}" if r.tier else ""
