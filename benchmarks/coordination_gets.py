@@ -14,6 +14,13 @@ figures are the growth per get, on each side, side by side:
 - the same after the first key was written: whether writing the key gave the memory
   back for reuse (the second batch growing far less than the first says it did).
 
+Between the second and third batch the first missing key is written and both sides
+report again (``written``): what a timed-out get costs for good once its key was
+written. The client also counts its Python objects (``tracemalloc``, after a
+``gc.collect()``): each timed-out get leaves 88 bytes of them for good, its key
+written or not, where a get of a present key leaves none (issue 35: why the agreement's
+idle waits end at a write, not at a deadline).
+
 Usage::
 
     python benchmarks/coordination_gets.py --gets 10000 [--json]
@@ -25,12 +32,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import json
 import os
 import socket
 import subprocess
 import sys
 import time
+import tracemalloc
 from pathlib import Path
 from typing import Any
 
@@ -73,7 +82,7 @@ def task_main(index: int, ports: list[int], gets: int) -> int:
                 ctx.get_config_key_value(key, timeout_ms)
         return time.monotonic() - t0
 
-    phases = ("start", "present", "missing", "later")
+    phases = ("start", "present", "missing", "written", "later")
     if index == 0:  # the service: its memory at each phase the client marks
         for phase in phases:
             wait(f"bench/phase/{phase}")
@@ -81,9 +90,12 @@ def task_main(index: int, ports: list[int], gets: int) -> int:
         wait("bench/over")
         return 0
     ctx.set_config_key_value(PRESENT, "x")
-    out: dict[str, Any] = {"client": {}, "service": {}, "seconds": {}}
+    out: dict[str, Any] = {"client": {}, "service": {}, "seconds": {}, "python_bytes": {}}
+    tracemalloc.start(1)
 
     def mark(phase: str) -> None:
+        gc.collect()
+        out["python_bytes"][phase] = tracemalloc.get_traced_memory()[0]
         out["client"][phase] = _rss_mb()
         ctx.set_config_key_value(f"bench/phase/{phase}", "1")
         out["service"][phase] = float(wait(f"bench/service/{phase}"))
@@ -94,6 +106,7 @@ def task_main(index: int, ports: list[int], gets: int) -> int:
     out["seconds"]["missing"] = batch(MISSING, 1)
     mark("missing")
     ctx.set_config_key_value(MISSING, "written at last")
+    mark("written")
     out["seconds"]["later"] = batch(LATER, 1)
     mark("later")
     ctx.set_config_key_value("bench/over", "1")
@@ -142,11 +155,23 @@ def main(argv: list[str] | None = None) -> int:
     per_get = {
         side: {
             batch: round((data[side][batch] - data[side][prev]) * 1024 / args.gets, 2)
-            for prev, batch in (("start", "present"), ("present", "missing"), ("missing", "later"))
+            for prev, batch in (("start", "present"), ("present", "missing"), ("written", "later"))
         }
         for side in ("client", "service")
     }
-    result = {"gets": args.gets, "kb_per_get": per_get, "rss_mb": data, "seconds": data["seconds"]}
+    # what stays once the missing key was written: from before its batch to after the write
+    for side in ("client", "service"):
+        per_get[side]["kept after the write"] = round(
+            (data[side]["written"] - data[side]["present"]) * 1024 / args.gets, 2
+        )
+    py = data["python_bytes"]
+    py_per_get = {
+        "present": round((py["present"] - py["start"]) / args.gets, 1),
+        "missing, once written": round((py["written"] - py["present"]) / args.gets, 1),
+        "later": round((py["later"] - py["written"]) / args.gets, 1),
+    }
+    result = {"gets": args.gets, "kb_per_get": per_get, "client_python_bytes_per_get": py_per_get,
+              "rss_mb": data, "seconds": data["seconds"]}  # fmt: skip
     if args.json:
         print(json.dumps(result, indent=1))
         return 0
@@ -155,11 +180,14 @@ def main(argv: list[str] | None = None) -> int:
     rows = (
         ("present", "a key that is there"),
         ("missing", "a missing key (each times out)"),
+        ("kept after the write", "the missing key's, once it was written"),
         ("later", "another missing key, once the first was written"),
     )
     for batch, what in rows:
         c, s = per_get["client"][batch], per_get["service"][batch]
         print(f"{what:<46} {c:>8.2f} {s:>8.2f}")
+    print("client's Python objects kept per get (bytes, after gc): "
+          + ", ".join(f"{k} {v:g}" for k, v in py_per_get.items()))  # fmt: skip
     base = max(0.01, per_get["service"]["present"])
     print(f"service: a timed-out get keeps {per_get['service']['missing'] / base:.0f}x what a get "
           f"of a present key does (floor 0.01 KB)")  # fmt: skip

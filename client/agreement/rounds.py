@@ -65,7 +65,8 @@ class AgreementOptions:
     Attributes:
         timeout_s: bound on waiting for acknowledgements; a rank waits twice that for a
             decision before it aborts the round itself.
-        slice_s: the watcher's longest single wait (how soon close() is noticed).
+        slice_s: the watcher's longest single wait in a round (how soon close() is
+            noticed; between rounds within a tick and a slice).
         lead_time_s: how far ahead, in wall time, a rank proposes (see
             :func:`adaptd.core.agreement.lead_steps`).
 
