@@ -32,8 +32,8 @@ leaves none). So a wait for a proposal ends at a write, not at its deadline
 (:meth:`RoundWatcher._idle_wait_s`): the chief's when its own tick is due, another
 rank's a slice after the chief's next tick is due. While the chief ticks, only its own
 get times out, once a tick; waits in half-second slices timed out once or twice a
-second in every rank (at 256 ranks, 64 in the chief's process: its idle growth 2.3 →
-0.6 MB a minute, docs/scale.md).
+second in every rank (at 256 ranks, 64 in the chief's process: its idle growth 2.1-2.5
+→ 0.2-1.0 MB a minute, docs/scale.md).
 """
 
 from __future__ import annotations
