@@ -213,7 +213,14 @@ def test_three_workers_on_one_daemon_random_set_policy_every_rank_saves_the_same
         hosts(short_dir, "fixed:steps=25", names=("a",)),
         ForkedCluster(zygote, short_dir / "run", 3, HERE / "hook_worker.py", env=env) as cluster,
     ):
-        wait_for("the job's three ranks", lambda: (j := job_info(a)) and j.world_size == 3, cluster)
+        # all three ranks, the chief's among them: until rank 0's hello the daemon cannot
+        # know it decides a coordination job and relays set-policy to "the chief" (seen
+        # once in CI, when ranks 1 and 2 said hello first)
+        wait_for(
+            "the job's three ranks, decided here",
+            lambda: (j := job_info(a)) and len(j.ranks) == 3 and j.decided_here,
+            cluster,
+        )
         for i in range(100):
             spec = f"fixed:steps={rng.randint(5, 40)}"
             reply = admin.request(a, admin.SetPolicyRequest(job="mw", spec=spec), timeout_s=10.0)
