@@ -290,6 +290,29 @@ def test_the_watchdogs_bound_grows_with_the_steps_time(monkeypatch) -> None:
         ct.Watchdog(0.0, position=lambda: 0, holding=lambda: False)
 
 
+def test_the_watchdogs_typical_step_is_per_step_not_per_look() -> None:
+    """A short job seen by looks every 0.5 s: a first step of 1.5 s (its compile), one
+    slow step of 2 s, then 30 steps of 20-100 ms. The typical step is a fast one, so the
+    bound stays the 4 s asked; the median per look (1.5 and 2 s of four looks) made it
+    8 s, past TensorFlow's heartbeat (seen in the stopped-peer test of
+    tests/multiworker/test_just_in_time.py under load)."""
+    from adaptd.client.save import collective_timeout as ct
+
+    now, n = [0.0], [0]
+    w = ct.Watchdog(4.0, position=lambda: n[0], holding=lambda: False, clock=lambda: now[0])
+    for t, step in ((0.0, 0), (0.5, 0), (1.0, 0), (1.5, 1), (2.0, 1), (2.5, 1), (3.0, 1),
+                    (3.5, 2), (4.0, 7), (4.5, 32)):  # fmt: skip
+        now[0], n[0] = t, step
+        w.check()
+    assert w.limit() == 4.0
+    # and long steps still raise it, once they are the job's (the looks it keeps)
+    for _ in range(ct.STEP_HISTORY):
+        now[0] += 1.0
+        n[0] += 1
+        w.check()
+    assert w.limit() == pytest.approx(10.0)
+
+
 def test_adaptd_verify_checks_the_part_a_replay_note_starts_from(tmp_path) -> None:
     """A just-in-time step (replicated part, one replay note per rank) verifies as
     whole, checking each rank's base part; without a base part its rank is missing."""
