@@ -18,8 +18,8 @@ Between the second and third batch the first missing key is written and both sid
 report again (``written``): what a timed-out get costs for good once its key was
 written. The client also counts its Python objects (``tracemalloc``, after a
 ``gc.collect()``): each timed-out get leaves 88 bytes of them for good, its key
-written or not, where a get of a present key leaves none (issue 35: what the
-agreement's idle waits in half-second slices still leak, docs/scale.md).
+written or not, where a get of a present key leaves none (issue 35: why the agreement's
+idle waits end at a write, not at a deadline).
 
 Usage::
 

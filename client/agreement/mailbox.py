@@ -10,7 +10,8 @@ doorbell, ``mail/bell/<group>``, then the bell over all groups, ``mail/bell/any`
 more puts; the ranks are in groups of :data:`GROUP`, and a bell already rung stays
 rung). The chief's listener thread waits on ``mail/bell/any`` (:meth:`Mailbox.listen`:
 one get, :data:`BELL_WAIT_S` long); when it rings, it takes it down and the chief's
-agreement watcher thread, after a quiet slice of its wait for a proposal, makes a pass
+agreement watcher thread, after its next wait for a proposal that brought none (at its
+next tick, within a second), makes a pass
 over the groups' bells (:meth:`Mailbox.collect`: one get per group), and for a rung one
 takes the bell down, then reads each rank of the group's next keys and deletes what it
 read; at most :data:`CALLS_PER_COLLECT` such reads and deletes per call, going on from

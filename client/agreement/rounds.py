@@ -48,10 +48,10 @@ from adaptd.protocol import job as p
 
 log = logging.getLogger("adaptd.client")
 
-#: The chief reads the other ranks' mail at most this often, after a slice without a
-#: proposal (on the watcher thread, once its listener heard a ring: one get per
-#: doorbell, and the mail of the groups that rang, a bounded share per call:
-#: :mod:`adaptd.client.agreement.mailbox`).
+#: The chief reads the other ranks' mail at most this often, after a wait without a
+#: proposal (at its tick, about once a second; on the watcher thread, once its listener
+#: heard a ring: one get per doorbell, and the mail of the groups that rang, a bounded
+#: share per call: :mod:`adaptd.client.agreement.mailbox`).
 MAIL_S = 0.1
 #: A proposer tries at most this many keys past the watcher's for its round (each one a
 #: tick took): about a second each, so a proposer far behind gives up the round.
@@ -65,7 +65,8 @@ class AgreementOptions:
     Attributes:
         timeout_s: bound on waiting for acknowledgements; a rank waits twice that for a
             decision before it aborts the round itself.
-        slice_s: the watcher's longest single wait (how soon close() is noticed).
+        slice_s: the watcher's longest single wait in a round (how soon close() is
+            noticed; between rounds within a tick and a slice).
         lead_time_s: how far ahead, in wall time, a rank proposes (see
             :func:`adaptd.core.agreement.lead_steps`).
 
@@ -172,11 +173,11 @@ class Agreement(Recorded):
                 self.mailbox.start_listening()
 
     def ending(self) -> None:
-        """This rank's training loop is over: the watcher stops (within a slice, without
-        waiting for it here) and no round is proposed or answered any more. From then on
-        the store failing is the other ranks ending too (the chief's process, which holds
-        the coordination service, exits while this rank still writes its last save),
-        logged, never :attr:`broken`."""
+        """This rank's training loop is over: the watcher stops (within a slice, between
+        rounds a tick and a slice, without waiting for it here) and no round is proposed
+        or answered any more. From then on the store failing is the other ranks ending
+        too (the chief's process, which holds the coordination service, exits while this
+        rank still writes its last save), logged, never :attr:`broken`."""
         self._watcher.stop()
         if self._reads_mail:
             self.mailbox.stop_listening(timeout_s=0.0)  # rung to end its wait; not awaited

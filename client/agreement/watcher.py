@@ -6,8 +6,9 @@ step when the answer is yes), writes the answer; as the proposer, collects every
 rank's answer (in threads of :data:`ACKS_PER_READER` ranks in a larger job) and writes
 the decision; then waits for the decision, aborting the
 round itself after twice the timeout (first writer wins, so every rank reads one
-outcome), and hands it to its owner. Every wait is sliced, so :meth:`stop` is noticed
-within a slice. After a slice in which no proposal came it runs ``between`` (the
+outcome), and hands it to its owner. Every wait in a round is sliced, so :meth:`stop`
+is noticed within a slice (between rounds, within a tick and a slice: *Ticks*). After a
+wait in which no proposal came it runs ``between`` (the
 chief reads the other ranks' mail there: :mod:`adaptd.client.agreement.mailbox`), a
 bounded share at a time: while ``between`` says there is more, the watcher looks for
 a proposal for :data:`BRIEF_S` only, then calls it again, so a proposal waits for at
@@ -24,6 +25,15 @@ waits on the round's next proposal key (:meth:`~adaptd.client.agreement.kv.Keys.
 A proposer whose key a tick took tries the next one. Any rank ticks itself after
 :data:`LATE_TICK_S` without one (the chief stopped or gone), so no rank's waits pile up
 either. A round's ticks go with its keys when the next round commits.
+
+A timed-out get also leaves 88 bytes of Python objects in TensorFlow's client for good,
+its key written or not (benchmarks/coordination_gets.py; a get that returns a value
+leaves none). So a wait for a proposal ends at a write, not at its deadline
+(:meth:`RoundWatcher._idle_wait_s`): the chief's when its own tick is due, another
+rank's a slice after the chief's next tick is due. While the chief ticks, only its own
+get times out, once a tick; waits in half-second slices timed out once or twice a
+second in every rank (at 256 ranks, 64 in the chief's process: its idle growth 2.1-2.5
+→ 0.2-1.0 MB a minute, docs/scale.md).
 """
 
 from __future__ import annotations
@@ -134,9 +144,10 @@ class RoundWatcher:
                     self.at, last = (k, 0), time.monotonic()
                 t = self.at[1]
                 key = self.keys.proposal(k, t)
-                raw = self.store.get(key, wait_s)
+                raw = self.store.get(key, wait_s if wait_s == BRIEF_S else self._idle_wait_s(last))
                 wait_s = self._slice_s
-                if raw is None and time.monotonic() - last >= self._tick_after_s:
+                # (BRIEF_S of slack: the service counts a wait in whole milliseconds)
+                if raw is None and time.monotonic() - last >= self._tick_after_s - BRIEF_S:
                     # end every rank's waits on the key: each left with the service
                     # stays there until the key is written (the module's *Ticks*)
                     if self.store.put(key, TICK):
@@ -155,6 +166,22 @@ class RoundWatcher:
         except Exception as exc:  # a bug must not leave a rank held at a gate forever
             log.exception("adaptd agreement watcher failed")
             self._owner.stop_with(f"{type(exc).__name__}: {exc}")
+
+    def _idle_wait_s(self, last: float) -> float:
+        """How long one get for the next proposal waits, ``last`` being when this
+        watcher saw the last tick (or its round begin).
+
+        A get that times out costs memory even after its key is written (the module's
+        *Ticks*), so between rounds a wait ends at a write, not at its deadline: the
+        chief's when its own next tick is due (it writes it then); another rank's a
+        slice after the chief's next tick is due, so that while the chief ticks, their
+        gets never time out. After that (the chief late, stopped or gone) a slice at a
+        time, up to their own tick at :data:`LATE_TICK_S`. Either way :meth:`stop` is
+        noticed within :data:`TICK_S` and a slice."""
+        now = time.monotonic()
+        if self.rank == 0:
+            return max(BRIEF_S, last + TICK_S - now)
+        return max(self._slice_s, last + TICK_S + self._slice_s - now)
 
     def _round_of(self, k: int, raw: str) -> None:
         try:

@@ -31,17 +31,20 @@ DEADLINE_S = 20.0
 
 
 class KeptGets(WaitingDictStore):
-    """Counts the gets that timed out on a key not written, by key: what the
-    coordination service keeps until the key is written."""
+    """Counts the gets that timed out on a key not written, by key (what the
+    coordination service keeps until the key is written) and by the thread that made
+    them (each leaves 88 bytes of Python objects in TensorFlow's client for good)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.timed_out: Counter[str] = Counter()
+        self.timed_out_by: Counter[str] = Counter()
 
     def get(self, key: str, timeout_s: float) -> str | None:
         raw = super().get(key, timeout_s)
         if raw is None:
             with self._written:
+                self.timed_out_by[threading.current_thread().name] += 1
                 if key not in self.data:
                     self.timed_out[key] += 1
         return raw
@@ -97,22 +100,29 @@ def idle(seconds: float) -> None:
         time.sleep(0.05)  # the idle time is what is tested
 
 
-def test_idle_ranks_keep_no_more_waits_than_one_tick_holds() -> None:
-    """Three ranks idle for 3.5 ticks: about 14 slices each timed out, on keys the
-    chief's ticks wrote since, so at most the current tick's few are kept. Without the
-    ticks every one of them stays (all on round 0's proposal key)."""
+def test_idle_ranks_wait_until_a_tick_not_until_a_deadline() -> None:
+    """Three ranks idle for 3.5 ticks. A get that times out leaves 88 bytes of Python
+    objects in TensorFlow's client for good, its key written or not
+    (benchmarks/coordination_gets.py), so between rounds a wait ends at a write: the
+    other ranks' at the chief's ticks (none of their gets times out), the chief's when
+    its own tick is due (one a tick). Waits in slices timed out four times a tick for
+    every rank (0.25 s slices), and their keys are ticked since: at most the current
+    tick's few are kept in the store."""
     store = KeptGets()
     agreements = ranks(store, 3, range(3))
     try:
         idle(3.5 * TICK_S)
-        kept, waited = store.kept(), sum(store.timed_out.values())
+        kept = store.kept()
+        by = {r: store.timed_out_by[f"adaptd-agreement-{r}"] for r in range(3)}
         chief_ticks = agreements[0]._watcher.ticks_written
         others = [a._watcher.ticks_written for a in agreements[1:]]
     finally:
         close(store, agreements)
-    assert waited >= 3 * 8, waited  # the ranks did wait, in slices
-    assert kept <= 3 * (TICK_S / SLICE_S + 1), (kept, waited)
     assert chief_ticks >= 2 and others == [0, 0], (chief_ticks, others)
+    # a tick late by more than a slice (a loaded machine) may end one wait early
+    assert by[1] <= 1 and by[2] <= 1, by
+    assert by[0] <= chief_ticks + 1, (by, chief_ticks)
+    assert kept <= 3, (kept, by)
 
 
 def test_without_the_chief_the_others_tick_themselves() -> None:
