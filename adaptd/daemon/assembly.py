@@ -32,7 +32,7 @@ from adaptd.daemon.jobs.memory_tier import MemoryTiers
 from adaptd.daemon.jobs.ops import JobOps
 from adaptd.daemon.jobs.planner import Planner, snapshot_now
 from adaptd.daemon.jobs.policy_choice import PolicyChoice
-from adaptd.daemon.jobs.registry import Registry
+from adaptd.daemon.jobs.registry import ProcProbe, Registry
 from adaptd.daemon.jobs.rounds import Agreements, RoundMemory
 from adaptd.daemon.jobs.settings import ConfiguredSettings, OperatorSettings
 from adaptd.daemon.jobs.stall_watch import Limits, Peers, StallWatch, no_limits
@@ -44,6 +44,7 @@ from adaptd.daemon.server import Daemon
 from adaptd.daemon.transport import Transport
 from adaptd.daemon.waker import Waker
 from adaptd.protocol.job import Hello
+from adaptd.telemetry.host import ProcessReads
 
 __all__ = ["Seams", "assemble", "build"]
 
@@ -113,9 +114,11 @@ def assemble(options: DaemonOptions, seams: Seams) -> DaemonParts:
     events = ev.EventBus(seams.sinks)
     transport = Transport(options.socket, curve=options.curve, clock=clock, waker=seams.waker)
     stats = transport.stats
+    processes = ProcessReads()  # one read of a rank's process a tick, for both watchers
     registry = Registry(
         seams.jobs,
         emit=events,
+        probe=ProcProbe(process=processes),
         liveness_timeout_s=options.liveness_timeout_s,
         hostname=options.hostname,
         tracker_factory=seams.tracker_factory,
@@ -157,7 +160,8 @@ def assemble(options: DaemonOptions, seams: Seams) -> DaemonParts:
     )
     stall = StallWatch(registry.table, send=transport.send, emit=events,
                        snapshot=seams.snapshot_source, paused=settings.paused,
-                       limits=seams.stall_limits, peers=seams.stall_peers)  # fmt: skip
+                       limits=seams.stall_limits, peers=seams.stall_peers,
+                       process=processes)  # fmt: skip
     status = StatusView(jobs=registry.table, hostname=registry.hostname, settings=settings,
                         stats=stats, events=events, transport=transport,
                         default_policy=options.default_policy, status_extra=seams.status_extra,

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -132,6 +133,42 @@ def process_info(pid: int) -> ProcessInfo | None:
     return ProcessInfo(pid, ppid, round(ticks / _TICKS, 3), _STATES.get(state, state))
 
 
+class ProcessReads:
+    """:func:`process_info` read once per moment for all who ask: the daemon's liveness
+    check and its stall watch both ask about every rank at each tick, a few
+    microseconds apart (at 512 ranks, two reads per rank a second were a fifth of the
+    daemon's CPU, docs/scale.md). A read younger than ``max_age_s`` is answered again;
+    the first call past it forgets every read (so nothing is kept for pids gone).
+
+    ``max_age_s`` stays well under the daemon's tick (1 s): one tick's readers share a
+    read, the next tick reads anew. ``read`` is the source (tests pass their own);
+    ``clock`` is monotonic seconds, the real one even where the daemon's loop runs on a
+    test's clock, since what it bounds is the age of a read of the real ``/proc``.
+    """
+
+    def __init__(
+        self,
+        read: Callable[[int], ProcessInfo | None] = process_info,
+        *,
+        max_age_s: float = 0.25,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if not max_age_s >= 0:
+            raise ValueError(f"max_age_s must be >= 0 seconds, got {max_age_s!r}")
+        self.read, self.max_age_s, self.clock = read, max_age_s, clock
+        self._since = -float("inf")  # when the reads kept were begun
+        self._reads: dict[int, ProcessInfo | None] = {}
+
+    def __call__(self, pid: int) -> ProcessInfo | None:
+        now = self.clock()
+        if now - self._since > self.max_age_s:
+            self._since, self._reads = now, {}
+        elif pid in self._reads:
+            return self._reads[pid]
+        info = self._reads[pid] = self.read(pid)
+        return info
+
+
 def pid_exists(pid: int) -> bool:
     """Whether ``pid`` exists at all, even where its procfs entry is hidden (``kill(pid, 0)``)."""
     return psutil.pid_exists(pid)
@@ -186,6 +223,7 @@ __all__ = [
     "DiskCounters",
     "Host",
     "ProcessInfo",
+    "ProcessReads",
     "disk_counters",
     "pid_exists",
     "process_info",

@@ -220,6 +220,8 @@ class Storage:
         self._mounts: list[Mount] = []
         self._mounts_at: float | None = None
         self._dirs: dict[str, Target | None] = {}
+        #: directories not created yet: their ancestor's target, and when it was resolved
+        self._uncreated: dict[str, tuple[Target | None, float]] = {}
         self._prev: dict[str, tuple[float, DiskCounters | _NfsCounters]] = {}
 
     # ---------------------------------------------------------------- mapping
@@ -238,6 +240,7 @@ class Storage:
             mounts = parse_mountinfo(text)
             if mounts != self._mounts:
                 self._dirs.clear()
+                self._uncreated.clear()
             self._mounts = mounts
             self._mounts_at = now if now is not None else 0.0
         return self._mounts
@@ -256,13 +259,25 @@ class Storage:
         mounts = self.mounts(now)
         if checkpoint_dir in self._dirs:
             return self._dirs[checkpoint_dir]
+        created = os.path.isdir(checkpoint_dir)
+        if not created and now is not None:
+            # Not created yet (a job's first save creates it): its nearest existing
+            # ancestor's target, resolved again as often as the mount table is re-read
+            # (and at once when that changes), not at every sample: 64 such jobs made
+            # the walk up their paths a fifth of a daemon's CPU (docs/scale.md).
+            known = self._uncreated.get(checkpoint_dir)
+            if known is not None and now - known[1] < MOUNTS_TTL_S:
+                return known[0]
         path = self.resolve(checkpoint_dir)
         m = mount_of(path, mounts)
         if m is None:
             m = mount_of(path, self.mounts(now, refresh=True))
         target = self._target(m, mounts) if m is not None else None
-        if os.path.isdir(checkpoint_dir):  # not yet created: resolve again (it may be a symlink)
+        if created:  # for good; not yet created: resolve again later (it may be a symlink)
             self._dirs[checkpoint_dir] = target
+            self._uncreated.pop(checkpoint_dir, None)
+        elif now is not None:
+            self._uncreated[checkpoint_dir] = (target, now)
         return target
 
     def _target(self, m: Mount, mounts: list[Mount], depth: int = 0) -> Target:
@@ -381,6 +396,9 @@ class Storage:
             t = self.target_of(directory, now)
             if t is not None:
                 groups.setdefault(t, []).append(job)
+        if len(self._uncreated) > len(jobs):  # the directories of jobs gone
+            asked = set(jobs.values())
+            self._uncreated = {d: v for d, v in self._uncreated.items() if d in asked}
         return {t: tuple(sorted(names)) for t, names in groups.items()}
 
     def _read(self, rel: str, parse: Callable[[str], _T]) -> _T | None:

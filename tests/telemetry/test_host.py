@@ -99,6 +99,37 @@ def test_a_process_its_parent_start_time_and_status() -> None:
     assert not h.pid_exists(child.pid) and h.pid_exists(os.getpid())
 
 
+def test_process_reads_are_shared_within_a_moment_and_fresh_after_it() -> None:
+    """The daemon's two watchers ask about each rank a few microseconds apart: one read
+    of /proc for both; a read older than max_age_s is made again, and a pid that died
+    between two ticks is seen gone at the next."""
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
+                             stdin=subprocess.PIPE)  # fmt: skip
+    reads: list[int] = []
+    now = [10.0]
+
+    def read(pid: int) -> h.ProcessInfo | None:
+        reads.append(pid)
+        return h.process_info(pid)
+
+    shared = h.ProcessReads(read, max_age_s=0.25, clock=lambda: now[0])
+    try:
+        first = shared(child.pid)
+        assert first is not None and first.running
+        now[0] += 0.1
+        assert shared(child.pid) == first and shared(os.getpid()) is not None
+        assert reads == [child.pid, os.getpid()]  # the child's, once
+    finally:
+        child.kill()
+        child.wait()
+    assert shared(child.pid) == first  # within the moment: the read of it
+    now[0] += 1.0  # the next tick
+    assert shared(child.pid) is None
+    assert reads == [child.pid, os.getpid(), child.pid]
+    with pytest.raises(ValueError, match="max_age_s"):
+        h.ProcessReads(read, max_age_s=-1.0)
+
+
 def test_a_recorded_process_table(tmp_path: Path, procfs) -> None:
     """psutil reads /proc/<pid>/stat under the procfs root: a recorded launcher and rank."""
     for pid, ppid, comm, state, ticks in ((4100, 1, "torchrun", "S", 5000),

@@ -203,6 +203,40 @@ def test_this_machines_root_mount_has_a_real_block_device(tmp_path) -> None:
     assert t.device in host.disk_counters()
 
 
+def test_a_directory_not_created_yet_is_resolved_as_often_as_the_mounts_are_read(
+    tmp_path,
+) -> None:
+    """A job announces its directory before its first save creates it: its ancestor's
+    target is resolved once per MOUNTS_TTL_S, not at every sample; once the directory
+    exists it is resolved at once, and for good. A gone job's entry is dropped."""
+    calls: list[str] = []
+
+    def resolve(path: str) -> str:
+        calls.append(path)
+        return st.existing_ancestor(path)
+
+    storage = st.Storage(resolve=resolve)
+    ckpt = tmp_path / "ckpt"
+    first = storage.target_of(str(ckpt), now=100.0)
+    assert first is not None and len(calls) == 1
+    for now in (101.0, 105.0, 109.9):
+        assert storage.target_of(str(ckpt), now=now) == first
+    assert len(calls) == 1
+    assert storage.target_of(str(ckpt), now=110.0) == first
+    assert len(calls) == 2  # MOUNTS_TTL_S later: again
+    ckpt.mkdir()
+    assert storage.target_of(str(ckpt), now=110.5) == first
+    assert len(calls) == 3  # created: at once
+    for now in (111.0, 200.0):
+        storage.target_of(str(ckpt), now=now)
+    assert len(calls) == 3  # and for good
+    other = str(tmp_path / "other")
+    storage.group({"a": other, "b": str(tmp_path / "third")}, now=201.0)
+    assert other in storage._uncreated
+    storage.group({"a": other}, now=202.0)
+    assert list(storage._uncreated) == [other]
+
+
 def test_bytes_seen_cover_a_real_fsynced_file(tmp_path) -> None:
     """The device counters see at least what the test writes and fsyncs in the window."""
     storage = st.Storage()
