@@ -158,10 +158,17 @@ def agree(
     t_start = time.perf_counter()
     pace = 0.0002 * (1 + 2 * rank) if collective is None else 0.0
     for i in range(STEPS):
-        if die_at is not None and rank == world - 1 and i == die_at:
-            RESULTS[name] = {"died_at": hook.n}
-            write(RESULTS)
-            os._exit(0)
+        if die_at is not None and i == die_at:
+            if rank == world - 1:
+                RESULTS[name] = {"died_at": hook.n}
+                write(RESULTS)
+                store.put(f"{name}/died", "1")  # synchronous: on the service before it goes
+                os._exit(0)
+            # The survivors run the rest of their steps after the death, not before it:
+            # the last rank is the slowest, and on a loaded box the others had once
+            # finished every step before it reached its step 300, leaving no round to
+            # miss its acknowledgement (seen in a -n 2 run beside a CPU hog).
+            store.get(f"{name}/died", 120)
         if collective is not None:
             collective()
         elif pace:

@@ -133,7 +133,8 @@ def test_a_rank_that_dies_costs_the_others_bounded_waits_never_a_hang(job) -> No
         assert s["steps"] == STEPS and not s["broken"]
         assert s["rounds"] == first["rounds"] and s["saves"] == first["saves"]
     missing = f"no acknowledgement from rank(s) {WORKERS - 1}"
-    gone = next(i for i, r in enumerate(first["rounds"]) if missing in r[5])
+    gone = next((i for i, r in enumerate(first["rounds"]) if missing in r[5]), None)
+    assert gone is not None, first["rounds"][-8:]  # (round, action, step, proposer, commit, why)
     late = first["rounds"][gone:]
     assert not any(r[4] for r in late)  # nothing commits without the dead rank
     assert all(missing in r[5] or "closing" in r[5] for r in late)
