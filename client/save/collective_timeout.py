@@ -189,7 +189,7 @@ class Watchdog:
 
     def limit(self) -> float:
         """The bound now: ``seconds``, or :data:`STEP_FACTOR` × the typical step time
-        (the median per step, :data:`STEP_FACTOR`)."""
+        (the median per step, not per look: see :data:`STEP_FACTOR`)."""
         return max(self.seconds, STEP_FACTOR * _median_per_step(self._gaps))
 
     def check(self) -> str | None:
