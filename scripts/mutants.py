@@ -58,7 +58,7 @@ AREAS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
         ),
     ),
     "estimators": (
-        ("adaptd/core/estimators.py", "adaptd/core/levels.py", "adaptd/core/failure_rates.py"),
+        ("adaptd/core/estimators.py", "adaptd/core/failure_rates.py"),
         ("tests/model",),
     ),
     "sim": (
@@ -93,7 +93,6 @@ MODULES = {
     "adaptd.core.multilevel": "model",
     "adaptd.core.estimators": "estimators",
     "adaptd.core.failure_rates": "estimators",
-    "adaptd.core.levels": "estimators",
     "adaptd.sim.engine": "sim",
     "adaptd.sim.runner": "sim",
     "adaptd.sim.scenario": "sim",

@@ -4,7 +4,7 @@
 job's life-cycle (failure, restart) by the daemon for every job it serves, by the
 client's embedded fallback for its own job, and by the simulator, and produces a
 frozen :class:`~adaptd.core.snapshot.JobState`. It is pure bookkeeping: callers pass
-the time in, so it is deterministic and testable.
+the time in, so it is deterministic and testable; no clock, no I/O.
 
 - δ (save cost) and L (durable latency) come from :class:`LevelEstimate`: a
   median over recent saves, robust to one outlier, that jumps to a new level once
@@ -23,13 +23,28 @@ the time in, so it is deterministic and testable.
   (R₁) are learned apart from the durable figures, with the same estimates; and with
   :class:`~adaptd.core.failure_rates.FailureClasses`, the job's process and host failure
   rates and the share of failures a just-in-time save covered.
+- A job that saves just in time (docs/multiworker.md) learns which of its failures
+  were *covered*: the job came back resuming from a just-in-time save (a survivor
+  saved the last completed step after a peer died), not otherwise (a whole-job or
+  whole-host failure, the last replica lost, a save refused). The share covered, a
+  Beta posterior mean with ``prior_uncovered`` pseudo-failures none of them covered
+  (0 until a covered failure is seen, 2/3 after two covered ones), and what a
+  just-in-time save took (the median of the newest) fill
+  :class:`~adaptd.core.snapshot.JobState`'s ``jit_coverage`` and ``jit_save_s``
+  (:class:`JitCoverage`), so the policy plans the periodic interval for the
+  uncovered failures only (``policies/tiers.py``).
+- :func:`extra_time_from_util`: the time a save took from the GPUs, from their
+  utilisation before and during it.
 - Everything learned exports to a plain JSON-able dict (:meth:`JobTracker.learned`,
   :meth:`FailureRate.to_dict`) for the daemon's store, and imports back.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import math
+import statistics
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from adaptd.core.failure_rates import (
@@ -38,15 +53,6 @@ from adaptd.core.failure_rates import (
     FailureClasses,
     FailureRate,
 )
-from adaptd.core.jit_coverage import JitCoverage
-from adaptd.core.levels import (  # the figures a tracker keeps; re-exported
-    LEVEL_JUMP,
-    SAVE_WINDOW,
-    LevelEstimate,
-    StepTime,
-    extra_time_from_util,
-    steady_part,
-)
 from adaptd.core.snapshot import JobState
 
 __all__ = [
@@ -54,13 +60,280 @@ __all__ = [
     "LEVEL_JUMP",
     "PRIOR_GPU_MTBF_S",
     "SAVE_WINDOW",
+    "STEP_JUMP",
+    "STEP_OUTLIER",
+    "STEP_WINDOW",
     "FailureRate",
+    "JitCoverage",
     "JobTracker",
     "LevelEstimate",
     "StepTime",
     "extra_time_from_util",
     "steady_part",
 ]
+
+#: Saves remembered for the cost estimates.
+SAVE_WINDOW = 5
+
+#: How far (as a factor) two consecutive saves must sit from the current estimate,
+#: on the same side, for the estimate to jump to them.
+LEVEL_JUMP = 2.0
+
+#: Step batches remembered for the step time, and the factor two batches in a row
+#: must sit from it, on the same side, for it to jump to them (a doubling is followed
+#: after two reports; batch means of a steady job vary by a few percent).
+STEP_WINDOW = 5
+STEP_JUMP = 1.5
+
+#: A step this many times slower than the mean of the other steps of its batch is an
+#: outlier with a cause (a retrace, an eval, a compile), left out of the step time.
+STEP_OUTLIER = 3.0
+
+
+class LevelEstimate:
+    """A robust running level: weighted median of a short window, with change detection.
+
+    A median alone ignores one outlier but needs half the window to follow a real
+    shift. Here, when the two newest observations both differ from the median by
+    more than ``jump``x in the same direction, the window restarts from them, so a
+    10x slow-down is tracked after two observations and recovery after two more.
+
+    Each observation may carry a weight (default 1: the plain median): a batch of 50
+    steps weighs 50 times a batch of one, so one slow step alone in its report
+    cannot outvote the steps around it.
+    """
+
+    def __init__(self, window: int = SAVE_WINDOW, jump: float = LEVEL_JUMP) -> None:
+        if window < 2:
+            raise ValueError(f"window must be >= 2 observations, got {window}")
+        if not jump > 1:
+            raise ValueError(f"jump must be a factor > 1, got {jump}")
+        self.jump = jump
+        self._window = window
+        # (value, weight) pairs, oldest first: a short list, lighter than a deque (the
+        # daemon keeps four of these for each of up to a thousand remembered jobs)
+        self._obs: list[tuple[float, float]] = []
+        self._last: tuple[float, float] | None = None
+        self._median: float | None = None
+
+    def add(self, value: float, weight: float = 1.0) -> None:
+        """Record one observation (non-negative seconds) of weight ``weight`` (> 0).
+
+        Raises :class:`ValueError` for a value or weight that is not a finite
+        number in range.
+        """
+        if not (value >= 0 and math.isfinite(value)):
+            raise ValueError(f"observation must be a finite number >= 0, got {value!r}")
+        if not (weight > 0 and math.isfinite(weight)):
+            raise ValueError(f"weight must be a finite number > 0, got {weight!r}")
+        level = self.value
+        prev = self._last
+        self._last = (value, weight)
+        obs = self._obs
+        if level is not None and prev is not None and len(obs) > 2:
+            hi, lo = level * self.jump, level / self.jump
+            if (value > hi and prev[0] > hi) or (value < lo and prev[0] < lo):
+                obs[:] = [prev]
+        obs.append((value, weight))
+        if len(obs) > self._window:
+            del obs[0]
+        self._median = _weighted_median(obs)
+
+    def raise_last(self, value: float) -> bool:
+        """Raise the newest observation to ``value`` when it is larger (a slower rank's
+        cost of the same save); True when the level's input changed."""
+        if not self._obs or not (math.isfinite(value) and value > self._obs[-1][0]):
+            return False
+        weight = self._obs[-1][1]
+        self._obs[-1] = (value, weight)
+        self._last = (value, weight)
+        self._median = _weighted_median(self._obs)
+        return True
+
+    @property
+    def value(self) -> float | None:
+        return self._median
+
+    def values(self) -> list[float]:
+        return [v for v, _ in self._obs]
+
+    def load(self, values: Iterable[float]) -> None:
+        """Start again from ``values`` (each of weight 1), e.g. from the store."""
+        self._obs = [(float(v), 1.0) for v in values][-self._window :]
+        self._last = self._obs[-1] if self._obs else None
+        self._median = _weighted_median(self._obs) if self._obs else None
+
+
+def _weighted_median(obs: Iterable[tuple[float, float]]) -> float:
+    """The value with half the weight on either side; between two values, their mean
+    (so equal weights give :func:`statistics.median`)."""
+    pairs = sorted(obs)
+    half = sum(w for _, w in pairs) / 2
+    acc = 0.0
+    low: float | None = None
+    for v, w in pairs:
+        acc += w
+        if low is None and acc >= half * (1 - 1e-12):
+            low = v
+        if acc > half * (1 + 1e-12):
+            return (low + v) / 2 if low is not None else v
+    return pairs[-1][0]
+
+
+def steady_part(
+    count: int, mean_s: float, max_s: float = 0.0, max_steps: int = 1, warmup: bool = False
+) -> tuple[int, float] | None:
+    """The steps of a batch that show the job's pace: ``(steps, mean seconds)``, or
+    None when none do.
+
+    A batch of ``count`` steps of mean ``mean_s`` whose slowest ``step()`` call
+    took ``max_s`` for ``max_steps`` steps (``max_s`` 0: not measured). That call is
+    left out when ``warmup`` says it is the run's first step (tracing, compiling),
+    or when it is :data:`STEP_OUTLIER` times slower per step than the rest. A
+    warm-up batch that is nothing but the warm-up, or whose slowest step was not
+    measured, shows nothing.
+    """
+    if count <= 0 or not (mean_s >= 0 and math.isfinite(mean_s)):
+        return None
+    if max_s > 0 and math.isfinite(max_s):
+        k = min(max(1, max_steps), count)
+        rest = count - k
+        if rest <= 0:
+            return None if warmup else (count, mean_s)
+        rest_mean = max(0.0, mean_s * count - max_s) / rest
+        if warmup or max_s / k > STEP_OUTLIER * rest_mean:
+            return rest, rest_mean
+        return count, mean_s
+    return None if warmup else (count, mean_s)
+
+
+class StepTime:
+    """The job's steady step time, from batches of step timings (see :func:`steady_part`).
+
+    A :class:`LevelEstimate` over the batches' steady means weighted by their steps:
+    it converges on the first steady batch, ignores a slow batch among steady ones,
+    and follows a lasting change (a slower phase) after two batches.
+    """
+
+    def __init__(self, window: int = STEP_WINDOW, jump: float = STEP_JUMP) -> None:
+        self._level = LevelEstimate(window, jump)
+        #: Steps left out so far as warm-up or outliers.
+        self.ignored_steps = 0
+
+    def add(
+        self,
+        count: int,
+        mean_s: float,
+        *,
+        max_s: float = 0.0,
+        max_steps: int = 1,
+        warmup: bool = False,
+    ) -> None:
+        """One batch of ``count`` steps (see :func:`steady_part` for the rest)."""
+        part = steady_part(count, mean_s, max_s, max_steps, warmup)
+        if part is None:
+            self.ignored_steps += max(0, count)
+            return
+        steps, mean = part
+        self.ignored_steps += count - steps
+        if mean > 0:
+            self._level.add(mean, weight=steps)
+
+    @property
+    def value(self) -> float | None:
+        return self._level.value
+
+    def load(self, value: float | None) -> None:
+        """Start from a step time learned before (one observation's worth)."""
+        self._level.load([] if value is None else [value])
+
+
+def extra_time_from_util(util_before: float, util_during: float, in_flight_s: float) -> float:
+    """Extra step time a write caused, seen from NVML: the utilisation it took away.
+
+    A GPU that was ``util_before`` busy and sags to ``util_during`` while a write
+    runs for ``in_flight_s`` lost ``(1 − during/before) · in_flight_s`` of compute:
+    the same interference the hook measures as longer steps.
+    """
+    if in_flight_s <= 0 or util_before <= 0:
+        return 0.0
+    return max(0.0, 1.0 - util_during / util_before) * in_flight_s
+
+
+#: Just-in-time save durations kept for the median.
+JIT_KEEP = 16
+
+
+@dataclass
+class JitCoverage:
+    """Counts of covered and uncovered failures of one job, and its just-in-time saves'
+    durations. Raises ValueError for a prior that is not > 0 or negative counts."""
+
+    covered: int = 0
+    uncovered: int = 0
+    prior_uncovered: float = 1.0
+    durations: list[float] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.prior_uncovered > 0:
+            raise ValueError(f"prior_uncovered must be > 0, got {self.prior_uncovered!r}")
+        if self.covered < 0 or self.uncovered < 0:
+            raise ValueError(f"counts must be >= 0, got {self.covered}, {self.uncovered}")
+
+    def failure(self, covered: bool) -> None:
+        """One failure of the job, covered by a just-in-time save or not."""
+        if covered:
+            self.covered += 1
+        else:
+            self.uncovered += 1
+
+    def saved(self, seconds: float) -> None:
+        """A just-in-time save took ``seconds`` until durable."""
+        self.durations = [*self.durations, max(0.0, float(seconds))][-JIT_KEEP:]
+
+    @property
+    def coverage(self) -> float:
+        """The share of failures a just-in-time save covers (posterior mean)."""
+        return self.covered / (self.covered + self.uncovered + self.prior_uncovered)
+
+    @property
+    def save_s(self) -> float | None:
+        """What a just-in-time save takes (median of the newest; None: none seen)."""
+        return statistics.median(self.durations) if self.durations else None
+
+    def fields(self) -> dict[str, float]:
+        """The :class:`~adaptd.core.snapshot.JobState` fields it fills (none before a
+        covered failure or a just-in-time save was seen)."""
+        out: dict[str, float] = {}
+        if self.covered:
+            out["jit_coverage"] = self.coverage
+        if self.save_s is not None:
+            out["jit_save_s"] = self.save_s
+        return out
+
+    def learned(self) -> dict[str, Any]:
+        """Its part of what the tracker learned (``{"jit": ...}``), only for a job that
+        saves just in time: a tracker without it exports what it exported before."""
+        if not (self.covered or self.durations):
+            return {}
+        return {"jit": {"covered": self.covered, "uncovered": self.uncovered,
+                        "save_s": self.durations}}  # fmt: skip
+
+    @classmethod
+    def from_learned(cls, learned: Any, default: JitCoverage) -> JitCoverage:
+        """Read :meth:`learned`'s part of ``learned`` back (``default`` when it has none;
+        anything unreadable is a fresh start)."""
+        data = learned.get("jit") if isinstance(learned, Mapping) else None
+        if data is None:
+            return default
+        if not isinstance(data, dict):
+            return cls()
+        try:
+            durations = [float(x) for x in data.get("save_s", ())][-JIT_KEEP:]
+            return cls(int(data.get("covered", 0)), int(data.get("uncovered", 0)),
+                       durations=durations)  # fmt: skip
+        except (TypeError, ValueError):
+            return cls()
 
 
 def _check_tier(tier: str) -> None:

@@ -5,7 +5,7 @@ steps and the wall time between two boundaries, minus the time the loop spent
 blocked in a save (that time is the save's cost, not the step's). The hook also
 keeps the slowest ``step()`` call of the batch, and the first batch of a run is
 marked as warm-up, so the daemon can leave tracing and retracing out of the step
-time (:func:`adaptd.core.levels.steady_part`).
+time (:func:`adaptd.core.estimators.steady_part`).
 
 The extra step time a save causes is measured over a *window*: from the moment the
 save call returned until the first step boundary after the background write

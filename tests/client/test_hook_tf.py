@@ -20,7 +20,7 @@ tf = pytest.importorskip("tensorflow")
 keras = pytest.importorskip("keras")
 
 from adaptd.client import AdaptiveCheckpointCallback, AdaptiveCheckpointer  # noqa: E402
-from adaptd.core.levels import steady_part  # noqa: E402
+from adaptd.core.estimators import steady_part  # noqa: E402
 from adaptd.core.policy import PolicyError  # noqa: E402
 from adaptd.protocol import job as protocol  # noqa: E402
 

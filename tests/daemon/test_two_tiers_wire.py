@@ -8,8 +8,7 @@ from __future__ import annotations
 import msgspec
 
 from adaptd.core.snapshot import Decision
-from adaptd.daemon.jobs.costs import SaveCosts
-from adaptd.daemon.jobs.table import failure_kind
+from adaptd.daemon.jobs.table import SaveCosts, failure_kind
 from adaptd.protocol import job as p
 
 

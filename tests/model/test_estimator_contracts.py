@@ -16,13 +16,15 @@ import statistics
 
 import pytest
 
-from adaptd.core.estimators import PRIOR_GPU_MTBF_S, FailureRate, JobTracker
-from adaptd.core.levels import (
+from adaptd.core.estimators import (
     LEVEL_JUMP,
+    PRIOR_GPU_MTBF_S,
     SAVE_WINDOW,
     STEP_JUMP,
     STEP_OUTLIER,
     STEP_WINDOW,
+    FailureRate,
+    JobTracker,
     LevelEstimate,
     StepTime,
     extra_time_from_util,

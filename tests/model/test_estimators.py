@@ -7,8 +7,13 @@ import random
 
 import pytest
 
-from adaptd.core.estimators import PRIOR_GPU_MTBF_S, FailureRate, JobTracker
-from adaptd.core.levels import LevelEstimate, extra_time_from_util
+from adaptd.core.estimators import (
+    PRIOR_GPU_MTBF_S,
+    FailureRate,
+    JobTracker,
+    LevelEstimate,
+    extra_time_from_util,
+)
 
 
 def test_save_cost_converges_from_cold_start_despite_noise_and_outliers() -> None:

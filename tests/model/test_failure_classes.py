@@ -270,7 +270,7 @@ def test_a_foreign_failure_rate_record_is_named() -> None:
 
 def test_what_just_in_time_saves_taught_round_trips() -> None:
     """A daemon restart keeps the covered and uncovered failures and the just-in-time
-    save durations (adaptd/core/jit_coverage.py); the policy sees the same state."""
+    save durations (JitCoverage, adaptd/core/estimators.py); the policy sees the same state."""
     t = JobTracker("j", gpus=4)
     t.jit.saved(0.5)
     t.on_failure(10.0, covered=True)

@@ -14,8 +14,7 @@ from collections.abc import Iterable, Iterator
 
 import pytest
 
-from adaptd.core.estimators import JobTracker
-from adaptd.core.levels import LevelEstimate, StepTime, steady_part
+from adaptd.core.estimators import JobTracker, LevelEstimate, StepTime, steady_part
 from adaptd.core.snapshot import Snapshot
 from adaptd.policies.daly import Daly
 

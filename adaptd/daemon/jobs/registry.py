@@ -283,7 +283,7 @@ class Registry:
 
     def save_cost(self, job: Job, rank: Rank, msg: SaveCost, now: float) -> None:
         """Another rank's cost of a save, forwarded by ``rank`` (the job's chief):
-        see :mod:`adaptd.daemon.jobs.costs`."""
+        see :class:`~adaptd.daemon.jobs.table.SaveCosts`."""
         self.heard(job, rank, now)
         job.save_cost(msg)
 
