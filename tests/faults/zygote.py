@@ -156,8 +156,11 @@ def serve() -> None:
     import numpy  # noqa: F401
     import tensorflow  # noqa: F401
 
+    # adaptd.client's hook and callback load on first use: here, not in every child
     import adaptd.cli
     import adaptd.client
+    import adaptd.client.callback
+    import adaptd.client.checkpointer
     import adaptd.client.restore.verify  # noqa: F401
 
     r, w = os.pipe()
