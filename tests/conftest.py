@@ -97,3 +97,52 @@ class FakeClock:
 @pytest.fixture
 def fake_clock() -> FakeClock:
     return FakeClock()
+
+
+#: The modules whose tests mostly wait (etcd leases and elections, a FUSE mount
+#: throttled to 1 MiB/s, daemons draining, hang and liveness deadlines): in a serial
+#: run each spent at least 3 s and 1.4 times its CPU in wall time
+#: (scripts/cpu_per_test.py, docs/testing.md): 412 s of wall time for 160 core-seconds.
+#: With ``--dist loadgroup`` (``make test``) one worker runs them one after the other
+#: while the other works through the modules that compute, instead of both workers
+#: waiting at once. A module missing here still runs, whole, as its own group.
+WAITING_MODULES = frozenset(
+    {
+        "tests/client/test_agreement_ticks.py",
+        "tests/daemon/test_one_authority.py",
+        "tests/daemon/test_operator.py",
+        "tests/daemon/test_protocol_serving.py",
+        "tests/e2e/test_real_job_shapes.py",
+        "tests/faults/test_isolation.py",
+        "tests/faults/test_storage_faults.py",
+        "tests/fleet/test_fleet_auth.py",
+        "tests/fleet/test_fleet_classes.py",
+        "tests/fleet/test_fleet_daemons.py",
+        "tests/fleet/test_fleet_matrix.py",
+        "tests/fleet/test_fleet_outage.py",
+        "tests/fleet/test_fleet_session.py",
+        "tests/fleet/test_fleet_slots.py",
+        "tests/integration/test_memory_tier_budget.py",
+        "tests/multiworker/test_agreement_engine.py",
+        "tests/multiworker/test_coordination.py",
+        "tests/multiworker/test_hang.py",
+        "tests/tiers/test_rank_parts_tiers.py",
+        "tests/tiers/test_replica.py",
+        "tests/tiers/test_replicator_serve.py",
+    }
+)
+#: The xdist group of WAITING_MODULES.
+WAITING_GROUP = "waits"
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under ``--dist loadgroup``, every test joins a group: the waiting modules'
+    :data:`WAITING_GROUP`, every other module its own (so a module's tests run in one
+    process, in file order, and its module fixtures start once, as with loadscope)."""
+    if config.getoption("dist", "no") != "loadgroup":
+        return
+    for item in items:
+        module = item.nodeid.split("::", 1)[0]
+        group = WAITING_GROUP if module in WAITING_MODULES else module
+        item.add_marker(pytest.mark.xdist_group(group))
