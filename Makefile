@@ -18,7 +18,7 @@ TEST_DEPS  ?=
 # loadscope: a module's fixtures start once). Two on the 2-core box: 13.6 min against
 # 22.5 min in one process (fresh clones, docs/testing.md). PYTEST_WORKERS= (empty): one.
 PYTEST_WORKERS ?= 2
-XDIST := $(if $(PYTEST_WORKERS),-n $(PYTEST_WORKERS) --dist loadgroup)
+XDIST := $(if $(PYTEST_WORKERS),-n $(PYTEST_WORKERS) --dist loadscope)
 # setuptools tells every editable install of a package-dir layout that folders named like
 # the package may shadow it ("Editable installation.", an InformationOnly notice, not a
 # problem of the metadata); only that notice is filtered, every other warning shows.

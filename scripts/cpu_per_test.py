@@ -7,8 +7,8 @@
 The CPU is the whole machine's busy time from ``/proc/stat`` between the start of a
 test's setup and the end of its teardown: the daemons, etcd and the jobs a test starts
 count, and so does anything else running, so run it serially (one pytest process) on a
-quiet machine. docs/testing.md reads it to find the modules that mostly wait
-(``WAITING_MODULES`` in tests/conftest.py) and the suite's floor on two cores.
+quiet machine. docs/testing.md reads it for where the suite's CPU goes, which modules
+mostly wait, and the suite's floor on two cores.
 """
 
 from __future__ import annotations
