@@ -70,6 +70,7 @@ __all__ = [
     "StepTime",
     "extra_time_from_util",
     "steady_part",
+    "weighted_median",
 ]
 
 #: Saves remembered for the cost estimates.
@@ -137,7 +138,7 @@ class LevelEstimate:
         obs.append((value, weight))
         if len(obs) > self._window:
             del obs[0]
-        self._median = _weighted_median(obs)
+        self._median = weighted_median(obs)
 
     def raise_last(self, value: float) -> bool:
         """Raise the newest observation to ``value`` when it is larger (a slower rank's
@@ -147,7 +148,7 @@ class LevelEstimate:
         weight = self._obs[-1][1]
         self._obs[-1] = (value, weight)
         self._last = (value, weight)
-        self._median = _weighted_median(self._obs)
+        self._median = weighted_median(self._obs)
         return True
 
     @property
@@ -161,12 +162,13 @@ class LevelEstimate:
         """Start again from ``values`` (each of weight 1), e.g. from the store."""
         self._obs = [(float(v), 1.0) for v in values][-self._window :]
         self._last = self._obs[-1] if self._obs else None
-        self._median = _weighted_median(self._obs) if self._obs else None
+        self._median = weighted_median(self._obs) if self._obs else None
 
 
-def _weighted_median(obs: Iterable[tuple[float, float]]) -> float:
-    """The value with half the weight on either side; between two values, their mean
-    (so equal weights give :func:`statistics.median`)."""
+def weighted_median(obs: Iterable[tuple[float, float]]) -> float:
+    """The value of ``(value, weight)`` pairs with half the weight on either side;
+    between two values, their mean (so equal weights give :func:`statistics.median`).
+    ``obs`` must not be empty (IndexError)."""
     pairs = sorted(obs)
     half = sum(w for _, w in pairs) / 2
     acc = 0.0

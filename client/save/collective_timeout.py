@@ -52,12 +52,13 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import tensorflow as tf
 
 from adaptd.client.save.peer_failure import time_out_collectives
+from adaptd.core.estimators import weighted_median
 
 log = logging.getLogger("adaptd.client")
 
@@ -190,7 +191,9 @@ class Watchdog:
     def limit(self) -> float:
         """The bound now: ``seconds``, or :data:`STEP_FACTOR` × the typical step time
         (the median per step, not per look: see :data:`STEP_FACTOR`)."""
-        return max(self.seconds, STEP_FACTOR * _median_per_step(self._gaps))
+        # each look's time per step, weighted by its steps
+        typical = weighted_median(self._gaps) if self._gaps else 0.0
+        return max(self.seconds, STEP_FACTOR * typical)
 
     def check(self) -> str | None:
         """Look once (the thread does, every second or so); the reason when this look
@@ -247,19 +250,6 @@ class Watchdog:
         if known is None:
             known = self._collectives[name] = _holds_collectives(name)
         return known
-
-
-def _median_per_step(gaps: Iterable[tuple[float, int]]) -> float:
-    """The median time of the steps ``gaps`` cover, each ``(seconds per step, steps)``
-    standing for that many steps of that time (the lower median; 0.0 for none)."""
-    ordered = sorted(gaps)
-    half = sum(steps for _, steps in ordered) / 2
-    seen = 0
-    for per_step, steps in ordered:
-        seen += steps
-        if seen >= half:
-            return per_step
-    return 0.0
 
 
 def _holds_collectives(name: str, seen: set[str] | None = None) -> bool:
