@@ -26,6 +26,18 @@ XDIST := $(if $(PYTEST_WORKERS),-n $(PYTEST_WORKERS) --dist loadscope)
 # VM) nothing would ever cache TensorFlow's bytecode, and every process of the suite
 # compiled its 1,847 modules again: make test took 15:52 instead of 14:02-15:05.
 PIP_INSTALL := PYTHONWARNINGS='ignore:Editable installation' $(BIN)/python -m pip install --quiet
+# The project's installs go through uv (pip-installed into the venv first: one wheel, 2 s),
+# which resolves, downloads and unpacks in parallel and compiles the bytecode on both
+# cores: the test install on a fresh clone took 30 s with uv against 125 s with pip
+# (2026-12-07, the same versions of the 141 packages; docs/testing.md). uv reads no
+# pip.conf: its index is $$UV_DEFAULT_INDEX, else $$PIP_INDEX_URL, else PyPI. Where uv
+# cannot be installed, or its install fails (no route to its index), pip does it.
+# What a stamp installs is its target's SPEC.
+INSTALL = if [ -x $(BIN)/uv ]; then \
+	  UV_DEFAULT_INDEX="$${UV_DEFAULT_INDEX:-$${PIP_INDEX_URL:-https://pypi.org/simple}}" \
+	  $(BIN)/uv pip install --quiet --python $(BIN)/python --compile-bytecode $(SPEC) \
+	  || { echo "uv could not install $(SPEC): pip installs it instead" >&2; $(PIP_INSTALL) $(SPEC); }; \
+	else $(PIP_INSTALL) $(SPEC); fi
 
 .PHONY: demo test test-deps lint bench clean venv
 
@@ -35,13 +47,16 @@ venv: $(TEST_STAMP)
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(PIP_INSTALL) --upgrade pip
+	$(PIP_INSTALL) uv || echo "uv not installed: pip installs the project (slower)" >&2
 
+$(DEMO_STAMP): SPEC = -e '.[tensorflow]'
 $(DEMO_STAMP): pyproject.toml | $(BIN)/python
-	$(PIP_INSTALL) -e '.[tensorflow]'
+	$(INSTALL)
 	touch $@
 
+$(TEST_STAMP): SPEC = -e '.[tensorflow,jax,dev]'
 $(TEST_STAMP): pyproject.toml | $(BIN)/python
-	$(PIP_INSTALL) -e '.[tensorflow,jax,dev]'
+	$(INSTALL)
 	touch $@ $(DEMO_STAMP)
 
 demo: $(DEMO_STAMP)
