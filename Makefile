@@ -13,11 +13,12 @@ DEMO_STAMP := $(VENV)/.installed-demo
 TEST_STAMP := $(VENV)/.installed-test
 TEST_DEPS  ?=
 # The suite runs in PYTEST_WORKERS pytest-xdist processes (docs/testing.md): its slow
-# tests mostly wait (etcd leases, throttled mounts, daemons draining), which two
+# tests mostly wait (etcd leases, throttled mounts, daemons draining), which the other
 # processes overlap with the TensorFlow tests' CPU; each runs whole modules (--dist
-# loadscope: a module's fixtures start once). Two on the 2-core box: 13.6 min against
-# 22.5 min in one process (fresh clones, docs/testing.md). PYTEST_WORKERS= (empty): one.
-PYTEST_WORKERS ?= 2
+# loadscope: a module's fixtures start once). Three on the 2-core box: the suite in 578 s
+# against 696 s with two and 1,216 s in one; four took 597 s and failed two tests on
+# their deadlines (fresh clones, 2026-12-07). PYTEST_WORKERS= (empty): one.
+PYTEST_WORKERS ?= 3
 XDIST := $(if $(PYTEST_WORKERS),-n $(PYTEST_WORKERS) --dist loadscope)
 # setuptools tells every editable install of a package-dir layout that folders named like
 # the package may shadow it ("Editable installation.", an InformationOnly notice, not a
@@ -36,8 +37,9 @@ PIP_INSTALL := PYTHONWARNINGS='ignore:Editable installation' $(BIN)/python -m pi
 INSTALL = if [ -x $(BIN)/uv ]; then \
 	  UV_DEFAULT_INDEX="$${UV_DEFAULT_INDEX:-$${PIP_INDEX_URL:-https://pypi.org/simple}}" \
 	  $(BIN)/uv pip install --quiet --python $(BIN)/python --compile-bytecode $(SPEC) \
-	  || { echo "uv could not install $(SPEC): pip installs it instead" >&2; $(PIP_INSTALL) $(SPEC); }; \
-	else $(PIP_INSTALL) $(SPEC); fi
+	  || { echo "uv could not install $(SPEC): pip installs it instead" >&2; $(PIP_FALLBACK); }; \
+	else $(PIP_FALLBACK); fi
+PIP_FALLBACK = $(PIP_INSTALL) --upgrade pip && $(PIP_INSTALL) $(SPEC)
 
 .PHONY: demo test test-deps lint bench clean venv
 
@@ -46,7 +48,6 @@ venv: $(TEST_STAMP)
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
-	$(PIP_INSTALL) --upgrade pip
 	$(PIP_INSTALL) uv || echo "uv not installed: pip installs the project (slower)" >&2
 
 $(DEMO_STAMP): SPEC = -e '.[tensorflow]'
