@@ -23,23 +23,27 @@ XDIST := $(if $(PYTEST_WORKERS),-n $(PYTEST_WORKERS) --dist loadscope)
 # setuptools tells every editable install of a package-dir layout that folders named like
 # the package may shadow it ("Editable installation.", an InformationOnly notice, not a
 # problem of the metadata); only that notice is filtered, every other warning shows.
-# Not --no-compile: where PYTHONDONTWRITEBYTECODE is set (many containers, this project's
-# VM) nothing would ever cache TensorFlow's bytecode, and every process of the suite
-# compiled its 1,847 modules again: make test took 15:52 instead of 14:02-15:05.
+# The installs compile no bytecode (uv's --compile-bytecode took 21 of a test install's
+# 25 s, for 14,600 files the suite mostly never imports): the programs make runs write
+# it on first import instead, so PYTHONDONTWRITEBYTECODE (set in many containers, this
+# project's VM) is not passed on to them. With it, nothing would ever cache TensorFlow's
+# bytecode, and every process of the suite compiled its 1,847 modules again: make test
+# took 15:52 instead of 14:02-15:05 (pip --no-compile, 2026-12-05).
+unexport PYTHONDONTWRITEBYTECODE
 PIP_INSTALL := PYTHONWARNINGS='ignore:Editable installation' $(BIN)/python -m pip install --quiet
 # The project's installs go through uv (pip-installed into the venv first: one wheel, 2 s),
-# which resolves, downloads and unpacks in parallel and compiles the bytecode on both
-# cores: the test install on a fresh clone took 30 s with uv against 125 s with pip
-# (2026-12-07, the same versions of the 141 packages; docs/testing.md). uv reads no
+# which resolves, downloads and unpacks in parallel: the test install on a fresh clone
+# took 30 s with uv (its bytecode compiled) against 125 s with pip (2026-12-07, the same
+# versions of the 141 packages; docs/testing.md), 4 s without the bytecode. uv reads no
 # pip.conf: its index is $$UV_DEFAULT_INDEX, else $$PIP_INDEX_URL, else PyPI. Where uv
 # cannot be installed, or its install fails (no route to its index), pip does it.
 # What a stamp installs is its target's SPEC.
 INSTALL = if [ -x $(BIN)/uv ]; then \
 	  UV_DEFAULT_INDEX="$${UV_DEFAULT_INDEX:-$${PIP_INDEX_URL:-https://pypi.org/simple}}" \
-	  $(BIN)/uv pip install --quiet --python $(BIN)/python --compile-bytecode $(SPEC) \
+	  $(BIN)/uv pip install --quiet --python $(BIN)/python $(SPEC) \
 	  || { echo "uv could not install $(SPEC): pip installs it instead" >&2; $(PIP_FALLBACK); }; \
 	else $(PIP_FALLBACK); fi
-PIP_FALLBACK = $(PIP_INSTALL) --upgrade pip && $(PIP_INSTALL) $(SPEC)
+PIP_FALLBACK = $(PIP_INSTALL) --upgrade pip && $(PIP_INSTALL) --no-compile $(SPEC)
 
 .PHONY: demo test test-deps lint bench clean venv
 
