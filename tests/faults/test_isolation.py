@@ -195,6 +195,10 @@ def test_socket_files_live_in_the_runtime_dir_with_their_modes(where: Path) -> N
     (not regular files) in the runtime directory."""
     served = Served(where)
     try:
+        # ``Served`` returns once the job socket exists; the daemon gives the sockets
+        # their modes after binding them and before it serves. An answer means it
+        # serves (a fresh-clone run under load read the job socket's 0700 in between).
+        assert isinstance(served.status(), admin.StatusReply)
         for path, mode in ((served.socket, 0o660), (served.admin_socket, 0o600)):
             st = os.lstat(path)
             assert stat.S_ISSOCK(st.st_mode) and stat.S_IMODE(st.st_mode) == mode, path
