@@ -105,12 +105,16 @@ class Pacer:
         chunk = src.read(CHUNK)
         if not chunk:
             return chunk
-        if self.should_yield is not None and self.should_yield():
+        if self.should_yield is not None:
+            # timed from before the first answer: ``should_yield`` announces the pause
+            # (status, log) before it returns, and a thread descheduled right there can
+            # find the save over when it runs again; the pause began at the announcement
             t0 = time.monotonic()
-            deadline = t0 + self.max_yield_s
-            while self.should_yield() and time.monotonic() < deadline:
-                time.sleep(self.yield_poll_s)
-            self.yielded_s += time.monotonic() - t0
+            if self.should_yield():
+                deadline = t0 + self.max_yield_s
+                while self.should_yield() and time.monotonic() < deadline:
+                    time.sleep(self.yield_poll_s)
+                self.yielded_s += time.monotonic() - t0
         if self.throttle is not None:
             self.throttle.take(len(chunk))
         return chunk

@@ -313,6 +313,26 @@ def test_should_yield_pauses_the_upload(tmp_path):
     rep.verify(1)
 
 
+def test_a_pause_counts_from_when_the_upload_said_it_yields(tmp_path):
+    """The daemon shows "yielding" (and logs it) inside ``should_yield``; a thread that
+    loses the CPU right there can find the save over when it runs again. The pause
+    lasted from that first answer, not from the thread's return (a CI run logged
+    ``yielded_s=0.0`` for a pause a test had watched)."""
+    local = write_checkpoint(tmp_path / "local", 1, shards=(CHUNK,), index=100)
+    rep = Replica(str(tmp_path / "dest"))
+    rep.yield_poll_s = 0.01
+    answers = iter([True])  # the job saves at the first chunk, and never after
+
+    def should_yield() -> bool:
+        first = next(answers, False)
+        if first:
+            time.sleep(0.2)  # descheduled after saying "yielding", before returning
+        return first
+
+    result = rep.upload(local, 1, "job", should_yield=should_yield)
+    assert result.yielded_s >= 0.2, result
+
+
 def test_yielding_is_bounded(tmp_path):
     local = write_checkpoint(tmp_path / "local", 1, shards=(CHUNK,), index=100)
     rep = Replica(str(tmp_path / "dest"))
