@@ -117,10 +117,22 @@ def main() -> int:
             with open(os.environ["HANG_MARK"], "w") as f:
                 json.dump({"step": step, "at": time.time()}, f)
 
-    result: dict[str, Any] = {"rank": rank, "error": None, "failed_after_s": None, "step_s": []}
+    result: dict[str, Any] = {
+        "rank": rank, "error": None, "raised_after_s": None, "failed_after_s": None, "step_s": []
+    }  # fmt: skip
     last = time.monotonic()
 
     def loop() -> None:
+        try:
+            steps()
+        except Exception:
+            # when the loop's own code raised (a collective's timeout, say), counted from
+            # the end of the last step: ``failed_after_s`` adds the hook's exit (its
+            # just-in-time save), which a loaded machine can make seconds longer
+            result["raised_after_s"] = time.monotonic() - last
+            raise
+
+    def steps() -> None:
         nonlocal last
         start = hook.restore_or_initialize()
         result["resumed_from"] = start

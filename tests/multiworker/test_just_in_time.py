@@ -123,7 +123,10 @@ def test_a_stopped_peer_fails_within_the_timeout_and_a_slow_one_does_not(
     ended = run(root / "stop" / "job", 2, root / "stop" / "ckpt", timeout=120, **env)
     chief = ended.results[0]
     assert chief is not None and chief["error"] == "DeadlineExceededError", chief
-    assert 3.5 < chief["failed_after_s"] < 8.5, chief
+    # when the collective raised, not when the hook's exit (its save) let it go: the
+    # save's time is not the detection's, and under load it took seconds (docs/testing.md)
+    assert 3.5 < chief["raised_after_s"] < 8.5, chief
+    assert chief["failed_after_s"] >= chief["raised_after_s"], chief
     step = jit_of(ended, 0)["step"]
     assert jit_of(ended, 0)["saved"] and step in (8, 9)
     assert [s for s, reason, _ in chief["history"]] == [5, step]  # the slow step: nothing
