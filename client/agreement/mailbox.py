@@ -4,42 +4,47 @@ A rank whose daemon does not decide the job has two things to tell the chief (ra
 0): an operator's request typed on its host (:class:`~adaptd.protocol.job.Request`, from
 the daemon's :class:`~adaptd.protocol.job.Relay`) and what each save cost it
 (:class:`~adaptd.protocol.job.SaveCost`, so that δ is the slowest rank's). Each rank
-writes its own numbered keys, ``mail/<rank>/<i>`` (:meth:`Mailbox.post`: one put on
-the training thread, no contention: nobody else writes them), then rings its group's
-doorbell, ``mail/bell/<group>``, then the bell over all groups, ``mail/bell/any`` (two
-more puts; the ranks are in groups of :data:`GROUP`, and a bell already rung stays
-rung). The chief's listener thread waits on ``mail/bell/any`` (:meth:`Mailbox.listen`:
-one get, :data:`BELL_WAIT_S` long); when it rings, it takes it down and the chief's
+keeps a count of what it sent, ``mail/<rank>/sent`` (written ``0`` when its agreement
+starts: :meth:`Mailbox.open`), and writes its own numbered keys, ``mail/<rank>/<i>``
+(:meth:`Mailbox.post`: one put, then the count rewritten, on the training thread,
+no contention: nobody else writes them), then rings its group's doorbell,
+``mail/bell/<group>``, then the bell over all groups, ``mail/bell/any`` (two more
+puts; the ranks are in groups of :data:`GROUP`, and a bell already rung stays rung).
+The chief's listener thread waits on ``mail/bell/any`` (:meth:`Mailbox.listen`: one
+get, :data:`BELL_WAIT_S` long); when it rings, it takes it down and the chief's
 agreement watcher thread, after its next wait for a proposal that brought none (at its
-next tick, within a second), makes a pass
-over the groups' bells (:meth:`Mailbox.collect`: one get per group), and for a rung one
-takes the bell down, then reads each rank of the group's next keys and deletes what it
-read; at most :data:`CALLS_PER_COLLECT` such reads and deletes per call, going on from
-there at the next (:attr:`Mailbox.behind`). The training thread never waits for the
-mail.
+next tick, within a second), makes a pass over the groups' bells
+(:meth:`Mailbox.collect`: one get per group), and for a rung one takes the bell down,
+then reads each rank's count and the keys up to it, and deletes what it read; at most
+:data:`CALLS_PER_COLLECT` such reads and deletes per call, going on from there at the
+next (:attr:`Mailbox.behind`). The training thread never waits for the mail.
 
-Why the bells: reading every rank's next key costs a get per rank, about 1 ms each
-when there is no mail: at 2,048 ranks an idle chief would make about 4,000 gets a
-second. No mail is missed: a rank writes its mail *before* it rings, and the chief
-takes each bell down *before* it reads what the bell stands for (the groups' bells,
-a group's ranks), so mail that lands after the chief read its rank's key rings the
-bells again. Why the bound: after a save every rank sends its cost, and the watcher
-reading all of it at once (three calls per rank) kept a proposal waiting for it: 0.26
+Why the bells: reading every rank's count costs a get per rank: at 2,048 ranks an
+idle chief that looked every half second would make about 4,000 gets a second. No
+mail is missed: a rank writes its mail, then its count, *before* it rings, and the
+chief takes each bell down *before* it reads what the bell stands for (the groups'
+bells, a group's counts), so mail that lands after the chief read its rank's count
+rings the bells again; and what the chief could not read in a pass (a count or a
+message that did not come within :data:`READ_WAIT_S`, on a busy host) rings its
+group's bell again, for the next pass. Why the bound: after a save every rank sends its
+cost, and the watcher reading all of it at once kept a proposal waiting for it: 0.26
 s at 64 ranks, 1.4 s at 256 (docs/scale.md).
 
-**Why the chief waits instead of looking** (issue 35). TensorFlow's coordination
-service keeps every get that timed out on a key not written yet, and so does its
-client, until that key is written: about 35 KB a get, in the chief's process
-(benchmarks/coordination_gets.py). The chief used to look at every group's bell after
-each quiet half-second slice and to read every rank's next key every 20th pass (a
-*sweep*): an idle job of 256 ranks grew its chief's process by 19 MB per rank and hour
-between two saves (`scale_agreement.py --wide 256 --idle 120`). Now an idle chief
-keeps one get per :data:`BELL_WAIT_S` for the whole job, whatever its size; the groups'
-bells are looked at only in a pass a ring started, and a sweep (for a get that waited
-past its millisecond for a key that *is* there, on a busy host) reads a group a few
-times after it was read for a ring, further and further apart (:data:`SWEEPS_S`), and
-then no more: what is kept grows with the mail, not with the time, and goes back as
-the ranks write again.
+**Why counts, and no get of a key that is not there** (issue 35). TensorFlow's
+coordination service keeps every get that timed out on a key not written yet, and so
+does its client, until that key is written: about 35 KB a get, in the chief's process;
+and every timed-out get leaves 88 bytes of Python objects in the caller for good
+(benchmarks/coordination_gets.py). The chief used to find the end of a rank's mail by
+a get of its next key, which timed out (one a rank and save), and to read every rank
+of a rung group again three times over the next ten minutes (*sweeps*, for a get
+that waited past its millisecond for a key that *is* there), each time a timed-out
+get per rank that sent nothing: about 4 a rank and save, 0.7 MB a save kept for good
+at 2,048 ranks. With the counts, the chief's gets are of keys that are there: a
+rank's count from its first read on (the first, while a rank may not have started,
+is a try; after that a get waits :data:`READ_WAIT_S` for the count a post is
+rewriting), and the messages below it. What is left of timed-out gets: the bells of
+groups that did not ring, in a pass a ring began (one per group), and the listener's
+one per :data:`BELL_WAIT_S`.
 """
 
 from __future__ import annotations
@@ -47,9 +52,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-import time
 from collections import deque
-from collections.abc import Callable
 
 from adaptd.client.agreement.kv import Keys, Store
 from adaptd.protocol import job as p
@@ -64,14 +67,15 @@ GROUP = 32
 #: Reads and deletes of mail per :meth:`Mailbox.collect` (the bells' gets aside): what a
 #: proposal may wait for, at about a millisecond each.
 CALLS_PER_COLLECT = 32
-#: After a group was read for a ring, a pass reads every rank of it again, rung or not,
-#: this long after that read, then this long after that sweep, and so on (a *sweep*):
-#: a get that waited longer than its millisecond for a key that *is* there (a busy
-#: host) reads as missing, and that mail, its bell already taken down, would wait for
-#: the rank's next message. One sweep was not enough on a loaded box (1,024 ranks on
-#: 2 cores, load 7: 9 of 3,069 costs missed by both the read and its sweep); each
-#: sweep keeps a get per rank that sent nothing, so they are few and spread out.
-SWEEPS_S = (10.0, 60.0, 600.0)
+#: How long the chief waits for a count or a message it knows is there (a count being
+#: rewritten by its rank's post; a busy host): one that does not come in that time
+#: is read at the next pass (its group's bell is rung again).
+READ_WAIT_S = 1.0
+#: A rank's count not there at the chief's first reads of it: the rank has not started
+#: (its post writes the count before it rings, so no mail waits on it), or a busy host
+#: kept a try of a count that is there past its millisecond; its group is rung again
+#: for this many passes, then left to the rank's next ring.
+FIRST_TRIES = 3
 #: How long one get of the listener waits on ``mail/bell/any``: a get that times out is
 #: kept by the service until the bell rings (above), one per this many seconds per job.
 BELL_WAIT_S = 30.0
@@ -86,55 +90,70 @@ class Mailbox:
         store: the key-value store every rank shares.
         keys: the session's key names.
         rank, world_size: who this is.
-        clock: seconds, for the sweeps (monotonic).
     """
 
-    def __init__(
-        self,
-        store: Store,
-        keys: Keys,
-        *,
-        rank: int,
-        world_size: int,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
+    def __init__(self, store: Store, keys: Keys, *, rank: int, world_size: int) -> None:
         self.store = store
         self.keys = keys
         self.rank = rank
         self.world_size = world_size
-        self._clock = clock
         self._sent = 0  # the next index this rank posts at
+        self._post_lock = threading.Lock()  # one post at a time: the count only grows
+        self._count_there = False  # this rank's count was written
         self._next = dict.fromkeys(range(1, world_size), 0)  # chief: next index per rank
+        #: (Chief.) Ranks whose count it has read: it is there from then on.
+        self._counted: set[int] = set()
+        self._tries: dict[int, int] = {}  # chief: first reads of a count that missed
         self._cursor = 0  # chief: the group the next collect starts at
         self._in_pass = False  # chief: a pass over the groups is under way
         #: (Chief.) mail/bell/any rang since the last pass began; the listener waits
         #: for that pass before it listens again (a ring per pass, not per message).
         self._rang = False
         self._pass_began = threading.Condition()
-        self._sweeping: set[int] = set()  # chief: the groups this pass reads rung or not
-        self._ringing = False  # chief: this pass looks at every group's bell (a ring began it)
-        #: (Chief.) Groups to sweep: when next, and which of SWEEPS_S that is.
-        self._sweep_due: dict[int, tuple[float, int]] = {}
         self._listener: threading.Thread | None = None
         self._quiet = threading.Event()  # chief: the listener is to stop
         #: (Chief.) The last collect stopped at its bound: there may be more to read.
         self.behind = False
-        self._lock = threading.Lock()
         #: What the chief read and its training thread has not taken yet.
         self.inbox: deque[p.RankMessage] = deque()
         #: Mail that could not be read (bad records), and posts that failed.
         self.bad = 0
         self.failed = 0
 
+    def open(self) -> bool:
+        """(A rank other than the chief, before it posts.) Write its count, ``0``, so that
+        the chief's reads of it never wait for a key that is not there; False (logged)
+        when the store refused it."""
+        try:
+            with self._post_lock:
+                self._set_count(self._sent)
+            return True
+        except Exception as exc:  # the mail is lost, as the job is; never stop training
+            self.failed += 1
+            log.warning("could not open the mail to the job's chief: %s", exc)
+            return False
+
+    def _set_count(self, n: int) -> None:
+        """Write this rank's count: a put the first time, then a delete and a put (the
+        store's first writer wins; a key there from before is rewritten too)."""
+        key = self.keys.mail_sent(self.rank)
+        if not self._count_there and self.store.put(key, str(n)):
+            self._count_there = True
+            return
+        self.store.delete(key)
+        self.store.put(key, str(n))
+        self._count_there = True
+
     def post(self, msg: p.Request | p.SaveCost) -> bool:
         """(A rank other than the chief.) Leave ``msg`` for the chief; False (logged)
         when the store refused it (the service is gone: the message is lost, as the
         job is)."""
-        with self._lock:
-            i = self._sent
-            self._sent += 1
         try:
-            sent = self.store.put(self.keys.mail(self.rank, i), p.encode_json(msg))
+            with self._post_lock:
+                i = self._sent
+                sent = self.store.put(self.keys.mail(self.rank, i), p.encode_json(msg))
+                self._sent += 1
+                self._set_count(self._sent)  # after the message, before the bells
             # in this order: the chief takes bell/any down before it looks at the groups'
             self.store.put(self.keys.bell(self.rank // GROUP), RUNG)  # False: already rung
             self.store.put(self.keys.bells(), RUNG)
@@ -200,38 +219,24 @@ class Mailbox:
         :attr:`inbox`, at most :data:`CALLS_PER_COLLECT` reads and deletes of it
         (:attr:`behind` says whether it stopped there; the next call goes on from
         there); returns how many were read. Does nothing (no call to the store) until
-        ``mail/bell/any`` rang (:meth:`listen`), a pass is under way or a sweep is due.
-        Raises the store's
-        :class:`~adaptd.client.agreement.coordination.CoordinationError` when it is gone."""
+        ``mail/bell/any`` rang (:meth:`listen`) or a pass is under way. Raises the
+        store's :class:`~adaptd.client.agreement.coordination.CoordinationError` when
+        it is gone."""
         got = calls = 0
         groups = -(-self.world_size // GROUP)
         self.behind = False
-        if not self._in_pass:  # a new pass over the groups, if anything calls for one
-            now = self._clock()
-            sweep = {g for g, (at, _) in self._sweep_due.items() if at <= now}
+        if not self._in_pass:  # a new pass over the groups, if a ring calls for one
             with self._pass_began:  # read and cleared at once: a ring heard after it
-                rang = self._rang  # starts the pass after this one
-                if not (rang or sweep):
+                if not self._rang:  # starts the pass after this one
                     return 0
                 self._rang = False
                 self._pass_began.notify_all()
-            for g in sweep:  # the next sweep of each, if any is left
-                i = self._sweep_due.pop(g)[1] + 1
-                if i < len(SWEEPS_S):
-                    self._sweep_due[g] = (now + SWEEPS_S[i], i)
-            self._sweeping, self._ringing = sweep, rang
             self._in_pass, self._cursor = True, 0
         for _ in range(groups):
             g = self._cursor
             bell = self.keys.bell(g)
-            # a sweep alone looks at its groups' bells only: any other rung one rang
-            # mail/bell/any too, which begins a pass of its own
-            looked = self._ringing or g in self._sweeping
-            rung = looked and self.store.try_get(bell) is not None
-            if rung or g in self._sweeping:
-                if rung:
-                    self.store.delete(bell)  # before reading: mail written after rings again
-                    self._sweep_due[g] = (self._clock() + SWEEPS_S[0], 0)  # sweeps anew
+            if self.store.try_get(bell) is not None:
+                self.store.delete(bell)  # before reading: mail written after rings again
                 more = False
                 ranks = range(max(1, g * GROUP), min(self.world_size, (g + 1) * GROUP))
                 for r in ranks:
@@ -241,7 +246,7 @@ class Mailbox:
                     if calls >= CALLS_PER_COLLECT and r != ranks[-1]:
                         more = self.behind = True  # the rest of the group next time
                         break
-                if more:  # unread mail (over PER_COLLECT, or the bound): ring again
+                if more:  # unread mail (over PER_COLLECT, the bound, a slow read): again
                     self.store.put(bell, RUNG)
                     self._ring_again()
                 if self.behind:
@@ -249,7 +254,6 @@ class Mailbox:
             self._cursor = (g + 1) % groups
             if self._cursor == 0:
                 self._in_pass = False
-                self._sweeping = set()
                 break
             if calls >= CALLS_PER_COLLECT:
                 self.behind = True
@@ -257,19 +261,41 @@ class Mailbox:
         return got
 
     def _read(self, r: int) -> tuple[int, bool, int]:
-        """Read rank ``r``'s next messages (at most PER_COLLECT) into the inbox: how
-        many were read, whether it stopped at that bound rather than at a missing key,
-        and the store calls it made."""
-        got = calls = 0
-        for _ in range(PER_COLLECT):
+        """Read rank ``r``'s messages below its count (at most PER_COLLECT) into the
+        inbox: how many were read, whether some may be left unread (the bound, or a
+        count or message that did not come within READ_WAIT_S), and the store calls it
+        made."""
+        count = self.keys.mail_sent(r)
+        if r in self._counted:  # there, unless its post is rewriting it now
+            raw = self.store.get(count, READ_WAIT_S)
+        else:  # the first read: the rank may not have started (opened) yet
+            raw = self.store.try_get(count)
+        calls = 1
+        if raw is None:
+            if r in self._counted:
+                return 0, True, calls
+            self._tries[r] = self._tries.get(r, 0) + 1
+            return 0, self._tries[r] <= FIRST_TRIES, calls
+        self._counted.add(r)
+        self._tries.pop(r, None)
+        try:
+            sent = int(raw)
+        except ValueError:
+            self.bad += 1
+            log.warning("rank %d's mail count is not a number: %r", r, raw[:40])
+            return 0, False, calls
+        got = read = 0
+        while self._next[r] < sent:
+            if read == PER_COLLECT:
+                return got, True, calls
             key = self.keys.mail(r, self._next[r])
-            raw = self.store.try_get(key)
+            raw = self.store.get(key, READ_WAIT_S)  # below the count: it is there
             calls += 1
             if raw is None:
-                return got, False, calls
+                return got, True, calls
             self._next[r] += 1
             self.store.delete(key)
-            calls += 1
+            calls, read = calls + 1, read + 1
             try:
                 msg = p.decode_rank(raw)
                 if not isinstance(msg, (p.Request, p.SaveCost)) or msg.rank != r:
@@ -280,7 +306,7 @@ class Mailbox:
                 continue
             self.inbox.append(msg)
             got += 1
-        return got, True, calls
+        return got, False, calls
 
     def take(self) -> list[p.RankMessage]:
         """(The chief's training thread.) Everything read so far, oldest first."""
@@ -293,9 +319,10 @@ class Mailbox:
 __all__ = [
     "BELL_WAIT_S",
     "CALLS_PER_COLLECT",
+    "FIRST_TRIES",
     "GROUP",
     "PER_COLLECT",
+    "READ_WAIT_S",
     "RUNG",
-    "SWEEPS_S",
     "Mailbox",
 ]

@@ -171,6 +171,8 @@ class Agreement(Recorded):
             self._thread.start()
             if self._reads_mail:
                 self.mailbox.start_listening()
+            elif self.world_size > 1:
+                self.mailbox.open()  # its count, before any mail: the chief reads it
 
     def ending(self) -> None:
         """This rank's training loop is over: the watcher stops (within a slice, between
