@@ -24,9 +24,9 @@ idle chief that looked every half second would make about 4,000 gets a second. N
 mail is missed: a rank writes its mail, then its count, *before* it rings, and the
 chief takes each bell down *before* it reads what the bell stands for (the groups'
 bells, a group's counts), so mail that lands after the chief read its rank's count
-rings the bells again; and what the chief could not read in a pass (a count or a
-message that did not come within :data:`READ_WAIT_S`, on a busy host) rings its
-group's bell again, for the next pass. Why the bound: after a save every rank sends its
+rings the bells again; and what the chief's try could not find in a pass (a count or a
+message below it, on a busy host) rings its group's bell again, for the next
+:data:`TRIES` passes. Why the bound: after a save every rank sends its
 cost, and the watcher reading all of it at once kept a proposal waiting for it: 0.26
 s at 64 ranks, 1.4 s at 256 (docs/scale.md).
 
@@ -39,11 +39,11 @@ a get of its next key, which timed out (one a rank and save), and to read every 
 of a rung group again three times over the next ten minutes (*sweeps*, for a get
 that waited past its millisecond for a key that *is* there), each time a timed-out
 get per rank that sent nothing: about 4 a rank and save, 0.7 MB a save kept for good
-at 2,048 ranks. With the counts, the chief's gets are of keys that are there: a
-rank's count from its first read on (the first, while a rank may not have started,
-is a try; after that a get waits :data:`READ_WAIT_S` for the count a post is
-rewriting), and the messages below it. What is left of timed-out gets: the bells of
-groups that did not ring, in a pass a ring began (one per group), and the listener's
+at 2,048 ranks. With the counts, the chief's gets are of keys that are there: each
+rank's count (written when its agreement starts), and the messages below it. What is
+left of timed-out gets: the bells of groups that did not ring, in a pass a ring began
+(one per group), a count read while its rank rewrites it (or never written: a rank
+not started, or dead mid-rewrite; tried at :data:`TRIES` passes), and the listener's
 one per :data:`BELL_WAIT_S`.
 """
 
@@ -67,15 +67,12 @@ GROUP = 32
 #: Reads and deletes of mail per :meth:`Mailbox.collect` (the bells' gets aside): what a
 #: proposal may wait for, at about a millisecond each.
 CALLS_PER_COLLECT = 32
-#: How long the chief waits for a count or a message it knows is there (a count being
-#: rewritten by its rank's post; a busy host): one that does not come in that time
-#: is read at the next pass (its group's bell is rung again).
-READ_WAIT_S = 1.0
-#: A rank's count not there at the chief's first reads of it: the rank has not started
-#: (its post writes the count before it rings, so no mail waits on it), or a busy host
-#: kept a try of a count that is there past its millisecond; its group is rung again
-#: for this many passes, then left to the rank's next ring.
-FIRST_TRIES = 3
+#: A rank's count or message the chief's try did not find (the rank has not started;
+#: it died while rewriting its count; a busy host kept a 1 ms try of a key that is
+#: there past its millisecond): its group's bell is rung again for this many passes,
+#: then left to the rank's next ring. Never a longer wait: the chief's watcher runs the
+#: rounds too (a rank that died mid-rewrite would hold every pass for the wait).
+TRIES = 3
 #: How long one get of the listener waits on ``mail/bell/any``: a get that times out is
 #: kept by the service until the bell rings (above), one per this many seconds per job.
 BELL_WAIT_S = 30.0
@@ -101,9 +98,7 @@ class Mailbox:
         self._post_lock = threading.Lock()  # one post at a time: the count only grows
         self._count_there = False  # this rank's count was written
         self._next = dict.fromkeys(range(1, world_size), 0)  # chief: next index per rank
-        #: (Chief.) Ranks whose count it has read: it is there from then on.
-        self._counted: set[int] = set()
-        self._tries: dict[int, int] = {}  # chief: first reads of a count that missed
+        self._tries: dict[int, int] = {}  # chief: passes that missed a rank's key
         self._cursor = 0  # chief: the group the next collect starts at
         self._in_pass = False  # chief: a pass over the groups is under way
         #: (Chief.) mail/bell/any rang since the last pass began; the listener waits
@@ -263,21 +258,12 @@ class Mailbox:
     def _read(self, r: int) -> tuple[int, bool, int]:
         """Read rank ``r``'s messages below its count (at most PER_COLLECT) into the
         inbox: how many were read, whether some may be left unread (the bound, or a
-        count or message that did not come within READ_WAIT_S), and the store calls it
+        count or message not found, for :data:`TRIES` passes), and the store calls it
         made."""
-        count = self.keys.mail_sent(r)
-        if r in self._counted:  # there, unless its post is rewriting it now
-            raw = self.store.get(count, READ_WAIT_S)
-        else:  # the first read: the rank may not have started (opened) yet
-            raw = self.store.try_get(count)
+        raw = self.store.try_get(self.keys.mail_sent(r))
         calls = 1
         if raw is None:
-            if r in self._counted:
-                return 0, True, calls
-            self._tries[r] = self._tries.get(r, 0) + 1
-            return 0, self._tries[r] <= FIRST_TRIES, calls
-        self._counted.add(r)
-        self._tries.pop(r, None)
+            return 0, self._missed(r), calls
         try:
             sent = int(raw)
         except ValueError:
@@ -289,10 +275,10 @@ class Mailbox:
             if read == PER_COLLECT:
                 return got, True, calls
             key = self.keys.mail(r, self._next[r])
-            raw = self.store.get(key, READ_WAIT_S)  # below the count: it is there
+            raw = self.store.try_get(key)  # below the count: it is there
             calls += 1
             if raw is None:
-                return got, True, calls
+                return got, self._missed(r), calls
             self._next[r] += 1
             self.store.delete(key)
             calls, read = calls + 1, read + 1
@@ -306,7 +292,14 @@ class Mailbox:
                 continue
             self.inbox.append(msg)
             got += 1
+        self._tries.pop(r, None)
         return got, False, calls
+
+    def _missed(self, r: int) -> bool:
+        """A try of rank ``r``'s count or message found nothing: whether to read it again
+        at the next pass (for TRIES passes in a row)."""
+        self._tries[r] = self._tries.get(r, 0) + 1
+        return self._tries[r] <= TRIES
 
     def take(self) -> list[p.RankMessage]:
         """(The chief's training thread.) Everything read so far, oldest first."""
@@ -319,10 +312,9 @@ class Mailbox:
 __all__ = [
     "BELL_WAIT_S",
     "CALLS_PER_COLLECT",
-    "FIRST_TRIES",
     "GROUP",
     "PER_COLLECT",
-    "READ_WAIT_S",
     "RUNG",
+    "TRIES",
     "Mailbox",
 ]

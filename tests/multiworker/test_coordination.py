@@ -137,7 +137,10 @@ def test_a_rank_that_dies_costs_the_others_bounded_waits_never_a_hang(job) -> No
     assert gone is not None, first["rounds"][-8:]  # (round, action, step, proposer, commit, why)
     late = first["rounds"][gone:]
     assert not any(r[4] for r in late)  # nothing commits without the dead rank
-    assert all(missing in r[5] or "closing" in r[5] for r in late)
+    # (a CI-like run under three xdist workers once found another reason here; which,
+    # it did not say: the rounds that are neither are shown now)
+    other = [r for r in late if missing not in r[5] and "closing" not in r[5]]
+    assert not other, other
     aborted = sum(1 for r in first["rounds"] if not r[4])
     for s in survivors:
         assert s["stall_s"] <= aborted * (2 * 1.0 + 2 * 0.2 + 1.0)
