@@ -137,9 +137,17 @@ def test_a_rank_that_dies_costs_the_others_bounded_waits_never_a_hang(job) -> No
     assert gone is not None, first["rounds"][-8:]  # (round, action, step, proposer, commit, why)
     late = first["rounds"][gone:]
     assert not any(r[4] for r in late)  # nothing commits without the dead rank
-    # (a CI-like run under three xdist workers once found another reason here; which,
-    # it did not say: the rounds that are neither are shown now)
-    other = [r for r in late if missing not in r[5] and "closing" not in r[5]]
+    # The chief decides each such round after waiting its 1 s for the dead rank; on a
+    # loaded box (three xdist workers on two cores) a survivor may give up on that
+    # decision first and abort the round itself ("no decision within 2s", or the
+    # training thread's "waited ... at step"): the same dead rank, seen by a timeout.
+    # Any other reason fails the test.
+    timed_out = ("no decision within", " waited ")
+    other = [
+        r
+        for r in late
+        if missing not in r[5] and "closing" not in r[5] and not any(t in r[5] for t in timed_out)
+    ]
     assert not other, other
     aborted = sum(1 for r in first["rounds"] if not r[4])
     for s in survivors:
