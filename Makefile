@@ -15,11 +15,12 @@ TEST_DEPS  ?=
 # The suite runs in PYTEST_WORKERS pytest-xdist processes (docs/testing.md): its slow
 # tests mostly wait (etcd leases, throttled mounts, daemons draining), which the other
 # processes overlap with the TensorFlow tests' CPU; each runs whole modules (--dist
-# loadscope: a module's fixtures start once). Two on the 2-core box: the suite in 667 s
-# against 1,216 s in one. Three took 560-584 s (make test 9:35-10:11), but load-sensitive
-# tests failed in 3 of 10 fresh-clone runs under them (2026-12-07/08, docs/testing.md):
-# too often for CI. PYTEST_WORKERS=3 runs three; PYTEST_WORKERS= (empty): one.
-PYTEST_WORKERS ?= 2
+# loadscope: a module's fixtures start once). Three on the 2-core box: the suite in
+# 558-567 s (make test 9:31-9:38, three fresh clones in a row green, 2026-12-08) against
+# 667-676 s for two and 1,216 s for one, once the load-sensitive deadlines that failed
+# under three were made to hold (docs/testing.md). PYTEST_WORKERS=2 runs two;
+# PYTEST_WORKERS= (empty): one.
+PYTEST_WORKERS ?= 3
 XDIST := $(if $(PYTEST_WORKERS),-n $(PYTEST_WORKERS) --dist loadscope)
 # setuptools tells every editable install of a package-dir layout that folders named like
 # the package may shadow it ("Editable installation.", an InformationOnly notice, not a
