@@ -202,3 +202,47 @@ def test_an_idle_chief_keeps_no_look_for_mail_and_mail_still_arrives() -> None:
     assert kept_idle == 0, kept_idle
     assert kept_after == 0, kept_after
     assert inbox == [cost]
+
+
+def test_the_chiefs_mail_is_read_while_rounds_come_back_to_back() -> None:
+    """The chief read its mail only after a wait in which no proposal came. Rounds back
+    to back, each proposed before the chief's next tick was due (its embedded policy's
+    plan changing every second, on a loaded box), left no such wait: an operator's
+    request that another rank relayed waited for the rounds to stop (81 rounds in
+    120 s, in tests/multiworker/test_hosts.py under three xdist workers). A share of
+    the mail is read after every round now: the cost reaches the chief while the
+    rounds go on."""
+    store = KeptGets()
+    agreements = ranks(store, 2, range(2))
+    chief = agreements[0]
+    schedule = SaveSchedule()
+    arrived_after = None
+    try:
+        deadline = time.monotonic() + DEADLINE_S
+
+        def one_round(i: int) -> None:
+            chief.want_save(f"round {i}", 10 * i + 10)
+            chief.boundary(10 * i + 10, schedule, None)
+            while len(chief.ledger.rounds) <= i:
+                assert time.monotonic() < deadline, f"round {i} was never recorded"
+                time.sleep(0.005)
+
+        for i in range(2):
+            one_round(i)
+        cost = p.SaveCost(v=p.VERSION, job="ticks", rank=1, step=9, blocking_s=0.1)
+        assert agreements[1].mailbox.post(cost)
+        i = 2
+        stream_ends = time.monotonic() + 4 * TICK_S  # rounds back to back meanwhile
+        while time.monotonic() < stream_ends:
+            one_round(i)
+            i += 1
+            if chief.mailbox.inbox and arrived_after is None:
+                arrived_after = i - 2  # rounds since the post
+                break
+        inbox = chief.mailbox.take()
+        ticks = chief._watcher.ticks_written
+    finally:
+        close(store, agreements)
+    assert arrived_after is not None, f"the cost was not read in {i - 2} rounds back to back"
+    assert inbox == [cost]
+    assert ticks == 0, ticks  # no wait without a proposal: the rounds were back to back
