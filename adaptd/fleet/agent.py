@@ -11,7 +11,8 @@ set of facts, whenever it decides. The agent's thread, in rounds:
    asks for it (a want or release of this host, enough releases on a target a job of
    this host waits for, a claim not settled yet), writes the failure records handed
    to it, and re-reads the members and the fleet's failure records every
-   ``failures_every_s``, the claims every ``QUEUE_EVERY_S``;
+   ``failures_every_s``, the claims every ``QUEUE_EVERY_S`` while a job of this host
+   waits for a slot, less often in a large fleet otherwise (:func:`queue_every_s`);
 4. writes what the daemon sees wrong with its ranks (:meth:`FleetAgent.tell_rank`) and,
    while the daemon suspects a job of a hang (:meth:`FleetAgent.watch_ranks`), reads
    what the other hosts said of theirs, every ``poll_s`` (:mod:`adaptd.fleet.rank_facts`);
@@ -82,7 +83,8 @@ WATCH_S = 2.0
 IDLE_POLL_S = 2.0
 #: The claims (every host's, every target's) are read when this host's jobs want or
 #: release a slot and when a waiter's turn comes (counted on its watch of releases),
-#: and otherwise only this often: not at each periodic round (``failures_every_s``).
+#: and otherwise only this often while a job of this host waits (:func:`queue_every_s`:
+#: less often with nothing waiting): not at each periodic round (``failures_every_s``).
 #: Only the view of the targets that status and metrics show waits for it. Each read
 #: returns every claim, so in a storm of N hosts on one target, N hosts reading every
 #: 10 s (those done with their save, and the waiters) cost etcd N²/10 claims a second
@@ -90,9 +92,30 @@ IDLE_POLL_S = 2.0
 #: (:class:`~adaptd.fleet.session.HeardAt`), not by when it read them, so reading
 #: rarely keeps the queue's order fair.
 QUEUE_EVERY_S = 30.0
+#: A host with no job waiting for a slot reads the claims only for that view (a holder
+#: releases by its own call, which reads them); such hosts, however many, together read
+#: them about this many times per ``QUEUE_EVERY_S`` (:func:`queue_every_s`).
+IDLE_QUEUE_READS = 50
 #: Every this many reads of the failure records, all of them are read (the others
 #: read only what was written since): a record deleted by hand leaves the view.
 RECORDS_FULL_EVERY = 30
+
+
+def queue_every_s(hosts_up: int, waiting: bool) -> float:
+    """Seconds between a daemon's periodic reads of the claims. ``QUEUE_EVERY_S`` while
+    a job of its host waits for a slot: that read is what passes over a waiter ahead
+    that did not take a free slot (:data:`~adaptd.fleet.slots.PATIENCE_S`) when no
+    release comes to wake this one. A host with nothing waiting reads them only for the
+    view that status and the metrics show, so it reads them ``hosts_up /
+    IDLE_QUEUE_READS`` times less often in a fleet of more than ``IDLE_QUEUE_READS``
+    hosts: the fleet's hosts with nothing waiting cost etcd about ``IDLE_QUEUE_READS``
+    reads of every claim per ``QUEUE_EVERY_S``, linear in the claims, where every host
+    at ``QUEUE_EVERY_S`` cost N reads (N²/30 claims a second in a long storm on one
+    target, most of its hosts done with their save; issue 35). At 2,000 hosts such a
+    host's view of other hosts' claims is up to 20 minutes old: status shows its age."""
+    if waiting:
+        return QUEUE_EVERY_S
+    return QUEUE_EVERY_S * max(1.0, hosts_up / IDLE_QUEUE_READS)
 
 
 @dataclass(frozen=True)
@@ -107,6 +130,7 @@ class FleetView:
     role: str | None = None
     hosts: tuple[str, ...] = ()
     targets: Mapping[str, TargetSlots] = field(default_factory=dict)
+    targets_at: float | None = None  # monotonic time ``targets`` (the claims) were read
     granted: frozenset[str] = frozenset()  # this host's jobs holding a slot
     waiting: frozenset[str] = frozenset()  # this host's jobs queued for one
     records: tuple[FailureRecord, ...] = ()
@@ -441,6 +465,7 @@ class FleetAgent:
         assert self._table is not None
         prev = self._view
         targets, granted, waiting = prev.targets, prev.granted, prev.waiting
+        targets_at = prev.targets_at
         grants = conflicts = 0
         if fresh:  # before the first take: it takes by the rule of the members up
             self._read_members(s)
@@ -449,7 +474,11 @@ class FleetAgent:
             targets, granted, waiting = state.targets, state.granted, state.waiting
             grants, conflicts = state.new_grants, state.conflicts
             self._deleted, self._watch_from = [], self._table.read_revision + 1
-            self._next_queue = now + QUEUE_EVERY_S
+            targets_at = now
+            # the members as last read: this round's read comes below, and a host that
+            # came or went changes the period by a fraction of it
+            hosts_up = len(self._members.hosts)
+            self._next_queue = now + queue_every_s(hosts_up, bool(waiting))
         if mark is None and sync:
             mark = self._table.mark  # taken with the claims, in the same request
         if not fresh and mark is not None and mark != self._members_mark:
@@ -507,6 +536,7 @@ class FleetAgent:
             role=members.role(self.settings.host),
             hosts=members.names,
             targets=targets,
+            targets_at=targets_at,
             granted=granted,
             waiting=waiting,
             records=records,

@@ -385,6 +385,9 @@ class FleetLink:
                 }
                 for t, s in view.targets.items()
             },
+            # how old that view of the claims is: a host with nothing waiting reads them
+            # less often in a large fleet (adaptd.fleet.agent.queue_every_s)
+            "targets_age_s": None if view.targets_at is None else max(0.0, now - view.targets_at),
             "holding": sorted(view.granted),
             "waiting": sorted(view.waiting),
             "grants": view.grants,

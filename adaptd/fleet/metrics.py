@@ -7,8 +7,9 @@ only when a ``[fleet]`` is configured:
   fleet), 0 while the daemon decides locally; ``adaptd_fleet_hosts``: daemons up;
   ``adaptd_fleet_leader``: 1 on the fleet's leader;
 - ``adaptd_fleet_slot_cap``, ``adaptd_fleet_slot_holders``, ``adaptd_fleet_slot_waiters``
-  per shared ``target`` (the whole fleet's), and ``adaptd_fleet_slot_holding`` /
-  ``adaptd_fleet_slot_waiting`` (this host's jobs);
+  per shared ``target`` (the whole fleet's, as of ``adaptd_fleet_slot_view_age_seconds``
+  ago: a host with nothing waiting reads the claims less often in a large fleet), and
+  ``adaptd_fleet_slot_holding`` / ``adaptd_fleet_slot_waiting`` (this host's jobs);
 - counters ``adaptd_fleet_slot_grants_total``, ``adaptd_fleet_slot_waits_total``
   (jobs that had to wait), ``adaptd_fleet_errors_total`` (etcd rounds that failed),
   ``adaptd_fleet_rejoins_total`` (new sessions after a lease expired);
@@ -67,6 +68,12 @@ class FleetCollector(Collector):
             held.add_metric([target], len(slots.holders))
             waiting.add_metric([target], len(slots.waiters))
         yield from (cap, held, waiting)
+        if view.targets_at is not None:
+            yield _gauge(
+                "adaptd_fleet_slot_view_age_seconds",
+                "Seconds since this host last read the fleet's claims (the per-target series).",
+                max(0.0, link.clock() - view.targets_at),
+            )
         yield CounterMetricFamily(
             "adaptd_fleet_slot_grants", "Write slots granted to this host's jobs.", view.grants
         )

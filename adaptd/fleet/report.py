@@ -20,6 +20,9 @@ def render(data: Mapping[str, Any]) -> str:
         f"  this host {data.get('host')} ({data.get('role') or 'not registered'}); "
         f"{len(hosts)} host(s) up: {', '.join(hosts[:8])}{' ...' if len(hosts) > 8 else ''}",
     ]
+    age = data.get("targets_age_s")
+    if data.get("targets") and age is not None:
+        lines.append(f"  shared targets, as of the claims read {age:.0f}s ago:")
     for target, t in sorted((data.get("targets") or {}).items()):
         lines.append(
             f"  {target}: {len(t['holders'])}/{t['cap']} slot(s) held"

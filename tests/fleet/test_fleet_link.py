@@ -361,6 +361,7 @@ def test_the_fleet_in_metrics_and_status(etcd: Etcd, fleet_prefix):
             f'adaptd_fleet_slot_holders{{target="{NFS}"}} 1.0',
             "adaptd_fleet_slot_grants_total",
             "adaptd_fleet_errors_total 0.0",
+            "adaptd_fleet_slot_view_age_seconds ",
         ):
             assert line in text, line
         promtool = shutil.which("promtool")
@@ -373,6 +374,7 @@ def test_the_fleet_in_metrics_and_status(etcd: Etcd, fleet_prefix):
         assert status["up"] and status["role"] == "leader" and status["holding"] == ["ja"]
         shown = render(status)
         assert "FLEET up" in shown and f"{NFS}: 1/2 slot(s) held by host-a/ja" in shown
+        assert 0 <= status["targets_age_s"] < 10 and "as of the claims read" in shown
         # a view older than stale_after_s reads as etcd away: local decisions, said so
         late = lk.clock() + lk.cfg.stale_after_s + 5
         assert lk.usable(late) is None

@@ -537,6 +537,71 @@ def test_the_queue_is_read_at_a_waiters_turn_not_at_each_periodic_round(etcd: Et
             x.stop()
 
 
+def test_in_a_large_fleet_a_host_with_nothing_waiting_reads_the_claims_less_often(
+    etcd: Etcd, fleet_prefix
+):
+    """Issue 35: every host read every claim every QUEUE_EVERY_S, N²/30 claims a second
+    in a long storm of N hosts on one target, most of them done with their save. Now a
+    host with nothing waiting reads them every 30 s × (hosts up / 50): with 150 hosts up,
+    every 90 s; a host whose job waits still every 30 s (the read that passes over a
+    waiter ahead that did not take its slot). Rounds driven on a made-up clock."""
+    fleet = EtcdSession(settings(etcd.url, "others", fleet_prefix, lease_ttl_s=60)).open()
+    for i in range(148):
+        register(fleet, Member(f"m{i:03d}", 1, 0.0, "test"))
+    now = [0.0]
+    holder, other = (
+        FleetAgent(
+            settings(etcd.url, h, fleet_prefix, lease_ttl_s=60),
+            poll_s=0.2,
+            failures_every_s=1e9,
+            clock=lambda: now[0],
+        )
+        for h in ("h0", "h1")
+    )
+    reads = {"h0": 0, "h1": 0}
+    try:
+        for member in (holder, other):
+            member.poll_once()
+            table = member._table
+            assert table is not None
+            host, read = member.settings.host, table.read
+
+            def counted(*a, host=host, read=read, **kw):
+                reads[host] += 1
+                return read(*a, **kw)
+
+            table.read = counted  # type: ignore[method-assign]
+        holder.want("j0", T, cap=1, at_risk_gpu_s=0, gpus=1)
+        now[0] = 1.0
+        assert "j0" in holder._poll(sync=True).granted
+        holder.release("j0")
+        now[0] = 2.0
+        assert len(holder._poll(sync=True).hosts) == 150  # the release: nothing of h0 waits
+        other.want("j1", T, cap=1, at_risk_gpu_s=10, gpus=1)
+        assert "j1" in other._poll(sync=True).granted
+        other.want("j2", T, cap=1, at_risk_gpu_s=10, gpus=1)
+        assert "j2" in other._poll(sync=True).waiting  # h1's second job waits
+        reads = {"h0": 0, "h1": 0}
+        seen = {}
+        for t in (25.0, 33.0, 61.0, 64.0, 91.0, 95.0):
+            now[0] = t
+            for member in (holder, other):
+                member._poll(sync=False)
+            seen[t] = dict(reads)
+        # h1's last read was at 2 s: it reads at 33 (30 s on), 64 and 95; h0, with
+        # nothing waiting since its release's read at 2 s, only at 95 (90 s on)
+        assert seen[25.0] == {"h0": 0, "h1": 0}, seen
+        assert seen[61.0] == {"h0": 0, "h1": 1}, seen
+        assert seen[91.0] == {"h0": 0, "h1": 2}, seen
+        assert seen[95.0] == {"h0": 1, "h1": 3}, seen
+        view = holder.view()
+        assert view.targets_at == 95.0 and T in view.targets
+    finally:
+        for x in (holder, other):
+            x.stop()
+        fleet.close()
+
+
 def test_a_waiter_keeps_its_lease_and_place_under_the_shortest_ttl(etcd: Etcd, fleet_prefix):
     """A waiting member watches the claims between rounds; the watch ends when its lease
     is due, so a 2 s lease (the shortest allowed) lives through a wait of 3.5 TTLs."""
