@@ -494,6 +494,23 @@ def test_a_claim_is_dated_by_its_revision_not_by_when_a_daemon_first_read_it(
         t.session.close()
 
 
+def count_claim_reads(*members: FleetAgent) -> dict[str, int]:
+    """Reads of the claims (``SlotTable.read``) by each of ``members``' hosts from now
+    on, counted in the dict returned (each member's session must be open)."""
+    reads = {m.settings.host: 0 for m in members}
+    for member in members:
+        table = member._table
+        assert table is not None
+        host, read = member.settings.host, table.read
+
+        def counted(*a, host=host, read=read, **kw):
+            reads[host] += 1
+            return read(*a, **kw)
+
+        table.read = counted  # type: ignore[method-assign]
+    return reads
+
+
 def test_the_queue_is_read_at_a_waiters_turn_not_at_each_periodic_round(etcd: Etcd, fleet_prefix):
     """Issue 35: every member re-read every claim at each periodic round (10 s), N²/10
     claims a second from etcd in a storm of N hosts on one target (the waiters, and
@@ -512,17 +529,7 @@ def test_the_queue_is_read_at_a_waiters_turn_not_at_each_periodic_round(etcd: Et
         waiter.want("j1", T, cap=1, at_risk_gpu_s=10, gpus=1)
         waiter.wait_for(lambda v: "j1" in v.waiting, 10)
         idle.wait_for(lambda v: v.up, 10)
-        reads: dict[str, int] = {"h1": 0, "h2": 0}
-        for member in (waiter, idle):
-            table = member._table
-            assert table is not None
-            host, read = member.settings.host, table.read
-
-            def counted(*a, host=host, read=read, **kw):
-                reads[host] += 1
-                return read(*a, **kw)
-
-            table.read = counted  # type: ignore[method-assign]
+        reads = count_claim_reads(waiter, idle)
         rounds = (waiter.view().last_ok, idle.view().last_ok)
         ends = time.monotonic() + 3.0
         while time.monotonic() < ends:  # the wait is the test
@@ -558,19 +565,10 @@ def test_in_a_large_fleet_a_host_with_nothing_waiting_reads_the_claims_less_ofte
         )
         for h in ("h0", "h1")
     )
-    reads = {"h0": 0, "h1": 0}
     try:
         for member in (holder, other):
             member.poll_once()
-            table = member._table
-            assert table is not None
-            host, read = member.settings.host, table.read
-
-            def counted(*a, host=host, read=read, **kw):
-                reads[host] += 1
-                return read(*a, **kw)
-
-            table.read = counted  # type: ignore[method-assign]
+        reads = count_claim_reads(holder, other)
         holder.want("j0", T, cap=1, at_risk_gpu_s=0, gpus=1)
         now[0] = 1.0
         assert "j0" in holder._poll(sync=True).granted
@@ -581,7 +579,7 @@ def test_in_a_large_fleet_a_host_with_nothing_waiting_reads_the_claims_less_ofte
         assert "j1" in other._poll(sync=True).granted
         other.want("j2", T, cap=1, at_risk_gpu_s=10, gpus=1)
         assert "j2" in other._poll(sync=True).waiting  # h1's second job waits
-        reads = {"h0": 0, "h1": 0}
+        reads.update(h0=0, h1=0)
         seen = {}
         for t in (25.0, 33.0, 61.0, 64.0, 91.0, 95.0):
             now[0] = t
