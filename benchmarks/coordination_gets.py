@@ -21,9 +21,13 @@ written. The client also counts its Python objects (``tracemalloc``, after a
 written or not, where a get of a present key leaves none (issue 35: why the agreement's
 idle waits end at a write, not at a deadline).
 
+It also counts the 1 ms gets of the present key that timed out: a busy host's
+(``--hogs K`` runs K CPU-bound processes beside the two tasks) say how often the
+chief's 1 ms tries miss mail that is there (client/agreement/mailbox.py).
+
 Usage::
 
-    python benchmarks/coordination_gets.py --gets 10000 [--json]
+    python benchmarks/coordination_gets.py --gets 10000 [--hogs 4] [--json]
 
 Needs TensorFlow. About 30 s at 10,000 gets.
 """
@@ -31,7 +35,6 @@ Needs TensorFlow. About 30 s at 10,000 gets.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import gc
 import json
 import os
@@ -75,11 +78,15 @@ def task_main(index: int, ports: list[int], gets: int) -> int:
                 continue
         raise SystemExit(f"task {index}: {key} never came")
 
+    timed_out: dict[str, int] = {}
+
     def batch(key: str, timeout_ms: int) -> float:
         t0 = time.monotonic()
         for _ in range(gets):
-            with contextlib.suppress(tf.errors.DeadlineExceededError):
+            try:
                 ctx.get_config_key_value(key, timeout_ms)
+            except tf.errors.DeadlineExceededError:
+                timed_out[key] = timed_out.get(key, 0) + 1
         return time.monotonic() - t0
 
     phases = ("start", "present", "missing", "written", "later")
@@ -110,6 +117,7 @@ def task_main(index: int, ports: list[int], gets: int) -> int:
     out["seconds"]["later"] = batch(LATER, 1)
     mark("later")
     ctx.set_config_key_value("bench/over", "1")
+    out["present_timed_out"] = timed_out.get(PRESENT, 0)
     print(json.dumps(out), flush=True)
     return 0
 
@@ -128,6 +136,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--gets", type=int, default=10_000, help="gets per batch")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    parser.add_argument(
+        "--hogs", type=int, default=0,
+        help="CPU-bound processes to run beside the two tasks (a busy host: how often a "
+        "1 ms get of a key that is there times out)",
+    )  # fmt: skip
     parser.add_argument("--task", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--ports", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -138,6 +151,11 @@ def main(argv: list[str] | None = None) -> int:
     ports = _free_ports(2)
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
     cmd = [sys.executable, __file__, "--gets", str(args.gets), "--ports", ",".join(map(str, ports))]
+    if args.hogs < 0:
+        parser.error(f"--hogs must be 0 or more (got {args.hogs})")
+    hogs = [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.hogs)
+    ]
     procs = [
         subprocess.Popen([*cmd, "--task", str(i)], env=env, stdout=subprocess.PIPE, text=True)
         for i in range(2)
@@ -145,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         outs = [p.communicate(timeout=900)[0] for p in procs]
     finally:
-        for p in procs:
+        for p in procs + hogs:
             if p.poll() is None:
                 p.kill()
     if any(p.returncode for p in procs):
@@ -170,8 +188,10 @@ def main(argv: list[str] | None = None) -> int:
         "missing, once written": round((py["written"] - py["present"]) / args.gets, 1),
         "later": round((py["later"] - py["written"]) / args.gets, 1),
     }
-    result = {"gets": args.gets, "kb_per_get": per_get, "client_python_bytes_per_get": py_per_get,
-              "rss_mb": data, "seconds": data["seconds"]}  # fmt: skip
+    result = {"gets": args.gets, "hogs": args.hogs, "kb_per_get": per_get,
+              "client_python_bytes_per_get": py_per_get, "rss_mb": data,
+              "seconds": data["seconds"],
+              "present_timed_out": data["present_timed_out"]}  # fmt: skip
     if args.json:
         print(json.dumps(result, indent=1))
         return 0
@@ -188,6 +208,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{what:<46} {c:>8.2f} {s:>8.2f}")
     print("client's Python objects kept per get (bytes, after gc): "
           + ", ".join(f"{k} {v:g}" for k, v in py_per_get.items()))  # fmt: skip
+    print(f"1 ms gets of the key that is there that timed out: {data['present_timed_out']} of "
+          f"{args.gets} ({args.hogs} CPU hogs beside)")  # fmt: skip
     base = max(0.01, per_get["service"]["present"])
     print(f"service: a timed-out get keeps {per_get['service']['missing'] / base:.0f}x what a get "
           f"of a present key does (floor 0.01 KB)")  # fmt: skip

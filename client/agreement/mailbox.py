@@ -45,6 +45,26 @@ left of timed-out gets: the bells of groups that did not ring, in a pass a ring 
 (one per group), a count read while its rank rewrites it (or never written: a rank
 not started, or dead mid-rewrite; tried at :data:`TRIES` passes), and the listener's
 one per :data:`BELL_WAIT_S`.
+
+**Tries miss on a busy host; what is known to be there is waited for.** A 1 ms try of a
+key that *is* there times out when the host is busy: 492 of 3,000 tries of a present key
+beside four CPU hogs on the 2-core box, 1 of 3,000 on the quiet box
+(``benchmarks/coordination_gets.py --gets 3000 --hogs 4``). A pass whose try missed the
+rung group's bell read nothing and left the bell up, and nothing rang again until the
+rank's next message: in a quiet job that was an operator's relayed request left unread
+for good (a CI run: set-policy typed on the other host, unread after 120 s). So a ring
+says who rang: the rank writes its number at ``mail/bell/any`` (the first writer's
+stays), and the pass that ring begins takes that rank's group's bell down without
+looking at it (a bell the chief rings again itself, after a miss, likewise) and reads
+that rank's count with a wait of up to :data:`SURE_WAIT_S` (it wrote the count before it
+rang). Each count the chief read once is waited for the same way from then on (a rank's
+count stays, but for the instant of its rewrite), until one such wait times out (the
+rank died mid-rewrite: a wait of :data:`SURE_WAIT_S` once, then tries); and the mail
+below a count is waited for (it is there until the chief deletes it). What is left to
+tries: the bells of groups that rang after the first ringer's (mail/bell/any still up:
+their mail waits for the next ring that finds it down, at most a save away while every
+rank sends its costs), and the counts of ranks not read yet (retried at :data:`TRIES`
+passes, a tenth of a second and more apart, then left to the rank's next ring).
 """
 
 from __future__ import annotations
@@ -76,8 +96,12 @@ TRIES = 3
 #: How long one get of the listener waits on ``mail/bell/any``: a get that times out is
 #: kept by the service until the bell rings (above), one per this many seconds per job.
 BELL_WAIT_S = 30.0
-#: What a rank writes at a bell.
+#: What a rank writes at its group's bell (at ``mail/bell/any`` it writes its number).
 RUNG = "1"
+#: The longest wait for a key the chief knows is there (a count of a rank that rang, or
+#: that it read before; mail below a count): it comes back as soon as the service
+#: answers, which a 1 ms try on a busy host often does not (the module's docstring).
+SURE_WAIT_S = 0.25
 
 
 class Mailbox:
@@ -99,6 +123,13 @@ class Mailbox:
         self._count_there = False  # this rank's count was written
         self._next = dict.fromkeys(range(1, world_size), 0)  # chief: next index per rank
         self._tries: dict[int, int] = {}  # chief: passes that missed a rank's key
+        #: (Chief.) Ranks whose count is waited for, not tried: read before, or rang.
+        self._sure: set[int] = set()
+        #: (Chief.) For the next pass: groups known to have rung (their bells are taken
+        #: down without a look) and ranks known to have written their count.
+        self._due_groups: set[int] = set()
+        self._due_ranks: set[int] = set()
+        self._pass_groups: set[int] = set()  # the pass's: taken from _due_groups
         self._cursor = 0  # chief: the group the next collect starts at
         self._in_pass = False  # chief: a pass over the groups is under way
         #: (Chief.) mail/bell/any rang since the last pass began; the listener waits
@@ -151,7 +182,7 @@ class Mailbox:
                 self._set_count(self._sent)  # after the message, before the bells
             # in this order: the chief takes bell/any down before it looks at the groups'
             self.store.put(self.keys.bell(self.rank // GROUP), RUNG)  # False: already rung
-            self.store.put(self.keys.bells(), RUNG)
+            self.store.put(self.keys.bells(), str(self.rank))  # who rang (the first stays)
             return sent
         except Exception as exc:  # a lost message must never stop training
             self.failed += 1
@@ -163,15 +194,31 @@ class Mailbox:
         rang, take it down and have the next :meth:`collect` make a pass over the
         groups' bells. Whether it rang. Raises the store's errors."""
         bells = self.keys.bells()
-        if self.store.get(bells, wait_s) is None:
+        raw = self.store.get(bells, wait_s)
+        if raw is None:
             return False
         self.store.delete(bells)  # before the pass: a ring after this starts another
-        self._ring_again()
+        self._ring_again(self._ringer(raw))
         return True
 
-    def _ring_again(self) -> None:
+    def _ringer(self, raw: str) -> int | None:
+        """The rank that rang ``mail/bell/any`` (its value), None when it names none."""
+        try:
+            r = int(raw)
+        except ValueError:
+            return None
+        return r if 0 < r < self.world_size else None
+
+    def _ring_again(self, rank: int | None = None, *, group: int | None = None) -> None:
+        """Have the next :meth:`collect` make a pass; ``rank`` rang (its group's bell and
+        its count are there), or ``group``'s bell is known rung (the chief rang it)."""
         with self._pass_began:
             self._rang = True
+            if rank is not None:
+                self._due_ranks.add(rank)
+                self._due_groups.add(rank // GROUP)
+            if group is not None:
+                self._due_groups.add(group)
 
     def start_listening(self) -> None:
         """(The chief.) Start the listener thread (once): :meth:`listen` until
@@ -225,12 +272,20 @@ class Mailbox:
                 if not self._rang:  # starts the pass after this one
                     return 0
                 self._rang = False
+                self._pass_groups, self._due_groups = self._due_groups, set()
+                self._sure |= self._due_ranks
+                self._due_ranks = set()
                 self._pass_began.notify_all()
             self._in_pass, self._cursor = True, 0
         for _ in range(groups):
             g = self._cursor
             bell = self.keys.bell(g)
-            if self.store.try_get(bell) is not None:
+            # a group known to have rung is not looked at: a try on a busy host misses
+            # a bell that is there, and the mail behind it would wait for another ring
+            if g in self._pass_groups or self.store.try_get(bell) is not None:
+                with self._pass_began:  # read now: a ring known before this is covered
+                    self._pass_groups.discard(g)
+                    self._due_groups.discard(g)
                 self.store.delete(bell)  # before reading: mail written after rings again
                 more = False
                 ranks = range(max(1, g * GROUP), min(self.world_size, (g + 1) * GROUP))
@@ -243,7 +298,7 @@ class Mailbox:
                         break
                 if more:  # unread mail (over PER_COLLECT, the bound, a slow read): again
                     self.store.put(bell, RUNG)
-                    self._ring_again()
+                    self._ring_again(group=g)
                 if self.behind:
                     return got
             self._cursor = (g + 1) % groups
@@ -260,10 +315,17 @@ class Mailbox:
         inbox: how many were read, whether some may be left unread (the bound, or a
         count or message not found, for :data:`TRIES` passes), and the store calls it
         made."""
-        raw = self.store.try_get(self.keys.mail_sent(r))
+        count = self.keys.mail_sent(r)
+        if r in self._sure:  # there but for the instant of a rewrite: waited for
+            raw = self.store.get(count, SURE_WAIT_S)
+            if raw is None:  # dead mid-rewrite, or never started: tried from now on
+                self._sure.discard(r)
+        else:
+            raw = self.store.try_get(count)
         calls = 1
         if raw is None:
             return 0, self._missed(r), calls
+        self._sure.add(r)
         try:
             sent = int(raw)
         except ValueError:
@@ -275,7 +337,7 @@ class Mailbox:
             if read == PER_COLLECT:
                 return got, True, calls
             key = self.keys.mail(r, self._next[r])
-            raw = self.store.try_get(key)  # below the count: it is there
+            raw = self.store.get(key, SURE_WAIT_S)  # below the count: it is there
             calls += 1
             if raw is None:
                 return got, self._missed(r), calls
@@ -315,6 +377,7 @@ __all__ = [
     "GROUP",
     "PER_COLLECT",
     "RUNG",
+    "SURE_WAIT_S",
     "TRIES",
     "Mailbox",
 ]
