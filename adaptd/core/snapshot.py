@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 __all__ = [
+    "REPLAN_TOLERANCE",
     "Decision",
     "Figure",
     "GpuSample",
@@ -298,6 +299,13 @@ class Decision:
             and self.urgent == other.urgent
             and self.durable_every == other.durable_every
         )
+
+
+#: A new decision of the same policy whose interval and next save moved by at most this
+#: fraction of the current interval keeps the current plan (:func:`same_saves`): the
+#: daemon's planner (its ``replan_tolerance`` default) and the chief's embedded policy in
+#: a multi-worker job (:meth:`adaptd.client.agreement.agreed.Coordinated.embedded_plan`).
+REPLAN_TOLERANCE = 0.05
 
 
 def same_saves(

@@ -19,9 +19,10 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from adaptd.core import policy as policy_mod
+from adaptd.core.snapshot import REPLAN_TOLERANCE
 from adaptd.daemon.jobs.delivery import RESEND_AFTER_S
 from adaptd.daemon.jobs.memory_tier import MEMORY_TIER_SHARE, check_share
-from adaptd.daemon.jobs.planner import REPLAN_TOLERANCE, PlannerOptions
+from adaptd.daemon.jobs.planner import PlannerOptions
 from adaptd.daemon.transport import CurveKeys, DaemonError
 from adaptd.protocol.admin import JobSettings
 from adaptd.protocol.job import LIVENESS_TIMEOUT_S

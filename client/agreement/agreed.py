@@ -33,7 +33,7 @@ from adaptd.client.agreement.rounds import Agreement
 from adaptd.client.daemon.link import DaemonLink
 from adaptd.client.save.schedule import SaveSchedule, carried, decision_of
 from adaptd.client.save.sigterm import SIGTERM_REASON
-from adaptd.core.snapshot import Decision
+from adaptd.core.snapshot import REPLAN_TOLERANCE, Decision
 from adaptd.protocol import job as protocol
 
 log = logging.getLogger("adaptd.client")
@@ -64,6 +64,7 @@ class Coordinated:
         self._plan_seq: int | None = None
         self._preempting = False
         self._requests: list[protocol.Request] = []  # the chief's own daemon's Relays
+        self._exact = False  # the embedded policy's plans go out exactly (new_policy)
 
     def start(self) -> None:
         self.agreement.start()
@@ -76,9 +77,24 @@ class Coordinated:
         self._plan_seq = plan.seq
         self.agreement.want_plan(decision_of(plan), source="daemon", decided_by=self.host)
 
-    def embedded_plan(self, decision: Decision, step: int) -> None:
-        if self.deciding:
-            self.agreement.want_plan(decision, source="embedded", decided_by=self.host)
+    def embedded_plan(self, decision: Decision, step: int, *, new_policy: bool = False) -> None:
+        """(The chief.) Propose the embedded policy's decision unless its saves are
+        within :data:`~adaptd.core.snapshot.REPLAN_TOLERANCE` of the agreed plan's, as
+        the daemon's planner does: an optimal-interval policy re-fits its interval to
+        every step report, and each small change was a plan round once a second, every
+        rank held at its step for it (81 rounds in 120 s of a two-host test). The plan
+        of a policy that just took over (``new_policy``: an operator's set-policy, the
+        daemon lost) goes out exactly, until it is settled."""
+        if not self.deciding:
+            return
+        if new_policy:
+            self._exact = True
+        elif self._exact and not self.agreement.plan_wanted:
+            self._exact = False  # the new policy's plan is the job's: re-fits from here
+        tolerance = 0.0 if self._exact else REPLAN_TOLERANCE
+        self.agreement.want_plan(
+            decision, source="embedded", decided_by=self.host, tolerance=tolerance
+        )
 
     def save_now(self, reason: str, at_step: int | None, step: int) -> None:
         self.agreement.want_save(reason, step)
@@ -203,7 +219,7 @@ class ViaDaemon:
         if not self.rounds_seen:
             self._solo.daemon_plan(plan, step)
 
-    def embedded_plan(self, decision: Decision, step: int) -> None:
+    def embedded_plan(self, decision: Decision, step: int, *, new_policy: bool = False) -> None:
         """While the daemon is away the ranks keep the plan they agreed on; before any
         round, the embedded plan as for one rank."""
         if not self.rounds_seen:

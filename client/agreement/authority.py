@@ -33,7 +33,10 @@ class Authority(Protocol):
 
     def daemon_plan(self, plan: protocol.Plan, step: int) -> None: ...
 
-    def embedded_plan(self, decision: Decision, step: int) -> None: ...
+    def embedded_plan(self, decision: Decision, step: int, *, new_policy: bool = False) -> None:
+        """The embedded policy's decision at ``step``; ``new_policy``: the first since
+        the embedded policy took over or was replaced (its plan is news even where its
+        saves are within the re-plan tolerance of the plan in force)."""
 
     def save_now(self, reason: str, at_step: int | None, step: int) -> None: ...
 
@@ -73,7 +76,7 @@ class Solo:
         if self.schedule.apply_plan(plan, step):
             log.info("plan from the daemon: %s", describe(self.schedule))
 
-    def embedded_plan(self, decision: Decision, step: int) -> None:
+    def embedded_plan(self, decision: Decision, step: int, *, new_policy: bool = False) -> None:
         if self.schedule.set_embedded(decision, step):
             log.info("embedded plan: %s", describe(self.schedule))
 

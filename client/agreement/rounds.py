@@ -134,7 +134,7 @@ class Agreement(Recorded):
         self._mine_key: tuple[int, str] | None = None  # (round, key) of our last proposal
         self._attempts = 0
         self._last_abort: p.Decide | None = None
-        self._wish_plan: tuple[Decision, str, str] | None = None
+        self._wish_plan: tuple[Decision, str, str, float] | None = None
         self._wish_save: tuple[str, int, bool] | None = None  # reason, since step, stop
         #: Why the agreement stopped working ("" while it works).
         self.broken = ""
@@ -213,12 +213,22 @@ class Agreement(Recorded):
             return min(self.gate, hold[1])
         return self.gate
 
-    def want_plan(self, decision: Decision, *, source: str = "", decided_by: str = "") -> None:
+    def want_plan(
+        self, decision: Decision, *, source: str = "", decided_by: str = "", tolerance: float = 0.0
+    ) -> None:
         """(The deciding rank.) The job should follow ``decision``; proposed at the next
-        boundary unless it saves at the same steps as the agreed plan."""
+        boundary unless it saves at the same steps as the agreed plan (within
+        ``tolerance`` of its interval: :func:`~adaptd.core.snapshot.same_saves`)."""
         with self.lock:
-            self._wish_plan = (decision, source, decided_by)
+            self._wish_plan = (decision, source, decided_by, tolerance)
             self._wake()
+
+    @property
+    def plan_wanted(self) -> bool:
+        """A plan :meth:`want_plan` asked for is not settled yet (neither committed nor
+        found to save at the agreed plan's steps)."""
+        with self.lock:
+            return self._wish_plan is not None
 
     def want_save(self, reason: str, step: int, *, stop: bool = False) -> None:
         """The job should save soon (and stop after it, with ``stop``): an operator's
@@ -311,11 +321,11 @@ class Agreement(Recorded):
                 reason, _, stop = self._wish_save
                 proposal = rules.save_proposal(self.job, k, at, self.rank, reason, stop=stop)
             elif self._wish_plan is not None:
-                decision, source, by = self._wish_plan
+                decision, source, by, tolerance = self._wish_plan
                 # never before a committed plan still waiting for its step: plans
                 # apply in round order at one boundary, so the newer one wins
                 at = max(at, self.ledger.plan_floor())
-                if same_saves(self.ledger.agreed_plan, decision, at - 1):
+                if same_saves(self.ledger.agreed_plan, decision, at - 1, tolerance):
                     self._wish_plan = None
                 else:
                     proposal = rules.plan_proposal(
@@ -440,8 +450,8 @@ class Agreement(Recorded):
             if rules.satisfies(committed, "stop" if stop else "save", since):
                 self._wish_save = None
         if self._wish_plan is not None and committed.action == "plan":
-            decision = self._wish_plan[0]
-            if same_saves(self.ledger.agreed_plan, decision, committed.at_step - 1):
+            decision, _, _, tolerance = self._wish_plan
+            if same_saves(self.ledger.agreed_plan, decision, committed.at_step - 1, tolerance):
                 self._wish_plan = None
 
 

@@ -108,6 +108,8 @@ class DaemonSession:
         self._fell_back = False
         self._error_codes: set[str] = set()
         self._report_at = self._decide_at = self._hello_at = self._deadline_at = 0.0
+        #: The embedded policy took over or was replaced since its last decision.
+        self._policy_news = True
         #: A peer failed (or the job was aborted as stalled): the ranks agree no more.
         self._peers_lost = False
         self._tracker: JobTracker | None = None
@@ -347,6 +349,7 @@ class DaemonSession:
             else:
                 self.policy_label = msg.spec
                 self._decide_at = 0.0
+                self._policy_news = True
         else:
             why = (
                 "the embedded policy has no daemon plans to hold; type it again once the "
@@ -428,6 +431,7 @@ class DaemonSession:
         else:
             log.warning("%s", text)
         self._decide_at = 0.0  # re-decide in-process at this boundary
+        self._policy_news = True
 
     def decide_due(self, now: float) -> bool:
         """True when the embedded policy should decide now (its plan is in force)."""
@@ -448,7 +452,8 @@ class DaemonSession:
         except Exception as exc:  # a broken plugin must not stop training
             log.error("policy %s failed: %s", self.policy_label, exc)
             return
-        self.authority.embedded_plan(decision, n)
+        self.authority.embedded_plan(decision, n, new_policy=self._policy_news)
+        self._policy_news = False
 
 
 __all__ = ["WELCOME_WAIT_S", "DaemonSession", "HelloFacts"]

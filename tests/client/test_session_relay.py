@@ -24,6 +24,7 @@ from adaptd.client.save.costs import StepClock
 from adaptd.client.save.schedule import SaveSchedule
 from adaptd.core.estimators import JobTracker
 from adaptd.core.policy import parse
+from adaptd.core.snapshot import Decision
 from adaptd.protocol import job as protocol
 
 from .conftest import FakeDaemon, connected, welcome
@@ -40,6 +41,10 @@ class Chief(Solo):
         super().__init__(schedule)
         self.mail: list[protocol.ClientMessage] = []
         self.saves: list[str] = []
+        self.news: list[tuple[str, bool]] = []  # each embedded plan: its policy, new_policy
+
+    def embedded_plan(self, decision: Decision, step: int, *, new_policy: bool = False) -> None:
+        self.news.append((decision.policy, new_policy))
 
     def outbox(self) -> list[protocol.ClientMessage]:
         out, self.mail = self.mail, []
@@ -85,6 +90,7 @@ def test_a_request_relayed_to_a_daemon_that_just_died_is_done_by_the_embedded_po
     daemon = FakeDaemon(ipc_endpoint)
     session, chief = session_of(ipc_endpoint)
     try:
+        session.decide(0, time.perf_counter(), False)  # before the daemon answered
         t0 = welcomed(session, daemon)
         daemon.close()  # the chief's daemon dies; the chief does not know yet
         chief.mail.append(request(reason="op-b"))
@@ -95,6 +101,8 @@ def test_a_request_relayed_to_a_daemon_that_just_died_is_done_by_the_embedded_po
             session.tick(9, t0 + 3.0 + TIMEOUT_S + 0.5, False, (0.0, 0))
         assert not session.daemon_mode  # the loss is noticed...
         assert chief.saves == ["op-b"]  # ...and the request it swallowed is done
+        session.decide(10, t0 + 3.0 + TIMEOUT_S + 0.6, False)
+        assert chief.news == [("fixed", True), ("fixed", True)]  # in force again: news
     finally:
         session.link.close()
         daemon.close()
@@ -154,5 +162,26 @@ def test_a_daemon_that_stays_alive_gets_each_request_once(fake_daemon: FakeDaemo
         except TimeoutError:
             extra = None
         assert extra is None, extra
+    finally:
+        session.link.close()
+
+
+def test_the_embedded_policys_first_plan_and_a_relayed_set_policys_are_news(
+    ipc_endpoint: str,
+) -> None:
+    """With no daemon, the embedded policy decides: its first plan, and the first after
+    a relayed set-policy replaced it, go to the job exactly (a policy's re-fits within
+    the re-plan tolerance are no round: tests/client/test_agreement_replan.py)."""
+
+    session, chief = session_of(ipc_endpoint)  # nothing listens there: no daemon
+    try:
+        now = time.perf_counter()
+        session.decide(1, now, False)
+        session.decide(2, now + 1, False)
+        session.embedded_request(request("set_policy", spec="young"), 3)
+        session.decide(3, now + 2, False)
+        session.decide(4, now + 3, False)
+        assert [new for _, new in chief.news] == [True, False, True, False]
+        assert chief.news[0][0] == "fixed" and chief.news[2][0] != "fixed"
     finally:
         session.link.close()

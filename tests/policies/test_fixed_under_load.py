@@ -7,7 +7,7 @@ so a plan re-decided at a new pace re-based the grid right behind the last save.
 The run here is the daemon's loop, by its own parts: the job's reports go into the
 real :class:`~adaptd.core.estimators.JobTracker` once a (simulated) second, the policy
 decides on its state, the planner's :func:`~adaptd.daemon.jobs.planner.ahead_of_the_job` and
-:func:`~adaptd.core.snapshot.same_saves` (with :data:`~adaptd.daemon.jobs.planner.REPLAN_TOLERANCE`)
+:func:`~adaptd.core.snapshot.same_saves` (with :data:`~adaptd.core.snapshot.REPLAN_TOLERANCE`)
 say which plan the job gets, and the rank saves at the plan's next step after its
 last save, as the hook's schedule does. The step time is a loaded machine's: a load
 that comes and goes (1x to 2.5x the idle step time, for a few seconds at a time),
@@ -22,8 +22,8 @@ import random
 import pytest
 
 from adaptd.core.estimators import JobTracker
-from adaptd.core.snapshot import Decision, Snapshot, same_saves
-from adaptd.daemon.jobs.planner import REPLAN_TOLERANCE, ahead_of_the_job
+from adaptd.core.snapshot import REPLAN_TOLERANCE, Decision, Snapshot, same_saves
+from adaptd.daemon.jobs.planner import ahead_of_the_job
 from adaptd.policies.fixed import Fixed
 
 N_S = 10.0  # fixed:seconds=10

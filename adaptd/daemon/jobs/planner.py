@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from adaptd import events as ev
-from adaptd.core.snapshot import Decision, Snapshot, same_saves
+from adaptd.core.snapshot import REPLAN_TOLERANCE, Decision, Snapshot, same_saves
 from adaptd.daemon.jobs.delivery import Delivery
 from adaptd.daemon.jobs.settings import OperatorSettings
 from adaptd.daemon.jobs.table import Job
@@ -31,7 +31,6 @@ from adaptd.logfmt import Throttle, logfmt
 
 __all__ = [
     "PLAN_LEAD_S",
-    "REPLAN_TOLERANCE",
     "Planner",
     "PlannerOptions",
     "ahead_of_the_job",
@@ -41,9 +40,6 @@ __all__ = [
 
 log = logging.getLogger("adaptd.server")
 
-#: A new decision whose interval and next save moved by at most this fraction of the
-#: current interval keeps the current plan (see :func:`~adaptd.core.snapshot.same_saves`).
-REPLAN_TOLERANCE = 0.05
 #: How far past a job's last reported step an overdue save is placed (see
 #: :func:`ahead_of_the_job`): ranks report about once a second, so they are up to that
 #: far on when a plan reaches them.
