@@ -74,27 +74,23 @@ class Job:
 
 def test_a_refit_within_the_tolerance_is_no_round_and_a_larger_one_is() -> None:
     job = Job()
+    chief = job.ranks[0]
+
+    def wish(every: int, tolerance: float, step: int) -> int:
+        """The chief wants a plan of ``every`` steps at ``step``: the rounds run so far."""
+        plan = Decision(every, every, policy="young_daly")
+        chief.want_plan(plan, source="embedded", tolerance=tolerance)
+        job.boundary(step)
+        assert not chief.plan_wanted  # settled: committed, or the same saves
+        return job.rounds()
+
     try:
-        chief = job.ranks[0]
-        chief.want_plan(Decision(100, 100, policy="young_daly"), source="embedded")
-        job.boundary(10)
-        assert job.rounds() == 1 and chief.rounds[0].commit
-        # re-fitted by 3 %: the same saves within the tolerance, so no round
-        chief.want_plan(
-            Decision(103, 103, policy="young_daly"), source="embedded", tolerance=REPLAN_TOLERANCE
-        )
-        job.boundary(20)
-        assert job.rounds() == 1 and not chief.plan_wanted
+        assert wish(100, 0.0, 10) == 1 and chief.rounds[0].commit
+        assert wish(103, REPLAN_TOLERANCE, 20) == 1  # re-fitted by 3 %: no round
         # the same change with no tolerance (a daemon's plan, a new policy's): a round
-        chief.want_plan(Decision(103, 103, policy="young_daly"), source="embedded")
-        job.boundary(30)
-        assert job.rounds() == 2 and chief.rounds[1].commit
-        # re-fitted by 10 %: past the tolerance, a round
-        chief.want_plan(
-            Decision(113, 113, policy="young_daly"), source="embedded", tolerance=REPLAN_TOLERANCE
-        )
-        job.boundary(40)
-        assert job.rounds() == 3 and chief.rounds[2].commit
+        assert wish(103, 0.0, 30) == 2 and chief.rounds[1].commit
+        assert wish(113, REPLAN_TOLERANCE, 40) == 3  # re-fitted by 10 %: a round
+        assert chief.rounds[2].commit
         assert chief.ledger.agreed_plan is not None and chief.ledger.agreed_plan.every_steps == 113
     finally:
         job.close()
