@@ -153,9 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     cmd = [sys.executable, __file__, "--gets", str(args.gets), "--ports", ",".join(map(str, ports))]
     if args.hogs < 0:
         parser.error(f"--hogs must be 0 or more (got {args.hogs})")
-    hogs = [
-        subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.hogs)
-    ]
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.hogs)]
     procs = [
         subprocess.Popen([*cmd, "--task", str(i)], env=env, stdout=subprocess.PIPE, text=True)
         for i in range(2)

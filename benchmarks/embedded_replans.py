@@ -3,7 +3,7 @@
 The chief's embedded policy decides about once a second on the job's step reports; a
 decision that does not save at the agreed plan's steps is proposed to every rank, and
 each committed round holds every rank at its step. Before 2026-12-08 any change at
-all was proposed (a CI log: 63 plan rounds in 70 s); now a re-fit within
+all was proposed (a CI log: rounds 24 to 63, 40 plan rounds, in 69 s); now a re-fit within
 :data:`~adaptd.core.snapshot.REPLAN_TOLERANCE` of the interval is not, as the daemon's
 planner has it. This runs the policy on the real :class:`~adaptd.core.estimators.
 JobTracker`, on a simulated job (each step's own log-normal noise; a steady machine, or

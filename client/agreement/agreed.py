@@ -81,10 +81,10 @@ class Coordinated:
         """(The chief.) Propose the embedded policy's decision unless its saves are
         within :data:`~adaptd.core.snapshot.REPLAN_TOLERANCE` of the agreed plan's, as
         the daemon's planner does: an optimal-interval policy re-fits its interval to
-        every step report, and each small change was a plan round once a second, every
-        rank held at its step for it (81 rounds in 120 s of a two-host test). The plan
-        of a policy that just took over (``new_policy``: an operator's set-policy, the
-        daemon lost) goes out exactly, until it is settled."""
+        every step report, and each small change was a plan round every second or two,
+        every rank held at its step for it (81 rounds in 120 s of a two-host test). The
+        plan of a policy that just took over (``new_policy``: an operator's set-policy,
+        the daemon lost) goes out exactly, until it is settled."""
         if not self.deciding:
             return
         if new_policy:

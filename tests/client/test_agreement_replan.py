@@ -1,5 +1,5 @@
 """The chief's embedded policy re-fits its interval to every step report: each small
-change was a plan round once a second, every rank held at its step for it (81 rounds
+change was a plan round every second or two, every rank held at its step for it (81 rounds
 in 120 s of tests/multiworker/test_hosts.py's two-host job). The agreement takes the
 daemon planner's re-plan tolerance for it (adaptd.core.snapshot.REPLAN_TOLERANCE), and
 the plan of a policy that just took over goes out exactly.
