@@ -12,7 +12,8 @@ set of facts, whenever it decides. The agent's thread, in rounds:
    this host waits for, a claim not settled yet), writes the failure records handed
    to it, and re-reads the members and the fleet's failure records every
    ``failures_every_s``, the claims every ``QUEUE_EVERY_S`` while a job of this host
-   waits for a slot, less often in a large fleet otherwise (:func:`queue_every_s`);
+   waits near its turn (``NEAR_RELEASES``), less often in a large fleet otherwise
+   (:func:`queue_every_s`);
 4. writes what the daemon sees wrong with its ranks (:meth:`FleetAgent.tell_rank`) and,
    while the daemon suspects a job of a hang (:meth:`FleetAgent.watch_ranks`), reads
    what the other hosts said of theirs, every ``poll_s`` (:mod:`adaptd.fleet.rank_facts`);
@@ -67,6 +68,7 @@ from adaptd.fleet.slots import (
     TargetSlots,
     Want,
     place_in_line,
+    queue_order,
     releases_needed,
 )
 from adaptd.logfmt import logfmt
@@ -94,26 +96,39 @@ IDLE_POLL_S = 2.0
 QUEUE_EVERY_S = 30.0
 #: A host with no job waiting for a slot reads the claims only for that view (a holder
 #: releases by its own call, which reads them); such hosts, however many, together read
-#: them about this many times per ``QUEUE_EVERY_S`` (:func:`queue_every_s`).
+#: them about this many times per ``QUEUE_EVERY_S`` (:func:`queue_every_s`). So do the
+#: hosts whose jobs wait further back than ``NEAR_RELEASES``.
 IDLE_QUEUE_READS = 50
+#: A waiting job this many releases or fewer from its turn (:func:`releases_needed`,
+#: less the releases seen since the read) keeps the ``QUEUE_EVERY_S`` read, which is
+#: what passes over waiters ahead that do not take a free slot when no release comes
+#: (:data:`~adaptd.fleet.slots.PATIENCE_S`): the next in line re-reads after every
+#: watch, and these few behind it pass it over if it is stalled too. A job further back
+#: needs no periodic read for its turn: the releases it counts on its watch wake it,
+#: and its place as jobs with more GPUs overtake others is worked out from the claims it
+#: read (their risk grows at a known rate), so its host reads the claims as seldom as a
+#: host with nothing waiting. Every waiter's 30 s read cost a one-target storm of N
+#: hosts N²/30 claims a second (issue 35); now about this many hosts per target (and
+#: any with a free slot not taken yet) read every 30 s.
+NEAR_RELEASES = 4
 #: Every this many reads of the failure records, all of them are read (the others
 #: read only what was written since): a record deleted by hand leaves the view.
 RECORDS_FULL_EVERY = 30
 
 
-def queue_every_s(hosts_up: int, waiting: bool) -> float:
+def queue_every_s(hosts_up: int, near: bool) -> float:
     """Seconds between a daemon's periodic reads of the claims. ``QUEUE_EVERY_S`` while
-    a job of its host waits for a slot: that read is what passes over a waiter ahead
-    that did not take a free slot (:data:`~adaptd.fleet.slots.PATIENCE_S`) when no
-    release comes to wake this one. A host with nothing waiting reads them only for the
-    view that status and the metrics show, so it reads them ``hosts_up /
-    IDLE_QUEUE_READS`` times less often in a fleet of more than ``IDLE_QUEUE_READS``
-    hosts: the fleet's hosts with nothing waiting cost etcd about ``IDLE_QUEUE_READS``
-    reads of every claim per ``QUEUE_EVERY_S``, linear in the claims, where every host
-    at ``QUEUE_EVERY_S`` cost N reads (N²/30 claims a second in a long storm on one
-    target, most of its hosts done with their save; issue 35). At 2,000 hosts such a
-    host's view of other hosts' claims is up to 20 minutes old: status shows its age."""
-    if waiting:
+    a job of its host waits within ``NEAR_RELEASES`` releases of its turn (``near``):
+    that read is what passes over a waiter ahead that did not take a free slot
+    (:data:`~adaptd.fleet.slots.PATIENCE_S`) when no release comes to wake this one.
+    Any other host (nothing waiting, or its jobs further back: releases wake those) reads
+    them ``hosts_up / IDLE_QUEUE_READS`` times less often in a fleet of more than
+    ``IDLE_QUEUE_READS`` hosts: such hosts cost etcd about ``IDLE_QUEUE_READS`` reads of
+    every claim per ``QUEUE_EVERY_S`` together, linear in the claims, where every host at
+    ``QUEUE_EVERY_S`` cost N reads (N²/30 claims a second in a long storm on one target;
+    issue 35). At 2,000 hosts such a host's view of other hosts' claims is up to 20
+    minutes old: status shows its age."""
+    if near:
         return QUEUE_EVERY_S
     return QUEUE_EVERY_S * max(1.0, hosts_up / IDLE_QUEUE_READS)
 
@@ -350,38 +365,71 @@ class FleetAgent:
             wanted = set(self._wants)
         return bool(wanted - view.granted - view.waiting)
 
+    def _releases_to_turn(
+        self,
+        targets: Mapping[str, TargetSlots],
+        waiting: frozenset[str],
+        wants: Mapping[str, Want],
+        wall: float,
+    ) -> dict[str, int] | None:
+        """For each target a job of this host waits on, how many claims on it must go
+        before one of those jobs can take a slot (:func:`releases_needed`), with the queue
+        put in order at ``wall`` from the claims last read: a job with more GPUs than
+        those ahead overtakes them as it waits, and no read is needed to see it. A new
+        claim ahead only makes the true count bigger, so a waiter that counts releases
+        against these wakes no later than its turn. ``None``: the claims read do not
+        show a waiting job's target yet (read them)."""
+        needs: dict[str, int] = {}
+        for job in waiting:
+            w = wants.get(job)
+            slots = targets.get(w.target) if w is not None else None
+            if w is None or slots is None:
+                return None
+            now = replace(slots, waiters=queue_order(slots.waiters, wall))
+            need = releases_needed(now, (self.settings.host, job))
+            needs[w.target] = min(need, needs.get(w.target, need))
+        return needs
+
     def _watch_for_turn(self, view: FleetView) -> bool:
         """Watch the claims' deletions for up to ``WATCH_S``; True when, since the last
         read, as many claims went on a target as a waiting job of this host needs
-        (:func:`releases_needed`), or when the watch could not replay (read again)."""
+        (:meth:`_releases_to_turn`), when the watch could not replay, or when a job
+        within ``NEAR_RELEASES`` of its turn is due its ``QUEUE_EVERY_S`` read (read
+        again)."""
         session = self._session
         assert session is not None
         with self._lock:
             wants = dict(self._wants)
-        needs: dict[str, int] = {}
+        wall = self.clock()
+        needs = self._releases_to_turn(view.targets, view.waiting, wants, wall)
+        if needs is None:
+            return True  # the view is behind the wants: sync
         next_up = False  # a job of this host is next after the waiters a free slot is for
         for job in view.waiting:
-            w = wants.get(job)
-            slots = view.targets.get(w.target) if w is not None else None
-            if w is None or slots is None:
-                return True  # the view is behind the wants: sync
+            slots = view.targets[wants[job].target]
             mine = next((c for c in slots.waiters if c.owner == (self.settings.host, job)), None)
-            if mine is not None and place_in_line(slots, mine, self.clock()) is not None:
+            if mine is not None and place_in_line(slots, mine, wall) is not None:
                 # a slot is free for it now (its take lost a race): try again shortly
                 self._wake.wait(TAKE_STAGGER_S)
                 return True
-            need = releases_needed(slots, (self.settings.host, job))
-            needs[w.target] = min(need, needs.get(w.target, need))
-            next_up = next_up or (need == 1 and slots.free > 0)
+            next_up = next_up or (needs[slots.target] == 1 and slots.free > 0)
 
-        def enough(new: Sequence[str]) -> bool:
-            went: dict[str, int] = {}
+        def went(new: Sequence[str]) -> dict[str, int]:
+            out: dict[str, int] = {}
             for key in (*self._deleted, *new):
                 parts = self.settings.keys.claim_parts(key)
                 if parts is not None and parts[1] in needs:
-                    went[parts[1]] = went.get(parts[1], 0) + 1
-            return any(went.get(t, 0) >= n for t, n in needs.items())
+                    out[parts[1]] = out.get(parts[1], 0) + 1
+            return out
 
+        def enough(new: Sequence[str]) -> bool:
+            gone = went(new)
+            return any(gone.get(t, 0) >= n for t, n in needs.items())
+
+        gone = went(())
+        near = any(n - gone.get(t, 0) <= NEAR_RELEASES for t, n in needs.items())
+        if near and view.targets_at is not None and wall >= view.targets_at + QUEUE_EVERY_S:
+            return True  # the read that passes over a waiter ahead that does not take
         # the watch ends when the lease is due for renewal: a waiter watching past it
         # lost its lease under a short TTL (2 s allowed, WATCH_S is 2 s) and its place in
         # line with it (the 17-host cell saw 4 rejoins in 20 s at the tests' 3 s TTL)
@@ -478,7 +526,9 @@ class FleetAgent:
             # the members as last read: this round's read comes below, and a host that
             # came or went changes the period by a fraction of it
             hosts_up = len(self._members.hosts)
-            self._next_queue = now + queue_every_s(hosts_up, bool(waiting))
+            needs = self._releases_to_turn(targets, waiting, wants, now)
+            near = needs is None or any(n <= NEAR_RELEASES for n in needs.values())
+            self._next_queue = now + queue_every_s(hosts_up, near)
         if mark is None and sync:
             mark = self._table.mark  # taken with the claims, in the same request
         if not fresh and mark is not None and mark != self._members_mark:

@@ -385,8 +385,8 @@ class FleetLink:
                 }
                 for t, s in view.targets.items()
             },
-            # how old that view of the claims is: a host with nothing waiting reads them
-            # less often in a large fleet (adaptd.fleet.agent.queue_every_s)
+            # how old that view of the claims is: a host with nothing waiting near its
+            # turn reads them less often in a large fleet (adaptd.fleet.agent.queue_every_s)
             "targets_age_s": None if view.targets_at is None else max(0.0, now - view.targets_at),
             "holding": sorted(view.granted),
             "waiting": sorted(view.waiting),

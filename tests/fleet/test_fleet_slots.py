@@ -600,6 +600,153 @@ def test_in_a_large_fleet_a_host_with_nothing_waiting_reads_the_claims_less_ofte
         fleet.close()
 
 
+def _ahead(fleet: EtcdSession, keys, n: int, risk: float) -> list[str]:
+    """``n`` waiting claims of other hosts on ``T`` (1 GPU, ``risk`` GPU-s at risk,
+    under ``fleet``'s lease, never taking): the queue ahead of a waiter. Their keys."""
+    out = []
+    for i in range(n):
+        key = keys.claim(f"q{i:02d}", T, f"jq{i}")
+        fleet.put(key, Claim(f"q{i:02d}", T, f"jq{i}", at_risk_gpu_s=risk, cap=1).record(),
+                  leased=True)  # fmt: skip
+        out.append(key)
+    return out
+
+
+def test_a_waiter_far_back_in_line_reads_the_claims_as_seldom_as_a_host_with_nothing_waiting(
+    etcd: Etcd, fleet_prefix
+):
+    """Issue 35: every waiter read every claim every QUEUE_EVERY_S, N²/30 claims a second
+    in a long storm of N hosts on one target. Now only a waiter within NEAR_RELEASES of
+    its turn does (here h2, first in line); one further back (h1, 8 releases away)
+    reads every 30 s × (hosts up / 50), like a host with nothing waiting: every 90 s
+    with 150 hosts up. Rounds driven on a made-up clock."""
+    sets = settings(etcd.url, "others", fleet_prefix, lease_ttl_s=60)
+    fleet = EtcdSession(sets).open()
+    for i in range(147):
+        register(fleet, Member(f"m{i:03d}", 1, 0.0, "test"))
+    now = [0.0]
+    holder, far, near = (
+        FleetAgent(
+            settings(etcd.url, h, fleet_prefix, lease_ttl_s=60),
+            poll_s=0.2,
+            failures_every_s=1e9,
+            clock=lambda: now[0],
+        )
+        for h in ("h0", "h1", "h2")
+    )
+    try:
+        for member in (holder, far, near):
+            member.poll_once()
+        holder.want("j0", T, cap=1, at_risk_gpu_s=0, gpus=1)
+        assert "j0" in holder._poll(sync=True).granted
+        _ahead(fleet, sets.keys, 6, risk=100.0)
+        now[0] = 1.0
+        near.want("j2", T, cap=1, at_risk_gpu_s=1000, gpus=1)
+        far.want("j1", T, cap=1, at_risk_gpu_s=0, gpus=1)
+        reads = count_claim_reads(far, near)
+        assert "j2" in near._poll(sync=True).waiting
+        view = far._poll(sync=True)
+        assert len(view.hosts) == 150 and "j1" in view.waiting
+        assert [c.job for c in view.targets[T].waiters][-1] == "j1"  # 8 releases away
+        reads.update(h1=0, h2=0)
+        seen = {}
+        for t in (25.0, 32.0, 62.0, 89.0, 92.0):
+            now[0] = t
+            for member in (far, near):
+                member._poll(sync=False)
+            seen[t] = dict(reads)
+        assert seen[25.0] == {"h1": 0, "h2": 0}, seen
+        assert seen[32.0] == {"h1": 0, "h2": 1}, seen  # the near waiter, 30 s on
+        assert seen[89.0] == {"h1": 0, "h2": 2}, seen
+        assert seen[92.0] == {"h1": 1, "h2": 3}, seen  # the far one, 90 s on
+    finally:
+        for x in (holder, far, near):
+            x.stop()
+        fleet.close()
+
+
+def test_a_far_waiter_that_comes_near_its_turn_by_releases_reads_the_claims_every_30_s(
+    etcd: Etcd, fleet_prefix
+):
+    """A waiter far back reads the claims seldom, but once the releases it counted on its
+    watch bring it within NEAR_RELEASES of its turn it is due the QUEUE_EVERY_S read
+    again (the read that passes over a stalled waiter ahead). Made-up clock; the watch
+    itself is real."""
+    sets = settings(etcd.url, "others", fleet_prefix, lease_ttl_s=60)
+    fleet = EtcdSession(sets).open()
+    for i in range(148):
+        register(fleet, Member(f"m{i:03d}", 1, 0.0, "test"))
+    now = [0.0]
+    holder, far = (
+        FleetAgent(
+            settings(etcd.url, h, fleet_prefix, lease_ttl_s=60),
+            poll_s=0.2,
+            failures_every_s=1e9,
+            clock=lambda: now[0],
+        )
+        for h in ("h0", "h1")
+    )
+    try:
+        for member in (holder, far):
+            member.poll_once()
+        holder.want("j0", T, cap=1, at_risk_gpu_s=0, gpus=1)
+        assert "j0" in holder._poll(sync=True).granted
+        ahead = _ahead(fleet, sets.keys, 6, risk=100.0)
+        now[0] = 1.0
+        far.want("j1", T, cap=1, at_risk_gpu_s=0, gpus=1)
+        view = far._poll(sync=True)
+        assert "j1" in view.waiting  # 7 releases away: the 6 ahead and the holder
+        for key in ahead[:2]:
+            fleet.delete(key)  # two waiters ahead give up: 5 to go, still far
+        now[0] = 31.5
+        far._poll(sync=False)  # its lease's keepalive; no read of the claims (due at 91)
+        assert far._watch_for_turn(far.view()) is False  # the watch saw both; no read due
+        fleet.delete(ahead[2])  # 4 to go: near its turn
+        now[0] = 32.0
+        assert far._watch_for_turn(far.view()) is False  # saw it; its 30 s read is at 31
+        reads = count_claim_reads(far)
+        now[0] = 33.0  # the watch says the read is due; the round reads
+        assert far._watch_for_turn(far.view()) is True
+        far._poll(sync=True)
+        assert reads == {"h1": 1}
+    finally:
+        for x in (holder, far):
+            x.stop()
+        fleet.close()
+
+
+def test_a_waiter_that_overtakes_the_queue_by_its_gpus_takes_at_the_next_release(
+    etcd: Etcd, fleet_prefix
+):
+    """A job's work at risk grows with its GPUs while it waits, so a 64-GPU job behind six
+    1-GPU jobs comes first in about 1.6 s. It read the claims when it was 7 releases away
+    (too far to read again for 30 s); it puts the queue in order again as time passes
+    from the claims it read, so the holder's release wakes it and it takes the slot."""
+    sets = settings(etcd.url, "others", fleet_prefix, lease_ttl_s=60)
+    fleet = EtcdSession(sets).open()
+    holder = agent(etcd, "h0", fleet_prefix)
+    big = agent(etcd, "h1", fleet_prefix)
+    try:
+        holder.want("j0", T, cap=1, at_risk_gpu_s=0, gpus=1)
+        holder.wait_for(lambda v: "j0" in v.granted, 10)
+        _ahead(fleet, sets.keys, 6, risk=100.0)
+        big.want("j-big", T, cap=1, at_risk_gpu_s=0, gpus=64)
+        view = big.wait_for(lambda v: "j-big" in v.waiting, 10)
+        assert view.targets[T].waiters[-1].job == "j-big"  # last when it read
+        ends = time.monotonic() + 3.0
+        while time.monotonic() < ends:  # the wait is the test: 64 × 3 s > 100 GPU-s
+            time.sleep(0.1)
+        released = time.monotonic()
+        holder.release("j0")
+        big.wait_for(lambda v: "j-big" in v.granted, 10)
+        assert time.monotonic() - released < 10.0
+        assert holders(etcd, fleet_prefix) == [("h1", T, "j-big")]
+    finally:
+        for x in (holder, big):
+            x.stop()
+        fleet.close()
+
+
 def test_a_waiter_keeps_its_lease_and_place_under_the_shortest_ttl(etcd: Etcd, fleet_prefix):
     """A waiting member watches the claims between rounds; the watch ends when its lease
     is due, so a 2 s lease (the shortest allowed) lives through a wait of 3.5 TTLs."""
