@@ -544,6 +544,30 @@ def test_the_queue_is_read_at_a_waiters_turn_not_at_each_periodic_round(etcd: Et
             x.stop()
 
 
+def _fleet_of_150(etcd: Etcd, prefix: str, hosts: str):
+    """A fleet of 150 hosts up: ``hosts`` (one letter each, named ``h0``, ``h1``…) are
+    agents on a made-up clock, each polled once, the rest registered members of a
+    session under a 60 s lease. Returns that session, its settings, the clock (a list:
+    ``now[0]``) and the agents."""
+    sets = settings(etcd.url, "others", prefix, lease_ttl_s=60)
+    fleet = EtcdSession(sets).open()
+    for i in range(150 - len(hosts)):
+        register(fleet, Member(f"m{i:03d}", 1, 0.0, "test"))
+    now = [0.0]
+    agents = [
+        FleetAgent(
+            settings(etcd.url, f"h{i}", prefix, lease_ttl_s=60),
+            poll_s=0.2,
+            failures_every_s=1e9,
+            clock=lambda: now[0],
+        )
+        for i in range(len(hosts))
+    ]
+    for member in agents:
+        member.poll_once()
+    return fleet, sets, now, agents
+
+
 def test_in_a_large_fleet_a_host_with_nothing_waiting_reads_the_claims_less_often(
     etcd: Etcd, fleet_prefix
 ):
@@ -552,22 +576,8 @@ def test_in_a_large_fleet_a_host_with_nothing_waiting_reads_the_claims_less_ofte
     host with nothing waiting reads them every 30 s × (hosts up / 50): with 150 hosts up,
     every 90 s; a host whose job waits still every 30 s (the read that passes over a
     waiter ahead that did not take its slot). Rounds driven on a made-up clock."""
-    fleet = EtcdSession(settings(etcd.url, "others", fleet_prefix, lease_ttl_s=60)).open()
-    for i in range(148):
-        register(fleet, Member(f"m{i:03d}", 1, 0.0, "test"))
-    now = [0.0]
-    holder, other = (
-        FleetAgent(
-            settings(etcd.url, h, fleet_prefix, lease_ttl_s=60),
-            poll_s=0.2,
-            failures_every_s=1e9,
-            clock=lambda: now[0],
-        )
-        for h in ("h0", "h1")
-    )
+    fleet, _, now, (holder, other) = _fleet_of_150(etcd, fleet_prefix, "ab")
     try:
-        for member in (holder, other):
-            member.poll_once()
         reads = count_claim_reads(holder, other)
         holder.want("j0", T, cap=1, at_risk_gpu_s=0, gpus=1)
         now[0] = 1.0
@@ -620,23 +630,8 @@ def test_a_waiter_far_back_in_line_reads_the_claims_as_seldom_as_a_host_with_not
     its turn does (here h2, first in line); one further back (h1, 8 releases away)
     reads every 30 s × (hosts up / 50), like a host with nothing waiting: every 90 s
     with 150 hosts up. Rounds driven on a made-up clock."""
-    sets = settings(etcd.url, "others", fleet_prefix, lease_ttl_s=60)
-    fleet = EtcdSession(sets).open()
-    for i in range(147):
-        register(fleet, Member(f"m{i:03d}", 1, 0.0, "test"))
-    now = [0.0]
-    holder, far, near = (
-        FleetAgent(
-            settings(etcd.url, h, fleet_prefix, lease_ttl_s=60),
-            poll_s=0.2,
-            failures_every_s=1e9,
-            clock=lambda: now[0],
-        )
-        for h in ("h0", "h1", "h2")
-    )
+    fleet, sets, now, (holder, far, near) = _fleet_of_150(etcd, fleet_prefix, "abc")
     try:
-        for member in (holder, far, near):
-            member.poll_once()
         holder.want("j0", T, cap=1, at_risk_gpu_s=0, gpus=1)
         assert "j0" in holder._poll(sync=True).granted
         _ahead(fleet, sets.keys, 6, risk=100.0)
@@ -672,23 +667,8 @@ def test_a_far_waiter_that_comes_near_its_turn_by_releases_reads_the_claims_ever
     watch bring it within NEAR_RELEASES of its turn it is due the QUEUE_EVERY_S read
     again (the read that passes over a stalled waiter ahead). Made-up clock; the watch
     itself is real."""
-    sets = settings(etcd.url, "others", fleet_prefix, lease_ttl_s=60)
-    fleet = EtcdSession(sets).open()
-    for i in range(148):
-        register(fleet, Member(f"m{i:03d}", 1, 0.0, "test"))
-    now = [0.0]
-    holder, far = (
-        FleetAgent(
-            settings(etcd.url, h, fleet_prefix, lease_ttl_s=60),
-            poll_s=0.2,
-            failures_every_s=1e9,
-            clock=lambda: now[0],
-        )
-        for h in ("h0", "h1")
-    )
+    fleet, sets, now, (holder, far) = _fleet_of_150(etcd, fleet_prefix, "ab")
     try:
-        for member in (holder, far):
-            member.poll_once()
         holder.want("j0", T, cap=1, at_risk_gpu_s=0, gpus=1)
         assert "j0" in holder._poll(sync=True).granted
         ahead = _ahead(fleet, sets.keys, 6, risk=100.0)
