@@ -164,7 +164,9 @@ def member_main(args: argparse.Namespace) -> int:
     deadline = time.monotonic() + args.up_deadline_s
     for agent in agents.values():
         agent.wait_for(lambda v: v.up, max(0.1, deadline - time.monotonic()))
-    emit(ev="up", n=len(agents), t=time.monotonic())
+    import adaptd
+
+    emit(ev="up", n=len(agents), t=time.monotonic(), adaptd=str(Path(adaptd.__file__).parent))
 
     for line in sys.stdin:
         words = line.split()
@@ -244,7 +246,11 @@ class Members:
             "--join-rate", str(args.join_rate / max(1, args.procs)),
             "--queue-every-s", str(args.queue_every_s),
         ]  # fmt: skip
-        env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+        # a PYTHONPATH given (an older tree laid out for a "before") comes first: with
+        # this checkout first, such a "before" ran this checkout's code (issue 35, the
+        # fourth pass's before rows); each run's figures name the adaptd that ran
+        given = os.environ.get("PYTHONPATH", "")
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (given, str(REPO)) if p)}
         self.proc = subprocess.Popen(
             cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
         )
@@ -411,8 +417,7 @@ def run_n(n: int, args: argparse.Namespace, urls: list[str]) -> dict[str, Any]:
     try:
         t0 = time.monotonic()
         deadline = t0 + args.up_deadline_s + 10
-        for p in procs:
-            p.next("up", deadline)
+        out["adaptd"] = sorted({p.next("up", deadline).get("adaptd", "?") for p in procs})
         out["join_s"] = round(time.monotonic() - t0, 2)
         # let the initial publications and first reads settle, then measure idle
         _settle(args.ttl / 3 + 1)
